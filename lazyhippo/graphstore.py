@@ -1,0 +1,61 @@
+"""Graph store protocol. `embedded`: the DuckDB warehouse plus in-process algorithms; `neo4j`: Bolt + GDS.
+
+The warehouse always holds the tables (it feeds exports and the SQL models); a graph store runs the
+graph-wide algorithms and, for Neo4j, keeps the served graph in sync.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import duckdb
+import numpy as np
+
+from . import graph
+from .graph import Communities, KnnEdge
+
+
+class GraphStore(Protocol):
+    name: str
+
+    def sync(self, con: duckdb.DuckDBPyConnection, namespace: str, stage: str) -> dict:
+        """Push the warehouse rows of `stage` to the store; returns figures for metadata."""
+        ...
+
+    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]: ...
+
+    def communities(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
+                    algorithm: str) -> Communities: ...
+
+    def pagerank(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]]) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedGraphStore:
+    name = "embedded"
+
+    def sync(self, con, namespace, stage):
+        return {}
+
+    def knn(self, namespace, ids, vectors, top_k, cutoff):
+        return graph.knn_edges(ids, vectors, top_k, cutoff)
+
+    def communities(self, namespace, node_ids, edges, algorithm):
+        return graph.detect_communities(node_ids, edges, algorithm)
+
+    def pagerank(self, namespace, node_ids, edges):
+        return graph.pagerank(node_ids, edges)
+
+    def close(self):
+        pass
+
+
+def open_graph_store(kind: str) -> GraphStore:
+    if kind == "embedded":
+        return EmbeddedGraphStore()
+    if kind == "neo4j":
+        from .neo4j_store import Neo4jGraphStore
+
+        return Neo4jGraphStore.from_env()
+    raise ValueError(f"unknown graph_store {kind!r} (expected 'embedded' or 'neo4j')")

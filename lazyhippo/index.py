@@ -1,0 +1,294 @@
+"""Indexing stages as plain functions over the warehouse. Dagster assets and library callers share them.
+
+Per-document stages (documents, chunks, extractions) are separable by document; graph-wide stages
+(entities onward) rebuild a namespace from the per-document tables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .chunking import Chunk, chunk_document
+from .config import Settings
+from .documents import Document, Section, read_source
+from .embedding import get_embedder
+from .extraction import ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
+from .graphstore import GraphStore
+from .llm import OpenAIChat, configured_llm
+from .objectstore import ObjectStore
+from .summaries import summarize_extractive, summarize_llm
+from .warehouse import count, read_vectors, replace_rows, run_sql_model
+
+Progress = Callable[[str, int, int], None]
+EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges",
+                 "entity_scores", "communities", "community_summaries")
+
+
+def _ns(table: pa.Table, namespace: str) -> pa.Table:
+    return table.append_column("namespace", pa.array([namespace] * table.num_rows, pa.string()))
+
+
+def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+    """Read the source; unreadable files are reported and skipped, and their earlier version is kept."""
+    docs, errors = read_source(Path(settings.source), settings.max_file_bytes)
+    ns = settings.namespace
+    failed_files = {e.source.split(":")[0].split("#")[0] for e in errors}
+    cols = ("doc_id", "source", "title", "kind", "content_hash", "n_chars", "sections")
+    rows = [{"doc_id": d.doc_id, "source": d.source, "title": d.title, "kind": d.kind,
+             "content_hash": d.content_hash, "n_chars": len(d.text),
+             "sections": json.dumps([s.__dict__ for s in d.sections])} for d in docs]
+    ids = {r["doc_id"] for r in rows}
+    kept = [dict(zip(cols, r)) for r in con.execute(
+        f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()
+        if r[1].split("#")[0] in failed_files and r[0] not in ids]
+    rows += kept
+    before = dict(con.execute("SELECT doc_id, content_hash FROM documents WHERE namespace = ?", [ns]).fetchall())
+    replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
+    err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
+    replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
+    changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
+    return {"documents": len(rows), "errors": errors, "changed": changed,
+            "removed": len(set(before) - {r["doc_id"] for r in rows}), "kept_after_error": len(kept)}
+
+
+def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Document]:
+    rows = con.execute("SELECT doc_id, source, title, kind, content_hash, sections FROM documents "
+                       "WHERE namespace = ? ORDER BY doc_id", [namespace]).fetchall()
+    return [Document(doc_id, source, title, kind, tuple(Section(**s) for s in json.loads(sections)), h)
+            for doc_id, source, title, kind, h, sections in rows]
+
+
+def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+    chunks = [c for d in load_documents(con, settings.namespace)
+              for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
+    table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
+    replace_rows(con, "chunks", settings.namespace, _ns(table, settings.namespace) if table else None)
+    tokens = [c.n_tokens for c in chunks]
+    return {"chunks": len(chunks), "tokens_total": sum(tokens), "tokens_max": max(tokens, default=0)}
+
+
+def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:
+    cols = list(Chunk.__dataclass_fields__)
+    rows = con.execute(f"SELECT {', '.join(cols)} FROM chunks WHERE namespace = ? ORDER BY doc_id, position",
+                       [namespace]).fetchall()
+    return [Chunk(*r) for r in rows]
+
+
+def make_extractor(settings: Settings):
+    if settings.extractor == "nlp":
+        return NlpExtractor(noun_phrases=settings.nlp_noun_phrases)
+    if settings.extractor == "llm":
+        return LlmExtractor(configured_llm(settings.llm_model) or OpenAIChat(settings.llm_model))
+    raise ValueError(f"unknown extractor {settings.extractor!r} (expected 'nlp' or 'llm')")
+
+
+def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,
+                    progress: Progress | None = None, run_id: str | None = None) -> dict:
+    ns = settings.namespace
+    extractor = extractor or make_extractor(settings)
+    chunks = load_chunks(con, ns)
+    cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")
+    try:
+        run = extract_chunks(chunks, extractor, cache,
+                             progress=(lambda i, n: progress("extractions", i, n)) if progress else None)
+    finally:
+        cache.close()
+    ents, rels, facts = [], [], []
+    usage = Counter()
+    for cid, ex in run.results.items():
+        ents += [{"chunk_id": cid, **e} for e in ex.entities]
+        rels += [{"chunk_id": cid, **r} for r in ex.relations]
+        facts += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]} for i, f in enumerate(ex.facts)]
+    if run.computed:  # token usage is counted when a model was actually called, never for cache hits
+        for cid, ex in run.results.items():
+            if ex.usage:
+                usage["prompt_tokens"] += ex.usage.get("prompt_tokens", 0)
+                usage["completion_tokens"] += ex.usage.get("completion_tokens", 0)
+    schema_e = pa.schema([("chunk_id", pa.string()), ("name", pa.string()), ("type", pa.string()), ("description", pa.string())])
+    schema_r = pa.schema([("chunk_id", pa.string()), ("source", pa.string()), ("target", pa.string()),
+                          ("description", pa.string()), ("weight", pa.float64())])
+    schema_f = pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("text", pa.string()), ("names", pa.list_(pa.string()))])
+    replace_rows(con, "extracted_entities", ns, _ns(pa.Table.from_pylist(ents, schema_e), ns))
+    replace_rows(con, "extracted_relations", ns, _ns(pa.Table.from_pylist(rels, schema_r), ns))
+    replace_rows(con, "extracted_facts", ns, _ns(pa.Table.from_pylist(facts, schema_f), ns))
+    fail_rows = [{"chunk_id": c, "reason": r} for c, r in run.failures.items()]
+    replace_rows(con, "extraction_failures", ns, _ns(pa.Table.from_pylist(fail_rows), ns) if fail_rows else None)
+    if usage:
+        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
+                    "VALUES (?, ?, 'extractions', ?, ?, ?)",
+                    [ns, run_id, extractor.model, usage["prompt_tokens"], usage["completion_tokens"]])
+    return {"chunks": len(chunks), "cached": run.cached, "computed": run.computed, "failed": len(run.failures),
+            "failures": run.failures, "extractor": f"{extractor.name}:{extractor.model}",
+            "raw_entities": len(ents), "raw_relations": len(rels), "facts": len(facts), **usage}
+
+
+def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+    """The SQL models, in dependency order: relations feed the entity degrees."""
+    return {m: run_sql_model(con, m, settings.namespace) for m in ("relations", "entities", "mentions", "facts")}
+
+
+def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
+    """Embed only items without a vector from this model: re-runs reuse stored vectors."""
+    ns = settings.namespace
+    have = dict(con.execute("SELECT item_id, model FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall())
+    ids_now = {i for i, _ in items}
+    todo = [(i, t) for i, t in items if have.get(i) != embedder.name]
+    stale = [i for i in have if i not in ids_now]
+    if stale:
+        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))", [ns, kind, stale])
+    if todo:
+        vectors = embedder.embed([t for _, t in todo])
+        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
+                    [ns, kind, [i for i, _ in todo]])
+        _append_vectors(con, ns, kind, [i for i, _ in todo], vectors, embedder.name)
+    return len(todo)
+
+
+def _append_vectors(con, ns, kind, ids, vectors, model):
+    import numpy as np
+
+    table = pa.table({"namespace": [ns] * len(ids), "kind": [kind] * len(ids), "item_id": ids,
+                      "model": [model] * len(ids),
+                      "vector": pa.array([v for v in np.asarray(vectors, dtype=np.float32)], pa.list_(pa.float32()))})
+    con.register("_vecs", table)
+    con.execute("INSERT INTO embeddings SELECT * FROM _vecs")
+    con.unregister("_vecs")
+
+
+def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+    ns = settings.namespace
+    embedder = get_embedder(settings.embedder, settings.embedding_model)
+    chunks = con.execute("SELECT chunk_id, title || E'\\n' || text FROM chunks WHERE namespace = ?", [ns]).fetchall()
+    entities = con.execute("SELECT entity_id, name FROM entities WHERE namespace = ?", [ns]).fetchall()
+    facts = con.execute("SELECT fact_id, text FROM facts WHERE namespace = ?", [ns]).fetchall()
+    done = {kind: _embed_missing(con, settings, kind, items, embedder)
+            for kind, items in (("chunk", chunks), ("entity", entities), ("fact", facts))}
+    return {"model": embedder.name, "chunks": len(chunks), "entities": len(entities), "facts": len(facts),
+            "newly_embedded": sum(done.values())}
+
+
+def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> dict:
+    ns = settings.namespace
+    ids, vectors = read_vectors(con, ns, "entity")
+    edges = store.knn(ns, ids, vectors, settings.knn_top_k, settings.knn_cutoff)
+    table = pa.Table.from_pylist([{"source_id": e.source, "target_id": e.target, "score": e.score, "rank": e.rank}
+                                  for e in edges]) if edges else None
+    replace_rows(con, "knn_edges", ns, _ns(table, ns) if table else None)
+    scores = [e.score for e in edges]
+    return {"edges": len(edges), "entities": len(ids), "top_k": settings.knn_top_k, "cutoff": settings.knn_cutoff,
+            "score_min": min(scores, default=0.0), "score_mean": sum(scores) / len(scores) if scores else 0.0}
+
+
+def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], list[tuple[str, str, float]]]:
+    nodes = [r[0] for r in con.execute("SELECT entity_id FROM entities WHERE namespace = ? ORDER BY entity_id", [namespace]).fetchall()]
+    edges = con.execute("SELECT source_id, target_id, weight FROM relations WHERE namespace = ? "
+                        "UNION ALL SELECT source_id, target_id, score FROM knn_edges WHERE namespace = ? "
+                        "ORDER BY 1, 2", [namespace, namespace]).fetchall()
+    return nodes, edges
+
+
+def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> dict:
+    ns = settings.namespace
+    nodes, edges = entity_graph(con, ns)
+    comm = store.communities(ns, nodes, edges, settings.community_algorithm)
+    pr = store.pagerank(ns, nodes, edges)
+    cid = {n: f"k_{m}" for n, m in comm.membership.items()}
+    replace_rows(con, "entity_scores", ns, _ns(pa.Table.from_pylist(
+        [{"entity_id": n, "community_id": cid[n], "pagerank": float(pr.get(n, 0.0))} for n in nodes]), ns) if nodes else None)
+    sizes = Counter(cid.values())
+    replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(
+        [{"community_id": c, "level": 0, "size": s, "modularity": comm.modularity} for c, s in sizes.items()]), ns) if sizes else None)
+    dist = Counter(min(s, 50) for s in sizes.values())
+    return {"communities": len(sizes), "modularity": comm.modularity, "algorithm": settings.community_algorithm,
+            "levels": comm.levels, "largest": max(sizes.values(), default=0), "singletons": dist.get(1, 0),
+            "size_distribution": dict(sorted(dist.items()))}
+
+
+def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> dict:
+    ns = settings.namespace
+    rows = con.execute("""
+        SELECT s.community_id, e.name, e.description, s.pagerank, e.degree
+        FROM entity_scores s JOIN entities e USING (namespace, entity_id)
+        WHERE s.namespace = ? ORDER BY s.community_id, e.name""", [ns]).fetchall()
+    members: dict[str, list[dict]] = defaultdict(list)
+    for c, name, desc, pr, deg in rows:
+        members[c].append({"name": name, "description": desc or "", "score": pr * 1000 + deg})
+    llm = configured_llm(settings.llm_model)
+    summaries, usage = [], Counter()
+    for c, ms in members.items():
+        s = summarize_extractive(c, ms)
+        if llm is not None and len(ms) > 1:
+            s, comp = summarize_llm(llm, s)
+            usage["prompt_tokens"] += comp.prompt_tokens
+            usage["completion_tokens"] += comp.completion_tokens
+        summaries.append(s)
+    replace_rows(con, "community_summaries", ns, _ns(pa.Table.from_pylist([s.__dict__ for s in summaries]), ns) if summaries else None)
+    if usage:
+        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
+                    "VALUES (?, ?, 'community_summaries', ?, ?, ?)", [ns, run_id, llm.model, usage["prompt_tokens"], usage["completion_tokens"]])
+    embedder = get_embedder(settings.embedder, settings.embedding_model)
+    embedded = _embed_missing(con, settings, "community", [(s.community_id, f"{s.title}\n{s.summary}") for s in summaries], embedder)
+    biggest = sorted(summaries, key=lambda s: -len(members[s.community_id]))[:5]
+    return {"summaries": len(summaries), "embedded": embedded, "llm": llm.model if llm else "extractive",
+            "preview": [{"community_id": s.community_id, "size": len(members[s.community_id]), "title": s.title,
+                         "summary": s.summary[:200]} for s in biggest]}
+
+
+def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> dict:
+    """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run."""
+    import io
+
+    ns = settings.namespace
+    manifest = {}
+    for table in EXPORT_TABLES:
+        data = con.execute(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", [ns]).fetch_record_batch().read_all()
+        buf = io.BytesIO()
+        pq.write_table(data, buf, compression="zstd")
+        key = f"{ns}/tables/{table}.parquet"
+        manifest[table] = {"key": key, "rows": data.num_rows, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
+    store.put(f"{ns}/runs/{run_id}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return {"objects": manifest, "store": store.uri, "run_key": f"{ns}/runs/{run_id}/manifest.json"}
+
+
+def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
+    return {t: count(con, t, namespace) for t in ("documents", "chunks", "entities", "relations", "mentions",
+                                                  "knn_edges", "communities", "community_summaries")}
+
+
+def run_index(settings: Settings, store: GraphStore | None = None, objects: ObjectStore | None = None,
+              progress: Progress | None = None, run_id: str = "library") -> dict:
+    """Every stage in order, without Dagster: the library entry point (the bench uses it too)."""
+    from .graphstore import EmbeddedGraphStore
+    from .objectstore import LocalObjectStore
+    from .warehouse import connect
+
+    store = store or EmbeddedGraphStore()
+    objects = objects or LocalObjectStore(settings.export_dir)
+    out: dict = {}
+    with connect(settings) as con:
+        steps = [
+            ("documents", lambda: ingest_documents(settings, con)),
+            ("chunks", lambda: build_chunks(settings, con)),
+            ("extractions", lambda: run_extractions(settings, con, progress=progress, run_id=run_id)),
+            ("graph_tables", lambda: build_graph_tables(settings, con)),
+            ("embeddings", lambda: build_embeddings(settings, con)),
+            ("knn_edges", lambda: build_knn_edges(settings, con, store)),
+            ("communities", lambda: build_communities(settings, con, store)),
+            ("community_summaries", lambda: build_community_summaries(settings, con, run_id)),
+            ("exports", lambda: export_parquet(settings, con, objects, run_id)),
+        ]
+        for i, (name, step) in enumerate(steps):
+            if progress:
+                progress("index", i, len(steps))
+            out[name] = step()
+            store.sync(con, settings.namespace, name)
+        if progress:
+            progress("index", len(steps), len(steps))
+    return out

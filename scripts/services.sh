@@ -1,0 +1,518 @@
+#!/usr/bin/env bash
+# Local backing services for lazyhippo, without Docker:
+#   * Neo4j 5.26 Community + open-source Graph Data Science 2.13, assembled from Maven Central jars
+#   * MinIO, built from source with `go install`
+#
+# Usage: scripts/services.sh install|start|stop|status|restart [neo4j|minio|all]
+#
+# Everything lives under $LAZYHIPPO_SERVICES_DIR (default <repo>/.services, gitignored).
+# Maven (~/.m2) and Go (module + build cache) use their default caches, so a fresh clone on a
+# machine that already built once only re-copies jars / relinks.
+#
+# Environment (all optional):
+#   LAZYHIPPO_SERVICES_DIR   where binaries, data, logs and pid files live   [<repo>/.services]
+#   NEO4J_PASSWORD           password of user "neo4j" (set before the first start only)
+#                                                                          [lazyhippo-dev-pw]
+#   NEO4J_BOLT_PORT          Bolt port on 127.0.0.1                        [7687]
+#   LAZYHIPPO_NEO4J_HEAP     JVM heap (-Xmx)                               [2g]
+#   LAZYHIPPO_NEO4J_PAGECACHE  server.memory.pagecache.size                [256m]
+#   LAZYHIPPO_NEO4J_JAVA_OPTS  extra JVM options
+#   MINIO_ROOT_USER          MinIO root user                               [lazyhippo]
+#   MINIO_ROOT_PASSWORD      MinIO root password (>= 8 chars)              [lazyhippo-dev-secret]
+#   MINIO_PORT               MinIO S3 API port on 127.0.0.1                [9000]
+#   MINIO_CONSOLE_PORT       MinIO console address (console is off unless MINIO_BROWSER=on) [9001]
+#   LAZYHIPPO_NEO4J_VERSION / LAZYHIPPO_GDS_VERSION / LAZYHIPPO_MINIO_VERSION  pin overrides
+#   LAZYHIPPO_SERVICES_TIMEOUT  seconds `start` waits for each service     [120]
+#   LAZYHIPPO_PYTHON         python with the `neo4j` driver for the readiness check
+#                                                  [<repo>/.venv/bin/python, else python3]
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
+HELPERS="$SCRIPT_DIR/services"
+
+SERVICES_DIR="${LAZYHIPPO_SERVICES_DIR:-$REPO_ROOT/.services}"
+RUN_DIR="$SERVICES_DIR/run"
+TIMEOUT="${LAZYHIPPO_SERVICES_TIMEOUT:-120}"
+
+# --- Neo4j + GDS --------------------------------------------------------------------------
+NEO4J_VERSION="${LAZYHIPPO_NEO4J_VERSION:-5.26.24}"   # GDS 2.13.9 is built against 5.26.24
+GDS_VERSION="${LAZYHIPPO_GDS_VERSION:-2.13.9}"        # latest 2.13.x with all open artifacts on Central
+NEO4J_HOME_DIR="$SERVICES_DIR/neo4j"
+NEO4J_PID_FILE="$RUN_DIR/neo4j.pid"
+NEO4J_CONSOLE_LOG="$NEO4J_HOME_DIR/logs/console.log"
+NEO4J_BOLT_PORT="${NEO4J_BOLT_PORT:-7687}"
+NEO4J_HEAP="${LAZYHIPPO_NEO4J_HEAP:-2g}"
+NEO4J_PAGECACHE="${LAZYHIPPO_NEO4J_PAGECACHE:-256m}"
+NEO4J_PASSWORD="${NEO4J_PASSWORD:-lazyhippo-dev-pw}"
+
+# --- MinIO ----------------------------------------------------------------------------------
+# The RELEASE.* tags are not served by the Go module proxy reachable here (403), so pin the
+# module proxy's pseudo-version of the last upstream commit (2026-02-12, go 1.24, no replaces).
+MINIO_VERSION="${LAZYHIPPO_MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}"
+MINIO_DIR="$SERVICES_DIR/minio"
+MINIO_BIN="$MINIO_DIR/bin/minio"
+MINIO_DATA="$MINIO_DIR/data"
+MINIO_LOG="$MINIO_DIR/minio.log"
+MINIO_PID_FILE="$RUN_DIR/minio.pid"
+MINIO_PORT="${MINIO_PORT:-9000}"
+MINIO_CONSOLE_PORT="${MINIO_CONSOLE_PORT:-9001}"
+MINIO_ROOT_USER="${MINIO_ROOT_USER:-lazyhippo}"
+MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-lazyhippo-dev-secret}"
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
+
+usage() {
+    cat >&2 <<EOF
+usage: $0 install|start|stop|status|restart [neo4j|minio|all]
+  install  build/download into \$LAZYHIPPO_SERVICES_DIR (cached; re-running skips finished work)
+  start    start in the background and wait until ready (idempotent)
+  stop     stop via pid files
+  status   print up/down per service (exit 0 only if all requested services are up)
+EOF
+    exit 2
+}
+
+# --- tool checks --------------------------------------------------------------------------
+java_major() {
+    local v
+    v="$(java -version 2>&1 | awk -F'"' '/version/ {print $2; exit}')"
+    v="${v#1.}"
+    printf '%s' "${v%%[.+-]*}"
+}
+
+require_java() {
+    command -v java >/dev/null 2>&1 ||
+        die "java not found: Neo4j $NEO4J_VERSION needs a Java 17 or 21 JDK/JRE on PATH (Debian: apt-get install openjdk-17-jdk-headless)"
+    local major
+    major="$(java_major)"
+    [[ "$major" =~ ^[0-9]+$ ]] || die "could not parse the Java version from 'java -version'"
+    if ((major != 17 && major != 21)); then
+        die "Java $major found, but Neo4j $NEO4J_VERSION runs on Java 17 or 21"
+    fi
+}
+
+require_maven() {
+    command -v mvn >/dev/null 2>&1 ||
+        die "mvn not found: installing Neo4j needs Maven 3.6+ on PATH (Debian: apt-get install maven)"
+}
+
+require_go() {
+    command -v go >/dev/null 2>&1 ||
+        die "go not found: building MinIO needs Go 1.24+ on PATH"
+    local v major minor
+    v="$(go env GOVERSION 2>/dev/null || true)"
+    v="${v#go}"
+    major="${v%%.*}"
+    minor="${v#*.}"
+    minor="${minor%%[.a-z]*}"
+    if ! [[ "$major" =~ ^[0-9]+$ && "$minor" =~ ^[0-9]+$ ]] || ((major < 1 || (major == 1 && minor < 24))); then
+        die "Go ${v:-unknown} found, but building MinIO needs Go 1.24+"
+    fi
+}
+
+# --- process helpers ----------------------------------------------------------------------
+# pid_alive PIDFILE PATTERN -> prints the pid if the process is alive and its command line
+# contains PATTERN (guards against pid reuse).
+pid_alive() {
+    local file="$1" pattern="$2" pid
+    [[ -f "$file" ]] || return 1
+    pid="$(tr -dc '0-9' <"$file")"
+    [[ -n "$pid" ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$pattern" || return 1
+    printf '%s' "$pid"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# launch PIDFILE LOGFILE CMD... : detached from this shell (own session), stdin closed.
+launch() {
+    local pidfile="$1" logfile="$2"
+    shift 2
+    mkdir -p "$(dirname "$pidfile")" "$(dirname "$logfile")"
+    rm -f "$pidfile"
+    # The inner shell writes its own pid, then execs the service (same pid).
+    setsid nohup bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null &
+    local i
+    for i in $(seq 1 50); do
+        [[ -s "$pidfile" ]] && return 0
+        sleep 0.1
+    done
+    die "failed to launch $1 (no pid file written)"
+}
+
+# stop_pid NAME PIDFILE PATTERN
+stop_pid() {
+    local name="$1" file="$2" pattern="$3" pid i
+    if ! pid="$(pid_alive "$file" "$pattern")"; then
+        rm -f "$file"
+        log "$name: not running"
+        return 0
+    fi
+    log "$name: stopping (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 120); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "$name: did not stop within 60 s, sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        sleep 1
+    fi
+    rm -f "$file"
+    log "$name: stopped"
+}
+
+show_log_tail() {
+    local f
+    for f in "$@"; do
+        [[ -f "$f" ]] || continue
+        printf '%s\n' "----- last 40 lines of $f -----" >&2
+        tail -n 40 "$f" >&2 || true
+    done
+    printf '%s\n' "-----" >&2
+}
+
+python_bin() {
+    if [[ -n "${LAZYHIPPO_PYTHON:-}" ]]; then
+        printf '%s' "$LAZYHIPPO_PYTHON"
+    elif [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then
+        printf '%s' "$REPO_ROOT/.venv/bin/python"
+    else
+        printf '%s' python3
+    fi
+}
+
+# ======================================================================= Neo4j ============
+neo4j_marker() { printf 'neo4j=%s gds=%s pom=%s\n' "$NEO4J_VERSION" "$GDS_VERSION" "$(cksum <"$HELPERS/neo4j-pom.xml" | cut -d' ' -f1)"; }
+
+neo4j_installed() {
+    [[ -f "$NEO4J_HOME_DIR/.installed" && "$(cat "$NEO4J_HOME_DIR/.installed")" == "$(neo4j_marker)" ]] &&
+        compgen -G "$NEO4J_HOME_DIR/lib/neo4j-$NEO4J_VERSION.jar" >/dev/null &&
+        compgen -G "$NEO4J_HOME_DIR/plugins/proc-$GDS_VERSION.jar" >/dev/null
+}
+
+install_neo4j() {
+    if neo4j_installed; then
+        log "neo4j: $NEO4J_VERSION + GDS $GDS_VERSION already installed in $NEO4J_HOME_DIR"
+        return 0
+    fi
+    require_java
+    require_maven
+    if pid_alive "$NEO4J_PID_FILE" CommunityEntryPoint >/dev/null; then
+        die "neo4j: a different version is running; run '$0 stop neo4j' before reinstalling"
+    fi
+    log "neo4j: resolving Neo4j $NEO4J_VERSION + GDS $GDS_VERSION from Maven Central (first run: ~1-2 min)"
+    local tmp="$NEO4J_HOME_DIR/.install-tmp"
+    rm -rf "$tmp"
+    mkdir -p "$tmp/lib" "$tmp/plugins"
+    local mvn_log="$SERVICES_DIR/neo4j-install.log"
+    local mvn_args=(-B -f "$HELPERS/neo4j-pom.xml"
+        "-Dneo4j.version=$NEO4J_VERSION" "-Dgds.version=$GDS_VERSION"
+        "-Dlazyhippo.lib.dir=$tmp/lib" "-Dlazyhippo.plugins.dir=$tmp/plugins"
+        dependency:copy-dependencies@lib dependency:copy-dependencies@plugins)
+    if ! mvn "${mvn_args[@]}" >"$mvn_log" 2>&1; then
+        show_log_tail "$mvn_log"
+        die "neo4j: maven failed (full log: $mvn_log)"
+    fi
+    compgen -G "$tmp/lib/neo4j-$NEO4J_VERSION.jar" >/dev/null || die "neo4j: neo4j-$NEO4J_VERSION.jar missing after maven run"
+    compgen -G "$tmp/plugins/proc-$GDS_VERSION.jar" >/dev/null || die "neo4j: GDS proc-$GDS_VERSION.jar missing after maven run"
+    rm -rf "$NEO4J_HOME_DIR/lib" "$NEO4J_HOME_DIR/plugins"
+    mv "$tmp/lib" "$NEO4J_HOME_DIR/lib"
+    mv "$tmp/plugins" "$NEO4J_HOME_DIR/plugins"
+    rm -rf "$tmp"
+    mkdir -p "$NEO4J_HOME_DIR"/{conf,data,logs,import}
+    neo4j_marker >"$NEO4J_HOME_DIR/.installed"
+    log "neo4j: installed $(find "$NEO4J_HOME_DIR/lib" -name '*.jar' | wc -l) lib jars, $(find "$NEO4J_HOME_DIR/plugins" -name '*.jar' | wc -l) GDS jars"
+}
+
+write_neo4j_conf() {
+    mkdir -p "$NEO4J_HOME_DIR"/{conf,data,logs,import}
+    cat >"$NEO4J_HOME_DIR/conf/neo4j.conf" <<EOF
+# Generated by scripts/services.sh on every start; edit the script, not this file.
+server.default_listen_address=127.0.0.1
+server.default_advertised_address=127.0.0.1
+server.bolt.enabled=true
+server.bolt.listen_address=127.0.0.1:$NEO4J_BOLT_PORT
+server.bolt.advertised_address=127.0.0.1:$NEO4J_BOLT_PORT
+server.http.enabled=false
+server.https.enabled=false
+server.directories.plugins=plugins
+server.directories.import=import
+dbms.security.auth_enabled=true
+dbms.security.procedures.unrestricted=gds.*
+dbms.security.procedures.allowlist=gds.*
+server.memory.pagecache.size=$NEO4J_PAGECACHE
+dbms.memory.transaction.total.max=1g
+dbms.usage_report.enabled=false
+db.tx_log.rotation.retention_policy=2 files
+EOF
+    # Log configuration: Neo4j falls back to its embedded default-server-logs.xml /
+    # default-user-logs.xml (debug.log, neo4j.log, query.log ... in logs/) when conf/ has none.
+}
+
+neo4j_set_initial_password() {
+    # Only effective before the first start (the system database stores the credentials).
+    [[ -d "$NEO4J_HOME_DIR/data/databases/system" ]] && return 0
+    ((${#NEO4J_PASSWORD} >= 8)) || die "neo4j: NEO4J_PASSWORD must be at least 8 characters"
+    local argfile esc
+    argfile="$(mktemp "$RUN_DIR/.pw.XXXXXX")"
+    chmod 600 "$argfile"
+    # picocli @argfile: keeps the password off the command line (ps) and out of any output.
+    esc="${NEO4J_PASSWORD//\\/\\\\}"
+    esc="${esc//\"/\\\"}"
+    printf '"%s"\n' "$esc" >"$argfile"
+    local rc=0
+    (cd "$NEO4J_HOME_DIR" && NEO4J_HOME="$NEO4J_HOME_DIR" NEO4J_CONF="$NEO4J_HOME_DIR/conf" \
+        java -cp "$NEO4J_HOME_DIR/lib/*" org.neo4j.cli.AdminTool dbms set-initial-password "@$argfile") \
+        >"$NEO4J_HOME_DIR/logs/admin.log" 2>&1 || rc=$?
+    rm -f "$argfile"
+    if ((rc != 0)); then
+        show_log_tail "$NEO4J_HOME_DIR/logs/admin.log"
+        die "neo4j: neo4j-admin dbms set-initial-password failed"
+    fi
+    log "neo4j: initial password set for user neo4j"
+}
+
+# Readiness probe: a real Bolt login plus RETURN gds.version().
+# Exit codes: 0 ready, 1 not (yet) reachable, 3 authentication failure, 4 GDS missing, 5 no driver.
+neo4j_probe() {
+    NEO4J_PASSWORD="$NEO4J_PASSWORD" NEO4J_BOLT_PORT="$NEO4J_BOLT_PORT" "$(python_bin)" - <<'PY' 2>/dev/null
+import os, sys
+try:
+    from neo4j import GraphDatabase
+    from neo4j.exceptions import AuthError, ClientError
+except ImportError:
+    sys.exit(5)
+uri = "bolt://127.0.0.1:%s" % os.environ["NEO4J_BOLT_PORT"]
+try:
+    with GraphDatabase.driver(uri, auth=("neo4j", os.environ["NEO4J_PASSWORD"]),
+                              connection_timeout=5) as drv:
+        recs, _, _ = drv.execute_query("RETURN gds.version() AS v", database_="neo4j")
+        print(recs[0]["v"])
+except AuthError:
+    sys.exit(3)
+except ClientError as e:
+    if "Unauthorized" in (e.code or "") or "credentials" in str(e).lower():
+        sys.exit(3)
+    if "ProcedureNotFound" in (e.code or "") or "Unknown function" in str(e):
+        sys.exit(4)
+    sys.exit(1)
+except Exception:
+    sys.exit(1)
+PY
+}
+
+neo4j_fail() {
+    log "neo4j: $1"
+    show_log_tail "$NEO4J_CONSOLE_LOG" "$NEO4J_HOME_DIR/logs/neo4j.log" "$NEO4J_HOME_DIR/logs/debug.log"
+    die "neo4j did not become ready (logs in $NEO4J_HOME_DIR/logs)"
+}
+
+wait_neo4j() {
+    local deadline=$((SECONDS + TIMEOUT)) rc version have_driver=1
+    "$(python_bin)" -c 'import neo4j' 2>/dev/null || have_driver=0
+    if ((have_driver == 0)); then
+        log "neo4j: WARNING: $(python_bin) cannot import the 'neo4j' driver; only checking that Bolt port $NEO4J_BOLT_PORT is open"
+    fi
+    while :; do
+        pid_alive "$NEO4J_PID_FILE" CommunityEntryPoint >/dev/null || neo4j_fail "process exited during startup"
+        if ((have_driver == 0)); then
+            port_open "$NEO4J_BOLT_PORT" && { log "neo4j: ready (bolt://127.0.0.1:$NEO4J_BOLT_PORT, not login-checked)"; return 0; }
+        else
+            rc=0
+            version="$(neo4j_probe)" || rc=$?
+            case "$rc" in
+                0) log "neo4j: ready (bolt://127.0.0.1:$NEO4J_BOLT_PORT, GDS $version)"; return 0 ;;
+                3) neo4j_fail "authentication failed: NEO4J_PASSWORD differs from the password set at first start (to reset a dev instance: '$0 stop neo4j', delete $NEO4J_HOME_DIR/data, start again)" ;;
+                4) neo4j_fail "logged in, but gds.version() is unknown: GDS plugin not loaded" ;;
+                5) have_driver=0 ;;
+            esac
+        fi
+        ((SECONDS < deadline)) || neo4j_fail "not ready after ${TIMEOUT}s"
+        sleep 2
+    done
+}
+
+start_neo4j() {
+    if pid_alive "$NEO4J_PID_FILE" CommunityEntryPoint >/dev/null; then
+        log "neo4j: already running (pid $(cat "$NEO4J_PID_FILE"))"
+        wait_neo4j
+        return 0
+    fi
+    neo4j_installed || die "neo4j: not installed (or version changed): run '$0 install neo4j' first"
+    require_java
+    if port_open "$NEO4J_BOLT_PORT"; then
+        die "neo4j: port 127.0.0.1:$NEO4J_BOLT_PORT is already in use by another process (set NEO4J_BOLT_PORT)"
+    fi
+    mkdir -p "$RUN_DIR"
+    write_neo4j_conf
+    neo4j_set_initial_password
+    local H="$NEO4J_HOME_DIR"
+    local jvm=(
+        -Xms512m "-Xmx$NEO4J_HEAP"
+        -XX:+UseG1GC -XX:-OmitStackTraceInFastThrow
+        -XX:+UnlockExperimentalVMOptions -XX:+TrustFinalNonStaticFields
+        -XX:+DisableExplicitGC -XX:+ExitOnOutOfMemoryError
+        -Djdk.nio.maxCachedBufferSize=1024 -Dio.netty.tryReflectionSetAccessible=true
+        -Djdk.tls.ephemeralDHKeySize=2048 -Djdk.tls.rejectClientInitiatedRenegotiation=true
+        -Dlog4j2.disable.jmx=true -Dfile.encoding=UTF-8
+        --add-opens=java.base/java.nio=ALL-UNNAMED
+        --add-opens=java.base/java.io=ALL-UNNAMED
+        --add-opens=java.base/sun.nio.ch=ALL-UNNAMED
+        --add-opens=java.base/java.lang=ALL-UNNAMED
+        --add-opens=java.base/java.lang.invoke=ALL-UNNAMED
+        --add-opens=java.base/java.util.stream=ALL-UNNAMED
+        --add-opens=java.base/java.util=ALL-UNNAMED
+        --add-opens=java.base/java.util.concurrent=ALL-UNNAMED
+        --enable-native-access=ALL-UNNAMED
+    )
+    # shellcheck disable=SC2206
+    local extra=(${LAZYHIPPO_NEO4J_JAVA_OPTS:-})
+    log "neo4j: starting Neo4j $NEO4J_VERSION + GDS $GDS_VERSION on 127.0.0.1:$NEO4J_BOLT_PORT (heap $NEO4J_HEAP, pagecache $NEO4J_PAGECACHE)"
+    printf '\n==== %s start ====\n' "$(date -u +%FT%TZ)" >>"$NEO4J_CONSOLE_LOG"
+    # GDS must be on the JVM classpath (ServiceLoader extensions) and in plugins/ (procedure scan).
+    (cd "$H" && export NEO4J_HOME="$H" NEO4J_CONF="$H/conf" && launch "$NEO4J_PID_FILE" "$NEO4J_CONSOLE_LOG" \
+        java "${jvm[@]}" "${extra[@]}" -cp "$H/plugins/*:$H/conf/*:$H/lib/*" \
+        org.neo4j.server.CommunityEntryPoint "--home-dir=$H" "--config-dir=$H/conf")
+    wait_neo4j
+}
+
+status_neo4j() {
+    local pid
+    if pid="$(pid_alive "$NEO4J_PID_FILE" CommunityEntryPoint)"; then
+        if port_open "$NEO4J_BOLT_PORT"; then
+            echo "neo4j: up (pid $pid, bolt://127.0.0.1:$NEO4J_BOLT_PORT)"
+            return 0
+        fi
+        echo "neo4j: starting (pid $pid, bolt port $NEO4J_BOLT_PORT not open yet)"
+        return 1
+    fi
+    echo "neo4j: down"
+    return 1
+}
+
+stop_neo4j() { stop_pid neo4j "$NEO4J_PID_FILE" CommunityEntryPoint; }
+
+# ======================================================================= MinIO ============
+minio_installed() {
+    [[ -x "$MINIO_BIN" && -f "$MINIO_DIR/.installed" && "$(cat "$MINIO_DIR/.installed")" == "$MINIO_VERSION" ]]
+}
+
+install_minio() {
+    if minio_installed; then
+        log "minio: $MINIO_VERSION already installed at $MINIO_BIN"
+        return 0
+    fi
+    require_go
+    if pid_alive "$MINIO_PID_FILE" "minio server" >/dev/null; then
+        die "minio: a different version is running; run '$0 stop minio' before reinstalling"
+    fi
+    log "minio: building github.com/minio/minio@$MINIO_VERSION (first run: ~4-5 min, ~1.2 GB module cache)"
+    mkdir -p "$MINIO_DIR/bin"
+    local build_log="$SERVICES_DIR/minio-install.log"
+    local rc=0
+    (cd "$MINIO_DIR" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS= GOBIN="$MINIO_DIR/bin" \
+        go install -trimpath -ldflags='-s -w' "github.com/minio/minio@$MINIO_VERSION") >"$build_log" 2>&1 || rc=$?
+    if ((rc != 0)) || [[ ! -x "$MINIO_BIN" ]]; then
+        show_log_tail "$build_log"
+        die "minio: go install failed (full log: $build_log)"
+    fi
+    printf '%s' "$MINIO_VERSION" >"$MINIO_DIR/.installed"
+    log "minio: installed $MINIO_BIN"
+}
+
+minio_ready() { curl -fsS -m 3 -o /dev/null "http://127.0.0.1:$MINIO_PORT/minio/health/ready" 2>/dev/null; }
+
+minio_fail() {
+    log "minio: $1"
+    show_log_tail "$MINIO_LOG"
+    die "minio did not become ready (log: $MINIO_LOG)"
+}
+
+wait_minio() {
+    local deadline=$((SECONDS + TIMEOUT))
+    while :; do
+        pid_alive "$MINIO_PID_FILE" "minio server" >/dev/null || minio_fail "process exited during startup"
+        if minio_ready; then
+            log "minio: ready (http://127.0.0.1:$MINIO_PORT)"
+            return 0
+        fi
+        ((SECONDS < deadline)) || minio_fail "not ready after ${TIMEOUT}s"
+        sleep 1
+    done
+}
+
+start_minio() {
+    command -v curl >/dev/null 2>&1 || die "curl not found (needed for the MinIO health check; apt-get install curl)"
+    if pid_alive "$MINIO_PID_FILE" "minio server" >/dev/null; then
+        log "minio: already running (pid $(cat "$MINIO_PID_FILE"))"
+        wait_minio
+        return 0
+    fi
+    minio_installed || die "minio: not installed (or version changed): run '$0 install minio' first"
+    if port_open "$MINIO_PORT"; then
+        die "minio: port 127.0.0.1:$MINIO_PORT is already in use by another process (set MINIO_PORT)"
+    fi
+    ((${#MINIO_ROOT_USER} >= 3)) || die "minio: MINIO_ROOT_USER must be at least 3 characters"
+    ((${#MINIO_ROOT_PASSWORD} >= 8)) || die "minio: MINIO_ROOT_PASSWORD must be at least 8 characters"
+    mkdir -p "$MINIO_DATA" "$RUN_DIR"
+    log "minio: starting on 127.0.0.1:$MINIO_PORT (data $MINIO_DATA)"
+    printf '\n==== %s start ====\n' "$(date -u +%FT%TZ)" >>"$MINIO_LOG"
+    (
+        cd "$MINIO_DIR"
+        export MINIO_ROOT_USER MINIO_ROOT_PASSWORD MINIO_BROWSER="${MINIO_BROWSER:-off}" MINIO_UPDATE=off
+        launch "$MINIO_PID_FILE" "$MINIO_LOG" \
+            "$MINIO_BIN" server "$MINIO_DATA" --address "127.0.0.1:$MINIO_PORT" \
+            --console-address "127.0.0.1:$MINIO_CONSOLE_PORT"
+    )
+    wait_minio
+}
+
+status_minio() {
+    local pid
+    if pid="$(pid_alive "$MINIO_PID_FILE" "minio server")"; then
+        if curl -fsS -m 3 -o /dev/null "http://127.0.0.1:$MINIO_PORT/minio/health/live" 2>/dev/null; then
+            echo "minio: up (pid $pid, http://127.0.0.1:$MINIO_PORT)"
+            return 0
+        fi
+        echo "minio: starting (pid $pid, not answering on port $MINIO_PORT yet)"
+        return 1
+    fi
+    echo "minio: down"
+    return 1
+}
+
+stop_minio() { stop_pid minio "$MINIO_PID_FILE" "minio server"; }
+
+# ======================================================================= main =============
+main() {
+    local cmd="${1:-}" target="${2:-all}" services=()
+    [[ $# -le 2 ]] || usage
+    case "$target" in
+        all) services=(neo4j minio) ;;
+        neo4j | minio) services=("$target") ;;
+        *) usage ;;
+    esac
+    mkdir -p "$SERVICES_DIR" "$RUN_DIR"
+    local s rc=0
+    case "$cmd" in
+        install) for s in "${services[@]}"; do "install_$s"; done ;;
+        start) for s in "${services[@]}"; do "start_$s"; done ;;
+        stop) for s in "${services[@]}"; do "stop_$s"; done ;;
+        restart)
+            for s in "${services[@]}"; do "stop_$s"; done
+            for s in "${services[@]}"; do "start_$s"; done
+            ;;
+        status)
+            for s in "${services[@]}"; do "status_$s" || rc=1; done
+            return "$rc"
+            ;;
+        *) usage ;;
+    esac
+}
+
+main "$@"
