@@ -248,7 +248,7 @@ def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: Ob
     ns = settings.namespace
     manifest = {}
     for table in EXPORT_TABLES:
-        data = con.execute(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", [ns]).fetch_record_batch().read_all()
+        data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).to_arrow_table()
         buf = io.BytesIO()
         pq.write_table(data, buf, compression="zstd")
         key = f"{ns}/tables/{table}.parquet"

@@ -66,8 +66,8 @@ def counts(settings: Settings) -> dict[str, int]:
 
 
 def read_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str) -> tuple[list[str], np.ndarray]:
-    tbl = con.execute("SELECT item_id, vector FROM embeddings WHERE namespace = ? AND kind = ? ORDER BY item_id",
-                      [namespace, kind]).fetch_record_batch().read_all()
+    tbl = con.sql("SELECT item_id, vector FROM embeddings WHERE namespace = ? AND kind = ? ORDER BY item_id",
+                  params=[namespace, kind]).to_arrow_table()
     ids = tbl.column("item_id").to_pylist()
     if not ids:
         return [], np.zeros((0, 0), dtype=np.float32)

@@ -1,0 +1,1 @@
+"""Software-defined assets, one module per stage, named for what each produces."""

@@ -1,0 +1,19 @@
+import dagster as dg
+
+from lazyhippo.index import build_chunks
+from resources import LazyhippoResource
+
+from ._meta import preview, scalars
+
+
+@dg.asset(deps=["documents"], group_name="per_document", description="Token-aware chunks (tiktoken) with citation metadata.")
+def chunks(lazyhippo: LazyhippoResource) -> dg.MaterializeResult:
+    settings = lazyhippo.settings()
+    with lazyhippo.warehouse() as con:
+        stats = build_chunks(settings, con)
+        table = preview(con, "SELECT chunk_id, title, section, position, n_tokens, text FROM chunks WHERE namespace = ? "
+                        "ORDER BY doc_id, position LIMIT 15", [settings.namespace],
+                        ["chunk_id", "title", "section", "pos", "tokens", "text"])
+    return dg.MaterializeResult(metadata={**scalars(stats), "dagster/row_count": stats["chunks"],
+                                          "chunk_size": settings.chunk_size, "chunk_overlap": settings.chunk_overlap,
+                                          "preview": table})

@@ -1,0 +1,23 @@
+import dagster as dg
+
+from lazyhippo.index import build_community_summaries
+from resources import GraphStoreResource, LazyhippoResource
+
+from ._meta import md_table, scalars
+
+
+@dg.asset(deps=["communities"], group_name="graph",
+          description="Per community: title, summary and hub entities (extractive offline, LLM when configured), embedded.")
+def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
+                        graph_store: GraphStoreResource) -> dg.MaterializeResult:
+    settings = lazyhippo.settings()
+    store = graph_store.open()
+    try:
+        with lazyhippo.warehouse() as con:
+            stats = build_community_summaries(settings, con, context.run_id)
+            store.sync(con, settings.namespace, "community_summaries")
+    finally:
+        store.close()
+    rows = [(p["community_id"], p["size"], p["title"], p["summary"]) for p in stats["preview"]]
+    return dg.MaterializeResult(metadata={**scalars(stats), "dagster/row_count": stats["summaries"],
+                                          "largest_communities": md_table(rows, ["community", "size", "title", "summary"])})

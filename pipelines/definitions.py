@@ -1,0 +1,23 @@
+"""The one place where assets, checks, jobs, sensors, schedules and resources are put together."""
+
+import dagster as dg
+
+import assets
+from resources import default_resources
+
+from .jobs import index_job
+from .schedules import nightly_reindex
+from .sensors import source_changed
+
+all_assets = dg.load_assets_from_package_module(assets)
+all_checks = dg.load_asset_checks_from_package_module(assets)
+
+defs = dg.Definitions(
+    assets=all_assets,
+    asset_checks=all_checks,
+    jobs=[index_job],
+    sensors=[source_changed],
+    schedules=[nightly_reindex],
+    resources=default_resources(),
+    executor=dg.in_process_executor,
+)

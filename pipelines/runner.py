@@ -1,0 +1,61 @@
+"""Launch jobs in-process against the persistent Dagster instance, so CLI runs show in the UI."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import dagster as dg
+
+
+def instance_for(home: Path) -> dg.DagsterInstance:
+    """DAGSTER_HOME defaults to <index home>/dagster: `dagster dev` started from the repo sees the same runs."""
+    dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str((home / "dagster").resolve())))
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    (dagster_home / "dagster.yaml").touch()  # an explicit (empty) config: default local storage, no warning
+    return dg.DagsterInstance.get()
+
+
+def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
+    cfg: dict = {"resources": {name: {"config": {k: v for k, v in values.items() if v is not None}}
+                               for name, values in resources.items() if any(v is not None for v in values.values())},
+                 "loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    if ops:
+        cfg["ops"] = ops
+    return cfg
+
+
+def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, int, int], None] | None = None,
+            tags: dict | None = None) -> dg.ExecuteInProcessResult:
+    """Run `job_name`; `on_step(step, done, total)` is called as steps finish (drives the progress display)."""
+    from .definitions import defs
+
+    instance = instance_for(home)
+    job = defs.resolve_job_def(job_name)
+    result: dict = {}
+
+    def target() -> None:
+        try:
+            result["value"] = job.execute_in_process(run_config=config, instance=instance, tags=tags, raise_on_error=False)
+        except BaseException as exc:  # surfaced in the calling thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    total = len(job.graph.node_defs)
+    seen: set[str] = set()
+    while True:
+        thread.join(0.5)
+        run = next(iter(instance.get_runs(dg.RunsFilter(tags=tags), limit=1)), None) if on_step and tags else None
+        for rec in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_SUCCESS) if run else []:
+            if rec.dagster_event.step_key not in seen:
+                seen.add(rec.dagster_event.step_key)
+                on_step(rec.dagster_event.step_key, len(seen), total)
+        if not thread.is_alive():
+            break
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
