@@ -14,7 +14,7 @@ def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoR
     store = graph_store.open()
     try:
         with lazyhippo.warehouse() as con:
-            stats = build_community_summaries(settings, con, context.run_id)
+            stats = build_community_summaries(settings, con, context.run.run_id)
             store.sync(con, settings.namespace, "community_summaries")
     finally:
         store.close()

@@ -12,7 +12,7 @@ def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, obj
     settings = lazyhippo.settings()
     store = object_store.open(settings)
     with lazyhippo.warehouse() as con:
-        stats = export_parquet(settings, con, store, context.run_id)
+        stats = export_parquet(settings, con, store, context.run.run_id)
     objs = stats["objects"]
     return dg.MaterializeResult(metadata={
         "store": stats["store"], "manifest": stats["run_key"], "dagster/row_count": sum(o["rows"] for o in objs.values()),

@@ -18,7 +18,7 @@ def extractions(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource)
             context.log.info(f"{stage}: {done}/{total} chunks extracted")
 
     with lazyhippo.warehouse() as con:
-        stats = run_extractions(settings, con, progress=progress, run_id=context.run_id)
+        stats = run_extractions(settings, con, progress=progress, run_id=context.run.run_id)
     for cid, reason in list(stats["failures"].items())[:20]:
         context.log.warning(f"extraction failed for chunk {cid}: {reason}")
     return dg.MaterializeResult(metadata={

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.index import run_index
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "2wikimultihopqa"
+
+
+@pytest.fixture(scope="session")
+def sample_settings(tmp_path_factory) -> Settings:
+    """The sample corpus indexed once per session on the embedded default (library path, no Dagster)."""
+    settings = Settings(home=tmp_path_factory.mktemp("sample_index"), source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    return settings
+
+
+@pytest.fixture(scope="session")
+def wiki_dataset() -> Path:
+    if not (SHARED / "corpus.jsonl").exists():
+        pytest.skip(f"shared 2WikiMultiHopQA dataset not found at {SHARED} (only present beside the project checkout)")
+    return SHARED
+
+
+def require_or_skip(reason: str) -> None:
+    """In CI (or when asked) a missing prerequisite fails with its reason; elsewhere it skips."""
+    if os.environ.get("CI") or os.environ.get("LAZYHIPPO_REQUIRE_SERVICES") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)

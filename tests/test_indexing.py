@@ -1,0 +1,199 @@
+"""Issue 2: the indexing platform on the embedded default."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import polars as pl
+import pytest
+
+from lazyhippo.chunking import chunk_document
+from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.documents import Section, _make, read_source
+from lazyhippo.index import EXPORT_TABLES, run_index
+from lazyhippo.objectstore import LocalObjectStore
+from lazyhippo.tokens import count_tokens
+from lazyhippo.warehouse import connect
+from pipelines.definitions import all_assets, defs
+from resources import GraphStoreResource, LazyhippoResource, ObjectStoreResource
+
+EXPECTED_ASSETS = {"documents", "chunks", "extractions", "entities", "relations", "mentions", "facts", "embeddings",
+                   "knn_edges", "communities", "community_summaries", "exports"}
+
+
+def _rows(settings: Settings, sql: str) -> list[tuple]:
+    with connect(settings, read_only=True) as con:
+        return con.execute(sql, [settings.namespace]).fetchall()
+
+
+def _materialize(home: Path, source: Path, namespace: str = "default") -> dg.ExecuteInProcessResult:
+    return dg.materialize(all_assets, resources={
+        "lazyhippo": LazyhippoResource(home=str(home), source=str(source), namespace=namespace),
+        "graph_store": GraphStoreResource(kind="embedded"), "object_store": ObjectStoreResource(kind="local")})
+
+
+def test_definitions_load_with_every_stage():
+    keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
+    assert EXPECTED_ASSETS <= keys
+    assert defs.resolve_job_def("index") is not None
+    assert defs.resolve_sensor_def("source_changed") and defs.resolve_schedule_def("nightly_reindex")
+
+
+@pytest.fixture(scope="module")
+def materialized(tmp_path_factory):
+    home = tmp_path_factory.mktemp("dagster_index")
+    first = _materialize(home, SAMPLE_CORPUS)
+    return home, first
+
+
+def test_assets_materialize_with_metadata(materialized):
+    home, result = materialized
+    assert result.success
+    mats = {m.asset_key.to_user_string(): m for m in result.get_asset_materialization_events()
+            and [e.event_specific_data.materialization for e in result.get_asset_materialization_events()]}
+    assert EXPECTED_ASSETS <= set(mats)
+    assert mats["documents"].metadata["dagster/row_count"].value == 8
+    assert mats["entities"].metadata["dagster/row_count"].value > 20
+    assert "Ada Fenwick" in mats["entities"].metadata["top_entities"].value
+    assert mats["communities"].metadata["modularity"].value > 0.2
+    assert "size_distribution" in mats["communities"].metadata
+    assert mats["knn_edges"].metadata["dagster/row_count"].value > 0
+
+
+def test_rerun_is_idempotent_same_ids_no_duplicates_no_extractor_calls(materialized):
+    home, _ = materialized
+    settings = Settings(home=home)
+    tables = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges", "entity_scores",
+              "communities", "community_summaries", "embeddings")
+    snapshot = {t: sorted(_rows(settings, f"SELECT * EXCLUDE (namespace) FROM {t} WHERE namespace = ?"), key=repr)
+                for t in tables if t != "embeddings"}
+    snapshot["embeddings"] = sorted(_rows(settings, "SELECT kind, item_id FROM embeddings WHERE namespace = ?"))
+    again = _materialize(home, SAMPLE_CORPUS)
+    assert again.success
+    extraction = next(e.event_specific_data.materialization for e in again.get_asset_materialization_events()
+                      if e.asset_key.to_user_string() == "extractions")
+    assert extraction.metadata["computed"].value == 0
+    assert extraction.metadata["cached"].value == extraction.metadata["chunks"].value > 0
+    for t in tables:
+        now = (sorted(_rows(settings, "SELECT kind, item_id FROM embeddings WHERE namespace = ?")) if t == "embeddings"
+               else sorted(_rows(settings, f"SELECT * EXCLUDE (namespace) FROM {t} WHERE namespace = ?"), key=repr))
+        assert now == snapshot[t], f"{t} changed on an unchanged re-run"
+    dup = _rows(settings, "SELECT count(*) - count(DISTINCT chunk_id) FROM chunks WHERE namespace = ?")[0][0]
+    assert dup == 0
+
+
+def test_every_entity_has_a_community_and_knn_respects_topk_and_cutoff(sample_settings):
+    s = sample_settings
+    missing = _rows(s, "SELECT count(*) FROM entities e LEFT JOIN entity_scores c USING (namespace, entity_id) "
+                       "WHERE e.namespace = ? AND c.community_id IS NULL")[0][0]
+    assert missing == 0
+    per_source = _rows(s, "SELECT source_id, count(*), min(score) FROM knn_edges WHERE namespace = ? GROUP BY source_id")
+    assert per_source and all(n <= s.knn_top_k and lo >= s.knn_cutoff for _, n, lo in per_source)
+
+
+def test_knn_topk_and_cutoff_are_configurable(tmp_path):
+    s = Settings(home=tmp_path, source=str(SAMPLE_CORPUS), knn_top_k=2, knn_cutoff=0.8)
+    run_index(s)
+    rows = _rows(s, "SELECT source_id, count(*), min(score) FROM knn_edges WHERE namespace = ? GROUP BY source_id")
+    assert all(n <= 2 and lo >= 0.8 for _, n, lo in rows)
+
+
+def test_exports_read_back_with_polars_and_match_duckdb(sample_settings):
+    s = sample_settings
+    store = LocalObjectStore(s.export_dir)
+    with connect(s, read_only=True) as con:
+        for table in EXPORT_TABLES:
+            exported = pl.read_parquet(io.BytesIO(store.get(f"default/tables/{table}.parquet")))
+            expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").pl()
+            assert exported.height == expected.height > 0, table
+            assert exported.equals(expected), table
+
+
+def test_bad_files_are_reported_by_name_and_skipped(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.txt").write_text("Ada Fenwick founded the Marlow Observatory on Mount Keel.")
+    (src / "empty.txt").write_text("")
+    (src / "binary.txt").write_bytes(b"\x00\x01\x02PNG\x00")
+    (src / "latin1.md").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    (src / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
+    (src / "huge.txt").write_text("word " * 50_000)
+    (src / "rows.jsonl").write_text('{"id": "1", "title": "T", "text": "Fine row."}\n{not json}\n')
+    s = Settings(home=tmp_path / "home", source=str(src), max_file_bytes=100_000)
+    out = run_index(s)
+    reasons = dict(_rows(s, "SELECT source, reason FROM document_errors WHERE namespace = ?"))
+    assert reasons["empty.txt"].startswith("empty")
+    assert "binary" in reasons["binary.txt"]
+    assert "UTF-8" in reasons["latin1.md"]
+    assert "PDF" in reasons["broken.pdf"]
+    assert "too large" in reasons["huge.txt"]
+    assert "JSONL" in reasons["rows.jsonl:2"]
+    assert out["documents"]["documents"] == 2
+    # a file that breaks later keeps its indexed version: nothing already indexed is lost
+    (src / "good.txt").write_bytes(b"\xff\xfe broken now")
+    run_index(s)
+    titles = {t for (t,) in _rows(s, "SELECT title FROM documents WHERE namespace = ?")}
+    assert "Good" in titles
+    assert _rows(s, "SELECT count(*) FROM chunks c JOIN documents d USING (namespace, doc_id) "
+                    "WHERE c.namespace = ? AND d.title = 'Good'")[0][0] == 1
+
+
+def _tiny_pdf(pages: list[str]) -> bytes:
+    objs = ["<< /Type /Catalog /Pages 2 0 R >>", None, "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    kids = []
+    for text in pages:
+        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+        objs.append(f"<< /Length {len(stream)} >>\nstream\n{stream.decode()}\nendstream")
+        objs.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {len(objs)} 0 R "
+                    f"/Resources << /Font << /F1 3 0 R >> >> >>")
+        kids.append(f"{len(objs)} 0 R")
+    objs[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(kids)} >>"
+    out, offsets = io.BytesIO(), []
+    out.write(b"%PDF-1.4\n")
+    for i, body in enumerate(objs, 1):
+        offsets.append(out.tell())
+        out.write(f"{i} 0 obj\n{body}\nendobj\n".encode())
+    xref = out.tell()
+    out.write(f"xref\n0 {len(objs) + 1}\n0000000000 65535 f \n".encode())
+    out.write("".join(f"{o:010d} 00000 n \n" for o in offsets).encode())
+    out.write(f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode())
+    return out.getvalue()
+
+
+def test_pdf_pages_become_citable_chunks(tmp_path):
+    (tmp_path / "report.pdf").write_bytes(_tiny_pdf(["Halden Telescope overview.", "Tomas Reyes built a spectrograph."]))
+    docs, errors = read_source(tmp_path, 10_000_000)
+    assert not errors and len(docs) == 1
+    chunks = chunk_document(docs[0])
+    assert [c.page for c in chunks] == [1, 2]
+    assert "spectrograph" in chunks[1].text
+
+
+def test_chunks_respect_size_overlap_and_sections():
+    body = " ".join(f"Sentence number {i} talks about the Halden Telescope." for i in range(200))
+    doc = _make("a.md", "A", "md", [Section(body, "Intro"), Section("Short tail.", "Tail")])
+    chunks = chunk_document(doc, size=64, overlap=16)
+    assert all(c.n_tokens <= 64 and c.n_tokens == count_tokens(c.text) for c in chunks)
+    assert chunks[-1].section == "Tail" and chunks[0].section == "Intro"
+    first_tail = chunks[0].text.split(". ")[-1]
+    assert first_tail in chunks[1].text  # overlap carries trailing sentences
+    assert [c.chunk_id for c in chunk_document(doc, 64, 16)] == [c.chunk_id for c in chunks]
+
+
+def test_namespaces_are_isolated(tmp_path):
+    a = Settings(home=tmp_path, source=str(SAMPLE_CORPUS), namespace="a")
+    run_index(a)
+    before = _rows(a, "SELECT count(*) FROM entities WHERE namespace = ?")[0][0]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "note.txt").write_text("Henry Calloway lectured on optics in Eastbridge.")
+    b = Settings(home=tmp_path, source=str(other), namespace="b")
+    run_index(b)
+    assert _rows(a, "SELECT count(*) FROM entities WHERE namespace = ?")[0][0] == before
+    assert 0 < _rows(b, "SELECT count(*) FROM entities WHERE namespace = ?")[0][0] < before
+    assert LocalObjectStore(a.export_dir).list("a/") and LocalObjectStore(a.export_dir).list("b/")
