@@ -1,0 +1,107 @@
+"""Query-time settings. Separate from `Settings` (which describes the index): every knob has a default
+that serves any corpus, and callers override per call with `QueryConfig(...)` or `.with_(...)`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    """Edge weights of the entity+passage graph built at load time (part of the index cache key)."""
+
+    relation_weight: float = 1.0      # entity-entity co-occurrence edges (times the relation weight)
+    relation_cap: float = 4.0         # cap on one relation's summed weight before scaling
+    synonym_weight: float = 0.5       # KNN (synonymy) edges, times the cosine score
+    synonym_min_score: float = 0.80   # KNN edges below this are not used as synonyms
+    mention_weight: float = 1.0       # passage-entity edges, times log(1 + count)
+    title_mention_weight: float = 2.0 # extra weight on the edge between a passage and its own title entity
+
+
+@dataclass(frozen=True)
+class LocalParams:
+    """HippoRAG-2-style local retrieval."""
+
+    damping: float = 0.5              # probability of following an edge in PPR
+    tol: float = 1e-5
+    max_iter: int = 50
+    max_ngram: int = 12               # longest query span matched against entity names and titles
+    exact_weight: float = 1.0         # seed weight of an exact/normalized name match (times IDF)
+    subsumed_factor: float = 0.1      # a match inside a longer matched span counts this much
+    lowercase_span_factor: float = 0.2  # a span written in lower case (in a question that uses capitals)
+    title_seed_weight: float = 1.0    # passages whose document title the query names (times IDF)
+    embed_link_top_k: int = 3         # nearest entities per query phrase by embedding
+    embed_link_min: float = 0.80      # cosine needed for an embedding link
+    embed_weight: float = 0.5         # seed weight of embedding links (times cosine and IDF)
+    fact_top_k: int = 5               # facts (sentences) matched to the query by embedding
+    fact_min: float = 0.30
+    fact_candidates: int = 50         # facts considered by embedding before the seed boost
+    fact_seed_boost: float = 3.0      # facts naming exactly linked entities: score * (1 + boost * affinity)
+    fact_seed_entities: int = 8       # strongest exact seeds whose facts are considered
+    fact_seed_max_facts: int = 500    # seeds named in more facts than this are hubs (skipped)
+    fact_weight: float = 0.5          # seed weight of entities of matched facts (times normalized score, IDF)
+    fact_passage_weight: float = 0.0  # seed weight of the passage a matched fact comes from
+    passage_weight: float = 0.05      # dense passage seeds (min-max normalized similarity) times this
+    passage_seed_top: int = 200       # passages seeded by dense similarity
+    entity_mass_weight: float = 0.0   # chunk score += this * sum of its entities' PPR mass / entity degree
+    title_mass_weight: float = 2.0    # chunk score += this * PPR mass of its document's title entity
+    title_base_factor: float = 1.0    # share of the mass of the title without its "(...)" qualifier
+    hub_df_share: float = 0.05        # entities in more than this share of passages count as hubs (IDF floor)
+    dense_tiebreak: float = 0.01      # chunk score += this * dense similarity (orders chunks the graph ties)
+
+
+@dataclass(frozen=True)
+class GlobalParams:
+    top_communities: int = 5
+    min_similarity: float = 0.15      # communities below this cosine are dropped (unless keywords match)
+    keyword_weight: float = 0.5
+    chunks_per_community: int = 6
+    min_evidence: float = 0.20        # a community's evidence needs this relevance to be kept
+    hub_seed_weight: float = 0.3      # weight of community hub entities when they seed the local route
+
+
+@dataclass(frozen=True)
+class HybridParams:
+    rrf_k: int = 60
+    depth: int = 50                   # ranks kept per channel
+    expand_top: int = 5               # dense hits whose entities drive the graph augmentation
+    # channel weights by query type: dense, sparse, local, global, expand
+    weights: dict = field(default_factory=lambda: {
+        "technical": {"dense": 1.0, "sparse": 1.5, "local": 0.7, "global": 0.2, "expand": 0.5},
+        "exploratory": {"dense": 1.0, "sparse": 0.5, "local": 0.6, "global": 1.2, "expand": 0.8},
+        "relational": {"dense": 0.7, "sparse": 0.7, "local": 1.5, "global": 0.3, "expand": 1.0},
+    })
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    noise_penalty: float = 0.05       # score multiplier for form-label, bare-heading and near-empty chunks
+    min_content_words: int = 6        # fewer content words than this: near-empty
+    dedup_min_chars: int = 20         # shorter sentences are never treated as duplicates
+    dedup_cover: float = 0.6          # a seen sentence covering this share of a new one makes it a duplicate
+    group_neighbours: bool = False    # pull same-section neighbour chunks in after their anchor
+    neighbour_decay: float = 0.5      # a neighbour's score is its anchor's times this
+
+
+@dataclass(frozen=True)
+class QueryConfig:
+    graph: GraphParams = GraphParams()
+    local: LocalParams = LocalParams()
+    global_: GlobalParams = GlobalParams()
+    hybrid: HybridParams = HybridParams()
+    context: ContextParams = ContextParams()
+    candidates: int = 50              # chunks handed from retrieval to assembly (before budget)
+    answer_sentences: int = 3         # sentences in an extractive answer
+    drift_max_subquestions: int = 4
+
+    def with_(self, **sections) -> "QueryConfig":
+        """`cfg.with_(local={"damping": 0.6})` -> a copy with those fields changed."""
+        changes = {}
+        for name, values in sections.items():
+            key = "global_" if name == "global" else name
+            current = getattr(self, key)
+            changes[key] = replace(current, **values) if isinstance(values, dict) and hasattr(current, "__dataclass_fields__") else values
+        return replace(self, **changes)
+
+
+DEFAULT_CONFIG = QueryConfig()

@@ -1,0 +1,246 @@
+"""Local route (HippoRAG 2): link the query to entities and facts, seed PPR, rank chunks by graph mass.
+
+Seeds: (1) exact/normalized n-gram matches of query spans against entity names and document titles,
+weighted by IDF (hub entities count less) and by how name-like the span is; (2) embedding links of the
+query's name-like phrases to entities; (3) facts (entity-bearing sentences) matched to the query by
+embedding, whose entities are seeded like HippoRAG 2's triples; (4) passages by dense similarity with
+a small weight. PPR spreads that mass over relations, synonym (KNN) edges and mentions; a chunk scores
+its own PPR mass plus the mass of the entities it mentions (shared by their passage count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import LocalParams
+from .loader import GraphIndex
+from .ppr import PPRBackend, get_ppr_backend
+from .text import STOPWORDS, norm_key
+from .types import PreparedQuery, ScoredChunk, top_indices
+
+_CONNECTORS = {"of", "the", "de", "la", "le", "du", "von", "van", "der", "den", "di", "da", "del", "and", "&", "y", "al"}
+
+
+@dataclass
+class Seeds:
+    entities: dict[int, float] = field(default_factory=dict)
+    chunks: dict[int, float] = field(default_factory=dict)
+    links: list[dict] = field(default_factory=list)  # diagnostics: what matched and why
+
+    def add_entity(self, e: int, w: float, mode: str = "max") -> None:
+        if w <= 0:
+            return
+        cur = self.entities.get(e, 0.0)
+        self.entities[e] = max(cur, w) if mode == "max" else cur + w
+
+    def add_chunk(self, c: int, w: float) -> None:
+        if w > 0:
+            self.chunks[c] = max(self.chunks.get(c, 0.0), w)
+
+
+def _idf(idx: GraphIndex, e: int) -> float:
+    return float(idx.entity_idf[e])
+
+
+def _span_matches(idx: GraphIndex, raw: list[str], max_n: int) -> list[tuple[int, int, str]]:
+    low = [t.lower() for t in raw]
+    found = []
+    for n in range(min(max_n, len(low)), 0, -1):
+        for i in range(len(low) - n + 1):
+            span = low[i:i + n]
+            if all(t in STOPWORDS for t in span):
+                continue
+            if n == 1 and (len(span[0]) < 3 and not span[0].isdigit()):
+                continue
+            key = " ".join(span)
+            if key in idx.name_index or key in idx.title_index:
+                found.append((i, i + n, key))
+    return found
+
+
+def _name_likeness(raw: list[str], i: int, j: int) -> float:
+    """Share of the span's content words written capitalized (or as digits) in the question; 1 when the
+    question uses no capitals at all (then case tells nothing)."""
+    if not any(t[:1].isupper() for t in raw[1:]):
+        return 1.0
+    words = [t for t in raw[i:j] if t.lower() not in STOPWORDS] or raw[i:j]
+    caps = sum(1 for t in words if t[:1].isupper() or t[:1].isdigit())
+    return caps / len(words)
+
+
+def name_phrases(raw: list[str]) -> list[tuple[int, int]]:
+    """Runs of capitalized words (connectors like 'of' allowed inside), skipping a capitalized first word
+    that is a stopword/question word: a cheap stand-in for query NER."""
+    out, i, n = [], 0, len(raw)
+    while i < n:
+        t = raw[i]
+        if t[:1].isupper() or t[:1].isdigit():
+            j = i + 1
+            while j < n and (raw[j][:1].isupper() or raw[j][:1].isdigit() or
+                             (raw[j].lower() in _CONNECTORS and j + 1 < n and raw[j + 1][:1].isupper())):
+                j += 1
+            if i == 0 and raw[0].lower() in STOPWORDS:
+                i += 1
+                continue
+            out.append((i, j))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
+    seeds = Seeds()
+    raw = q.raw_tokens
+    matches = _span_matches(idx, raw, p.max_ngram)
+    covered: list[tuple[int, int]] = []
+    for i, j, key in matches:  # longest first
+        inside = any(a <= i and j <= b and (b - a) > (j - i) for a, b in covered)
+        factor = p.subsumed_factor if inside else 1.0
+        shape = p.lowercase_span_factor + (1.0 - p.lowercase_span_factor) * _name_likeness(raw, i, j)
+        if not inside:
+            covered.append((i, j))
+        ents = idx.name_index.get(key, ())
+        for e in ents:
+            w = p.exact_weight * _idf(idx, e) * factor * shape / len(ents)
+            seeds.add_entity(int(e), w)
+        chunks = idx.title_index.get(key, ())
+        if len(chunks):
+            te = idx.title_entity[chunks[0]]
+            spec = _idf(idx, te) if te >= 0 else float(np.log(idx.n_chunks + 1.0))
+            for c in chunks:
+                seeds.add_chunk(int(c), p.title_seed_weight * spec * factor * shape / np.sqrt(len(chunks)))
+        seeds.links.append({"span": " ".join(raw[i:j]), "key": key, "entities": [idx.entity_names[e] for e in ents][:5],
+                            "titles": len(chunks), "subsumed": inside, "shape": round(shape, 3)})
+
+    # embedding links for name-like phrases the exact matcher did not cover
+    phrases = [(i, j) for i, j in name_phrases(raw)
+               if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0]
+    if phrases:
+        texts = [" ".join(raw[i:j]) for i, j in phrases]
+        sims = idx.entity_vecs @ q.embed(texts).T  # (n_entities, n_phrases)
+        for col, text in enumerate(texts):
+            for e in top_indices(sims[:, col], p.embed_link_top_k):
+                s = float(sims[e, col])
+                if s >= p.embed_link_min:
+                    seeds.add_entity(int(e), p.embed_weight * s * _idf(idx, int(e)))
+                    seeds.links.append({"phrase": text, "entity": idx.entity_names[e], "cosine": round(s, 3)})
+
+    # facts: sentences that mention entities, matched to the whole question (HippoRAG 2's triples);
+    # facts naming an exactly linked entity are boosted, so the hop out of a named entity follows the
+    # sentence that best matches the question's relation ("directed by", "married to", ...)
+    if p.fact_top_k > 0 and len(idx.fact_ids) and p.fact_weight > 0:
+        fs = idx.fact_vecs @ q.vec
+        cand = set(int(f) for f in top_indices(fs, p.fact_candidates))
+        exact = dict(seeds.entities)
+        affinity: dict[int, float] = {}
+        if exact and p.fact_seed_boost > 0:
+            top_w = max(exact.values())
+            ef = entity_facts(idx)
+            for e, w in sorted(exact.items(), key=lambda kv: -kv[1])[:p.fact_seed_entities]:
+                lo, hi = ef.indptr[e], ef.indptr[e + 1]
+                if hi - lo > p.fact_seed_max_facts:
+                    continue
+                for f in ef.indices[lo:hi]:
+                    affinity[int(f)] = max(affinity.get(int(f), 0.0), w / top_w)
+                    cand.add(int(f))
+        scored = sorted(((float(fs[f]) * (1.0 + p.fact_seed_boost * affinity.get(f, 0.0)), f) for f in cand), reverse=True)
+        top = [(sc, f) for sc, f in scored[:p.fact_top_k] if fs[f] >= p.fact_min]
+        if top:
+            best = top[0][0]
+            for sc, f in top:
+                rel = sc / best if best > 0 else 0.0
+                lo, hi = idx.fact_entities.indptr[f], idx.fact_entities.indptr[f + 1]
+                for e in idx.fact_entities.indices[lo:hi]:
+                    seeds.add_entity(int(e), p.fact_weight * rel * _idf(idx, int(e)))
+                if p.fact_passage_weight > 0:
+                    seeds.add_chunk(int(idx.fact_chunk[f]), p.fact_passage_weight * rel)
+                seeds.links.append({"fact": idx.fact_texts[f][:160], "cosine": round(float(fs[f]), 3)})
+    return seeds
+
+
+def personalization(idx: GraphIndex, q: PreparedQuery, seeds: Seeds, p: LocalParams) -> np.ndarray:
+    vec = np.zeros(idx.n_entities + idx.n_chunks, dtype=np.float64)
+    for e, w in seeds.entities.items():
+        vec[e] += w
+    for c, w in seeds.chunks.items():
+        vec[idx.n_entities + c] += w
+    if p.passage_weight > 0 and idx.n_chunks:
+        dense = q.dense
+        top = top_indices(dense, p.passage_seed_top)
+        if len(top):
+            vals = dense[top].astype(np.float64)
+            lo, hi = vals.min(), vals.max()
+            norm = (vals - lo) / (hi - lo) if hi > lo else np.ones_like(vals)
+            vec[idx.n_entities + top] += p.passage_weight * norm
+    return vec
+
+
+def entity_facts(idx: GraphIndex):
+    """(n_entities, n_facts) CSR: which facts name each entity. Cached on the index."""
+    m = getattr(idx, "_entity_facts", None)
+    if m is None:
+        m = idx.fact_entities.T.tocsr()
+        idx._entity_facts = m  # type: ignore[attr-defined]
+    return m
+
+
+def entity_mass_share(idx: GraphIndex):
+    """(n_chunks, n_entities) matrix: 1/df(e) where chunk mentions e. Cached on the index."""
+    m = getattr(idx, "_mass_share", None)
+    if m is None:
+        import scipy.sparse as sp
+
+        b = (idx.mentions > 0).astype(np.float32)
+        inv = 1.0 / np.maximum(idx.entity_df, 1.0)
+        m = (b @ sp.diags(inv.astype(np.float32))).tocsr()
+        idx._mass_share = m  # type: ignore[attr-defined]
+    return m
+
+
+def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBackend | None = None,
+                 extra_seeds: dict[int, float] | None = None) -> tuple[np.ndarray, dict]:
+    """Score every chunk; returns (scores, diagnostics)."""
+    seeds = link_query(idx, q, p)
+    for e, w in (extra_seeds or {}).items():
+        seeds.add_entity(e, w, mode="sum")
+    vec = personalization(idx, q, seeds, p)
+    if idx.n_chunks == 0:
+        return np.zeros(0), {"seeds": 0}
+    backend = get_ppr_backend(ppr)
+    if vec.sum() <= 0:
+        scores = np.zeros(idx.n_chunks)
+        mass = np.zeros(idx.n_entities)
+    else:
+        pr = backend.run(idx, vec, p.damping, p.tol, p.max_iter)
+        scores = pr[idx.n_entities:].copy()
+        mass = pr[:idx.n_entities]
+    ppr_part = scores.copy()
+    if p.entity_mass_weight > 0 and idx.n_entities:
+        scores += p.entity_mass_weight * (entity_mass_share(idx) @ mass)
+    if p.title_mass_weight > 0 and idx.n_entities:
+        has = idx.title_entity >= 0
+        tm = np.zeros(idx.n_chunks)
+        tm[has] = mass[idx.title_entity[has]]
+        base = idx.title_base_entity >= 0  # "David Bradley" carries mass for "David Bradley (director)"
+        tm[base] = np.maximum(tm[base], p.title_base_factor * mass[idx.title_base_entity[base]])
+        scores += p.title_mass_weight * tm
+    if p.dense_tiebreak > 0:
+        scores += p.dense_tiebreak * np.clip(q.dense, 0, None) * max(float(scores.max()), 1e-9)
+    top_ents = top_indices(mass, 10) if idx.n_entities else []
+    diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
+            "links": seeds.links[:20],
+            "top_entities": [{"name": idx.entity_names[e], "mass": round(float(mass[e]), 5)} for e in top_ents]}
+    diag["_ppr"] = ppr_part
+    return scores, diag
+
+
+def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
+                   extra_seeds: dict[int, float] | None = None) -> tuple[list[ScoredChunk], dict]:
+    scores, diag = local_scores(idx, q, p, ppr, extra_seeds)
+    ppr_part = diag.pop("_ppr", np.zeros_like(scores))
+    top = [c for c in top_indices(scores, top_k) if scores[c] > 0]
+    dense = q.dense
+    return [ScoredChunk.from_index(idx, int(c), scores[c], "local", ppr=ppr_part[c], dense=dense[c]) for c in top], diag

@@ -1,0 +1,160 @@
+"""Personalized PageRank over the entity+passage graph, and the hook other graph stores plug into.
+
+The embedded path runs a sparse power iteration on the in-memory CSR matrix of `GraphIndex`. A store
+that can run PPR itself (Neo4j GDS `gds.pageRank` with weighted source nodes) implements `PPRBackend`
+and is passed to the query functions as `ppr=`: the routes only ever see a score per node index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass(frozen=True)
+class PPRResult:
+    scores: np.ndarray   # one score per node, sums to 1
+    iterations: int
+    residual: float      # L1 change of the last iteration
+
+
+def transition_matrix(adjacency: sp.spmatrix) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Column-stochastic transpose of a row-normalized adjacency (M = D^-1 A, transposed) and the dangling mask.
+
+    `M @ p` moves the mass of each node to its neighbours in proportion to edge weight.
+    """
+    a = sp.csr_matrix(adjacency, dtype=np.float64)
+    out_w = np.asarray(a.sum(axis=1)).ravel()
+    dangling = out_w <= 0
+    inv = np.zeros_like(out_w)
+    inv[~dangling] = 1.0 / out_w[~dangling]
+    m = (sp.diags(inv) @ a).T.tocsr().astype(np.float32)
+    return m, dangling
+
+
+def personalized_pagerank(transition: sp.csr_matrix, personalization: np.ndarray, damping: float = 0.5,
+                          tol: float = 1e-6, max_iter: int = 100, dangling: np.ndarray | None = None) -> PPRResult:
+    """Power iteration p <- d * (M p + dangling mass * s) + (1 - d) * s, with s the normalized personalization.
+
+    `transition` is column-stochastic (see `transition_matrix`); mass stuck on dangling nodes returns to
+    the seeds, so the result always sums to 1. `damping` is the probability of following an edge.
+    Stops when the L1 change drops below `tol` or after `max_iter` iterations.
+    """
+    if not 0.0 <= damping < 1.0:
+        raise ValueError(f"damping must be in [0, 1), got {damping}")
+    n = transition.shape[0]
+    s = np.asarray(personalization, dtype=np.float64).ravel()
+    if s.shape[0] != n:
+        raise ValueError(f"personalization has {s.shape[0]} entries for {n} nodes")
+    s = np.clip(s, 0.0, None)
+    total = s.sum()
+    if total <= 0:  # no seed: plain PageRank from the uniform vector
+        s = np.full(n, 1.0 / max(n, 1))
+    else:
+        s = s / total
+    if dangling is None:
+        col_sums = np.asarray(transition.sum(axis=0)).ravel()
+        dangling = col_sums <= 0
+    dtype = transition.dtype if transition.dtype in (np.float32, np.float64) else np.float64
+    s = s.astype(dtype)
+    p = s.copy()
+    dangling_idx = np.flatnonzero(dangling)
+    base = (1.0 - damping) * s
+    residual, it = float("inf"), 0
+    for it in range(1, max_iter + 1):
+        lost = float(p[dangling_idx].sum()) if dangling_idx.size else 0.0
+        nxt = transition @ p
+        nxt *= damping
+        nxt += base
+        if lost:
+            nxt += (damping * lost) * s
+        residual = float(np.abs(nxt - p).sum())
+        p = nxt
+        if residual < tol:
+            break
+    p = p.astype(np.float64)
+    p /= max(p.sum(), 1e-300)
+    return PPRResult(p, it, residual)
+
+
+class PPRBackend(Protocol):
+    """Anything that turns a personalization vector over GraphIndex node indices into PPR scores."""
+
+    name: str
+
+    def run(self, index, personalization: np.ndarray, damping: float, tol: float, max_iter: int) -> np.ndarray: ...
+
+
+class EmbeddedPPR:
+    """Sparse power iteration on the index's precomputed transition matrix (the default)."""
+
+    name = "embedded"
+
+    def run(self, index, personalization, damping, tol, max_iter):
+        return personalized_pagerank(index.transition, personalization, damping, tol, max_iter,
+                                     dangling=index.dangling).scores
+
+
+class GdsPPR:
+    """PPR from Neo4j GDS: `gds.pageRank.stream` on a projected graph, with weighted source nodes.
+
+    `run_cypher(query, params) -> list[dict]` is the store's query function (e.g. a neo4j session's
+    `run(...).data()`), so this class needs no driver of its own. Nodes are matched back to GraphIndex
+    indices through their `id` property (entity ids and chunk ids). Source-node weights need GDS >= 2.9
+    (`sourceNodes: [[node, weight], ...]`); with `weighted_sources=False` the seeds are passed unweighted.
+    """
+
+    name = "neo4j-gds"
+    QUERY = """
+    UNWIND $seeds AS seed
+    MATCH (n {id: seed.id})
+    WITH collect(CASE WHEN $weighted THEN [n, seed.w] ELSE n END) AS sources
+    CALL gds.pageRank.stream($graph, {sourceNodes: sources, dampingFactor: $damping, tolerance: $tol,
+                                      maxIterations: $max_iter, relationshipWeightProperty: $weight_property})
+    YIELD nodeId, score
+    RETURN gds.util.asNode(nodeId).id AS id, score
+    """
+
+    def __init__(self, run_cypher: Callable[[str, dict], Sequence[dict]], graph_name: str,
+                 weight_property: str | None = "weight", weighted_sources: bool = True, max_seeds: int = 200):
+        self.run_cypher = run_cypher
+        self.graph_name = graph_name
+        self.weight_property = weight_property
+        self.weighted_sources = weighted_sources
+        self.max_seeds = max_seeds
+
+    def run(self, index, personalization, damping, tol, max_iter):
+        order = np.argsort(-personalization)[: self.max_seeds]
+        seeds = [{"id": index.node_ids[i], "w": float(personalization[i])} for i in order if personalization[i] > 0]
+        rows = self.run_cypher(self.QUERY, {"seeds": seeds, "weighted": self.weighted_sources, "graph": self.graph_name,
+                                            "damping": damping, "tol": tol, "max_iter": max_iter,
+                                            "weight_property": self.weight_property})
+        out = np.zeros(len(index.node_ids), dtype=np.float64)
+        for row in rows:
+            i = index.node_pos.get(row["id"])
+            if i is not None:
+                out[i] = float(row["score"])
+        total = out.sum()
+        return out / total if total > 0 else out
+
+
+def get_ppr_backend(ppr: PPRBackend | Callable | None) -> PPRBackend:
+    """None -> embedded; a plain function f(index, personalization, damping, tol, max_iter) is wrapped."""
+    if ppr is None:
+        return EmbeddedPPR()
+    if hasattr(ppr, "run"):
+        return ppr  # type: ignore[return-value]
+    if callable(ppr):
+        fn = ppr
+
+        class _Fn:
+            name = getattr(fn, "__name__", "custom")
+
+            def run(self, index, personalization, damping, tol, max_iter):
+                return np.asarray(fn(index, personalization, damping, tol, max_iter), dtype=np.float64)
+
+        return _Fn()
+    raise TypeError(f"ppr must be a PPRBackend, a function or None, not {type(ppr).__name__}")

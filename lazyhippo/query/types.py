@@ -1,0 +1,92 @@
+"""Data types of the query engine: a prepared query (embedded once, shared by every channel) and scored chunks."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .loader import GraphIndex
+from .text import name_tokens, tokens
+
+
+@dataclass
+class ScoredChunk:
+    """One retrieved chunk with the score that ranked it and its citation metadata."""
+
+    chunk_id: str
+    score: float
+    title: str
+    doc_id: str
+    source: str
+    section: str | None
+    page: int | None
+    position: int
+    text: str
+    content_hash: str
+    n_tokens: int
+    route: str
+    channels: dict[str, float] = field(default_factory=dict)  # per-channel scores (ppr, dense, bm25, rrf, ...)
+
+    @classmethod
+    def from_index(cls, idx: GraphIndex, c: int, score: float, route: str, **channels: float) -> "ScoredChunk":
+        return cls(chunk_id=idx.chunk_ids[c], score=float(score), title=idx.titles[c], doc_id=idx.doc_ids[c],
+                   source=idx.sources[c], section=idx.sections[c], page=idx.pages[c], position=int(idx.positions[c]),
+                   text=idx.texts[c], content_hash=idx.content_hashes[c], n_tokens=int(idx.n_tokens[c]),
+                   route=route, channels={k: float(v) for k, v in channels.items()})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class PreparedQuery:
+    """The question, its embedding and the per-chunk dense / BM25 scores, computed once on first use."""
+
+    def __init__(self, idx: GraphIndex, question: str, embedder):
+        self.idx = idx
+        self.text = question
+        self.embedder = embedder
+        self.raw_tokens = name_tokens(question)
+        self.keywords = tokens(question)
+        self._vec: np.ndarray | None = None
+        self._dense: np.ndarray | None = None
+        self._bm25: np.ndarray | None = None
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        vecs = self.embedder.embed(texts)
+        if vecs.shape[1] != self.idx.dim:  # index built with another embedder: dense channels go blank
+            return np.zeros((len(texts), self.idx.dim), dtype=np.float32)
+        return np.asarray(vecs, dtype=np.float32)
+
+    @property
+    def vec(self) -> np.ndarray:
+        if self._vec is None:
+            self._vec = self.embed([self.text])[0]
+        return self._vec
+
+    @property
+    def dense(self) -> np.ndarray:
+        """Cosine similarity of the question with every chunk."""
+        if self._dense is None:
+            self._dense = self.idx.chunk_vecs @ self.vec if self.idx.n_chunks else np.zeros(0, dtype=np.float32)
+        return self._dense
+
+    @property
+    def bm25(self) -> np.ndarray:
+        if self._bm25 is None:
+            idx = self.idx
+            toks = [t for t in self.keywords if t in idx.bm25_vocab]
+            if idx.bm25 is None or not toks:
+                self._bm25 = np.zeros(idx.n_chunks, dtype=np.float32)
+            else:
+                self._bm25 = np.asarray(idx.bm25.get_scores(toks), dtype=np.float32)
+        return self._bm25
+
+
+def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores, best first (stable for ties)."""
+    if k <= 0 or scores.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    k = min(k, scores.size)
+    part = np.argpartition(-scores, k - 1)[:k]
+    return part[np.lexsort((part, -scores[part]))]
