@@ -1,0 +1,136 @@
+"""Retrieval and latency benchmarks on a corpus with gold supporting passages (2WikiMultiHopQA format)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .config import Settings
+
+Ranker = Callable[[str], list[str]]  # question -> ranked passage titles
+
+
+def distinct(titles: Sequence[str]) -> list[str]:
+    seen: set[str] = set()
+    return [t for t in titles if not (t in seen or seen.add(t))]
+
+
+def recall_at_k(ranked: Sequence[str], gold: Sequence[str], k: int) -> float:
+    """Share of the gold passages among the top-k distinct retrieved passages."""
+    gold_set = set(gold)
+    return len(gold_set & set(distinct(ranked)[:k])) / len(gold_set) if gold_set else 0.0
+
+
+def all_supporting_at_k(ranked: Sequence[str], gold: Sequence[str], k: int) -> float:
+    return float(set(gold) <= set(distinct(ranked)[:k]))
+
+
+def percentile_ms(seconds: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(seconds) * 1000.0, q)) if seconds else 0.0
+
+
+@dataclass
+class MethodReport:
+    method: str
+    recall_at_2: float
+    recall_at_5: float
+    all_supporting_at_8: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    per_question: list[dict] = field(default_factory=list)
+
+    def headline(self) -> dict:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items() if k != "per_question"}
+
+
+def evaluate(method: str, ranker: Ranker, questions: Sequence[dict], k: int = 8,
+             progress: Callable[[str, int, int], None] | None = None) -> MethodReport:
+    rows, lat = [], []
+    for i, q in enumerate(questions):
+        t0 = time.perf_counter()
+        ranked = distinct(ranker(q["question"]))
+        lat.append(time.perf_counter() - t0)
+        gold = q["supporting_titles"]
+        rows.append({"question": q["question"], "supporting_titles": gold, "retrieved": ranked[:max(k, 8)],
+                     "recall_at_2": recall_at_k(ranked, gold, 2), "recall_at_5": recall_at_k(ranked, gold, 5),
+                     "all_supporting_at_8": all_supporting_at_k(ranked, gold, 8)})
+        if progress:
+            progress(method, i + 1, len(questions))
+    mean = lambda key: float(np.mean([r[key] for r in rows])) if rows else 0.0  # noqa: E731
+    return MethodReport(method, mean("recall_at_2"), mean("recall_at_5"), mean("all_supporting_at_8"),
+                        percentile_ms(lat, 50), percentile_ms(lat, 95), rows)
+
+
+def file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings | None = None) -> tuple[Settings, dict]:
+    """Index `corpus` into `workdir` unless it already holds this exact corpus (same hash, same settings)."""
+    from .index import run_index
+
+    settings = (settings or Settings()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
+    stamp_file = workdir / "bench_corpus.json"
+    stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items() if k != "home"}}
+    if stamp_file.exists():
+        old = json.loads(stamp_file.read_text())
+        if {k: old.get(k) for k in stamp} == stamp:
+            return settings, {"reused": True, "index_seconds": old["index_seconds"]}
+    t0 = time.perf_counter()
+    run_index(settings, progress=progress, run_id="bench")
+    seconds = time.perf_counter() - t0
+    stamp_file.write_text(json.dumps({**stamp, "index_seconds": seconds}))
+    return settings, {"reused": False, "index_seconds": seconds}
+
+
+def retrieval_rankers(settings: Settings, route: str, k: int) -> dict[str, Ranker]:
+    """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder)."""
+    from .query import retrieve
+    from .query.loader import load_index
+    from .query.types import PreparedQuery, top_indices
+    from .embedding import get_embedder
+
+    idx = load_index(settings)
+    embedder = get_embedder(settings.embedder, settings.embedding_model)
+
+    def channel(name: str) -> Ranker:
+        def rank(question: str) -> list[str]:
+            scores = getattr(PreparedQuery(idx, question, embedder), name)
+            return [idx.titles[c] for c in top_indices(scores, k)]
+        return rank
+
+    return {route: lambda q: [c.title for c in retrieve(settings, q, route=route, top_k=k)],
+            "bm25": channel("bm25"), "dense": channel("dense")}
+
+
+def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
+                        progress=None) -> dict:
+    questions = json.loads(Path(questions_file).read_text())
+    settings, index_info = ensure_index(Path(corpus), Path(workdir), progress)
+    reports = [evaluate(name, ranker, questions, k, progress) for name, ranker in retrieval_rankers(settings, route, k).items()]
+    by = {r.method: r for r in reports}
+    return {
+        "corpus": str(corpus), "questions": len(questions), "route": route, "k": k, **index_info,
+        "methods": {r.method: r.headline() for r in reports},
+        "margin_over_dense": {m: round(getattr(by[route], m) - getattr(by["dense"], m), 4)
+                              for m in ("recall_at_2", "recall_at_5", "all_supporting_at_8")},
+        "per_question": {r.method: r.per_question for r in reports},
+    }
+
+
+def headline(result: dict) -> dict:
+    route = result["route"]
+    m = result["methods"]
+    return {"route": route, **{f"{route}_{k}": v for k, v in m[route].items() if k != "method"},
+            "dense_recall_at_5": m["dense"]["recall_at_5"], "bm25_recall_at_5": m["bm25"]["recall_at_5"],
+            "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"]}
