@@ -1,2 +1,26 @@
 """Query engine: local (HippoRAG 2 PPR), global (communities), drift, hybrid (RRF) and auto routes over an
-in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster imports."""
+in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster imports.
+
+    from lazyhippo.query import answer_question, retrieve
+    result = answer_question(settings, "Who succeeded the founder of the Marlow Observatory?")
+    print(result.answer, result.citations, result.to_dict())
+"""
+
+from .answer import NO_ANSWER, QueryResult, answer_question, extractive_answer, retrieve
+from .config import (DEFAULT_CONFIG, ContextParams, GlobalParams, GraphParams, HybridParams, LocalParams,
+                     QueryConfig)
+from .context import ContextChunk, assemble_context, noise_reason, render_context
+from .loader import GraphIndex, clear_cache, load_index
+from .ppr import EmbeddedPPR, GdsPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
+from .rerank import CircuitBreaker, CrossEncoderReranker, HttpReranker, Reranker, RerankError, RerankStage
+from .routes import ROUTES, auto_route, classify_query, split_question
+from .types import PreparedQuery, ScoredChunk
+
+__all__ = [
+    "answer_question", "retrieve", "QueryResult", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
+    "GraphParams", "LocalParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex", "load_index",
+    "clear_cache", "PPRBackend", "EmbeddedPPR", "GdsPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
+    "Reranker", "RerankStage", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
+    "assemble_context", "render_context", "noise_reason", "extractive_answer", "NO_ANSWER", "ROUTES",
+    "auto_route", "classify_query", "split_question", "PreparedQuery",
+]

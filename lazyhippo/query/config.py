@@ -28,7 +28,7 @@ class LocalParams:
     max_ngram: int = 12               # longest query span matched against entity names and titles
     exact_weight: float = 1.0         # seed weight of an exact/normalized name match (times IDF)
     subsumed_factor: float = 0.1      # a match inside a longer matched span counts this much
-    lowercase_span_factor: float = 0.2  # a span written in lower case (in a question that uses capitals)
+    lowercase_span_factor: float = 0.05 # a span written in lower case (in a question that uses capitals)
     title_seed_weight: float = 1.0    # passages whose document title the query names (times IDF)
     embed_link_top_k: int = 3         # nearest entities per query phrase by embedding
     embed_link_min: float = 0.80      # cosine needed for an embedding link
@@ -55,6 +55,7 @@ class GlobalParams:
     top_communities: int = 5
     min_similarity: float = 0.15      # communities below this cosine are dropped (unless keywords match)
     keyword_weight: float = 0.5
+    size_weight: float = 0.1          # prior for larger communities (log size, normalized)
     chunks_per_community: int = 6
     min_evidence: float = 0.20        # a community's evidence needs this relevance to be kept
     hub_seed_weight: float = 0.3      # weight of community hub entities when they seed the local route

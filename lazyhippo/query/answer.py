@@ -1,0 +1,265 @@
+"""Public entry points: `retrieve` (ranked chunks, no answer) and `answer_question` (route, rerank,
+assemble, answer). Offline answers are extractive (best-supported sentences, cited [n]); with an
+OpenAI-compatible LLM configured the same context is synthesized into a cited answer. The local and
+hybrid routes never call an LLM while retrieving."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..config import Settings
+from ..embedding import get_embedder
+from ..llm import configured_llm
+from .communities import CommunityEvidence, retrieve_global
+from .config import DEFAULT_CONFIG, QueryConfig
+from .context import ContextChunk, assemble_context, render_context
+from .loader import GraphIndex, load_index
+from .local import retrieve_local
+from .rerank import RerankStage
+from .routes import ROUTES, auto_route, classify_query, retrieve_drift, retrieve_hybrid
+from .text import sentences, strip_heading, tokens
+from .types import PreparedQuery, ScoredChunk
+
+NO_ANSWER = "No relevant information was found in the index."
+
+
+@dataclass
+class QueryResult:
+    question: str
+    route: str
+    query_type: str
+    answer: str
+    citations: list[dict]
+    context: list[ContextChunk]
+    timings: dict[str, float]           # milliseconds per stage
+    context_tokens: int
+    budget: int
+    llm: str | None = None              # model that wrote the answer (None: extractive)
+    diagnostics: dict = field(default_factory=dict)
+
+    @property
+    def context_text(self) -> str:
+        return render_context(self.context)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["context"] = [c.to_dict() for c in self.context]
+        return json.loads(json.dumps(d, default=_jsonable))
+
+
+def _jsonable(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _embedder(settings: Settings, embedder):
+    return embedder or get_embedder(settings.embedder, settings.embedding_model)
+
+
+def _resolve_llm(settings: Settings, llm):
+    return configured_llm(settings.llm_model) if llm == "auto" else llm
+
+
+def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConfig, emb, ppr, llm
+              ) -> tuple[list[ScoredChunk], str, str, dict, list[CommunityEvidence]]:
+    q = PreparedQuery(idx, question, emb)
+    kind = classify_query(question)
+    if route == "auto":
+        route, kind = auto_route(question, idx, q)
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r} (expected auto or one of {', '.join(ROUTES)})")
+    evidence: list[CommunityEvidence] = []
+    if route == "local":
+        chunks, diag = retrieve_local(idx, q, cfg.local, k, ppr)
+    elif route == "global":
+        chunks, diag, evidence = retrieve_global(idx, q, cfg.global_, k, broad=kind == "exploratory")
+    elif route == "drift":
+        chunks, diag = retrieve_drift(idx, question, lambda s: PreparedQuery(idx, s, emb), cfg, k, ppr, llm)
+    else:
+        chunks, diag = retrieve_hybrid(idx, q, cfg, k, ppr, None if kind in ("general", "multi_part") else kind)
+    return chunks, route, kind, diag, evidence
+
+
+def retrieve(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
+             config: QueryConfig | None = None, ppr=None, embedder=None, llm=None) -> list[ScoredChunk]:
+    """Ranked chunks (with document title, scores and citation metadata) without answer synthesis."""
+    cfg = config or DEFAULT_CONFIG
+    idx = load_index(settings, cfg.graph)
+    chunks, *_ = _retrieve(idx, question, route, top_k, cfg, _embedder(settings, embedder), ppr, llm)
+    return chunks[:top_k]
+
+
+def answer_question(settings: Settings, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
+                    *, config: QueryConfig | None = None, reranker: RerankStage | None = None, llm="auto", ppr=None,
+                    embedder=None) -> QueryResult:
+    """Answer `question` from the index of `settings`: route -> (rerank) -> context assembly -> answer.
+
+    `llm="auto"` uses the configured OpenAI-compatible endpoint if any (else extractive); pass None to
+    force the offline answer or an LLM object to use it. `reranker` is a RerankStage (breaker included).
+    `ppr` is a PPRBackend (or function) replacing the embedded power iteration, e.g. Neo4j GDS.
+    """
+    cfg = config or DEFAULT_CONFIG
+    t = {}
+    t0 = time.perf_counter()
+    idx = load_index(settings, cfg.graph)
+    t["load_ms"] = (time.perf_counter() - t0) * 1000
+    emb = _embedder(settings, embedder)
+    model = _resolve_llm(settings, llm)
+    t1 = time.perf_counter()
+    candidates = max(top_k * 3, cfg.candidates)
+    chunks, used_route, kind, diag, evidence = _retrieve(idx, question, route, candidates, cfg, emb, ppr, model)
+    t["retrieve_ms"] = (time.perf_counter() - t1) * 1000
+    for c in chunks:
+        c.channels.setdefault("retrieval", c.score)
+    if reranker is not None:
+        t2 = time.perf_counter()
+        chunks, diag["rerank"] = reranker.apply(question, chunks)
+        t["rerank_ms"] = (time.perf_counter() - t2) * 1000
+    t3 = time.perf_counter()
+    neighbours = _neighbour_fn(idx) if cfg.context.group_neighbours else None
+    context, stats = assemble_context(chunks, budget, cfg.context, neighbours, max_chunks=top_k)
+    diag["assembly"] = stats
+    t["assemble_ms"] = (time.perf_counter() - t3) * 1000
+    t4 = time.perf_counter()
+    llm_name = None
+    if not context:
+        answer, cited = NO_ANSWER, []
+    elif model is not None:
+        try:
+            answer, cited = _llm_answer(model, question, context, evidence if used_route == "global" else [])
+            llm_name = model.model
+        except Exception as exc:  # noqa: BLE001 - the offline answer is the fallback
+            diag["llm_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            answer, cited = extractive_answer(question, context, emb, cfg.answer_sentences)
+    elif used_route == "global" and evidence:
+        answer, cited = community_answer(question, context, evidence, emb, idx)
+    else:
+        answer, cited = extractive_answer(question, context, emb, cfg.answer_sentences)
+    t["answer_ms"] = (time.perf_counter() - t4) * 1000
+    t["total_ms"] = (time.perf_counter() - t0) * 1000
+    by_n = {c.n: c for c in context}
+    citations = [by_n[n].citation for n in cited if n in by_n]
+    if idx.embedding_model and getattr(emb, "name", None) and idx.embedding_model != emb.name:
+        diag["warning"] = f"index embedded with {idx.embedding_model}, queries with {emb.name}"
+    return QueryResult(question=question, route=used_route, query_type=kind, answer=answer, citations=citations,
+                       context=context, timings={k: round(v, 3) for k, v in t.items()},
+                       context_tokens=stats["tokens"], budget=budget, llm=llm_name, diagnostics=diag)
+
+
+def _neighbour_fn(idx: GraphIndex):
+    pos = getattr(idx, "_doc_pos", None)
+    if pos is None:
+        pos = {(d, int(p)): i for i, (d, p) in enumerate(zip(idx.doc_ids, idx.positions))}
+        idx._doc_pos = pos  # type: ignore[attr-defined]
+
+    def neighbours(c: ScoredChunk) -> list[ScoredChunk]:
+        out = []
+        for d in (-1, 1):
+            j = pos.get((c.doc_id, c.position + d))
+            if j is not None and idx.sections[j] == c.section:
+                out.append(ScoredChunk.from_index(idx, j, 0.0, c.route, neighbour=1.0))
+        return out
+
+    return neighbours
+
+
+def _clean_sentence(s: str, section: str | None) -> str:
+    s = strip_heading(s).strip()
+    if section and s.startswith(section + " ") and s != section:
+        s = s[len(section) + 1:]
+    return s
+
+
+def community_answer(question: str, context: list[ContextChunk], evidence: list[CommunityEvidence], embedder,
+                     idx: GraphIndex) -> tuple[str, list[int]]:
+    """Offline reduce of the global route: one line per kept community (its title, then its best cited
+    evidence sentence), strongest community first."""
+    by_id = {c.chunk_id: c for c in context}
+    lines, cited, used = [], [], set()
+    for ev in evidence:
+        ctx = [by_id[cid] for cid in ev.chunk_ids(idx) if cid in by_id]
+        if not ctx:
+            continue
+        text, _ = extractive_answer(question, ctx, embedder, 4)
+        for part in re.findall(r"(.+?) \[(\d+)\](?: |$)", text):  # the first sentence no other community used
+            if part[0] not in used:
+                used.add(part[0])
+                lines.append(f"- {ev.title}: {part[0]} [{part[1]}]")
+                if int(part[1]) not in cited:
+                    cited.append(int(part[1]))
+                break
+    if not lines:
+        return extractive_answer(question, context, embedder)
+    return "\n".join(lines), cited
+
+
+def extractive_answer(question: str, context: list[ContextChunk], embedder, n_sentences: int = 3,
+                      max_chunks: int = 8) -> tuple[str, list[int]]:
+    """The best-supported sentences of the top chunks, each cited [n]: similarity to the question,
+    keyword overlap and the chunk's rank in the context all count."""
+    pool: list[tuple[str, int, int]] = []  # sentence, citation n, rank
+    for rank, c in enumerate([c for c in context if not c.noise][:max_chunks]):
+        for s in sentences(c.text):
+            s = _clean_sentence(s, c.section)
+            if len(tokens(s)) >= 3:
+                pool.append((s, c.n, rank))
+    if not pool:
+        return NO_ANSWER, []
+    vecs = embedder.embed([question] + [s for s, _, _ in pool])
+    sims = vecs[1:] @ vecs[0] if vecs.shape[0] > 1 else np.zeros(len(pool))
+    kw = set(tokens(question))
+    scored = []
+    for (s, n, rank), sim in zip(pool, sims):
+        overlap = len(kw & set(tokens(s))) / max(len(kw), 1)
+        scored.append((float(sim) + 0.5 * overlap + 0.3 / (1 + rank), s, n))
+    scored.sort(key=lambda x: -x[0])
+    picked, seen, cited = [], set(), []
+    for _, s, n in scored:
+        if s in seen:
+            continue
+        seen.add(s)
+        picked.append(f"{s} [{n}]")
+        if n not in cited:
+            cited.append(n)
+        if len(picked) >= n_sentences:
+            break
+    return " ".join(picked), cited
+
+
+_CITE = re.compile(r"\[(\d+)\]")
+
+
+def _llm_answer(llm, question: str, context: list[ContextChunk], evidence: list[CommunityEvidence]
+                ) -> tuple[str, list[int]]:
+    partial = ""
+    if evidence:  # global route: map each community to a partial answer, reduce with the cited context
+        notes = []
+        for ev in evidence[:5]:
+            comp = llm.complete(
+                "From this community of related entities, state what is relevant to the question in at most 3 "
+                "sentences, or reply NOTHING if it holds nothing relevant.\n"
+                f"Question: {question}\nCommunity: {ev.title}\nHubs: {', '.join(ev.hubs)}\n"
+                f"Summary points: {' '.join(ev.summary_points)}")
+            if comp.text.strip() and "NOTHING" not in comp.text.upper()[:20]:
+                notes.append(f"- {ev.title}: {comp.text.strip()}")
+        partial = ("Partial answers from related communities:\n" + "\n".join(notes) + "\n\n") if notes else ""
+    prompt = ("Answer the question using only the numbered context. Cite every claim with its source number in "
+              "brackets, like [1] or [2][3]. If the context does not contain the answer, say so.\n\n"
+              f"{partial}Context:\n{render_context(context)}\n\nQuestion: {question}\nAnswer:")
+    comp = llm.complete(prompt)
+    text = comp.text.strip()
+    valid = {c.n for c in context}
+    cited = []
+    for m in _CITE.finditer(text):
+        n = int(m.group(1))
+        if n in valid and n not in cited:
+            cited.append(n)
+    return text, cited

@@ -1,0 +1,119 @@
+"""Global route (LazyGraphRAG over communities): match the question to community summaries by embedding
+and keywords, map each top community to the evidence it holds for the question (communities with
+nothing relevant are dropped), reduce to one ranked list of evidence chunks.
+
+Offline the map step is extractive (the community's most relevant chunks and summary sentences); with
+an LLM the answer stage turns the same evidence into a synthesized answer (see answer.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import GlobalParams
+from .loader import GraphIndex
+from .text import norm_key, sentences, tokens
+from .types import PreparedQuery, ScoredChunk, top_indices
+
+
+@dataclass
+class CommunityEvidence:
+    community_id: str
+    title: str
+    score: float                    # query-community match
+    relevance: float                # best evidence relevance (the map step's keep/drop test)
+    hubs: list[str]
+    chunks: list[tuple[int, float]] = field(default_factory=list)  # (chunk index, relevance)
+    summary_points: list[str] = field(default_factory=list)
+
+    def chunk_ids(self, idx: GraphIndex) -> list[str]:
+        return [idx.chunk_ids[c] for c, _ in self.chunks]
+
+    def to_dict(self) -> dict:
+        return {"community_id": self.community_id, "title": self.title, "score": round(self.score, 4),
+                "relevance": round(self.relevance, 4), "hubs": self.hubs, "summary_points": self.summary_points}
+
+
+def community_scores(idx: GraphIndex, q: PreparedQuery, p: GlobalParams) -> np.ndarray:
+    """Embedding similarity + keyword overlap with the summary + a small size prior (big themes first)."""
+    if not idx.community_ids:
+        return np.zeros(0)
+    sims = idx.community_vecs @ q.vec
+    kw = set(q.keywords)
+    overlap = np.array([len(kw & toks) / max(len(kw), 1) for toks in idx.community_tokens])
+    sizes = np.array([len(m) for m in idx.community_members], dtype=np.float64)
+    prior = np.log1p(sizes) / np.log1p(max(sizes.max(), 1.0))
+    return sims + p.keyword_weight * overlap + p.size_weight * prior
+
+
+def _relevance(idx: GraphIndex, q: PreparedQuery) -> np.ndarray:
+    """Per-chunk query relevance in [0, ~1]: dense similarity plus normalized BM25."""
+    bm = q.bm25
+    top = float(bm.max()) if bm.size else 0.0
+    return np.clip(q.dense, 0, None) + (0.5 * bm / top if top > 0 else 0.0)
+
+
+def map_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, broad: bool = False) -> list[CommunityEvidence]:
+    """Map step. A specific question keeps a community only if some chunk of it is relevant enough; a
+    broad one (themes, overview) keeps the top communities with their most central chunks."""
+    scores = community_scores(idx, q, p)
+    if scores.size == 0:
+        return []
+    rel = _relevance(idx, q)
+    kw = set(q.keywords)
+    out = []
+    for ci in top_indices(scores, p.top_communities):
+        overlap = len(kw & idx.community_tokens[ci])
+        if scores[ci] < p.min_similarity and not overlap:
+            continue
+        members = idx.community_members[ci]
+        if len(members):
+            touched = np.asarray(idx.mentions[:, members].sum(axis=1)).ravel()
+            cand = np.flatnonzero(touched > 0)
+        else:
+            cand = np.zeros(0, dtype=np.int64)
+        # a chunk speaks for the community in proportion to how much of it the chunk mentions
+        cover = np.log1p(touched[cand]) / np.log1p(max(float(touched.max()) if len(members) else 1.0, 1.0)) if len(cand) else cand
+        if broad:
+            local_rel = 0.5 * rel[cand] + 0.5 * cover if len(cand) else cand
+        else:
+            local_rel = rel[cand] * (0.5 + 0.5 * cover) if len(cand) else cand
+        best = top_indices(np.asarray(local_rel, dtype=np.float64), p.chunks_per_community)
+        chunks = [(int(cand[b]), float(local_rel[b])) for b in best if broad or local_rel[b] >= p.min_evidence]
+        points = [s for s in sentences(idx.community_summaries[ci]) if broad or kw & set(tokens(s))][:3]
+        relevance = max([r for _, r in chunks], default=0.0)
+        if not chunks and not points:
+            continue  # nothing relevant: the map step drops the community
+        out.append(CommunityEvidence(idx.community_ids[ci], idx.community_titles[ci], float(scores[ci]), relevance,
+                                     list(idx.community_hubs[ci]), chunks, points))
+    return out
+
+
+def retrieve_global(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, top_k: int, broad: bool = False
+                    ) -> tuple[list[ScoredChunk], dict, list[CommunityEvidence]]:
+    """Reduce: every kept community's evidence chunks, scored community match x chunk relevance."""
+    evidence = map_communities(idx, q, p, broad)
+    best: dict[int, tuple[float, str]] = {}
+    for ev in evidence:
+        for c, r in ev.chunks:
+            s = max(ev.score, 0.0) * r
+            if s > best.get(c, (-1.0, ""))[0]:
+                best[c] = (s, ev.community_id)
+    ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_k]
+    chunks = [ScoredChunk.from_index(idx, c, s, "global", community=float(ci[2:]) if ci[2:].isdigit() else -1.0,
+                                     dense=float(q.dense[c])) for c, (s, ci) in ranked]
+    diag = {"communities": [e.to_dict() for e in evidence], "kept": len(evidence)}
+    return chunks, diag, evidence
+
+
+def hub_seeds(idx: GraphIndex, evidence: list[CommunityEvidence], p: GlobalParams) -> dict[int, float]:
+    """Hub entities of the matched communities, to seed the local route's PPR."""
+    seeds: dict[int, float] = {}
+    for ev in evidence:
+        for rank, name in enumerate(ev.hubs):
+            for e in idx.name_index.get(norm_key(name), ()):
+                w = p.hub_seed_weight * max(ev.score, 0.0) / (1.0 + rank)
+                seeds[int(e)] = max(seeds.get(int(e), 0.0), w)
+    return seeds

@@ -1,0 +1,175 @@
+"""Query typing, the auto route, DRIFT-style decomposition and the hybrid RRF route."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+
+from .communities import hub_seeds, map_communities, retrieve_global
+from .config import QueryConfig
+from .loader import GraphIndex
+from .local import local_scores
+from .types import PreparedQuery, ScoredChunk, top_indices
+
+ROUTES = ("local", "global", "drift", "hybrid")
+
+_CODE = re.compile(  # case-sensitive shapes of code, identifiers, versions and error codes
+    r"`|\b\w+_\w+\b|\b[a-z]+[A-Z]\w*\b|\b\w+\.(py|js|ts|rs|go|java|json|yaml|yml|toml|sql|md|txt|csv)\b|"
+    r"\b[A-Z]{2,}-?\d+\b|\bv?\d+\.\d+\.\d+\b|(?:^|\s)--?[a-z][\w-]*|\w\(\)|::|=>|->")
+_TECH_WORDS = re.compile(
+    r"\b(error|exception|traceback|stack ?trace|config(uration)?|install(ation)?|api|endpoint|function|parameter|"
+    r"argument|command|cli|flag|syntax|compile|version|timeout|schema|sql|http|status code|debug|stderr)\b", re.I)
+_EXPLORATORY = re.compile(
+    r"\b(main|major|key|common|recurring|overall|general) (themes?|topics?|ideas?|trends?|points?)\b|\bthemes?\b|"
+    r"\btopics?\b|\boverview\b|\bsummar(y|ise|ize)\b|\bin general\b|\bacross\b|\bbroad(ly)?\b|\blandscape\b|"
+    r"\bwhat (is|are) (this|these|the) (collection|corpus|documents?|dataset)\b|\bhow are .+ (connected|related)\b",
+    re.I)
+_RELATIONAL = re.compile(
+    r"\b(who|whom|whose)\b|\b(father|mother|son|daughter|wife|husband|spouse|child|children|parent|sibling|brother|"
+    r"sister|founder|founded|director|directed|author|wrote|composer|performer|member|owner|owned|successor|"
+    r"succeeded|predecessor|teacher|taught|student|married|born|died|related|relationship|between|connected)\b",
+    re.I)
+_CLAUSE_SPLIT = re.compile(r"\?\s+|;\s*|\.\s+(?=[A-Z])|,?\s+(?:and|also|as well as|then)\s+(?=(?:who|whom|whose|what|when|where|which|why|how|did|does|do|is|are|was|were)\b)", re.I)
+_COMPARE = re.compile(r"^(?P<stem>.+?),\s*(?P<a>[^,]+?)\s+or\s+(?P<b>[^,?]+)\??$", re.I)
+
+
+def classify_query(question: str) -> str:
+    """'multi_part', 'exploratory', 'technical', 'relational' or 'general' (heuristic, no LLM)."""
+    q = question.strip()
+    if len(split_question(q)) > 1 and not _COMPARE.match(q):
+        return "multi_part"
+    if _EXPLORATORY.search(q):
+        return "exploratory"
+    if _CODE.search(q) or _TECH_WORDS.search(q):
+        return "technical"
+    if _RELATIONAL.search(q):
+        return "relational"
+    return "general"
+
+
+def auto_route(question: str, idx: GraphIndex | None = None, q: PreparedQuery | None = None) -> tuple[str, str]:
+    kind = classify_query(question)
+    route = {"multi_part": "drift", "exploratory": "global", "technical": "hybrid", "relational": "local"}.get(kind)
+    if route is None:  # general: local when the question names something in the graph, else hybrid
+        route = "local" if idx is not None and q is not None and _names_entity(idx, q) else "hybrid"
+    return route, kind
+
+
+def _names_entity(idx: GraphIndex, q: PreparedQuery) -> bool:
+    low = [t.lower() for t in q.raw_tokens]
+    for n in range(min(6, len(low)), 0, -1):
+        for i in range(len(low) - n + 1):
+            key = " ".join(low[i:i + n])
+            if (key in idx.title_index or key in idx.name_index) and (n > 1 or q.raw_tokens[i][:1].isupper()):
+                return True
+    return False
+
+
+def split_question(question: str, llm=None, max_parts: int = 4) -> list[str]:
+    """Sub-questions of a multi-part question. Rule-based: question marks, semicolons, sentences and
+    'and/also + question word' joints; 'X, A or B?' comparisons become one question per alternative.
+    With an LLM, it is asked for a JSON list and the rules are the fallback."""
+    question = question.strip()
+    if llm is not None:
+        try:
+            comp = llm.complete("Split this question into the minimal list of self-contained sub-questions needed to "
+                                "answer it (resolve pronouns). Answer as a JSON object {\"questions\": [...]}.\n"
+                                f"Question: {question}", json_mode=True)
+            parts = [str(p).strip() for p in json.loads(comp.text).get("questions", []) if str(p).strip()]
+            if parts:
+                return parts[:max_parts]
+        except Exception:  # noqa: BLE001 - fall back to the rules
+            pass
+    m = _COMPARE.match(question)
+    if m and len(m.group("a").split()) <= 12 and len(m.group("b").split()) <= 12:
+        stem = m.group("stem").strip()
+        return [f"{stem}: {m.group('a').strip()}?", f"{stem}: {m.group('b').strip()}?"][:max_parts]
+    parts = [p.strip(" ,;.?") for p in _CLAUSE_SPLIT.split(question)]
+    parts = [p for p in parts if p and len(p.split()) >= 2]
+    if len(parts) <= 1:
+        return [question]
+    return [p + "?" for p in parts][:max_parts]
+
+
+def retrieve_drift(idx: GraphIndex, question: str, make_query, cfg: QueryConfig, top_k: int, ppr=None, llm=None
+                   ) -> tuple[list[ScoredChunk], dict]:
+    """Local retrieval per sub-question (and the whole question), merged: each chunk keeps its best
+    score normalized within its sub-question, so every part of the question is represented."""
+    subs = split_question(question, llm, cfg.drift_max_subquestions)
+    queries = subs if len(subs) > 1 else [question]
+    if len(subs) > 1:
+        queries = [question] + subs
+    best: dict[int, tuple[float, str, float]] = {}
+    for sq in queries:
+        q = make_query(sq)
+        scores, _ = local_scores(idx, q, cfg.local, ppr)
+        top = top_indices(scores, max(top_k, cfg.candidates))
+        peak = float(scores[top[0]]) if len(top) else 0.0
+        if peak <= 0:
+            continue
+        for c in top:
+            s = float(scores[c]) / peak
+            if s > best.get(int(c), (-1.0, "", 0.0))[0]:
+                best[int(c)] = (s, sq, float(scores[c]))
+    ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_k]
+    chunks = [ScoredChunk.from_index(idx, c, s, "drift", local=raw) for c, (s, sq, raw) in ranked]
+    for ch, (_, (_, sq, _)) in zip(chunks, ranked):
+        ch.channels["subquestion"] = float(queries.index(sq))
+    return chunks, {"subquestions": queries}
+
+
+def expand_scores(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig) -> np.ndarray:
+    """Vector-first graph augmentation: chunks sharing (non-hub) entities with the top dense hits,
+    scored by the IDF-weighted overlap."""
+    hits = top_indices(q.dense, cfg.hybrid.expand_top)
+    out = np.zeros(idx.n_chunks)
+    if not len(hits) or not idx.n_entities:
+        return out
+    hub = idx.entity_df > max(2.0, cfg.local.hub_df_share * idx.n_chunks)
+    ents = np.unique(idx.mentions[hits].indices)
+    ents = ents[~hub[ents]]
+    if not len(ents):
+        return out
+    weights = np.zeros(idx.n_entities, dtype=np.float32)
+    weights[ents] = idx.entity_idf[ents]
+    out = np.asarray(idx.mentions.sign() @ weights).ravel().astype(np.float64)
+    out[hits] = 0.0  # the hits themselves come through the dense channel
+    return out
+
+
+def rrf(channels: dict[str, np.ndarray], weights: dict[str, float], k: int, depth: int) -> tuple[np.ndarray, dict]:
+    n = len(next(iter(channels.values())))
+    fused = np.zeros(n)
+    ranks: dict[str, dict[int, int]] = {}
+    for name, scores in channels.items():
+        w = weights.get(name, 0.0)
+        if w <= 0:
+            continue
+        top = [c for c in top_indices(scores, depth) if scores[c] > 0]
+        ranks[name] = {int(c): r + 1 for r, c in enumerate(top)}
+        for r, c in enumerate(top):
+            fused[c] += w / (k + r + 1)
+    return fused, ranks
+
+
+def retrieve_hybrid(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig, top_k: int, ppr=None, kind: str | None = None
+                    ) -> tuple[list[ScoredChunk], dict]:
+    kind = kind or classify_query(q.text)
+    weights = cfg.hybrid.weights.get(kind if kind in cfg.hybrid.weights else "relational")
+    g_chunks, g_diag, evidence = retrieve_global(idx, q, cfg.global_, cfg.hybrid.depth, broad=kind == "exploratory")
+    extra = hub_seeds(idx, evidence, cfg.global_) if kind == "exploratory" else None
+    local, l_diag = local_scores(idx, q, cfg.local, ppr, extra)
+    l_diag.pop("_ppr", None)
+    glob = np.zeros(idx.n_chunks)
+    for ch in g_chunks:
+        glob[idx.chunk_pos[ch.chunk_id]] = ch.score
+    channels = {"dense": np.clip(q.dense, 0, None).astype(np.float64), "sparse": q.bm25.astype(np.float64),
+                "local": local, "global": glob, "expand": expand_scores(idx, q, cfg)}
+    fused, ranks = rrf(channels, weights, cfg.hybrid.rrf_k, cfg.hybrid.depth)
+    top = [c for c in top_indices(fused, top_k) if fused[c] > 0]
+    chunks = [ScoredChunk.from_index(idx, int(c), fused[c], "hybrid",
+                                     **{f"rank_{name}": float(r.get(int(c), 0)) for name, r in ranks.items()})
+              for c in top]
+    return chunks, {"query_type": kind, "weights": weights, "local": l_diag, "global": g_diag}
