@@ -76,8 +76,11 @@ EOF
 
 # --- tool checks --------------------------------------------------------------------------
 java_major() {
-    local v
-    v="$(java -version 2>&1 | awk -F'"' '/version/ {print $2; exit}')"
+    local out v=""
+    out="$(java -version 2>&1 || true)"
+    if [[ "$out" =~ version\ \"([^\"]+)\" ]]; then
+        v="${BASH_REMATCH[1]}"
+    fi
     v="${v#1.}"
     printf '%s' "${v%%[.+-]*}"
 }
@@ -121,7 +124,9 @@ pid_alive() {
     pid="$(tr -dc '0-9' <"$file")"
     [[ -n "$pid" ]] || return 1
     kill -0 "$pid" 2>/dev/null || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$pattern" || return 1
+    local cmdline
+    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+    [[ "$cmdline" == *"$pattern"* ]] || return 1
     printf '%s' "$pid"
 }
 
@@ -249,6 +254,8 @@ server.memory.pagecache.size=$NEO4J_PAGECACHE
 dbms.memory.transaction.total.max=1g
 dbms.usage_report.enabled=false
 db.tx_log.rotation.retention_policy=2 files
+db.tx_log.rotation.size=32m
+db.tx_log.preallocate=false
 EOF
     # Log configuration: Neo4j falls back to its embedded default-server-logs.xml /
     # default-user-logs.xml (debug.log, neo4j.log, query.log ... in logs/) when conf/ has none.
@@ -346,7 +353,14 @@ start_neo4j() {
     neo4j_installed || die "neo4j: not installed (or version changed): run '$0 install neo4j' first"
     require_java
     if port_open "$NEO4J_BOLT_PORT"; then
-        die "neo4j: port 127.0.0.1:$NEO4J_BOLT_PORT is already in use by another process (set NEO4J_BOLT_PORT)"
+        # Something else (e.g. the same script from another checkout / services dir) serves the
+        # port. Accept it if it is a Neo4j with GDS that takes our password; refuse otherwise.
+        local version
+        if version="$(neo4j_probe)"; then
+            log "neo4j: WARNING: 127.0.0.1:$NEO4J_BOLT_PORT is already served by a Neo4j not started from $SERVICES_DIR (GDS $version, login ok); using it"
+            return 0
+        fi
+        die "neo4j: port 127.0.0.1:$NEO4J_BOLT_PORT is already in use by another process (set NEO4J_BOLT_PORT, or stop it)"
     fi
     mkdir -p "$RUN_DIR"
     write_neo4j_conf
@@ -390,6 +404,10 @@ status_neo4j() {
         fi
         echo "neo4j: starting (pid $pid, bolt port $NEO4J_BOLT_PORT not open yet)"
         return 1
+    fi
+    if port_open "$NEO4J_BOLT_PORT"; then
+        echo "neo4j: up (bolt://127.0.0.1:$NEO4J_BOLT_PORT, external: not started from $SERVICES_DIR)"
+        return 0
     fi
     echo "neo4j: down"
     return 1
@@ -455,7 +473,11 @@ start_minio() {
     fi
     minio_installed || die "minio: not installed (or version changed): run '$0 install minio' first"
     if port_open "$MINIO_PORT"; then
-        die "minio: port 127.0.0.1:$MINIO_PORT is already in use by another process (set MINIO_PORT)"
+        if minio_ready; then
+            log "minio: WARNING: 127.0.0.1:$MINIO_PORT is already served by a MinIO not started from $SERVICES_DIR; using it (credentials not checked)"
+            return 0
+        fi
+        die "minio: port 127.0.0.1:$MINIO_PORT is already in use by another process (set MINIO_PORT, or stop it)"
     fi
     ((${#MINIO_ROOT_USER} >= 3)) || die "minio: MINIO_ROOT_USER must be at least 3 characters"
     ((${#MINIO_ROOT_PASSWORD} >= 8)) || die "minio: MINIO_ROOT_PASSWORD must be at least 8 characters"
@@ -481,6 +503,10 @@ status_minio() {
         fi
         echo "minio: starting (pid $pid, not answering on port $MINIO_PORT yet)"
         return 1
+    fi
+    if curl -fsS -m 3 -o /dev/null "http://127.0.0.1:$MINIO_PORT/minio/health/live" 2>/dev/null; then
+        echo "minio: up (http://127.0.0.1:$MINIO_PORT, external: not started from $SERVICES_DIR)"
+        return 0
     fi
     echo "minio: down"
     return 1
