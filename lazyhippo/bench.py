@@ -134,3 +134,34 @@ def headline(result: dict) -> dict:
     return {"route": route, **{f"{route}_{k}": v for k, v in m[route].items() if k != "method"},
             "dense_recall_at_5": m["dense"]["recall_at_5"], "bm25_recall_at_5": m["bm25"]["recall_at_5"],
             "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"]}
+
+
+def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Sequence[str], repeat: int = 3,
+                      graph_store: str = "embedded") -> dict:
+    """Warm the index once, then time whole offline queries per route."""
+    from .graphstore import open_graph_store
+    from .query import answer_question
+
+    store = open_graph_store(graph_store)
+    try:
+        ppr = None
+        if graph_store != "embedded":
+            from .warehouse import connect
+
+            with connect(settings) as con:
+                for stage in ("graph_tables", "knn_edges", "communities", "community_summaries"):
+                    store.sync(con, settings.namespace, stage)
+            ppr = store.ppr_backend(settings.namespace)
+        answer_question(settings, questions[0]["question"], route=routes[0], ppr=ppr)  # load + warm
+        out = {}
+        for route in routes:
+            lat = []
+            for _ in range(repeat):
+                for q in questions:
+                    t0 = time.perf_counter()
+                    answer_question(settings, q["question"], route=route, ppr=ppr)
+                    lat.append(time.perf_counter() - t0)
+            out[route] = {"p50_ms": percentile_ms(lat, 50), "p95_ms": percentile_ms(lat, 95), "n": len(lat)}
+        return out
+    finally:
+        store.close()

@@ -89,12 +89,106 @@ def status(home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
     Console().print(table)
 
 
+@app.command("query")
+def query_cmd(question: str = typer.Argument(..., help="The question."),
+              route: str = typer.Option("auto", help="local | global | drift | hybrid | auto"),
+              top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
+              as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
+              home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
+              graph_store: str = typer.Option("embedded", envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j")) -> None:
+    """Launch the Dagster `query` job and print the answer with numbered citations."""
+    root = _home(home)
+    if not counts(Settings(home=root, namespace=namespace))["chunks"]:
+        console.print(f"[red]error:[/red] namespace {namespace!r} in {root} has no index yet: run `lazyhippo index` first")
+        raise typer.Exit(2)
+    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
+                                  "graph_store": {"kind": graph_store}},
+                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}})
+    data = result.output_for_node("answer_question")
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    out = Console()
+    out.print(f"[bold]Q:[/bold] {question}  [dim](route {data['route']}, {data['context_tokens']} context tokens)[/dim]")
+    out.print(f"[bold]A:[/bold] {data['answer']}")
+    for cite in data["citations"]:
+        where = " ".join(x for x in (f"§ {cite['section']}" if cite.get("section") else "",
+                                     f"p. {cite['page']}" if cite.get("page") else "") if x)
+        out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
+
+
 @app.command(context_settings={"allow_extra_args": True})
 def services(action: str = typer.Argument(..., help="install | start | stop | status"),
              service: Optional[str] = typer.Argument(None, help="neo4j | minio (default both)")) -> None:
     """Install/start/stop the Neo4j+GDS and MinIO servers on loopback (scripts/services.sh)."""
     cmd = ["bash", str(REPO_ROOT / "scripts" / "services.sh"), action] + ([service] if service else [])
     raise typer.Exit(subprocess.call(cmd))
+
+
+bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, and query latency.", no_args_is_help=True)
+app.add_typer(bench, name="bench")
+SHARED_WIKI = REPO_ROOT.parent / "shared" / "datasets" / "2wikimultihopqa"
+
+
+def _progress_bar():
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+    tasks: dict[str, int] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(stage, total=total)
+        bar.update(tasks[stage], completed=done, total=total)
+
+    return bar, update
+
+
+@bench.command("retrieval")
+def bench_retrieval(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="JSONL corpus {id,title,text}."),
+                    questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json", help='[{"question","supporting_titles"}]'),
+                    route: str = typer.Option("local"), k: int = typer.Option(8),
+                    workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
+                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here.")) -> None:
+    """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run."""
+    from lazyhippo.bench import headline, run_retrieval_bench
+
+    bar, update = _progress_bar()
+    with bar:
+        result = run_retrieval_bench(corpus, questions, workdir, route=route, k=k, progress=update)
+    table = Table(title=f"retrieval on {corpus.name}: {result['questions']} questions, index {result['index_seconds']:.1f}s"
+                        + (" (reused)" if result["reused"] else ""))
+    cols = ["method", "recall_at_2", "recall_at_5", "all_supporting_at_8", "latency_p50_ms", "latency_p95_ms"]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "method" else "right")
+    for m in result["methods"].values():
+        table.add_row(*(str(m[c]) for c in cols))
+    Console().print(table)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(headline(result)))
+
+
+@bench.command("query")
+def bench_query(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
+                questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json"),
+                routes: str = typer.Option("local,global,drift,hybrid"),
+                workdir: Path = typer.Option(Path(".lazyhippo-bench")),
+                graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is loaded into it first)"),
+                repeat: int = typer.Option(3, help="Passes over the questions per route.")) -> None:
+    """p50/p95 latency per route (retrieval + context assembly + extractive answer, no LLM, query embedding included)."""
+    from lazyhippo.bench import ensure_index, run_latency_bench
+
+    bar, update = _progress_bar()
+    with bar:
+        settings, info = ensure_index(corpus, workdir, update)
+        result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
+    table = Table(title=f"query latency on {corpus.name} ({graph_store} store)")
+    for c in ("route", "p50_ms", "p95_ms", "n"):
+        table.add_column(c)
+    for route, r in result.items():
+        table.add_row(route, f"{r['p50_ms']:.2f}", f"{r['p95_ms']:.2f}", str(r["n"]))
+    Console().print(table)
+    print(json.dumps({"graph_store": graph_store, **{f"{k}_p50_ms": round(v["p50_ms"], 2) for k, v in result.items()},
+                      **{f"{k}_p95_ms": round(v["p95_ms"], 2) for k, v in result.items()}}))
 
 
 if __name__ == "__main__":

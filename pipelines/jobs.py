@@ -1,6 +1,40 @@
 import dagster as dg
 
+from resources import GraphStoreResource, LazyhippoResource
+
 index_job = dg.define_asset_job(
     "index", selection=dg.AssetSelection.all(), executor_def=dg.in_process_executor,
     description="Index the source into the knowledge graph: documents to communities to Parquet exports.",
 )
+
+
+class QueryConfig(dg.Config):
+    question: str
+    route: str = "auto"
+    top_k: int = 8
+    budget: int = 32000
+
+
+@dg.op(description="Retrieve, assemble a cited context within the token budget, and answer.")
+def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhippo: LazyhippoResource,
+                    graph_store: GraphStoreResource) -> dict:
+    from assets._meta import md_table
+    from lazyhippo.query import answer_question as answer
+
+    settings = lazyhippo.settings()
+    result = answer(settings, config.question, route=config.route, top_k=config.top_k, budget=config.budget,
+                    ppr=graph_store.ppr_backend(settings.namespace))
+    data = result.to_dict()
+    context.add_output_metadata({
+        "question": config.question, "route": data["route"], "answer": dg.MetadataValue.md(data["answer"]),
+        "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
+        "chosen_chunks": md_table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["n_tokens"])
+                                   for i, c in enumerate(data["context"])], ["#", "title", "chunk", "score", "tokens"]),
+        **{f"ms_{k}": round(v, 2) for k, v in data.get("timings_ms", {}).items()},
+    })
+    return data
+
+
+@dg.job(executor_def=dg.in_process_executor, description="Answer one question over the index (launched by `lazyhippo query`).")
+def query():
+    answer_question()

@@ -60,6 +60,10 @@ class GraphStoreResource(dg.ConfigurableResource):
             return Neo4jGraphStore(self.neo4j_uri, self.neo4j_user, self.neo4j_password or os.environ.get("NEO4J_PASSWORD", ""))
         return open_graph_store(self.kind)
 
+    def ppr_backend(self, namespace: str):
+        """None on the embedded store (in-process sparse PPR); gds.pageRank on a warm projection on Neo4j."""
+        return self.open().ppr_backend(namespace) if self.kind == "neo4j" else None
+
 
 class ObjectStoreResource(dg.ConfigurableResource):
     """`local` (a folder under the index home) or `minio` (S3-compatible; credentials from the environment)."""
