@@ -79,7 +79,7 @@ class ContextParams:
     noise_penalty: float = 0.05       # score multiplier for form-label, bare-heading and near-empty chunks
     min_content_words: int = 6        # fewer content words than this: near-empty
     dedup_min_chars: int = 20         # shorter sentences are never treated as duplicates
-    dedup_cover: float = 0.6          # a seen sentence covering this share of a new one makes it a duplicate
+    dedup_cover: float = 0.8          # a seen sentence covering this share of a new one makes it a duplicate
     group_neighbours: bool = False    # pull same-section neighbour chunks in after their anchor
     neighbour_decay: float = 0.5      # a neighbour's score is its anchor's times this
 

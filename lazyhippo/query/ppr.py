@@ -31,7 +31,7 @@ def transition_matrix(adjacency: sp.spmatrix) -> tuple[sp.csr_matrix, np.ndarray
     dangling = out_w <= 0
     inv = np.zeros_like(out_w)
     inv[~dangling] = 1.0 / out_w[~dangling]
-    m = (sp.diags(inv) @ a).T.tocsr().astype(np.float32)
+    m = (sp.diags(inv) @ a).T.tocsr()
     return m, dangling
 
 

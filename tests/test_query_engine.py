@@ -1,0 +1,509 @@
+"""Query engine: routes, context assembly (dedup, budget, noise, order), reranker breaker, PPR, answers.
+
+The sample corpus is indexed once per module into a temporary home (independent of LAZYHIPPO_HOME).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.index import run_index
+from lazyhippo.llm import Completion
+from lazyhippo.query import (CircuitBreaker, ContextParams, GdsPPR, HttpReranker, LocalParams, QueryConfig,
+                             RerankStage, ScoredChunk, answer_question, assemble_context, classify_query,
+                             load_index, noise_reason, personalized_pagerank, retrieve, split_question,
+                             transition_matrix)
+from lazyhippo.query.text import norm_key, sentences, strip_heading
+from lazyhippo.tokens import count_tokens
+
+SAMPLE_TITLES = {"Ada Fenwick", "Corran Shipping", "Eastbridge History", "Marlow Observatory", "River Sell",
+                 "Sell Valley Railway", "Tomas Reyes", "Visitor Form"}
+SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
+DUPLICATED = "It was founded in 1931 by the astronomer Ada Fenwick with money from the Corran Shipping Company."
+
+
+@pytest.fixture(scope="module")
+def qsettings(tmp_path_factory) -> Settings:
+    settings = Settings(home=tmp_path_factory.mktemp("query_index"), source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    return settings
+
+
+@pytest.fixture(scope="module")
+def overflow_settings(tmp_path_factory) -> Settings:
+    """A corpus made to overflow a small budget: many long, distinct documents about one subject."""
+    import random
+
+    rng = random.Random(7)
+    nouns = ["beacon", "fog bell", "lantern", "harbor master", "pilot boat", "signal mast", "tide gauge", "breakwater",
+             "keeper's cottage", "lens", "oil store", "foghorn", "jetty", "lifeboat", "chart room", "barometer"]
+    verbs = ["repaired", "inspected", "painted", "replaced", "cleaned", "logged", "measured", "moved", "tested"]
+    places = ["Harbor Point", "Gull Rock", "the north pier", "Skerry Light", "the east channel", "Cape Morrow"]
+    src = tmp_path_factory.mktemp("overflow_src")
+    for i in range(30):
+        body = " ".join(f"In {1850 + rng.randrange(120)} the crew at {rng.choice(places)} {rng.choice(verbs)} the "
+                        f"{rng.choice(nouns)} after {rng.choice(['a gale', 'the storm', 'heavy fog', 'a collision'])} "
+                        f"that lasted {rng.randrange(2, 90)} hours, and the {rng.choice(nouns)} was "
+                        f"{rng.choice(verbs)} by {rng.choice(['Ada', 'Bram', 'Cora', 'Dov', 'Elin', 'Finn'])} "
+                        f"{rng.choice(['Moss', 'Reed', 'Hale', 'Pike', 'Stone'])}." for _ in range(12))
+        (src / f"log_{i:02d}.txt").write_text(body)
+    settings = Settings(home=tmp_path_factory.mktemp("overflow_index"), source=str(src))
+    run_index(settings)
+    return settings
+
+
+def _offline(settings, question, **kw):
+    return answer_question(settings, question, llm=None, **kw)
+
+
+# ------------------------------------------------------------------ routes
+
+
+@pytest.mark.parametrize("route", ["local", "global", "drift", "hybrid", "auto"])
+def test_every_route_returns_cited_chunks(qsettings, route):
+    idx = load_index(qsettings)
+    questions = {"global": "What are the main themes of this collection?",
+                 "drift": "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?"}
+    res = _offline(qsettings, questions.get(route, SUCCESSOR_Q), route=route)
+    if route != "auto":
+        assert res.route == route
+    assert res.context and res.citations
+    assert {c.title for c in res.context} <= SAMPLE_TITLES
+    for c in res.context:
+        assert c.chunk_id in idx.chunk_pos and c.source and c.doc_id
+        assert c.tokens == count_tokens(c.render()) and c.tokens > 0
+    cited = [int(n) for n in re.findall(r"\[(\d+)\]", res.answer)]
+    assert cited and set(cited) <= {c.n for c in res.context}
+    assert {c["n"] for c in res.citations} == set(cited)
+    for cit in res.citations:
+        assert cit["title"] in SAMPLE_TITLES and cit["chunk_id"] and cit["source"]
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["route"] == res.route and d["context"][0]["score"] == res.context[0].score
+    assert res.timings["total_ms"] > 0 and res.context_tokens <= res.budget
+
+
+def test_local_route_follows_the_graph_to_the_second_hop(qsettings):
+    titles = [c.title for c in retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=8)]
+    assert "Marlow Observatory" in titles[:3]
+    assert "Tomas Reyes" in titles  # the successor is reached through the graph
+    assert "Visitor Form" not in titles
+
+
+def test_retrieve_gives_ranked_chunks_with_titles(qsettings):
+    for route in ("local", "hybrid", "drift", "global"):
+        chunks = retrieve(qsettings, "Which company funded the observatory where the Halden Telescope is?",
+                          route=route, top_k=5)
+        assert 0 < len(chunks) <= 5
+        scores = [c.score for c in chunks]
+        assert scores == sorted(scores, reverse=True)
+        assert all(c.title in SAMPLE_TITLES and c.route == route for c in chunks)
+
+
+def test_global_route_maps_communities_and_drops_irrelevant_ones(qsettings):
+    res = _offline(qsettings, "What are the main themes of this collection?", route="global")
+    kept = res.diagnostics["communities"]
+    assert len(kept) >= 2
+    assert res.answer.count("\n") + 1 >= 2  # one reduced line per kept community
+    specific = _offline(qsettings, "Which shipping firm carried grain to the Baltic ports?", route="global")
+    assert 1 <= len(specific.diagnostics["communities"]) < len(load_index(qsettings).community_ids)
+    assert any("Corran" in c.title or "Corran" in c.text for c in specific.context)
+
+
+def test_auto_route_picks_by_query_type(qsettings):
+    assert classify_query("What are the main themes of this collection?") == "exploratory"
+    assert classify_query("Why does config_loader.py raise KeyError E-1042?") == "technical"
+    assert classify_query(SUCCESSOR_Q) == "relational"
+    assert classify_query("Who founded the observatory and who funded the fellowship?") == "multi_part"
+    assert _offline(qsettings, "What are the main themes of this collection?").route == "global"
+    assert _offline(qsettings, SUCCESSOR_Q).route == "local"
+    assert _offline(qsettings, "Who founded the observatory and who funded the fellowship?").route == "drift"
+    assert _offline(qsettings, "What does the setting max_file_bytes=20 do in config?").route == "hybrid"
+
+
+def test_split_question_rules():
+    assert split_question("Who founded the observatory and who funded the fellowship?") == [
+        "Who founded the observatory?", "who funded the fellowship?"]
+    assert split_question("Where is Eastbridge? When was the university founded?") == [
+        "Where is Eastbridge?", "When was the university founded?"]
+    assert split_question("Which film came out first, Dune or Alien?") == [
+        "Which film came out first: Dune?", "Which film came out first: Alien?"]
+    assert split_question("Who built the Halden Telescope?") == ["Who built the Halden Telescope?"]
+
+
+def test_drift_merges_subquestions_with_scores(qsettings):
+    res = _offline(qsettings, "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?", route="drift")
+    assert len(res.diagnostics["subquestions"]) == 3  # the whole question plus its two parts
+    assert all(0 < c.score <= 1.0 for c in res.context)
+    titles = {c.title for c in res.context}
+    assert {"Marlow Observatory", "Ada Fenwick"} <= titles
+
+
+def test_hybrid_fuses_channels_by_rrf(qsettings):
+    chunks = retrieve(qsettings, "Halden Telescope spectrograph", route="hybrid", top_k=5)
+    assert chunks[0].title in {"Marlow Observatory", "Tomas Reyes"}
+    assert any(k.startswith("rank_") for k in chunks[0].channels)
+    assert any(ch.channels.get("rank_sparse") for ch in chunks)
+
+
+# ------------------------------------------------------------------ context assembly
+
+
+def _norm_sentences(text: str) -> list[str]:
+    return [norm_key(strip_heading(s)) for s in sentences(text) if len(norm_key(s)) >= 20]
+
+
+def test_dedup_leaves_no_duplicate_content(qsettings):
+    res = _offline(qsettings, "When was the Marlow Observatory on Mount Keel founded and with whose money?",
+                   route="hybrid", top_k=20)
+    titles = [c.title for c in res.context]
+    assert "Marlow Observatory" in titles and "Tomas Reyes" in titles
+    text = res.context_text
+    assert text.count(DUPLICATED) == 1
+    seen: set[str] = set()
+    for c in res.context:
+        for s in _norm_sentences(c.text):
+            assert s not in seen, f"duplicate sentence in context: {s}"
+            seen.add(s)
+    assert res.diagnostics["assembly"]["sentences_removed"] + res.diagnostics["assembly"]["duplicates_removed"] >= 1
+    assert len({c.chunk_id for c in res.context}) == len(res.context)
+
+
+def test_same_chunk_and_same_content_appear_once_with_best_score(qsettings):
+    idx = load_index(qsettings)
+    c = idx.chunk_pos[retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=1)[0].chunk_id]
+    a = ScoredChunk.from_index(idx, c, 0.2, "local")
+    b = ScoredChunk.from_index(idx, c, 0.7, "local")            # same chunk reached another way
+    twin = ScoredChunk.from_index(idx, c, 0.5, "local")
+    twin.chunk_id = "c_twin"                                    # same content hash, another id
+    ctx, stats = assemble_context([a, b, twin])
+    assert len(ctx) == 1 and ctx[0].score == 0.7 and ctx[0].merged == ["c_twin"]
+
+
+def test_budget_is_never_exceeded(overflow_settings):
+    question = "How many hours did the beacon burn at Harbor Point during the storms?"
+    big = _offline(overflow_settings, question, route="hybrid", top_k=40, budget=32000)
+    total = sum(c.tokens for c in big.context)
+    assert total > 1500, "the corpus must overflow the small budget"
+    for budget in (1500, 700, 300):
+        res = _offline(overflow_settings, question, route="hybrid", top_k=40, budget=budget)
+        assert res.context, budget
+        assert count_tokens(res.context_text) <= budget
+        assert res.context_tokens <= budget and sum(c.tokens for c in res.context) <= budget
+        assert res.diagnostics["assembly"]["over_budget"] > 0
+        scores = [c.score for c in res.context]
+        assert scores == sorted(scores, reverse=True)
+    tiny = _offline(overflow_settings, question, route="local", budget=5)
+    assert tiny.context == [] and tiny.citations == [] and tiny.context_tokens == 0
+
+
+def test_ppr_scores_order_the_context(qsettings):
+    cfg = QueryConfig().with_(local={"title_mass_weight": 0.0, "dense_tiebreak": 0.0, "entity_mass_weight": 0.0})
+    res = _offline(qsettings, SUCCESSOR_Q, route="local", top_k=10, config=cfg)
+    clean = [c for c in res.context if not c.noise]
+    ppr = [c.channels["ppr"] for c in clean]
+    assert ppr == sorted(ppr, reverse=True) and ppr[0] > ppr[-1]
+    assert all(abs(c.score - c.channels["ppr"]) < 1e-12 for c in clean)  # the PPR score is carried unchanged
+    default = _offline(qsettings, SUCCESSOR_Q, route="local", top_k=10)
+    scores = [c.score for c in default.context]
+    assert scores == sorted(scores, reverse=True)
+    assert all(c.retrieval_score == c.channels["retrieval"] for c in default.context)
+
+
+def test_noise_chunks_sink_below_substantive_ones(qsettings):
+    assert noise_reason("Visitor registration Name: ____ Address: ____ Date of visit: ____ Signature: ____", 6) == "form"
+    assert noise_reason("## Notes", 6) == "heading"
+    assert noise_reason("See above.", 6) == "empty"
+    assert noise_reason(DUPLICATED, 6) is None
+    res = _offline(qsettings, "Marlow Observatory notes: visitor registration form, name, address and date of visit",
+                   route="hybrid", top_k=30)
+    by_title = {}
+    for c in res.context:
+        by_title.setdefault(c.title, []).append(c)
+    form = [c for c in res.context if c.title == "Visitor Form"]
+    notes = [c for c in res.context if c.text.strip() == "## Notes"]
+    assert form and form[0].noise == "form"
+    assert notes and notes[0].noise == "heading"
+    first_noise = min(i for i, c in enumerate(res.context) if c.noise)
+    assert all(not c.noise for c in res.context[:first_noise])
+    assert all(c.noise for c in res.context[first_noise:])
+    assert first_noise >= 5
+    assert not any(n in {c["n"] for c in res.citations} for n in (form[0].n, notes[0].n))
+
+
+def test_neighbour_grouping_stays_within_budget(overflow_settings):
+    cfg = QueryConfig().with_(context={"group_neighbours": True})
+    question = "Which crew repaired the lantern at Gull Rock after the gale?"
+    res = _offline(overflow_settings, question, route="hybrid", top_k=12, config=cfg, budget=1200)
+    assert res.context_tokens <= 1200
+    grouped = [c for c in res.context if c.neighbour_of]
+    assert grouped, "a same-section neighbour should be pulled in"
+    ids = [c.chunk_id for c in res.context]
+    for g in grouped:
+        anchor = next(c for c in res.context if c.chunk_id == g.neighbour_of)
+        assert ids.index(g.chunk_id) > ids.index(anchor.chunk_id) and g.section == anchor.section
+
+
+# ------------------------------------------------------------------ reranker
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class _FailingReranker:
+    name = "fake-failing"
+
+    def __init__(self):
+        self.calls = 0
+
+    def score(self, query, texts):
+        self.calls += 1
+        raise RuntimeError("reranker down")
+
+
+class _ReverseReranker:
+    name = "fake-reverse"
+
+    def score(self, query, texts):
+        return [float(i) for i in range(len(texts))]  # last first
+
+
+def test_breaker_opens_after_failures_and_the_query_still_answers(qsettings):
+    clock = _Clock()
+    bad = _FailingReranker()
+    stage = RerankStage(bad, CircuitBreaker(failure_threshold=2, cooldown=30, clock=clock), timeout=2)
+    plain = _offline(qsettings, SUCCESSOR_Q, route="local")
+    for i in range(4):
+        res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=stage)
+        assert res.answer and res.citations
+        assert [c.chunk_id for c in res.context] == [c.chunk_id for c in plain.context]  # original order kept
+    assert bad.calls == 2 and stage.breaker.state == "open"
+    assert res.diagnostics["rerank"]["status"].startswith("skipped")
+    clock.now += 31
+    assert stage.breaker.state == "half_open"
+    _offline(qsettings, SUCCESSOR_Q, route="local", reranker=stage)  # the trial call fails: open again
+    assert bad.calls == 3 and stage.breaker.state == "open"
+    clock.now += 31
+    stage.reranker = _ReverseReranker()
+    res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=stage)
+    assert stage.breaker.state == "closed" and res.diagnostics["rerank"]["status"] == "ok"
+    assert all("rerank" in c.channels and "retrieval" in c.channels for c in res.context)
+    assert [c.score for c in res.context] == sorted((c.score for c in res.context), reverse=True)
+
+
+def test_rerank_timeout_falls_back(qsettings):
+    class Slow:
+        name = "slow"
+
+        def score(self, query, texts):
+            time.sleep(1.0)
+            return [1.0] * len(texts)
+
+    stage = RerankStage(Slow(), CircuitBreaker(failure_threshold=1, cooldown=60), timeout=0.1)
+    t0 = time.perf_counter()
+    res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=stage)
+    assert time.perf_counter() - t0 < 0.9
+    assert "timeout" in res.diagnostics["rerank"]["status"] and stage.breaker.state == "open" and res.citations
+
+
+class _RerankServer:
+    """A loopback rerank API (Cohere/Jina response shape) whose behaviour each test scripts."""
+
+    def __init__(self):
+        self.mode = "ok"
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                if outer.mode == "error":
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                if outer.mode == "slow":
+                    time.sleep(0.6)
+                docs = body["documents"]
+                results = [{"index": i, "relevance_score": (1.0 if d.startswith("Tomas Reyes\n") else 0.1) - i * 1e-3}
+                           for i, d in enumerate(docs)]
+                raw = json.dumps({"results": sorted(results, key=lambda r: -r["relevance_score"])}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/rerank"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_http_reranker_against_a_loopback_server(qsettings):
+    with _RerankServer() as srv:
+        stage = RerankStage(HttpReranker(srv.url, model="rerank-test", timeout=0.3),
+                            CircuitBreaker(failure_threshold=2, cooldown=60), timeout=2, min_score=0.05)
+        res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=stage)
+        assert res.diagnostics["rerank"]["status"] == "ok"
+        assert res.context[0].title == "Tomas Reyes" and res.context[0].channels["rerank"] > 0.9
+        assert srv.requests[0]["model"] == "rerank-test" and srv.requests[0]["query"] == SUCCESSOR_Q
+        srv.mode = "error"
+        for _ in range(2):
+            res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=stage)
+            assert res.diagnostics["rerank"]["status"].startswith("fallback") and res.citations
+        assert stage.breaker.state == "open"
+        n = len(srv.requests)
+        res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=stage)
+        assert len(srv.requests) == n and res.answer  # open: the server is not called at all
+        slow = RerankStage(HttpReranker(srv.url, timeout=0.2), CircuitBreaker(failure_threshold=1), timeout=5)
+        srv.mode = "slow"
+        res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=slow)
+        assert res.diagnostics["rerank"]["status"].startswith("fallback") and slow.breaker.state == "open"
+
+
+# ------------------------------------------------------------------ PPR
+
+
+def _tiny_graph():
+    # a path 0-1-2-3-4, a triangle 5-6-7 hanging off 4, and an isolated (dangling) node 8
+    edges = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 5)]
+    rows = [a for a, b in edges] + [b for a, b in edges]
+    cols = [b for a, b in edges] + [a for a, b in edges]
+    return sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(9, 9))
+
+
+def test_ppr_mass_concentrates_near_the_seed_and_sums_to_one():
+    m, dangling = transition_matrix(_tiny_graph())
+    seed = np.zeros(9)
+    seed[0] = 1.0
+    for damping in (0.3, 0.5, 0.85):
+        res = personalized_pagerank(m, seed, damping=damping, tol=1e-7, max_iter=500, dangling=dangling)
+        p = res.scores
+        assert abs(p.sum() - 1.0) < 1e-9 and (p >= 0).all()
+        assert p[1] > p[2] > p[3] > p[4]  # decays with distance from the seed
+        assert p[0] >= 1 - damping - 1e-6  # the restart mass alone
+        assert p[8] == 0.0  # unreachable
+        assert res.residual < 1e-7
+        if damping <= 0.5:
+            assert p.argmax() == 0 and p[0] + p[1] > p[2:].sum()  # most mass within one hop
+    low = personalized_pagerank(m, seed, damping=0.3, tol=1e-8, max_iter=500).scores
+    high = personalized_pagerank(m, seed, damping=0.85, tol=1e-8, max_iter=500).scores
+    assert low[0] > high[0] and low[6] < high[6]  # more damping spreads the mass further
+    two = np.zeros(9)
+    two[[0, 8]] = [1.0, 1.0]  # a seed on a dangling node: its mass returns to the seeds, total stays 1
+    p = personalized_pagerank(m, two, damping=0.5, tol=1e-8, max_iter=1000).scores
+    assert abs(p.sum() - 1.0) < 1e-9 and p[8] > p[2]
+    uniform = personalized_pagerank(m, np.zeros(9), damping=0.5, tol=1e-8, max_iter=1000).scores
+    assert abs(uniform.sum() - 1.0) < 1e-9
+    with pytest.raises(ValueError):
+        personalized_pagerank(m, seed, damping=1.0)
+    capped = personalized_pagerank(m, seed, damping=0.85, tol=0.0, max_iter=3)
+    assert capped.iterations == 3 and abs(capped.scores.sum() - 1.0) < 1e-9
+
+
+def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
+    idx = load_index(qsettings)
+    calls = []
+
+    def fake_ppr(index, personalization, damping, tol, max_iter):
+        calls.append((damping, float(personalization.sum())))
+        scores = np.zeros(len(index.node_ids))
+        scores[index.node_pos[index.chunk_ids[idx.titles.index("River Sell")]]] = 1.0
+        return scores
+
+    cfg = QueryConfig().with_(local={"damping": 0.6, "dense_tiebreak": 0.0})
+    res = _offline(qsettings, SUCCESSOR_Q, route="local", config=cfg, ppr=fake_ppr)
+    assert calls and calls[0][0] == 0.6 and calls[0][1] > 0
+    assert res.context[0].title == "River Sell" and res.diagnostics["ppr_backend"] == "fake_ppr"
+
+    rows_seen = {}
+
+    def run_cypher(query, params):  # what a Neo4j session would answer to gds.pageRank.stream
+        rows_seen.update(params)
+        return [{"id": idx.chunk_ids[idx.titles.index("Tomas Reyes")], "score": 3.0},
+                {"id": idx.entity_ids[0], "score": 1.0}, {"id": "not-in-index", "score": 5.0}]
+
+    gds = GdsPPR(run_cypher, graph_name="lh_default")
+    res = _offline(qsettings, SUCCESSOR_Q, route="local", config=cfg, ppr=gds)
+    assert "gds.pageRank.stream" in GdsPPR.QUERY and rows_seen["graph"] == "lh_default"
+    assert rows_seen["damping"] == 0.6 and rows_seen["seeds"] and all(s["w"] > 0 for s in rows_seen["seeds"])
+    assert res.context[0].title == "Tomas Reyes" and res.diagnostics["ppr_backend"] == "neo4j-gds"
+
+
+# ------------------------------------------------------------------ answers, cache
+
+
+class _FakeLLM:
+    model = "fake-llm"
+
+    def __init__(self):
+        self.prompts: list[str] = []
+
+    def complete(self, prompt, *, json_mode=False):
+        self.prompts.append(prompt)
+        return Completion("Tomas Reyes succeeded Ada Fenwick in 1959 [1][2]. Unsupported claim [99].", self.model, 10, 5)
+
+
+@pytest.mark.parametrize("route", ["local", "hybrid"])
+def test_llm_answer_is_cited_and_retrieval_makes_no_llm_call(qsettings, route):
+    llm = _FakeLLM()
+    res = answer_question(qsettings, SUCCESSOR_Q, route=route, llm=llm)
+    assert len(llm.prompts) == 1  # only the synthesis: local and hybrid retrieval never call the LLM
+    assert res.llm == "fake-llm" and [c["n"] for c in res.citations] == [1, 2]
+    assert "[1]" in llm.prompts[0] and SUCCESSOR_Q in llm.prompts[0]
+
+
+def test_extractive_answer_offline(qsettings, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    res = answer_question(qsettings, SUCCESSOR_Q, route="local")
+    assert res.llm is None
+    assert "1959" in res.answer and "succeeded" in res.answer
+    assert re.search(r"\[\d+\]", res.answer)
+
+
+def test_index_is_loaded_once_per_db_version(qsettings):
+    a = load_index(qsettings)
+    assert load_index(qsettings) is a
+    st = os.stat(qsettings.db_path)
+    os.utime(qsettings.db_path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    b = load_index(qsettings)
+    assert b is not a and b.chunk_ids == a.chunk_ids
+
+
+def test_local_route_is_fast_on_the_loaded_index(qsettings):
+    load_index(qsettings)
+    retrieve(qsettings, SUCCESSOR_Q, route="local")
+    t0 = time.perf_counter()
+    for _ in range(20):
+        retrieve(qsettings, SUCCESSOR_Q, route="local")
+    assert (time.perf_counter() - t0) / 20 < 0.05
