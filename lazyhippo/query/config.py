@@ -12,8 +12,10 @@ class GraphParams:
 
     relation_weight: float = 1.0      # entity-entity co-occurrence edges (times the relation weight)
     relation_cap: float = 4.0         # cap on one relation's summed weight before scaling
+    relation_min_weight: float = 0.0  # relations lighter than this are left out of the graph
+    relation_skip_types: tuple = ()   # entity types whose relations are left out (their mentions stay)
     synonym_weight: float = 0.5       # KNN (synonymy) edges, times the cosine score
-    synonym_min_score: float = 0.80   # KNN edges below this are not used as synonyms
+    synonym_min_score: float = 0.90   # KNN edges below this are not used as synonyms
     mention_weight: float = 1.0       # passage-entity edges, times log(1 + count)
     title_mention_weight: float = 2.0 # extra weight on the edge between a passage and its own title entity
 
@@ -23,7 +25,7 @@ class LocalParams:
     """HippoRAG-2-style local retrieval."""
 
     damping: float = 0.5              # probability of following an edge in PPR
-    tol: float = 1e-5
+    tol: float = 1e-3                 # L1 change between iterations that stops PPR (~8 iterations at damping 0.5)
     max_iter: int = 50
     max_ngram: int = 12               # longest query span matched against entity names and titles
     exact_weight: float = 1.0         # seed weight of an exact/normalized name match (times IDF)

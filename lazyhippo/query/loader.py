@@ -204,10 +204,12 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     # graph: entities then chunks
     n = n_e + n_p
     rows, cols, vals = [], [], []
-    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns", ns).to_pydict()
+    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns "
+                     "AND coalesce(weight, 1.0) >= $minw", {**ns, "minw": params.relation_min_weight}).to_pydict()
+    skip = {i for i, t in enumerate(en["type"]) if t in params.relation_skip_types} if params.relation_skip_types else set()
     for a, b, w in zip(rl["source_id"], rl["target_id"], rl["weight"]):
         i, j = entity_pos.get(a), entity_pos.get(b)
-        if i is None or j is None or i == j:
+        if i is None or j is None or i == j or i in skip or j in skip:
             continue
         w = params.relation_weight * min(float(w or 1.0), params.relation_cap)
         rows += [i, j]; cols += [j, i]; vals += [w, w]

@@ -20,9 +20,13 @@ QUESTION_WORDS = frozenset("who whom whose what when where which why how".split(
 _WORD = re.compile(r"[^\W_]+")
 
 
+_COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
+
+
 def strip_accents(text: str) -> str:
-    text = unicodedata.normalize("NFKD", text)
-    return "".join(c for c in text if not unicodedata.combining(c))
+    if text.isascii():
+        return text
+    return _COMBINING.sub("", unicodedata.normalize("NFKD", text))
 
 
 def fold(text: str) -> str:
