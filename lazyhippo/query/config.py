@@ -31,11 +31,11 @@ class LocalParams:
     exact_weight: float = 1.0         # seed weight of an exact/normalized name match (times IDF)
     subsumed_factor: float = 0.1      # a match inside a longer matched span counts this much
     lowercase_span_factor: float = 0.05 # a span written in lower case (in a question that uses capitals)
-    title_seed_weight: float = 1.0    # passages whose document title the query names (times IDF)
+    title_seed_weight: float = 2.0    # passages whose document title the query names (times IDF)
     embed_link_top_k: int = 3         # nearest entities per query phrase by embedding
     embed_link_min: float = 0.80      # cosine needed for an embedding link
     embed_weight: float = 0.5         # seed weight of embedding links (times cosine and IDF)
-    fact_top_k: int = 5               # facts (sentences) matched to the query by embedding
+    fact_top_k: int = 3               # facts (sentences) matched to the query by embedding
     fact_min: float = 0.30
     fact_candidates: int = 50         # facts considered by embedding before the seed boost
     fact_seed_boost: float = 3.0      # facts naming exactly linked entities: score * (1 + boost * affinity)

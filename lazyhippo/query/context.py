@@ -64,12 +64,11 @@ class ContextChunk:
 
 def noise_reason(text: str, min_content_words: int) -> str | None:
     """'form' (label: ____ fields), 'heading' (a bare heading), 'empty' (almost no content words) or None."""
-    blanks = len(_BLANK.findall(text))
-    labels = len(_LABEL.findall(text))
-    words = tokens(_BLANK.sub(" ", text))
-    if blanks >= 2 and (labels >= 2 or len(words) <= 4 * blanks):
+    blanks = len(_BLANK.findall(text)) if ("__" in text or "...." in text or "[" in text) else 0
+    words = tokens(_BLANK.sub(" ", text)) if blanks else tokens(text)
+    if blanks >= 2 and (len(words) <= 4 * blanks or len(_LABEL.findall(text)) >= 2):
         return "form"
-    if _HEADING_ONLY.match(text.strip()) and len(words) < 12:
+    if text.lstrip().startswith("#") and _HEADING_ONLY.match(text.strip()) and len(words) < 12:
         return "heading"
     if len(words) < min_content_words:
         return "empty"
