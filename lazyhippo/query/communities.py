@@ -48,6 +48,23 @@ def community_scores(idx: GraphIndex, q: PreparedQuery, p: GlobalParams) -> np.n
     return sims + p.keyword_weight * overlap + p.size_weight * prior
 
 
+def coverage(idx: GraphIndex) -> np.ndarray:
+    """(n_chunks, n_communities): how many member entities of each community a chunk mentions. Cached."""
+    cov = getattr(idx, "_coverage", None)
+    if cov is None:
+        import scipy.sparse as sp
+
+        rows, cols = [], []
+        for ci, members in enumerate(idx.community_members):
+            rows += list(members)
+            cols += [ci] * len(members)
+        e2c = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)),
+                            shape=(idx.n_entities, len(idx.community_ids)))
+        cov = np.asarray(((idx.mentions > 0).astype(np.float32) @ e2c).todense())
+        idx._coverage = cov  # type: ignore[attr-defined]
+    return cov
+
+
 def _relevance(idx: GraphIndex, q: PreparedQuery) -> np.ndarray:
     """Per-chunk query relevance in [0, ~1]: dense similarity plus normalized BM25."""
     bm = q.bm25
@@ -68,14 +85,10 @@ def map_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, broad: b
         overlap = len(kw & idx.community_tokens[ci])
         if scores[ci] < p.min_similarity and not overlap:
             continue
-        members = idx.community_members[ci]
-        if len(members):
-            touched = np.asarray(idx.mentions[:, members].sum(axis=1)).ravel()
-            cand = np.flatnonzero(touched > 0)
-        else:
-            cand = np.zeros(0, dtype=np.int64)
+        touched = coverage(idx)[:, ci]
+        cand = np.flatnonzero(touched > 0)
         # a chunk speaks for the community in proportion to how much of it the chunk mentions
-        cover = np.log1p(touched[cand]) / np.log1p(max(float(touched.max()) if len(members) else 1.0, 1.0)) if len(cand) else cand
+        cover = np.log1p(touched[cand]) / np.log1p(max(float(touched.max()) if len(cand) else 1.0, 1.0)) if len(cand) else cand
         if broad:
             local_rel = 0.5 * rel[cand] + 0.5 * cover if len(cand) else cand
         else:
