@@ -53,20 +53,35 @@ class Neo4jStoreError(RuntimeError):
 
 @dataclass(frozen=True)
 class PPRWeights:
-    """Edge weights of the entity+passage graph used by `ppr` (defaults = lazyhippo.query GraphParams)."""
+    """Edge weights of the entity+passage graph used by `ppr`: the fields of lazyhippo.query's GraphParams,
+    so the Neo4j projection and the in-memory query graph are built alike."""
 
     relation_weight: float = 1.0
     relation_cap: float = 4.0
+    relation_min_weight: float = 0.0
+    relation_skip_types: tuple = ()
     synonym_weight: float = 0.5
-    synonym_min_score: float = 0.80
+    synonym_min_score: float = 0.90
     mention_weight: float = 1.0
     title_mention_weight: float = 2.0
 
     @classmethod
     def of(cls, params: Any | None) -> "PPRWeights":
-        if params is None or isinstance(params, PPRWeights):
-            return params or cls()
-        return cls(**{k: float(getattr(params, k)) for k in cls.__dataclass_fields__ if hasattr(params, k)})
+        if isinstance(params, PPRWeights):
+            return params
+        if params is None:
+            try:  # the query engine's defaults, when it is installed
+                from .query.config import GraphParams
+
+                params = GraphParams()
+            except Exception:  # noqa: BLE001
+                return cls()
+        values = {}
+        for k, default in cls().__dict__.items():
+            if hasattr(params, k):
+                v = getattr(params, k)
+                values[k] = tuple(str(t) for t in v) if isinstance(default, tuple) else float(v)
+        return cls(**values)
 
     def key(self) -> str:
         return hashlib.sha1(repr(sorted(self.__dict__.items())).encode()).hexdigest()[:8]
@@ -109,12 +124,14 @@ class Neo4jGraphStore:
         self.leiden_intermediate = leiden_intermediate
         self.batch_size = batch_size
         self._driver = neo4j.GraphDatabase.driver(uri, auth=(user, password), connection_timeout=connect_timeout,
-                                                  max_transaction_retry_time=15.0)
+                                                  max_transaction_retry_time=15.0,
+                                                  notifications_min_severity="OFF")  # no "unknown label" noise
         self._gds = None
         self._schema_ready = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._warm: dict[tuple[str, str], str] = {}   # (namespace, weights key) -> projected graph name
         self.last_stats: dict = {}
+        self._weighted_sources: bool | None = None   # does the server take [node, weight] source nodes?
 
     @classmethod
     def from_env(cls, uri: str | None = None, user: str | None = None, password: str | None = None,
@@ -424,7 +441,7 @@ class Neo4jGraphStore:
                 UNWIND $edges AS e RETURN e.s AS s, e.t AS t, null AS p, e.w AS w
             }
             WITH gds.graph.project($name, s, t,
-                 {sourceNodeProperties: p, relationshipProperties: CASE WHEN t IS NULL THEN null ELSE {weight: w} END},
+                 {sourceNodeProperties: p, targetNodeProperties: null, relationshipProperties: CASE WHEN t IS NULL THEN null ELSE {weight: w} END},
                  {undirectedRelationshipTypes: ['*']}) AS g
             RETURN g.nodeCount AS nodes, g.relationshipCount AS rels""",
                    {"name": name, "nodes": nodes, "edges": edges}, write=False)
@@ -459,13 +476,14 @@ class Neo4jGraphStore:
                 CALL gds.knn.stream($name, $config) YIELD node1, node2, similarity
                 RETURN node1 AS s, node2 AS t, similarity AS score""", {"name": name, "config": {
                 "nodeProperties": ["embedding", "embedding_structural"] if self.knn_structural else ["embedding"],
-                "topK": int(top_k), "similarityCutoff": float(cutoff), "sampleRate": 1.0, "deltaThreshold": 0.0,
+                # GDS reports cosine rescaled to [0, 1] as (1 + cos) / 2: the cutoff goes in, scores come out mapped
+                "topK": int(top_k), "similarityCutoff": (1.0 + float(cutoff)) / 2.0, "sampleRate": 1.0, "deltaThreshold": 0.0,
                 "maxIterations": 1000, "randomJoins": 10, "randomSeed": self.seed, "concurrency": 1}})
         finally:
             self._drop_graph(name)
         by_source: dict[int, list[tuple[float, int]]] = {}
         for r in rows:
-            by_source.setdefault(int(r["s"]), []).append((float(r["score"]), int(r["t"])))
+            by_source.setdefault(int(r["s"]), []).append((2.0 * float(r["score"]) - 1.0, int(r["t"])))
         edges: list[KnnEdge] = []
         for s in sorted(by_source):
             ranked = sorted(by_source[s], key=lambda st: (-st[0], ids[st[1]]))[:top_k]
@@ -605,6 +623,8 @@ class Neo4jGraphStore:
                 MATCH (n:Chunk {namespace: $ns}) RETURN n AS s, null AS t, null AS w
                 UNION ALL
                 MATCH (a:Entity {namespace: $ns})-[r:RELATED_TO]->(b:Entity {namespace: $ns})
+                WHERE coalesce(r.weight, 1.0) >= $minw AND NOT coalesce(a.type, '') IN $skip
+                  AND NOT coalesce(b.type, '') IN $skip
                 RETURN a AS s, b AS t, $rw * CASE WHEN coalesce(r.weight, 1.0) < $cap THEN coalesce(r.weight, 1.0)
                                                   ELSE $cap END AS w
                 UNION ALL
@@ -620,7 +640,8 @@ class Neo4jGraphStore:
             RETURN g.nodeCount AS nodes""",
                    {"ns": namespace, "name": name, "rw": w.relation_weight, "cap": w.relation_cap,
                     "sw": w.synonym_weight, "smin": w.synonym_min_score, "mw": w.mention_weight,
-                    "tw": w.title_mention_weight})
+                    "tw": w.title_mention_weight, "minw": w.relation_min_weight,
+                    "skip": list(w.relation_skip_types)})
 
     def drop_ppr_projections(self, namespace: str) -> int:
         prefix = f"lh_ppr_{_slug(namespace)}_"
@@ -632,34 +653,94 @@ class Neo4jGraphStore:
             del self._warm[key]
         return len(rows)
 
+    _WEIGHTED_PPR = """
+        CALL () {
+            UNWIND $seeds AS seed
+            OPTIONAL MATCH (e:Entity {namespace: $ns, id: seed.id})
+            OPTIONAL MATCH (c:Chunk {namespace: $ns, id: seed.id})
+            WITH seed, coalesce(e, c) AS n WHERE n IS NOT NULL
+            RETURN collect([n, seed.w]) AS sources
+        }
+        CALL gds.pageRank.stream($name, {sourceNodes: sources, dampingFactor: $damping, maxIterations: $max_iter,
+                                         tolerance: $tol, relationshipWeightProperty: 'weight'})
+        YIELD nodeId, score
+        WITH nodeId, score WHERE score > 0
+        RETURN gds.util.asNode(nodeId).id AS id, score"""
+
+    # One PageRank per group of equal-weight seeds (GDS builds without weighted `sourceNodes` accept only plain
+    # node lists); PPR is linear in the personalization, so the weighted mix of the per-group distributions is
+    # the weighted PPR.
+    _GROUPED_PPR = """
+        UNWIND $groups AS grp
+        CALL (grp) {
+            UNWIND grp.ids AS sid
+            OPTIONAL MATCH (e:Entity {namespace: $ns, id: sid})
+            OPTIONAL MATCH (c:Chunk {namespace: $ns, id: sid})
+            WITH coalesce(e, c) AS n WHERE n IS NOT NULL
+            WITH collect(n) AS sources WHERE size(sources) > 0
+            CALL gds.pageRank.stream($name, {sourceNodes: sources, dampingFactor: $damping, maxIterations: $max_iter,
+                                             tolerance: $tol, relationshipWeightProperty: 'weight'})
+            YIELD nodeId, score
+            RETURN nodeId, score
+        }
+        WITH grp, collect([nodeId, score]) AS rows, sum(score) AS total
+        UNWIND rows AS row
+        WITH row[0] AS nodeId, sum(grp.w * row[1] / total) AS score WHERE score > 0
+        RETURN gds.util.asNode(nodeId).id AS id, score"""
+
+    _PLAIN_PR = """
+        CALL gds.pageRank.stream($name, {dampingFactor: $damping, maxIterations: $max_iter, tolerance: $tol,
+                                         relationshipWeightProperty: 'weight'})
+        YIELD nodeId, score
+        RETURN gds.util.asNode(nodeId).id AS id, score"""
+
+    @staticmethod
+    def _seed_groups(seeds: list[dict], max_groups: int) -> list[dict]:
+        """Seeds grouped by weight: exact when there are at most `max_groups` distinct weights, otherwise
+        log-spaced weight buckets (each bucket seeded uniformly, weighted by its total)."""
+        by_w: dict[float, list[str]] = {}
+        for s in seeds:
+            by_w.setdefault(s["w"], []).append(s["id"])
+        if len(by_w) > max_groups:
+            lo, hi = math.log(min(by_w)), math.log(max(by_w))
+            span = (hi - lo) or 1.0
+            buckets: dict[int, list[dict]] = {}
+            for s in seeds:
+                b = min(int((math.log(s["w"]) - lo) / span * max_groups), max_groups - 1)
+                buckets.setdefault(b, []).append(s)
+            return [{"ids": [s["id"] for s in ss], "w": sum(s["w"] for s in ss)} for ss in buckets.values()]
+        return [{"ids": ids, "w": w * len(ids)} for w, ids in by_w.items()]
+
     def ppr(self, namespace: str, seeds: dict[str, float], damping: float = 0.5, max_iter: int = 50,
-            tol: float = 1e-6, weights: Any | None = None) -> dict[str, float]:
-        """Personalized PageRank (`gds.pageRank.stream` with weighted `sourceNodes`) over the warm entity+passage
-        projection. Keys are entity and chunk ids; scores sum to 1. Seeds not in the graph are ignored; with no
-        seed at all the result is plain PageRank. `damping` is the probability of following an edge."""
-        seed_rows = [{"id": k, "w": float(v)} for k, v in seeds.items() if v and v > 0]
+            tol: float = 1e-6, weights: Any | None = None, max_groups: int = 16) -> dict[str, float]:
+        """Personalized PageRank from weighted seeds (`gds.pageRank.stream` with `sourceNodes`) over the warm
+        entity+passage projection. Keys are entity and chunk ids; scores sum to 1. Seeds not in the graph are
+        ignored; with no seed at all the result is plain PageRank. `damping` is the probability of following
+        an edge. Servers without weighted source nodes get one run per distinct seed weight (at most
+        `max_groups`, beyond that weights are bucketed)."""
+        seed_rows = [{"id": str(k), "w": float(v)} for k, v in seeds.items() if v and v > 0]
+        params = {"ns": namespace, "damping": float(damping), "max_iter": int(max_iter), "tol": float(tol)}
+        rows: list[dict] = []
         for attempt in (1, 2):
-            name = self.warm_graph(namespace, weights)
+            params["name"] = self.warm_graph(namespace, weights)
             try:
-                rows = self.query("""
-                    CALL () {
-                        UNWIND $seeds AS seed
-                        OPTIONAL MATCH (e:Entity {namespace: $ns, id: seed.id})
-                        OPTIONAL MATCH (c:Chunk {namespace: $ns, id: seed.id})
-                        WITH seed, coalesce(e, c) AS n WHERE n IS NOT NULL
-                        RETURN collect([n, seed.w]) AS sources
-                    }
-                    CALL gds.pageRank.stream($name, {sourceNodes: sources, dampingFactor: $damping,
-                                                     maxIterations: $max_iter, tolerance: $tol,
-                                                     relationshipWeightProperty: 'weight', concurrency: 1})
-                    YIELD nodeId, score
-                    WITH nodeId, score WHERE score > 0
-                    RETURN gds.util.asNode(nodeId).id AS id, score""",
-                                  {"ns": namespace, "seeds": seed_rows, "name": name, "damping": float(damping),
-                                   "max_iter": int(max_iter), "tol": float(tol)})
+                if not seed_rows:
+                    rows = self.query(self._PLAIN_PR, params)
+                elif self._weighted_sources is not False:
+                    try:
+                        rows = self.query(self._WEIGHTED_PPR, {**params, "seeds": seed_rows})
+                        self._weighted_sources = True
+                    except Neo4jStoreError as exc:
+                        if "sourceNodes" not in str(exc):
+                            raise
+                        self._weighted_sources = False
+                if seed_rows and self._weighted_sources is False:
+                    rows = self.query(self._GROUPED_PPR,
+                                      {**params, "groups": self._seed_groups(seed_rows, max_groups)})
                 break
             except Neo4jStoreError as exc:
-                if attempt == 2 or "not found" not in str(exc).lower() and "does not exist" not in str(exc).lower():
+                text = str(exc).lower()
+                if attempt == 2 or ("not found" not in text and "does not exist" not in text):
                     raise
                 self._warm.clear()  # the server lost the projection (restart, manual drop): project again
         total = sum(float(r["score"]) for r in rows) or 1.0
