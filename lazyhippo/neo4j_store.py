@@ -746,9 +746,40 @@ class Neo4jGraphStore:
         total = sum(float(r["score"]) for r in rows) or 1.0
         return {r["id"]: float(r["score"]) / total for r in rows}
 
+    def ppr_backend(self, namespace: str, max_seeds: int = 200, max_groups: int = 16) -> "Neo4jPPR":
+        """A lazyhippo.query PPRBackend (`run(index, personalization, damping, tol, max_iter)`) backed by `ppr`;
+        the projection uses the index's own GraphParams, so both graphs weigh edges alike."""
+        return Neo4jPPR(self, namespace, max_seeds, max_groups)
+
     def close(self) -> None:
         """Closes the driver; warm PPR projections stay in the GDS catalog for the next query process."""
         try:
             self._driver.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+class Neo4jPPR:
+    """PPRBackend for lazyhippo.query: seeds from the personalization vector, scores back per node index."""
+
+    name = "neo4j-gds"
+
+    def __init__(self, store: Neo4jGraphStore, namespace: str, max_seeds: int = 200, max_groups: int = 16):
+        self.store = store
+        self.namespace = namespace
+        self.max_seeds = max_seeds
+        self.max_groups = max_groups
+
+    def run(self, index, personalization, damping, tol, max_iter) -> np.ndarray:
+        p = np.asarray(personalization, dtype=np.float64)
+        order = np.argsort(-p)[: self.max_seeds]
+        seeds = {index.node_ids[i]: float(p[i]) for i in order if p[i] > 0}
+        scores = self.store.ppr(self.namespace, seeds, damping=damping, max_iter=max_iter, tol=tol,
+                                weights=getattr(index, "graph_params", None), max_groups=self.max_groups)
+        out = np.zeros(len(index.node_ids), dtype=np.float64)
+        for node, score in scores.items():
+            i = index.node_pos.get(node)
+            if i is not None:
+                out[i] = score
+        total = out.sum()
+        return out / total if total > 0 else out

@@ -52,12 +52,15 @@ class GraphStoreResource(dg.ConfigurableResource):
     neo4j_uri: str = os.environ.get("NEO4J_URI", "bolt://127.0.0.1:7687")
     neo4j_user: str = os.environ.get("NEO4J_USER", "neo4j")
     neo4j_password: Optional[str] = None
+    knn_structural: bool = os.environ.get("LAZYHIPPO_KNN_STRUCTURAL", "0").lower() in ("1", "true", "yes")
 
     def open(self) -> GraphStore:
         if self.kind == "neo4j":
             from lazyhippo.neo4j_store import Neo4jGraphStore
 
-            return Neo4jGraphStore(self.neo4j_uri, self.neo4j_user, self.neo4j_password or os.environ.get("NEO4J_PASSWORD", ""))
+            # unset password: NEO4J_PASSWORD, else the loopback dev default of scripts/services.sh
+            return Neo4jGraphStore.from_env(uri=self.neo4j_uri, user=self.neo4j_user, password=self.neo4j_password,
+                                            knn_structural=self.knn_structural)
         return open_graph_store(self.kind)
 
     def ppr_backend(self, namespace: str):
@@ -78,11 +81,12 @@ class ObjectStoreResource(dg.ConfigurableResource):
 
     def open(self, settings: Settings) -> ObjectStore:
         if self.kind == "minio":
-            from lazyhippo.minio_store import MinioObjectStore
+            from lazyhippo.minio_store import DEV_ACCESS_KEY, DEV_SECRET_KEY, MinioObjectStore
 
+            # unset keys: MINIO_ROOT_USER / MINIO_ROOT_PASSWORD, else the loopback dev defaults of scripts/services.sh
             return MinioObjectStore(self.endpoint, self.bucket,
-                                    self.access_key or os.environ.get("MINIO_ROOT_USER", ""),
-                                    self.secret_key or os.environ.get("MINIO_ROOT_PASSWORD", ""), self.secure)
+                                    self.access_key or os.environ.get("MINIO_ROOT_USER") or DEV_ACCESS_KEY,
+                                    self.secret_key or os.environ.get("MINIO_ROOT_PASSWORD") or DEV_SECRET_KEY, self.secure)
         if self.kind != "local":
             raise ValueError(f"unknown object_store {self.kind!r} (expected 'local' or 'minio')")
         return LocalObjectStore(Path(self.root) if self.root else settings.export_dir)
