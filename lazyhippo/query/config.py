@@ -65,14 +65,14 @@ class GlobalParams:
 
 @dataclass(frozen=True)
 class HybridParams:
-    rrf_k: int = 60
+    rrf_k: int = 5                    # small k: top ranks of the strong channels dominate the fused order
     depth: int = 50                   # ranks kept per channel
     expand_top: int = 5               # dense hits whose entities drive the graph augmentation
-    # channel weights by query type: dense, sparse, local, global, expand
+    # channel weights by query type: dense, sparse (BM25), local (PPR), global (communities), expand
     weights: dict = field(default_factory=lambda: {
-        "technical": {"dense": 1.0, "sparse": 1.5, "local": 0.7, "global": 0.2, "expand": 0.5},
-        "exploratory": {"dense": 1.0, "sparse": 0.5, "local": 0.6, "global": 1.2, "expand": 0.8},
-        "relational": {"dense": 0.7, "sparse": 0.7, "local": 1.5, "global": 0.3, "expand": 1.0},
+        "technical": {"dense": 1.0, "sparse": 1.5, "local": 1.0, "global": 0.2, "expand": 0.5},
+        "exploratory": {"dense": 1.0, "sparse": 0.5, "local": 1.0, "global": 1.5, "expand": 0.8},
+        "relational": {"dense": 0.5, "sparse": 0.7, "local": 3.0, "global": 0.3, "expand": 0.5},
     })
 
 
