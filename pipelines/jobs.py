@@ -28,9 +28,9 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
     context.add_output_metadata({
         "question": config.question, "route": data["route"], "answer": dg.MetadataValue.md(data["answer"]),
         "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
-        "chosen_chunks": md_table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["n_tokens"])
+        "chosen_chunks": md_table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
                                    for i, c in enumerate(data["context"])], ["#", "title", "chunk", "score", "tokens"]),
-        **{f"ms_{k}": round(v, 2) for k, v in data.get("timings_ms", {}).items()},
+        **{f"timing_{k}": round(v, 2) for k, v in data.get("timings", {}).items()},
     })
     return data
 

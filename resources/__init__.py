@@ -33,6 +33,11 @@ class LazyhippoResource(dg.ConfigurableResource):
     knn_top_k: int = 10
     knn_cutoff: float = 0.60
     community_algorithm: str = "leiden"
+    # benchmark asset checks (questions.json / themes.json beside the source are used when present)
+    check_budget: int = 4000
+    noise_share_max: float = 0.25
+    theme_coverage_min: float = 0.9
+    recall_at_5_min: float = 0.6
 
     def settings(self) -> Settings:
         fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}

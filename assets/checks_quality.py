@@ -1,0 +1,76 @@
+"""Benchmark asset checks: context quality, theme coverage and retrieval quality on the indexed corpus.
+
+Not blocking (they run queries); the completeness audit is the blocking suite.
+"""
+
+import json
+
+import dagster as dg
+
+from lazyhippo.quality import (bar_chart, context_quality, probe_questions, retrieval_outcome, source_file,
+                               themes_outcome)
+from resources import LazyhippoResource
+
+from ._meta import md_table
+
+
+def _result(outcome, extra: dict | None = None) -> dg.AssetCheckResult:
+    meta = {k: v for k, v in outcome.figures.items() if isinstance(v, (int, float))}
+    return dg.AssetCheckResult(passed=outcome.passed, metadata={**meta, **(extra or {})})
+
+
+@dg.asset_check(asset="community_summaries", blocking=False,
+                description="Assembled contexts on a fixed query set: no duplicate chunk, within budget, few noise chunks, cited.")
+def context_quality_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
+    from lazyhippo.query import answer_question
+
+    settings = lazyhippo.settings()
+    results = [answer_question(settings, q, route="auto", budget=lazyhippo.check_budget, llm=None).to_dict()
+               for q in probe_questions(settings)]
+    outcome = context_quality(results, lazyhippo.check_budget, lazyhippo.noise_share_max)
+    rows = [(r["question"], r["route"], len(r["context"]), r["context_tokens"], len(r["citations"])) for r in results]
+    return _result(outcome, {"queries_run": md_table(rows, ["question", "route", "chunks", "tokens", "citations"]),
+                             "plot": dg.MetadataValue.md(bar_chart({
+                                 "duplicate share": outcome.figures["duplicate_chunk_share"],
+                                 "noise share": outcome.figures["noise_chunk_share"],
+                                 "within budget": 1 - outcome.figures["over_budget_contexts"] / max(len(results), 1)}))})
+
+
+@dg.asset_check(asset="community_summaries", blocking=False,
+                description="Global questions (themes.json beside the source): share of expected themes in the context.")
+def theme_coverage_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
+    from lazyhippo.query import answer_question
+
+    settings = lazyhippo.settings()
+    tfile = source_file(settings, "themes.json")
+    if tfile is None:
+        return dg.AssetCheckResult(passed=True, metadata={"skipped": "no themes.json beside the source"})
+    items = json.loads(tfile.read_text())
+    per_q = []
+    for item in items:
+        res = answer_question(settings, item["question"], route="global", budget=lazyhippo.check_budget, llm=None)
+        per_q.append((item["question"], res.context_text, item["themes"]))
+    outcome = themes_outcome(per_q, lazyhippo.theme_coverage_min)
+    return _result(outcome, {
+        "per_question": md_table([(r["question"], round(r["coverage"], 2), ", ".join(r["missing"])) for r in outcome.details],
+                                 ["question", "coverage", "missing themes"]),
+        "plot": dg.MetadataValue.md(bar_chart({r["question"]: r["coverage"] for r in outcome.details}))})
+
+
+@dg.asset_check(asset="community_summaries", blocking=False,
+                description="recall@5 of the local route on questions.json beside the source, against a floor.")
+def retrieval_quality_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
+    from lazyhippo.query import retrieve
+
+    settings = lazyhippo.settings()
+    qfile = source_file(settings, "questions.json")
+    if qfile is None:
+        return dg.AssetCheckResult(passed=True, metadata={"skipped": "no questions.json beside the source"})
+    questions = json.loads(qfile.read_text())
+    rankings = [(q["question"], [c.title for c in retrieve(settings, q["question"], route="local", top_k=8)],
+                 q["supporting_titles"]) for q in questions]
+    outcome = retrieval_outcome(rankings, lazyhippo.recall_at_5_min)
+    return _result(outcome, {
+        "per_question": md_table([(r["question"], round(r["recall_at_5"], 2), ", ".join(r["retrieved"])) for r in outcome.details],
+                                 ["question", "recall@5", "top 5"]),
+        "plot": dg.MetadataValue.md(bar_chart({r["question"]: r["recall_at_5"] for r in outcome.details}))})

@@ -1,0 +1,99 @@
+"""Context-quality, theme-coverage and retrieval-quality measures behind the benchmark asset checks.
+
+Each function takes plain data (assembled contexts, texts, rankings) so a test can build a violating
+case by hand; the Dagster checks feed them real query results.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .bench import recall_at_k
+from .config import Settings
+
+
+@dataclass
+class CheckOutcome:
+    passed: bool
+    figures: dict
+    details: list = field(default_factory=list)
+
+
+def context_quality(contexts: Sequence[dict], budget: int, max_noise_share: float = 0.25) -> CheckOutcome:
+    """contexts: QueryResult.to_dict() rows. Duplicates must be 0, every context within budget."""
+    dup = total = noise = over = 0
+    citations = []
+    for ctx in contexts:
+        hashes, texts = set(), set()
+        for c in ctx["context"]:
+            total += 1
+            key = c.get("content_hash") or c["text"].strip()
+            dup += key in hashes or c["text"].strip() in texts
+            hashes.add(key)
+            texts.add(c["text"].strip())
+            noise += c.get("noise") is not None
+        over += ctx["context_tokens"] > budget
+        citations.append(len(ctx["citations"]))
+    figures = {"queries": len(contexts), "context_chunks": total,
+               "duplicate_chunk_share": dup / total if total else 0.0,
+               "over_budget_contexts": over, "noise_chunk_share": noise / total if total else 0.0,
+               "mean_citations": sum(citations) / len(citations) if citations else 0.0,
+               "min_citations": min(citations, default=0)}
+    passed = (bool(contexts) and dup == 0 and over == 0 and figures["noise_chunk_share"] <= max_noise_share
+              and figures["min_citations"] >= 1)
+    return CheckOutcome(passed, figures)
+
+
+def theme_coverage(context_text: str, themes: Sequence[str]) -> tuple[float, list[str]]:
+    """Share of expected themes named in the assembled context (case-insensitive), and the missing ones."""
+    low = context_text.lower()
+    missing = [t for t in themes if t.lower() not in low]
+    return (1 - len(missing) / len(themes) if themes else 1.0), missing
+
+
+def themes_outcome(per_question: Sequence[tuple[str, str, Sequence[str]]], threshold: float = 0.9) -> CheckOutcome:
+    """per_question: (question, assembled context text, expected themes)."""
+    rows = []
+    for question, text, themes in per_question:
+        cov, missing = theme_coverage(text, themes)
+        rows.append({"question": question, "coverage": cov, "missing": missing})
+    mean = sum(r["coverage"] for r in rows) / len(rows) if rows else 0.0
+    return CheckOutcome(bool(rows) and mean >= threshold, {"theme_coverage": mean, "threshold": threshold,
+                                                           "questions": len(rows)}, rows)
+
+
+def retrieval_outcome(rankings: Sequence[tuple[str, Sequence[str], Sequence[str]]], floor: float) -> CheckOutcome:
+    """rankings: (question, ranked titles, supporting titles). recall@5 averaged, against a floor."""
+    rows = [{"question": q, "recall_at_5": recall_at_k(ranked, gold, 5), "retrieved": list(ranked[:5])}
+            for q, ranked, gold in rankings]
+    mean = sum(r["recall_at_5"] for r in rows) / len(rows) if rows else 0.0
+    return CheckOutcome(bool(rows) and mean >= floor, {"recall_at_5": mean, "floor": floor, "questions": len(rows)}, rows)
+
+
+def probe_questions(settings: Settings, n: int = 8) -> list[str]:
+    """A fixed query set for any corpus: the questions file beside the source if any, else the top entities."""
+    qfile = source_file(settings, "questions.json")
+    if qfile:
+        return [q["question"] for q in json.loads(qfile.read_text())][:n]
+    from .warehouse import connect
+
+    with connect(settings, read_only=True) as con:
+        names = [r[0] for r in con.execute(
+            "SELECT name FROM entities WHERE namespace = ? ORDER BY mention_count DESC, degree DESC, name LIMIT ?",
+            [settings.namespace, n]).fetchall()]
+    return [f"What do the documents say about {name}?" for name in names]
+
+
+def source_file(settings: Settings, name: str) -> Path | None:
+    src = Path(settings.source)
+    path = (src if src.is_dir() else src.parent) / name
+    return path if path.exists() else None
+
+
+def bar_chart(values: dict[str, float], width: int = 20) -> str:
+    """A small text plot for Dagster metadata (markdown code block)."""
+    lines = [f"{k[:40]:<40} {'█' * round(max(0.0, min(v, 1.0)) * width):<{width}} {v:.2f}" for k, v in values.items()]
+    return "```\n" + "\n".join(lines) + "\n```"

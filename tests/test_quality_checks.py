@@ -1,0 +1,69 @@
+"""Issue 5: the benchmark asset checks pass on the sample index and fail on contexts/graphs built to violate them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
+from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.index import run_index
+from lazyhippo.quality import context_quality, retrieval_outcome, theme_coverage, themes_outcome
+from resources import LazyhippoResource
+
+
+def _ctx(chunks, tokens=100, citations=1):
+    return {"context": chunks, "context_tokens": tokens, "citations": [{"n": i + 1} for i in range(citations)]}
+
+
+def test_context_quality_fails_on_duplicates_budget_noise_and_missing_citations():
+    a = {"text": "Ada Fenwick founded the observatory.", "noise": None}
+    b = {"text": "Tomas Reyes succeeded her.", "noise": None}
+    assert context_quality([_ctx([a, b])], budget=200).passed
+    dup = context_quality([_ctx([a, dict(a)])], budget=200)
+    assert not dup.passed and dup.figures["duplicate_chunk_share"] == 0.5
+    assert not context_quality([_ctx([a, b], tokens=500)], budget=200).passed
+    noisy = context_quality([_ctx([a, {"text": "Name: ____", "noise": "form labels"}])], budget=200, max_noise_share=0.25)
+    assert not noisy.passed and noisy.figures["noise_chunk_share"] == 0.5
+    assert not context_quality([_ctx([a, b], citations=0)], budget=200).passed
+    assert not context_quality([], budget=200).passed
+
+
+def test_theme_coverage_and_retrieval_floor():
+    cov, missing = theme_coverage("The Marlow Observatory and ADA FENWICK.", ["Marlow Observatory", "Ada Fenwick", "River Sell"])
+    assert cov == pytest.approx(2 / 3) and missing == ["River Sell"]
+    assert not themes_outcome([("q", "nothing here", ["River Sell"])], 0.9).passed
+    assert themes_outcome([("q", "the river sell", ["River Sell"])], 0.9).passed
+    ok = retrieval_outcome([("q", ["A", "B", "C"], ["A", "C"])], floor=0.9)
+    assert ok.passed and ok.figures["recall_at_5"] == 1.0
+    assert not retrieval_outcome([("q", ["X", "Y"], ["A", "C"])], floor=0.5).passed
+
+
+def test_checks_pass_on_the_sample_index(sample_settings):
+    res = LazyhippoResource(home=str(sample_settings.home), source=str(SAMPLE_CORPUS))
+    for check in (context_quality_check, theme_coverage_check, retrieval_quality_check):
+        result = check(lazyhippo=res)
+        assert result.passed, (check.name, result.metadata)
+    ctx = context_quality_check(lazyhippo=res)
+    assert ctx.metadata["duplicate_chunk_share"].value == 0
+    assert ctx.metadata["over_budget_contexts"].value == 0
+
+
+def test_checks_fail_on_a_corpus_built_to_violate_them(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLE_CORPUS, src)
+    (src / "themes.json").write_text(json.dumps([{"question": "What are the themes?",
+                                                   "themes": ["quantum chromodynamics", "medieval falconry"]}]))
+    (src / "questions.json").write_text(json.dumps([{"question": "Who founded the Marlow Observatory?",
+                                                     "supporting_titles": ["No Such Passage", "Another Missing One"]}]))
+    settings = Settings(home=tmp_path / "home", source=str(src))
+    run_index(settings)
+    res = LazyhippoResource(home=str(settings.home), source=str(src))
+    themes = theme_coverage_check(lazyhippo=res)
+    assert not themes.passed and themes.metadata["theme_coverage"].value == 0
+    recall = retrieval_quality_check(lazyhippo=res)
+    assert not recall.passed and recall.metadata["recall_at_5"].value == 0
+    tight = LazyhippoResource(home=str(settings.home), source=str(src), noise_share_max=-1.0)
+    assert not context_quality_check(lazyhippo=tight).passed
