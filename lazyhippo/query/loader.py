@@ -296,8 +296,6 @@ def _mtime(db_path: Path) -> tuple[int, int]:
 
 def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIndex:
     """The cached GraphIndex of `settings`' namespace; built on first use and after the db file changes."""
-    from ..warehouse import connect
-
     params = params or GraphParams()
     db_path = Path(settings.db_path).resolve()
     if not db_path.exists():
@@ -308,8 +306,7 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-        with connect(settings, read_only=True) as con:
-            idx = build_index(con, settings.namespace, str(db_path), params)
+        idx = _build_with_retry(settings, str(db_path), params)
         stale = [k for k in _CACHE if k[:2] == key[:2]]
         for k in stale:
             del _CACHE[k]
@@ -317,6 +314,23 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
         while len(_CACHE) > _MAX_CACHED:
             _CACHE.popitem(last=False)
         return idx
+
+
+def _build_with_retry(settings: Settings, db_path: str, params: GraphParams, attempts: int = 5) -> GraphIndex:
+    """A writer (an index run) holds DuckDB's file lock: wait for it a little instead of failing at once."""
+    import duckdb
+
+    from ..warehouse import connect
+
+    for attempt in range(attempts):
+        try:
+            with connect(settings, read_only=True) as con:
+                return build_index(con, settings.namespace, db_path, params)
+        except duckdb.IOException:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def clear_cache() -> None:
