@@ -1,0 +1,47 @@
+"""The CLI launches Dagster jobs: runs are recorded in the instance that `dagster dev` reads."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+from typer.testing import CliRunner
+
+from pipelines.cli import app
+
+
+def test_index_then_query_from_the_cli_records_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    runner = CliRunner()
+    home = str(tmp_path / "idx")
+    out = runner.invoke(app, ["index", "--home", home])
+    assert out.exit_code == 0, out.output
+    status = runner.invoke(app, ["status", "--home", home, "--json"])
+    counts = json.loads(status.stdout.strip().splitlines()[-1])
+    assert counts["documents"] == 8 and counts["knn_edges"] > 0 and counts["community_summaries"] > 0
+    q = runner.invoke(app, ["query", "Who succeeded Ada Fenwick as director of the Marlow Observatory?",
+                            "--home", home, "--json", "--route", "local"])
+    assert q.exit_code == 0, q.output
+    data = json.loads(q.stdout[q.stdout.index("{"):])
+    assert data["route"] == "local" and data["citations"]
+    assert "Tomas Reyes" in {c["title"] for c in data["citations"]}
+    assert data["context_tokens"] <= 32000
+    instance = dg.DagsterInstance.from_config(str(tmp_path / "dagster"))
+    runs = {r.job_name: r for r in instance.get_runs()}
+    assert runs["index"].status == dg.DagsterRunStatus.SUCCESS
+    assert runs["query"].status == dg.DagsterRunStatus.SUCCESS
+    mats = instance.fetch_materializations(dg.AssetKey("entities"), limit=1).records
+    assert mats and mats[0].asset_materialization.metadata["dagster/row_count"].value > 0
+
+
+def test_query_without_index_fails_clearly(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    out = CliRunner().invoke(app, ["query", "anything", "--home", str(tmp_path / "empty")])
+    assert out.exit_code == 2 and "has no index yet" in " ".join(out.output.split())
+
+
+def test_index_of_missing_path_fails_clearly(tmp_path):
+    out = CliRunner().invoke(app, ["index", str(tmp_path / "nope"), "--home", str(tmp_path / "h")])
+    assert out.exit_code == 2 and "does not exist" in " ".join(out.output.split())
