@@ -1,0 +1,71 @@
+"""Fixtures for the tests that need the Neo4j+GDS and MinIO servers (`lazyhippo services start`).
+
+Import them into a test module (`from tests.services_fixtures import neo4j_store, minio_store, namespaces`).
+An unreachable server skips with the reason, or fails with it when CI is set or LAZYHIPPO_REQUIRE_SERVICES=1.
+Every test namespace is unique per session and removed from Neo4j and MinIO afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+_SESSION = uuid.uuid4().hex[:8]
+_CREATED: list[str] = []   # namespaces handed out; the server fixtures remove them at session end
+
+
+def unavailable(reason: str) -> None:
+    if os.environ.get("CI") or os.environ.get("LAZYHIPPO_REQUIRE_SERVICES") == "1":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def neo4j_store():
+    from lazyhippo.neo4j_store import Neo4jGraphStore
+
+    store = Neo4jGraphStore.from_env(connect_timeout=5)
+    try:
+        store.verify()
+    except Exception as exc:  # noqa: BLE001
+        store.close()
+        unavailable(f"Neo4j + GDS not usable ({exc}); start it with `lazyhippo services start neo4j`")
+    yield store
+    for ns in _CREATED:
+        try:
+            store.drop_namespace(ns)
+        except Exception:  # noqa: BLE001 - cleanup only
+            pass
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def minio_store():
+    from lazyhippo.minio_store import MinioObjectStore
+
+    store = MinioObjectStore.from_env(bucket=os.environ.get("LAZYHIPPO_TEST_BUCKET", "lazyhippo-test"),
+                                      timeout=5, retries=0)
+    try:
+        store.ensure_bucket()
+    except Exception as exc:  # noqa: BLE001
+        unavailable(f"MinIO not usable ({exc}); start it with `lazyhippo services start minio`")
+    yield store
+    for ns in _CREATED:
+        try:
+            store.delete_prefix(f"{ns}/")
+        except Exception:  # noqa: BLE001 - cleanup only
+            pass
+
+
+@pytest.fixture(scope="session")
+def namespaces():
+    """`namespaces("label")` -> a fresh namespace, removed from Neo4j and MinIO when the session ends."""
+
+    def new(label: str = "ns") -> str:
+        ns = f"test_{_SESSION}_{label}_{len(_CREATED)}"
+        _CREATED.append(ns)
+        return ns
+
+    return new
