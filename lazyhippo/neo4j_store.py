@@ -130,6 +130,8 @@ class Neo4jGraphStore:
         self._schema_ready = False
         self._lock = threading.RLock()
         self._warm: dict[tuple[str, str], str] = {}   # (namespace, weights key) -> projected graph name
+        self._warm_nodes: dict[str, int] = {}
+        self.ppr_concurrency: int | None = None       # None: 1 thread below 100k nodes (less overhead), else 4
         self.last_stats: dict = {}
         self._weighted_sources: bool | None = None   # does the server take [node, weight] source nodes?
 
@@ -602,16 +604,18 @@ class Neo4jGraphStore:
         version = self.graph_version(namespace) or "none"
         name = f"lh_ppr_{_slug(namespace)}_{version[:12]}_{w.key()}"
         key = (namespace, w.key())
-        if self._warm.get(key) == name and self.gds.graph.exists(name):
-            return name
+        if self._warm.get(key) == name:
+            return name  # a projection lost since (server restart) surfaces as an error and is rebuilt by ppr()
         with self._lock:
-            if not self.gds.graph.exists(name):
+            if not self.query("RETURN gds.graph.exists($name) AS e", {"name": name})[0]["e"]:
                 self.drop_ppr_projections(namespace)
                 try:
                     self._project_ppr(namespace, name, w)
                 except Neo4jStoreError as exc:
                     if "already exists" not in str(exc):  # another process projected it meanwhile
                         raise
+            rows = self.query("CALL gds.graph.list($name) YIELD nodeCount RETURN nodeCount", {"name": name})
+            self._warm_nodes[name] = int(rows[0]["nodeCount"]) if rows else 0
             self._warm[key] = name
         return name
 
@@ -662,7 +666,8 @@ class Neo4jGraphStore:
             RETURN collect([n, seed.w]) AS sources
         }
         CALL gds.pageRank.stream($name, {sourceNodes: sources, dampingFactor: $damping, maxIterations: $max_iter,
-                                         tolerance: $tol, relationshipWeightProperty: 'weight'})
+                                         tolerance: $tol, relationshipWeightProperty: 'weight', concurrency: $threads,
+                                         logProgress: false})
         YIELD nodeId, score
         WITH nodeId, score WHERE score > 0
         RETURN gds.util.asNode(nodeId).id AS id, score"""
@@ -679,7 +684,8 @@ class Neo4jGraphStore:
             WITH coalesce(e, c) AS n WHERE n IS NOT NULL
             WITH collect(n) AS sources WHERE size(sources) > 0
             CALL gds.pageRank.stream($name, {sourceNodes: sources, dampingFactor: $damping, maxIterations: $max_iter,
-                                             tolerance: $tol, relationshipWeightProperty: 'weight'})
+                                             tolerance: $tol, relationshipWeightProperty: 'weight',
+                                             concurrency: $threads, logProgress: false})
             YIELD nodeId, score
             RETURN nodeId, score
         }
@@ -690,7 +696,8 @@ class Neo4jGraphStore:
 
     _PLAIN_PR = """
         CALL gds.pageRank.stream($name, {dampingFactor: $damping, maxIterations: $max_iter, tolerance: $tol,
-                                         relationshipWeightProperty: 'weight'})
+                                         relationshipWeightProperty: 'weight', concurrency: $threads,
+                                         logProgress: false})
         YIELD nodeId, score
         RETURN gds.util.asNode(nodeId).id AS id, score"""
 
@@ -723,6 +730,7 @@ class Neo4jGraphStore:
         rows: list[dict] = []
         for attempt in (1, 2):
             params["name"] = self.warm_graph(namespace, weights)
+            params["threads"] = self.ppr_concurrency or (1 if self._warm_nodes.get(params["name"], 0) < 100_000 else 4)
             try:
                 if not seed_rows:
                     rows = self.query(self._PLAIN_PR, params)

@@ -31,7 +31,7 @@ def neo4j_store():
         store.verify()
     except Exception as exc:  # noqa: BLE001
         store.close()
-        unavailable(f"Neo4j + GDS not usable ({exc}); start it with `lazyhippo services start neo4j`")
+        unavailable(f"Neo4j + GDS not usable: {exc}")
     yield store
     for ns in _CREATED:
         try:
@@ -50,7 +50,7 @@ def minio_store():
     try:
         store.ensure_bucket()
     except Exception as exc:  # noqa: BLE001
-        unavailable(f"MinIO not usable ({exc}); start it with `lazyhippo services start minio`")
+        unavailable(f"MinIO not usable: {exc}")
     yield store
     for ns in _CREATED:
         try:
