@@ -7,6 +7,7 @@ Per-document stages (documents, chunks, extractions) are separable by document; 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Callable
@@ -284,11 +285,14 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
             ("community_summaries", lambda: build_community_summaries(settings, con, run_id)),
             ("exports", lambda: export_parquet(settings, con, objects, run_id)),
         ]
+        timings = out["seconds"] = {}
         for i, (name, step) in enumerate(steps):
             if progress:
                 progress("index", i, len(steps))
+            t0 = time.perf_counter()
             out[name] = step()
             store.sync(con, settings.namespace, name)
+            timings[name] = round(time.perf_counter() - t0, 2)
         if progress:
             progress("index", len(steps), len(steps))
     return out
