@@ -1,7 +1,8 @@
 -- Entities deduplicated by normalized name. The most frequent surface form names the entity, a title
--- anywhere makes it a TITLE entity, up to three distinct descriptions are merged. Reads `relations`.
+-- anywhere makes it a TITLE entity, up to three distinct descriptions are merged. Noun-phrase concepts
+-- (type CONCEPT only) seen in a single chunk are pruned: they link nothing and would dominate the graph.
 WITH raw AS (
-    SELECT lh_norm(name) AS norm_name, name, type, description
+    SELECT lh_norm(name) AS norm_name, name, type, description, chunk_id
     FROM extracted_entities
     WHERE namespace = $namespace AND lh_norm(name) <> ''
 ),
@@ -18,13 +19,18 @@ agg AS (
         array_to_string(list_slice(list(DISTINCT description ORDER BY description), 1, 3), ' | ') AS description,
         count(*) AS mention_count
     FROM raw GROUP BY norm_name
+    HAVING NOT (bool_and(type = 'CONCEPT') AND count(DISTINCT chunk_id) < 2)
+),
+pairs AS (
+    SELECT DISTINCT lh_norm(source) AS a, lh_norm(target) AS b
+    FROM extracted_relations WHERE namespace = $namespace
 ),
 deg AS (
-    SELECT id, count(*) AS degree FROM (
-        SELECT source_id AS id FROM relations WHERE namespace = $namespace
-        UNION ALL
-        SELECT target_id FROM relations WHERE namespace = $namespace
-    ) GROUP BY id
+    SELECT norm_name, count(DISTINCT other) AS degree FROM (
+        SELECT a AS norm_name, b AS other FROM pairs UNION ALL SELECT b, a FROM pairs
+    ) p
+    WHERE p.norm_name <> p.other AND p.other IN (SELECT norm_name FROM agg)
+    GROUP BY norm_name
 )
 SELECT
     $namespace AS namespace,
@@ -35,4 +41,4 @@ SELECT
     agg.description,
     agg.mention_count,
     coalesce(deg.degree, 0) AS degree
-FROM agg JOIN names USING (norm_name) LEFT JOIN deg ON deg.id = 'e_' || substr(sha256(agg.norm_name), 1, 16)
+FROM agg JOIN names USING (norm_name) LEFT JOIN deg USING (norm_name)

@@ -1,9 +1,19 @@
--- Facts: sentences that mention entities, linked to the normalized entity ids they name.
+-- Facts: sentences that mention entities, linked to the (kept) normalized entity ids they name.
+WITH named AS (
+    SELECT chunk_id, fact_idx, text, unnest(names) AS name
+    FROM extracted_facts WHERE namespace = $namespace
+),
+linked AS (
+    SELECT n.chunk_id, n.fact_idx, list(DISTINCT e.entity_id ORDER BY e.entity_id) AS entity_ids
+    FROM named n JOIN entities e ON e.namespace = $namespace AND e.entity_id = lh_entity_id(n.name)
+    WHERE lh_norm(n.name) <> ''
+    GROUP BY n.chunk_id, n.fact_idx
+)
 SELECT
     $namespace AS namespace,
-    'f_' || substr(sha256(chunk_id || '#' || fact_idx), 1, 16) AS fact_id,
-    chunk_id,
-    text,
-    list_distinct(list_transform(list_filter(names, lambda n: lh_norm(n) <> ''), lambda n: lh_entity_id(n))) AS entity_ids
-FROM extracted_facts
-WHERE namespace = $namespace
+    'f_' || substr(sha256(f.chunk_id || '#' || f.fact_idx), 1, 16) AS fact_id,
+    f.chunk_id,
+    f.text,
+    coalesce(l.entity_ids, []::VARCHAR[]) AS entity_ids
+FROM extracted_facts f LEFT JOIN linked l USING (chunk_id, fact_idx)
+WHERE f.namespace = $namespace

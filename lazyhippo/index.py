@@ -131,8 +131,8 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
 
 
 def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
-    """The SQL models, in dependency order: relations feed the entity degrees."""
-    return {m: run_sql_model(con, m, settings.namespace) for m in ("relations", "entities", "mentions", "facts")}
+    """The SQL models, in dependency order: the kept entities filter relations, mentions and facts."""
+    return {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
