@@ -8,6 +8,7 @@ strictly by the final score, and the rendered context never exceeds the budget (
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 
 from ..tokens import count_tokens
@@ -62,8 +63,11 @@ class ContextChunk:
         return asdict(self)
 
 
+@lru_cache(maxsize=65536)
 def noise_reason(text: str, min_content_words: int) -> str | None:
-    """'form' (label: ____ fields), 'heading' (a bare heading), 'empty' (almost no content words) or None."""
+    """'form' (label: ____ fields), 'heading' (a bare heading), 'empty' (almost no content words) or None.
+
+    Cached: it depends on the chunk text only, and the same chunks come back query after query."""
     blanks = len(_BLANK.findall(text)) if ("__" in text or "...." in text or "[" in text) else 0
     words = tokens(_BLANK.sub(" ", text)) if blanks else tokens(text)
     if blanks >= 2 and (len(words) <= 4 * blanks or len(_LABEL.findall(text)) >= 2):
