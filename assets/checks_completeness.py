@@ -19,11 +19,8 @@ from ._meta import md_table
 def _facts(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> Iterator[audit.GraphFacts]:
     namespace = lazyhippo.settings().namespace
     if graph_store.kind == "neo4j":
-        store = graph_store.open()
-        try:
+        with graph_store.session() as store:
             yield audit.Neo4jFacts(store, namespace)
-        finally:
-            store.close()
     else:
         with lazyhippo.warehouse() as con:
             yield audit.WarehouseFacts(con, namespace)

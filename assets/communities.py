@@ -10,13 +10,9 @@ from ._meta import md_table, scalars
           description="Leiden/Louvain communities over relations + KNN edges; every entity gets a community_id and a PageRank.")
 def communities(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
-    store = graph_store.open()
-    try:
-        with lazyhippo.warehouse() as con:
-            stats = build_communities(settings, con, store)
-            store.sync(con, settings.namespace, "communities")
-    finally:
-        store.close()
+    with graph_store.session() as store, lazyhippo.warehouse() as con:
+        stats = build_communities(settings, con, store)
+        store.sync(con, settings.namespace, "communities")
     dist = stats["size_distribution"]
     return dg.MaterializeResult(metadata={
         **scalars(stats), "dagster/row_count": stats["communities"], "graph_store": graph_store.kind,

@@ -11,13 +11,9 @@ from ._meta import md_table, scalars
 def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
                         graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
-    store = graph_store.open()
-    try:
-        with lazyhippo.warehouse() as con:
-            stats = build_community_summaries(settings, con, context.run.run_id)
-            store.sync(con, settings.namespace, "community_summaries")
-    finally:
-        store.close()
+    with graph_store.session() as store, lazyhippo.warehouse() as con:
+        stats = build_community_summaries(settings, con, context.run.run_id)
+        store.sync(con, settings.namespace, "community_summaries")
     rows = [(p["community_id"], p["size"], p["title"], p["summary"]) for p in stats["preview"]]
     return dg.MaterializeResult(metadata={**scalars(stats), "dagster/row_count": stats["summaries"],
                                           "largest_communities": md_table(rows, ["community", "size", "title", "summary"])})

@@ -16,19 +16,15 @@ from ._meta import preview
 def entity_graph_tables(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
     settings = lazyhippo.settings()
     ns = [settings.namespace]
-    store = graph_store.open()
-    try:
-        with lazyhippo.warehouse() as con:
-            counts = build_graph_tables(settings, con)
-            synced = store.sync(con, settings.namespace, "graph_tables")
-            top = preview(con, "SELECT name, type, mention_count, degree FROM entities WHERE namespace = ? "
-                          "ORDER BY mention_count DESC, degree DESC, name LIMIT 15", ns, ["entity", "type", "mentions", "degree"])
-            rels = preview(con, "SELECT a.name, b.name, r.weight, r.description FROM relations r "
-                           "JOIN entities a ON a.namespace = r.namespace AND a.entity_id = r.source_id "
-                           "JOIN entities b ON b.namespace = r.namespace AND b.entity_id = r.target_id "
-                           "WHERE r.namespace = ? ORDER BY r.weight DESC, 1, 2 LIMIT 15", ns, ["source", "target", "weight", "description"])
-    finally:
-        store.close()
+    with graph_store.session() as store, lazyhippo.warehouse() as con:
+        counts = build_graph_tables(settings, con)
+        synced = store.sync(con, settings.namespace, "graph_tables")
+        top = preview(con, "SELECT name, type, mention_count, degree FROM entities WHERE namespace = ? "
+                      "ORDER BY mention_count DESC, degree DESC, name LIMIT 15", ns, ["entity", "type", "mentions", "degree"])
+        rels = preview(con, "SELECT a.name, b.name, r.weight, r.description FROM relations r "
+                       "JOIN entities a ON a.namespace = r.namespace AND a.entity_id = r.source_id "
+                       "JOIN entities b ON b.namespace = r.namespace AND b.entity_id = r.target_id "
+                       "WHERE r.namespace = ? ORDER BY r.weight DESC, 1, 2 LIMIT 15", ns, ["source", "target", "weight", "description"])
     extra = {f"graph_store_{k}": v for k, v in synced.items()}
     yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts["entities"], "top_entities": top, **extra})
     yield dg.MaterializeResult(asset_key="relations", metadata={"dagster/row_count": counts["relations"], "strongest": rels})

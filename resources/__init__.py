@@ -68,6 +68,14 @@ class GraphStoreResource(dg.ConfigurableResource):
                                             knn_structural=self.knn_structural)
         return open_graph_store(self.kind)
 
+    @contextmanager
+    def session(self) -> Iterator[GraphStore]:
+        store = self.open()
+        try:
+            yield store
+        finally:
+            store.close()
+
     def ppr_backend(self, namespace: str):
         """None on the embedded store (in-process sparse PPR); gds.pageRank on a warm projection on Neo4j."""
         return self.open().ppr_backend(namespace) if self.kind == "neo4j" else None

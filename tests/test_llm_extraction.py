@@ -10,7 +10,7 @@ from lazyhippo.config import Settings
 from lazyhippo.index import run_index
 from lazyhippo.warehouse import connect
 
-from .fake_openai import FakeOpenAI
+from .loopback import FakeOpenAI
 
 GOOD = {"entities": [{"name": "Ada Fenwick", "type": "PERSON", "description": "An astronomer."},
                      {"name": "Marlow Observatory", "type": "ORG", "description": "An observatory."}],

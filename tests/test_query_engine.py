@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -27,17 +25,17 @@ from lazyhippo.query import (CircuitBreaker, ContextParams, GdsPPR, HttpReranker
 from lazyhippo.query.text import norm_key, sentences, strip_heading
 from lazyhippo.tokens import count_tokens
 
+from .loopback import LoopbackJSONServer
+
 SAMPLE_TITLES = {"Ada Fenwick", "Corran Shipping", "Eastbridge History", "Marlow Observatory", "River Sell",
                  "Sell Valley Railway", "Tomas Reyes", "Visitor Form"}
 SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
 DUPLICATED = "It was founded in 1931 by the astronomer Ada Fenwick with money from the Corran Shipping Company."
 
 
-@pytest.fixture(scope="module")
-def qsettings(tmp_path_factory) -> Settings:
-    settings = Settings(home=tmp_path_factory.mktemp("query_index"), source=str(SAMPLE_CORPUS))
-    run_index(settings)
-    return settings
+@pytest.fixture
+def qsettings(sample_settings) -> Settings:
+    return sample_settings
 
 
 @pytest.fixture(scope="module")
@@ -321,51 +319,25 @@ def test_rerank_timeout_falls_back(qsettings):
     assert "timeout" in res.diagnostics["rerank"]["status"] and stage.breaker.state == "open" and res.citations
 
 
-class _RerankServer:
+class _RerankServer(LoopbackJSONServer):
     """A loopback rerank API (Cohere/Jina response shape) whose behaviour each test scripts."""
 
     def __init__(self):
         self.mode = "ok"
-        self.requests: list[dict] = []
-        outer = self
+        super().__init__(self._route)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                if outer.mode == "error":
-                    self.send_response(503)
-                    self.end_headers()
-                    return
-                if outer.mode == "slow":
-                    time.sleep(0.6)
-                docs = body["documents"]
-                results = [{"index": i, "relevance_score": (1.0 if d.startswith("Tomas Reyes\n") else 0.1) - i * 1e-3}
-                           for i, d in enumerate(docs)]
-                raw = json.dumps({"results": sorted(results, key=lambda r: -r["relevance_score"])}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+    def _route(self, path: str, body: dict) -> tuple[int, dict]:
+        if self.mode == "error":
+            return 503, {"error": "unavailable"}
+        if self.mode == "slow":
+            time.sleep(0.6)
+        results = [{"index": i, "relevance_score": (1.0 if d.startswith("Tomas Reyes\n") else 0.1) - i * 1e-3}
+                   for i, d in enumerate(body["documents"])]
+        return 200, {"results": sorted(results, key=lambda r: -r["relevance_score"])}
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/rerank"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        return self.root + "/v1/rerank"
 
 
 def test_http_reranker_against_a_loopback_server(qsettings):

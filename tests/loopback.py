@@ -1,0 +1,72 @@
+"""Real HTTP servers on loopback, scripted per test (no network, no API key)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+Route = Callable[[str, dict], tuple[int, dict]]  # (path, JSON body) -> (status, JSON payload)
+
+
+class LoopbackJSONServer:
+    def __init__(self, route: Route):
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                status, payload = route(self.path, body)
+                raw = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeOpenAI(LoopbackJSONServer):
+    """An OpenAI-compatible endpoint: `reply(prompt) -> str` decides each chat completion."""
+
+    def __init__(self, reply: Callable[[str], str]):
+        self.prompts: list[str] = []
+        super().__init__(self._route)
+        self.reply = reply
+
+    @property
+    def base_url(self) -> str:
+        return self.root + "/v1"
+
+    def _route(self, path: str, body: dict) -> tuple[int, dict]:
+        if path.endswith("/embeddings"):
+            data = [{"object": "embedding", "index": i, "embedding": [float(len(t) % 7), 1.0, float(i)]}
+                    for i, t in enumerate(body["input"])]
+            return 200, {"object": "list", "data": data, "model": body["model"],
+                         "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        prompt = body["messages"][-1]["content"]
+        self.prompts.append(prompt)
+        return 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": self.reply(prompt)}}],
+                     "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}
