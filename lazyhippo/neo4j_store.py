@@ -138,6 +138,7 @@ class Neo4jGraphStore:
         self._lock = threading.RLock()
         self._warm: dict[tuple[str, str], str] = {}   # (namespace, weights key) -> projected graph name
         self._warm_nodes: dict[str, int] = {}
+        self._node_maps: dict[str, tuple[dict[str, int], dict[int, str]]] = {}
         self.ppr_concurrency: int | None = None       # None: 1 thread below 100k nodes (less overhead), else 4
         self.last_stats: dict = {}
         self._weighted_sources: bool | None = None   # does the server take [node, weight] source nodes?
@@ -175,8 +176,9 @@ class Neo4jGraphStore:
             why = f"{type(exc).__name__}: {exc}"
         return Neo4jStoreError(f"Neo4j at {self.uri}: {why} while {doing}")
 
-    def query(self, cypher: str, params: dict | None = None, write: bool = False) -> list[dict]:
-        """Run one parameterized statement in a managed transaction; rows as dicts."""
+    def query(self, cypher: str, params: dict | None = None, write: bool = False, raw: bool = False) -> list[dict]:
+        """Run one parameterized statement in a managed transaction; rows as dicts. `raw` skips the driver's
+        recursive value conversion: for rows of plain lists (PPR scores), where it costs more than the query."""
         import neo4j
 
         try:
@@ -191,7 +193,7 @@ class Neo4jGraphStore:
             if isinstance(exc, nx.Neo4jError) and not isinstance(exc, (nx.AuthError, nx.ServiceUnavailable)):
                 raise Neo4jStoreError(f"Neo4j at {self.uri}: {exc.code}: {exc.message}") from exc
             raise self._fail(exc, "running a query") from exc
-        return [r.data() for r in records]
+        return [dict(zip(r.keys(), r.values())) for r in records] if raw else [r.data() for r in records]
 
     def run_cypher(self, cypher: str, params: dict | None = None) -> list[dict]:
         """`run_cypher(query, params) -> list[dict]` as lazyhippo.query.ppr.GdsPPR expects (read mode)."""
@@ -677,42 +679,28 @@ class Neo4jGraphStore:
             del self._warm[key]
         return len(rows)
 
+    # Seeds and results travel as GDS node ids (the database's internal ids, mapped once per projection),
+    # so a query does no per-node MATCH or asNode lookup; near-zero scores are not sent back.
     _WEIGHTED_PPR = """
-        CALL () {
-            UNWIND $seeds AS seed
-            OPTIONAL MATCH (e:Entity {namespace: $ns, id: seed.id})
-            OPTIONAL MATCH (c:Chunk {namespace: $ns, id: seed.id})
-            WITH seed, coalesce(e, c) AS n WHERE n IS NOT NULL
-            RETURN collect([n, seed.w]) AS sources
-        }
-        CALL gds.pageRank.stream($name, {sourceNodes: sources, dampingFactor: $damping, maxIterations: $max_iter,
+        CALL gds.pageRank.stream($name, {sourceNodes: $sources, dampingFactor: $damping, maxIterations: $max_iter,
                                          tolerance: $tol, relationshipWeightProperty: 'weight', concurrency: $threads,
                                          logProgress: false})
         YIELD nodeId, score
-        WITH nodeId, score WHERE score > 0
-        RETURN gds.util.asNode(nodeId).id AS id, score"""
+        WITH nodeId, score WHERE score > $eps
+        RETURN collect(nodeId) AS nodes, collect(score) AS scores"""
 
-    # One PageRank per group of equal-weight seeds (GDS builds without weighted `sourceNodes` accept only plain
-    # node lists); PPR is linear in the personalization, so the weighted mix of the per-group distributions is
-    # the weighted PPR.
     _GROUPED_PPR = """
-        UNWIND $groups AS grp
-        CALL (grp) {
-            UNWIND grp.ids AS sid
-            OPTIONAL MATCH (e:Entity {namespace: $ns, id: sid})
-            OPTIONAL MATCH (c:Chunk {namespace: $ns, id: sid})
-            WITH coalesce(e, c) AS n WHERE n IS NOT NULL
-            WITH collect(n) AS sources WHERE size(sources) > 0
-            CALL gds.pageRank.stream($name, {sourceNodes: sources, dampingFactor: $damping, maxIterations: $max_iter,
-                                             tolerance: $tol, relationshipWeightProperty: 'weight',
-                                             concurrency: $threads, logProgress: false})
+        UNWIND range(0, size($groups) - 1) AS g
+        CALL (g) {
+            CALL gds.pageRank.stream($name, {sourceNodes: $groups[g], dampingFactor: $damping,
+                                             maxIterations: $max_iter, tolerance: $tol,
+                                             relationshipWeightProperty: 'weight', concurrency: $threads,
+                                             logProgress: false})
             YIELD nodeId, score
-            RETURN nodeId, score
+            WITH nodeId, score WHERE score > $eps
+            RETURN collect(nodeId) AS nodes, collect(score) AS scores
         }
-        WITH grp, collect([nodeId, score]) AS rows, sum(score) AS total
-        UNWIND rows AS row
-        WITH row[0] AS nodeId, sum(grp.w * row[1] / total) AS score WHERE score > 0
-        RETURN gds.util.asNode(nodeId).id AS id, score"""
+        RETURN g, nodes, scores"""
 
     _PLAIN_PR = """
         CALL gds.pageRank.stream($name, {dampingFactor: $damping, maxIterations: $max_iter, tolerance: $tol,
@@ -738,46 +726,70 @@ class Neo4jGraphStore:
             return [{"ids": [s["id"] for s in ss], "w": sum(s["w"] for s in ss)} for ss in buckets.values()]
         return [{"ids": ids, "w": w * len(ids)} for w, ids in by_w.items()]
 
+    def _node_map(self, namespace: str, name: str) -> tuple[dict[str, int], dict[int, str]]:
+        """Our ids <-> GDS node ids of a warm projection, fetched once per projection."""
+        cached = self._node_maps.get(name)
+        if cached is None:
+            rows = self.query("MATCH (n:Entity {namespace: $ns}) RETURN id(n) AS nid, n.id AS id "
+                              "UNION ALL MATCH (n:Chunk {namespace: $ns}) RETURN id(n) AS nid, n.id AS id",
+                              {"ns": namespace})
+            cached = self._node_maps[name] = ({r["id"]: r["nid"] for r in rows}, {r["nid"]: r["id"] for r in rows})
+        return cached
+
     def ppr(self, namespace: str, seeds: dict[str, float], damping: float = 0.5, max_iter: int = 50,
-            tol: float = 1e-6, weights: Any | None = None, max_groups: int = 16) -> dict[str, float]:
+            tol: float = 1e-6, weights: Any | None = None, max_groups: int = 2, eps: float = 1e-4) -> dict[str, float]:
         """Personalized PageRank from weighted seeds (`gds.pageRank.stream` with `sourceNodes`) over the warm
         entity+passage projection. Keys are entity and chunk ids; scores sum to 1. Seeds not in the graph are
         ignored; with no seed at all the result is plain PageRank. `damping` is the probability of following
         an edge. Servers without weighted source nodes get one run per distinct seed weight (at most
-        `max_groups`, beyond that weights are bucketed)."""
-        seed_rows = [{"id": str(k), "w": float(v)} for k, v in seeds.items() if v and v > 0]
-        params = {"ns": namespace, "damping": float(damping), "max_iter": int(max_iter), "tol": float(tol)}
-        rows: list[dict] = []
+        `max_groups`, beyond that weights are bucketed: PPR is linear in its seeds)."""
+        params = {"ns": namespace, "damping": float(damping), "max_iter": int(max_iter), "tol": float(tol),
+                  "eps": float(eps)}
         for attempt in (1, 2):
-            params["name"] = self.warm_graph(namespace, weights)
-            params["threads"] = self.ppr_concurrency or (1 if self._warm_nodes.get(params["name"], 0) < 100_000 else 4)
+            params["name"] = name = self.warm_graph(namespace, weights)
+            params["threads"] = self.ppr_concurrency or (1 if self._warm_nodes.get(name, 0) < 100_000 else 4)
+            to_nid, from_nid = self._node_map(namespace, name)
+            seed_rows = [{"id": to_nid[k], "w": float(v)} for k, v in seeds.items() if v and v > 0 and k in to_nid]
             try:
                 if not seed_rows:
                     rows = self.query(self._PLAIN_PR, params)
-                elif self._weighted_sources is not False:
+                    return self._normalized({r["id"]: float(r["score"]) for r in rows})
+                if self._weighted_sources is not False:
                     try:
-                        rows = self.query(self._WEIGHTED_PPR, {**params, "seeds": seed_rows})
+                        row = self.query(self._WEIGHTED_PPR, {**params, "sources": [[s["id"], s["w"]] for s in seed_rows]},
+                                         raw=True)[0]
                         self._weighted_sources = True
+                        return self._normalized({from_nid[n]: sc for n, sc in zip(row["nodes"], row["scores"]) if n in from_nid})
                     except Neo4jStoreError as exc:
                         if "sourceNodes" not in str(exc):
                             raise
                         self._weighted_sources = False
-                if seed_rows and self._weighted_sources is False:
-                    rows = self.query(self._GROUPED_PPR,
-                                      {**params, "groups": self._seed_groups(seed_rows, max_groups)})
-                break
+                groups = self._seed_groups(seed_rows, max_groups)
+                out: dict[str, float] = {}
+                for row in self.query(self._GROUPED_PPR, {**params, "groups": [g["ids"] for g in groups]}, raw=True):
+                    total = sum(row["scores"]) or 1.0
+                    w = groups[row["g"]]["w"]
+                    for n, sc in zip(row["nodes"], row["scores"]):
+                        if n in from_nid:
+                            out[from_nid[n]] = out.get(from_nid[n], 0.0) + w * sc / total
+                return self._normalized(out)
             except Neo4jStoreError as exc:
                 text = str(exc).lower()
                 if attempt == 2 or ("not found" not in text and "does not exist" not in text):
                     raise
                 self._warm.clear()  # the server lost the projection (restart, manual drop): project again
-        total = sum(float(r["score"]) for r in rows) or 1.0
-        return {r["id"]: float(r["score"]) / total for r in rows}
+                self._node_maps.clear()
+        return {}
 
-    def ppr_backend(self, namespace: str, max_seeds: int = 200, max_groups: int = 16) -> "Neo4jPPR":
+    @staticmethod
+    def _normalized(scores: dict[str, float]) -> dict[str, float]:
+        total = sum(scores.values()) or 1.0
+        return {k: v / total for k, v in scores.items()}
+
+    def ppr_backend(self, namespace: str, max_seeds: int = 200, max_groups: int = 2, max_iter_cap: int = 10) -> "Neo4jPPR":
         """A lazyhippo.query PPRBackend (`run(index, personalization, damping, tol, max_iter)`) backed by `ppr`;
         the projection uses the index's own GraphParams, so both graphs weigh edges alike."""
-        return Neo4jPPR(self, namespace, max_seeds, max_groups)
+        return Neo4jPPR(self, namespace, max_seeds, max_groups, max_iter_cap)
 
     def close(self) -> None:
         """Closes the driver; warm PPR projections stay in the GDS catalog for the next query process."""
@@ -792,17 +804,19 @@ class Neo4jPPR:
 
     name = "neo4j-gds"
 
-    def __init__(self, store: Neo4jGraphStore, namespace: str, max_seeds: int = 200, max_groups: int = 16):
+    def __init__(self, store: Neo4jGraphStore, namespace: str, max_seeds: int = 200, max_groups: int = 2,
+                 max_iter_cap: int = 10):
         self.store = store
         self.namespace = namespace
         self.max_seeds = max_seeds
         self.max_groups = max_groups
+        self.max_iter_cap = max_iter_cap  # GDS stops on per-node change, not L1: cap what the engine's tol allows
 
     def run(self, index, personalization, damping, tol, max_iter) -> np.ndarray:
         p = np.asarray(personalization, dtype=np.float64)
         order = np.argsort(-p)[: self.max_seeds]
         seeds = {index.node_ids[i]: float(p[i]) for i in order if p[i] > 0}
-        scores = self.store.ppr(self.namespace, seeds, damping=damping, max_iter=max_iter, tol=tol,
+        scores = self.store.ppr(self.namespace, seeds, damping=damping, max_iter=min(max_iter, self.max_iter_cap), tol=tol,
                                 weights=getattr(index, "graph_params", None), max_groups=self.max_groups)
         out = np.zeros(len(index.node_ids), dtype=np.float64)
         for node, score in scores.items():

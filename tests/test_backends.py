@@ -210,7 +210,7 @@ def test_gds_ppr_matches_the_embedded_ppr(runs: Runs, neo4j_store):
     p = np.zeros(len(idx.node_ids))
     p[0], p[3], p[idx.n_entities + 1] = 1.0, 0.4, 0.7  # two entities and a passage
     expected = personalized_pagerank(idx.transition, p, 0.5, 1e-10, 500, dangling=idx.dangling).scores
-    backend = neo4j_store.ppr_backend(runs.neo.namespace)
+    backend = neo4j_store.ppr_backend(runs.neo.namespace, max_groups=16, max_iter_cap=500)  # exact settings
     t0 = time.perf_counter()
     got = backend.run(idx, p, 0.5, 1e-10, 500)
     cold = time.perf_counter() - t0
@@ -224,6 +224,10 @@ def test_gds_ppr_matches_the_embedded_ppr(runs: Runs, neo4j_store):
                    if r["graphName"].startswith("lh_ppr_")]
     assert len([g for g in warm_graphs if runs.neo.namespace.replace("-", "_") in g]) == 1
     print(f"PPR cold {cold:.3f}s warm {warm:.3f}s")
+    # the fast default (seed weights in 2 groups, 10 iterations) keeps the head of the ranking
+    fast = neo4j_store.ppr_backend(runs.neo.namespace).run(idx, p, 0.5, 1e-10, 500)
+    assert len(set(np.argsort(-fast)[:5]) & set(np.argsort(-expected)[:5])) >= 4
+    assert np.abs(fast - expected).sum() < 0.3
 
 
 @pytest.mark.services
