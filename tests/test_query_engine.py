@@ -490,3 +490,12 @@ def test_cross_encoder_reranker_loads_from_a_local_path(qsettings):
     assert len(scores) == 2 and all(isinstance(s, float) for s in scores)
     res = _offline(qsettings, SUCCESSOR_Q, route="local", reranker=RerankStage(reranker, timeout=30))
     assert res.diagnostics["rerank"]["status"] == "ok" and res.citations
+
+
+def test_extractive_answer_names_the_passage_of_a_pronoun_sentence(qsettings):
+    from lazyhippo.query.answer import _anchored
+
+    assert _anchored("He studied under Ada Fenwick.", "Tomas Reyes") == "Tomas Reyes: He studied under Ada Fenwick."
+    assert _anchored("Hence the name.", "X") == "Hence the name."
+    res = _offline(qsettings, SUCCESSOR_Q, route="local")
+    assert "Tomas Reyes: He studied under Ada Fenwick" in res.answer

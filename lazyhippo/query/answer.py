@@ -210,7 +210,7 @@ def extractive_answer(question: str, context: list[ContextChunk], embedder, n_se
         for s in sentences(c.text):
             s = _clean_sentence(s, c.section)
             if len(tokens(s)) >= 3:
-                pool.append((s, c.n, rank))
+                pool.append((_anchored(s, c.title), c.n, rank))
     if not pool:
         return NO_ANSWER, []
     vecs = embedder.embed([question] + [s for s, _, _ in pool])
@@ -232,6 +232,14 @@ def extractive_answer(question: str, context: list[ContextChunk], embedder, n_se
         if len(picked) >= n_sentences:
             break
     return " ".join(picked), cited
+
+
+_PRONOUN_START = re.compile(r"^(?:He|She|It|They|His|Her|Its|Their|This|These)\b")
+
+
+def _anchored(sentence: str, title: str) -> str:
+    """A sentence lifted out of its passage loses its subject: name the passage when it opens with a pronoun."""
+    return f"{title}: {sentence}" if _PRONOUN_START.match(sentence) and title else sentence
 
 
 _CITE = re.compile(r"\[(\d+)\]")
