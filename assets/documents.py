@@ -1,16 +1,17 @@
 import dagster as dg
 
 from lazyhippo.index import ingest_documents
-from resources import LazyhippoResource
+from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import md_table, preview, scalars
 
 
 @dg.asset(group_name="per_document", description="Documents read from the source folder, with stable ids and content hashes.")
-def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource) -> dg.MaterializeResult:
+def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
-    with lazyhippo.warehouse() as con:
+    with graph_store.session() as store, lazyhippo.warehouse() as con:
         stats = ingest_documents(settings, con)
+        store.sync(con, settings.namespace, "documents")
         table = preview(con, "SELECT doc_id, title, kind, source, n_chars FROM documents WHERE namespace = ? ORDER BY source LIMIT 20",
                         [settings.namespace], ["doc_id", "title", "kind", "source", "chars"])
     for err in stats["errors"]:

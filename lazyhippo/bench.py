@@ -150,7 +150,7 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
             from .warehouse import connect
 
             with connect(settings) as con:
-                for stage in ("graph_tables", "knn_edges", "communities", "community_summaries"):
+                for stage in ("documents", "chunks", "graph_tables", "knn_edges", "communities", "community_summaries"):
                     store.sync(con, settings.namespace, stage)
             ppr = store.ppr_backend(settings.namespace)
         answer_question(settings, questions[0]["question"], route=routes[0], ppr=ppr)  # load + warm

@@ -376,14 +376,13 @@ class Neo4jGraphStore:
     def sync(self, con, namespace: str, stage: str) -> dict:
         """Push the warehouse rows of `stage` to Neo4j (merge + delete stale); figures for metadata.
 
-        `graph_tables` also pushes documents and chunks: Dagster assets sync from the graph tables on, so the
-        Document/Chunk nodes must not depend on the per-document assets syncing. Entity embeddings are written
-        by `knn()` (it receives them), so `embeddings` is a no-op here.
+        Each stage pushes only what it produced. Entity embeddings are written by `knn()` (it receives them),
+        so `embeddings` is a no-op here.
         """
         steps = {
             "documents": (self._sync_documents,),
-            "chunks": (self._sync_documents, self._sync_chunks),
-            "graph_tables": (self._sync_documents, self._sync_chunks, self._sync_entities),
+            "chunks": (self._sync_chunks,),
+            "graph_tables": (self._sync_entities,),
             "knn_edges": (self._sync_knn,),
             "communities": (self._sync_communities,),
             "community_summaries": (self._sync_summaries,),

@@ -54,7 +54,7 @@ def build_graph(con, ns: str) -> None:
                                                           "hub_entities": ["E1"]} for c in ("k_0", "k_1")], ns))
 
 
-SYNC_STAGES = ("graph_tables", "knn_edges", "communities", "community_summaries")
+SYNC_STAGES = ("documents", "chunks", "graph_tables", "knn_edges", "communities", "community_summaries")
 
 
 @dataclass
