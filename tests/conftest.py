@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -24,10 +23,3 @@ def wiki_dataset() -> Path:
     if not (SHARED / "corpus.jsonl").exists():
         pytest.skip(f"shared 2WikiMultiHopQA dataset not found at {SHARED} (only present beside the project checkout)")
     return SHARED
-
-
-def require_or_skip(reason: str) -> None:
-    """In CI (or when asked) a missing prerequisite fails with its reason; elsewhere it skips."""
-    if os.environ.get("CI") or os.environ.get("LAZYHIPPO_REQUIRE_SERVICES") == "1":
-        pytest.fail(reason)
-    pytest.skip(reason)
