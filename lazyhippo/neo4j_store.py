@@ -29,6 +29,7 @@ import math
 import os
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -139,6 +140,7 @@ class Neo4jGraphStore:
         self._warm: dict[tuple[str, str], str] = {}   # (namespace, weights key) -> projected graph name
         self._warm_nodes: dict[str, int] = {}
         self._node_maps: dict[str, tuple[dict[str, int], dict[int, str]]] = {}
+        self._versions: dict[str, tuple[str, float]] = {}  # namespace -> (graph version, when asked)
         self.ppr_concurrency: int | None = None       # None: 1 thread below 100k nodes (less overhead), else 4
         self.last_stats: dict = {}
         self._weighted_sources: bool | None = None   # does the server take [node, weight] source nodes?
@@ -289,6 +291,7 @@ class Neo4jGraphStore:
     def _bump_version(self, ns: str, token: str) -> None:
         self.query("MERGE (s:LazyhippoState {namespace: $ns}) SET s.graph_version = $token, s.updated_at = datetime()",
                    {"ns": ns, "token": token}, write=True)
+        self._versions.pop(ns, None)
 
     def graph_version(self, namespace: str) -> str | None:
         rows = self.query("MATCH (s:LazyhippoState {namespace: $ns}) RETURN s.graph_version AS v", {"ns": namespace})
@@ -618,11 +621,20 @@ class Neo4jGraphStore:
 
     # ------------------------------------------------------------------ query-time PPR
 
+    def _recent_version(self, namespace: str, ttl: float = 2.0) -> str:
+        """The graph version, asked of the server at most every `ttl` seconds: a round trip per query
+        otherwise, while a reindex takes far longer than the delay it adds to noticing it."""
+        now = time.monotonic()
+        seen = self._versions.get(namespace)
+        if seen is None or now - seen[1] > ttl:
+            seen = self._versions[namespace] = (self.graph_version(namespace) or "none", now)
+        return seen[0]
+
     def warm_graph(self, namespace: str, weights: Any | None = None) -> str:
         """Name of the kept-warm entity+passage projection of `namespace`, projecting it when the graph version
         changed (or the server lost it). Edge weights follow `weights` (GraphParams-like; see PPRWeights)."""
         w = PPRWeights.of(weights)
-        version = self.graph_version(namespace) or "none"
+        version = self._recent_version(namespace)
         name = f"lh_ppr_{_slug(namespace)}_{version[:12]}_{w.key()}"
         key = (namespace, w.key())
         if self._warm.get(key) == name:
