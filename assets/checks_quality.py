@@ -14,6 +14,16 @@ from resources import LazyhippoResource
 from ._meta import md_table
 
 
+def _beside_source(settings, name: str) -> list | None:
+    """The JSON file `name` beside the indexed source, or None (the check then passes as skipped)."""
+    path = source_file(settings, name)
+    return json.loads(path.read_text()) if path else None
+
+
+def _skipped(name: str) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(passed=True, metadata={"skipped": f"no {name} beside the source"})
+
+
 def _result(outcome, extra: dict | None = None) -> dg.AssetCheckResult:
     meta = {k: v for k, v in outcome.figures.items() if isinstance(v, (int, float))}
     return dg.AssetCheckResult(passed=outcome.passed, metadata={**meta, **(extra or {})})
@@ -42,10 +52,9 @@ def theme_coverage_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
     from lazyhippo.query import answer_question
 
     settings = lazyhippo.settings()
-    tfile = source_file(settings, "themes.json")
-    if tfile is None:
-        return dg.AssetCheckResult(passed=True, metadata={"skipped": "no themes.json beside the source"})
-    items = json.loads(tfile.read_text())
+    items = _beside_source(settings, "themes.json")
+    if items is None:
+        return _skipped("themes.json")
     per_q = []
     for item in items:
         res = answer_question(settings, item["question"], route="global", budget=lazyhippo.check_budget, llm=None)
@@ -63,10 +72,9 @@ def retrieval_quality_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult
     from lazyhippo.query import retrieve
 
     settings = lazyhippo.settings()
-    qfile = source_file(settings, "questions.json")
-    if qfile is None:
-        return dg.AssetCheckResult(passed=True, metadata={"skipped": "no questions.json beside the source"})
-    questions = json.loads(qfile.read_text())
+    questions = _beside_source(settings, "questions.json")
+    if questions is None:
+        return _skipped("questions.json")
     rankings = [(q["question"], [c.title for c in retrieve(settings, q["question"], route="local", top_k=8)],
                  q["supporting_titles"]) for q in questions]
     outcome = retrieval_outcome(rankings, lazyhippo.recall_at_5_min)

@@ -46,11 +46,11 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
              "content_hash": d.content_hash, "n_chars": len(d.text),
              "sections": json.dumps([s.__dict__ for s in d.sections])} for d in docs]
     ids = {r["doc_id"] for r in rows}
-    kept = [dict(zip(cols, r)) for r in con.execute(
-        f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()
-        if r[1].split("#")[0] in failed_files and r[0] not in ids]
+    previous = [dict(zip(cols, r)) for r in con.execute(
+        f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
+    before = {r["doc_id"]: r["content_hash"] for r in previous}
+    kept = [r for r in previous if r["source"].split("#")[0] in failed_files and r["doc_id"] not in ids]
     rows += kept
-    before = dict(con.execute("SELECT doc_id, content_hash FROM documents WHERE namespace = ?", [ns]).fetchall())
     replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
     replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
