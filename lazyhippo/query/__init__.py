@@ -11,7 +11,7 @@ from .config import (DEFAULT_CONFIG, ContextParams, GlobalParams, GraphParams, H
                      QueryConfig)
 from .context import ContextChunk, assemble_context, noise_reason, render_context
 from .loader import GraphIndex, clear_cache, load_index
-from .ppr import EmbeddedPPR, GdsPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
+from .ppr import EmbeddedPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
 from .rerank import CircuitBreaker, CrossEncoderReranker, HttpReranker, Reranker, RerankError, RerankStage
 from .routes import ROUTES, auto_route, classify_query, split_question
 from .types import PreparedQuery, ScoredChunk
@@ -19,7 +19,7 @@ from .types import PreparedQuery, ScoredChunk
 __all__ = [
     "answer_question", "retrieve", "QueryResult", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
     "GraphParams", "LocalParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex", "load_index",
-    "clear_cache", "PPRBackend", "EmbeddedPPR", "GdsPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
+    "clear_cache", "PPRBackend", "EmbeddedPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
     "Reranker", "RerankStage", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
     "assemble_context", "render_context", "noise_reason", "extractive_answer", "NO_ANSWER", "ROUTES",
     "auto_route", "classify_query", "split_question", "PreparedQuery",

@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..config import Settings
-from .config import GraphParams
+from ..passage_graph import GraphParams, passage_adjacency
 from .ppr import transition_matrix
 from .text import norm_key, tokens
 
@@ -203,33 +203,14 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
 
     # graph: entities then chunks
     n = n_e + n_p
-    rows, cols, vals = [], [], []
-    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns "
-                     "AND coalesce(weight, 1.0) >= $minw", {**ns, "minw": params.relation_min_weight}).to_pydict()
-    skip = {i for i, t in enumerate(en["type"]) if t in params.relation_skip_types} if params.relation_skip_types else set()
-    for a, b, w in zip(rl["source_id"], rl["target_id"], rl["weight"]):
-        i, j = entity_pos.get(a), entity_pos.get(b)
-        if i is None or j is None or i == j or i in skip or j in skip:
-            continue
-        w = params.relation_weight * min(float(w or 1.0), params.relation_cap)
-        rows += [i, j]; cols += [j, i]; vals += [w, w]
-    kn = _table(con, "SELECT source_id, target_id, score FROM knn_edges WHERE namespace = $ns AND score >= $m",
-                {**ns, "m": params.synonym_min_score}).to_pydict()
-    for a, b, s in zip(kn["source_id"], kn["target_id"], kn["score"]):
-        i, j = entity_pos.get(a), entity_pos.get(b)
-        if i is None or j is None or i == j:
-            continue
-        w = params.synonym_weight * float(s)
-        rows += [i, j]; cols += [j, i]; vals += [w, w]
+    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns", ns).to_pydict()
+    kn = _table(con, "SELECT source_id, target_id, score FROM knn_edges WHERE namespace = $ns", ns).to_pydict()
     mc = mentions.tocoo()
-    mw = params.mention_weight * np.log1p(mc.data)
-    is_title = title_entity[mc.row] == mc.col
-    mw = mw + params.title_mention_weight * is_title
-    rows = np.concatenate([np.asarray(rows, dtype=np.int64), mc.row + n_e, mc.col])
-    cols = np.concatenate([np.asarray(cols, dtype=np.int64), mc.col, mc.row + n_e])
-    vals = np.concatenate([np.asarray(vals, dtype=np.float64), mw, mw])
-    adjacency = sp.csr_matrix((vals, (rows, cols)), shape=(n, n))  # duplicates are summed
-    adjacency.sum_duplicates()
+    adjacency = passage_adjacency(
+        params, n_e, n_p, en["type"],
+        ((entity_pos.get(a), entity_pos.get(b), w) for a, b, w in zip(rl["source_id"], rl["target_id"], rl["weight"])),
+        ((entity_pos.get(a), entity_pos.get(b), s) for a, b, s in zip(kn["source_id"], kn["target_id"], kn["score"])),
+        mc, title_entity[mc.row] == mc.col)
     transition, dangling = transition_matrix(adjacency)
 
     bm25, vocab = _bm25([f"{t or ''}\n{x}" for t, x in zip(ch["title"], ch["text"])])
