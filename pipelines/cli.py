@@ -91,7 +91,7 @@ def status(home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
 
 @app.command("query")
 def query_cmd(question: str = typer.Argument(..., help="The question."),
-              route: str = typer.Option("auto", help="local | global | drift | hybrid | auto"),
+              route: str = typer.Option("auto", help="local | global | drift | hybrid | multi_hop | auto"),
               top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
               as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
               home: Optional[Path] = HomeOpt, namespace: str = NsOpt,

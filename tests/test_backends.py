@@ -207,9 +207,9 @@ def test_gds_ppr_matches_the_embedded_ppr(runs: Runs, neo4j_store):
     from lazyhippo.query.ppr import personalized_pagerank
 
     idx = load_index(runs.neo)
-    p = np.zeros(len(idx.node_ids))
+    p = np.zeros(len(idx.graph.node_ids))
     p[0], p[3], p[idx.n_entities + 1] = 1.0, 0.4, 0.7  # two entities and a passage
-    expected = personalized_pagerank(idx.transition, p, 0.5, 1e-10, 500, dangling=idx.dangling).scores
+    expected = personalized_pagerank(idx.graph.transition, p, 0.5, 1e-10, 500, dangling=idx.graph.dangling).scores
     backend = neo4j_store.ppr_backend(runs.neo.namespace, max_groups=16, max_iter_cap=500)  # exact settings
     t0 = time.perf_counter()
     got = backend.run(idx, p, 0.5, 1e-10, 500)

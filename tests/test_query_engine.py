@@ -79,7 +79,7 @@ def test_every_route_returns_cited_chunks(qsettings, route):
     assert res.context and res.citations
     assert {c.title for c in res.context} <= SAMPLE_TITLES
     for c in res.context:
-        assert c.chunk_id in idx.chunk_pos and c.source and c.doc_id
+        assert c.chunk_id in idx.chunks.pos and c.source and c.doc_id
         assert c.tokens == count_tokens(c.render()) and c.tokens > 0
     cited = [int(n) for n in re.findall(r"\[(\d+)\]", res.answer)]
     assert cited and set(cited) <= {c.n for c in res.context}
@@ -114,7 +114,7 @@ def test_global_route_maps_communities_and_drops_irrelevant_ones(qsettings):
     assert len(kept) >= 2
     assert res.answer.count("\n") + 1 >= 2  # one reduced line per kept community
     specific = _offline(qsettings, "Which shipping firm carried grain to the Baltic ports?", route="global")
-    assert 1 <= len(specific.diagnostics["communities"]) < len(load_index(qsettings).community_ids)
+    assert 1 <= len(specific.diagnostics["communities"]) < len(load_index(qsettings).communities.ids)
     assert any("Corran" in c.title or "Corran" in c.text for c in specific.context)
 
 
@@ -179,7 +179,7 @@ def test_dedup_leaves_no_duplicate_content(qsettings):
 
 def test_same_chunk_and_same_content_appear_once_with_best_score(qsettings):
     idx = load_index(qsettings)
-    c = idx.chunk_pos[retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=1)[0].chunk_id]
+    c = idx.chunks.pos[retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=1)[0].chunk_id]
     a = ScoredChunk.from_index(idx, c, 0.2, "local")
     b = ScoredChunk.from_index(idx, c, 0.7, "local")            # same chunk reached another way
     twin = ScoredChunk.from_index(idx, c, 0.5, "local")
@@ -408,8 +408,8 @@ def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
 
     def fake_ppr(index, personalization, damping, tol, max_iter):
         calls.append((damping, float(personalization.sum())))
-        scores = np.zeros(len(index.node_ids))
-        scores[index.node_pos[index.chunk_ids[idx.titles.index("River Sell")]]] = 1.0
+        scores = np.zeros(len(index.graph.node_ids))
+        scores[index.graph.node_pos[index.chunks.ids[idx.chunks.titles.index("River Sell")]]] = 1.0
         return scores
 
     cfg = QueryConfig().with_(local={"damping": 0.6, "dense_tiebreak": 0.0})
@@ -421,8 +421,8 @@ def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
 
     def run_cypher(query, params):  # what a Neo4j session would answer to gds.pageRank.stream
         rows_seen.update(params)
-        return [{"id": idx.chunk_ids[idx.titles.index("Tomas Reyes")], "score": 3.0},
-                {"id": idx.entity_ids[0], "score": 1.0}, {"id": "not-in-index", "score": 5.0}]
+        return [{"id": idx.chunks.ids[idx.chunks.titles.index("Tomas Reyes")], "score": 3.0},
+                {"id": idx.entities.ids[0], "score": 1.0}, {"id": "not-in-index", "score": 5.0}]
 
     gds = GdsPPR(run_cypher, graph_name="lh_default")
     res = _offline(qsettings, SUCCESSOR_Q, route="local", config=cfg, ppr=gds)
@@ -469,7 +469,7 @@ def test_index_is_loaded_once_per_db_version(qsettings):
     st = os.stat(qsettings.db_path)
     os.utime(qsettings.db_path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     b = load_index(qsettings)
-    assert b is not a and b.chunk_ids == a.chunk_ids
+    assert b is not a and b.chunks.ids == a.chunks.ids
 
 
 def test_local_route_is_fast_on_the_loaded_index(qsettings):
