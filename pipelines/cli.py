@@ -117,6 +117,35 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
 
 
+@app.command()
+def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopback: LAZYHIPPO_API_KEY is required)."),
+          port: int = typer.Option(8000), home: Optional[Path] = HomeOpt,
+          max_body_bytes: int = typer.Option(64 * 1024, help="Largest request body accepted."),
+          max_question_chars: int = typer.Option(2000), max_budget: int = typer.Option(32000, help="Largest context budget.")) -> None:
+    """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics."""
+    from .api import Limits, api_key_for, serve as run_server
+
+    try:
+        api_key_for(host)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    root = _home(home)
+    if not Settings(home=root).db_path.exists():
+        console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
+    console.print(f"serving {root} on http://{host}:{port} (docs at /docs)")
+    run_server(Settings(home=root), host, port, Limits(max_body_bytes=max_body_bytes, max_question_chars=max_question_chars,
+                                                       max_budget=max_budget))
+
+
+@app.command("mcp")
+def mcp_cmd(home: Optional[Path] = HomeOpt) -> None:
+    """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve and lazyhippo_namespaces."""
+    from .mcp_server import run_stdio
+
+    run_stdio(Settings(home=_home(home)))
+
+
 @app.command(context_settings={"allow_extra_args": True})
 def services(action: str = typer.Argument(..., help="install | start | stop | status"),
              service: Optional[str] = typer.Argument(None, help="neo4j | minio (default both)")) -> None:

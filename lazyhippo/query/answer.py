@@ -77,27 +77,30 @@ def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConf
 
 
 def retrieve(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
-             config: QueryConfig | None = None, ppr=None, embedder=None, llm=None) -> list[ScoredChunk]:
-    """Ranked chunks (with document title, scores and citation metadata) without answer synthesis."""
+             config: QueryConfig | None = None, ppr=None, embedder=None, llm=None,
+             index: GraphIndex | None = None) -> list[ScoredChunk]:
+    """Ranked chunks (with document title, scores and citation metadata) without answer synthesis.
+    `index` is an already loaded index to use (a server's warm one); by default the cached one is loaded."""
     cfg = config or DEFAULT_CONFIG
-    idx = load_index(settings, cfg.graph)
+    idx = index or load_index(settings, cfg.graph)
     _, _, out = _retrieve(idx, question, route, top_k, cfg, _embedder(settings, embedder), ppr, llm)
     return out.chunks[:top_k]
 
 
 def answer_question(settings: Settings, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
                     *, config: QueryConfig | None = None, reranker: RerankStage | None = None, llm="auto", ppr=None,
-                    embedder=None) -> QueryResult:
+                    embedder=None, index: GraphIndex | None = None) -> QueryResult:
     """Answer `question` from the index of `settings`: route -> (rerank) -> context assembly -> answer.
 
     `llm="auto"` uses the configured OpenAI-compatible endpoint if any (else extractive); pass None to
     force the offline answer or an LLM object to use it. `reranker` is a RerankStage (breaker included).
-    `ppr` is a PPRBackend (or function) replacing the embedded power iteration, e.g. Neo4j GDS.
+    `ppr` is a PPRBackend (or function) replacing the embedded power iteration, e.g. Neo4j GDS. `index` is
+    an already loaded index (a server's warm one, kept for the whole call even if a newer one is swapped in).
     """
     cfg = config or DEFAULT_CONFIG
     t = {}
     t0 = time.perf_counter()
-    idx = load_index(settings, cfg.graph)
+    idx = index or load_index(settings, cfg.graph)
     t["load_ms"] = (time.perf_counter() - t0) * 1000
     emb = _embedder(settings, embedder)
     model = _resolve_llm(settings, llm)

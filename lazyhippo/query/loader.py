@@ -388,7 +388,8 @@ _LOCK = threading.Lock()
 _MAX_CACHED = 4
 
 
-def _mtime(db_path: Path) -> tuple[int, int]:
+def db_version(db_path: Path) -> tuple[int, int]:
+    """Modification times of the warehouse file and its write-ahead log: changes whenever a run writes."""
     st = db_path.stat()
     wal = db_path.with_name(db_path.name + ".wal")
     return st.st_mtime_ns, (wal.stat().st_mtime_ns if wal.exists() else 0)
@@ -400,7 +401,7 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
     db_path = Path(settings.db_path).resolve()
     if not db_path.exists():
         raise FileNotFoundError(f"no warehouse at {db_path}: build an index first")
-    key = (str(db_path), settings.namespace, _mtime(db_path), params)
+    key = (str(db_path), settings.namespace, db_version(db_path), params)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
