@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .config import Settings
 from .embedding import get_embedder
-from .query import DEFAULT_CONFIG, GraphIndex, QueryConfig, QueryResult, answer_question, load_index
+from .query import (DEFAULT_CONFIG, GraphIndex, QueryConfig, QueryResult, ScoredChunk, answer_question, load_index,
+                    retrieve)
 from .query.loader import db_version
 from .query.routes import check_route
 
@@ -93,6 +94,12 @@ class IndexPool:
         warm = self.get(namespace)
         return answer_question(warm.settings, question, route=route, top_k=top_k, budget=budget, config=self.config,
                                llm=llm, embedder=self.embedder, index=warm.index)
+
+    def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8) -> list[ScoredChunk]:
+        check_route(route)
+        warm = self.get(namespace)
+        return retrieve(warm.settings, question, route=route, top_k=top_k, config=self.config, embedder=self.embedder,
+                        index=warm.index)
 
     # ------------------------------------------------------------ loading and swapping
 
