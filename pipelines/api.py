@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import logging
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -235,13 +236,25 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
     return app
 
 
-def serve(settings, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits()) -> None:
-    """Load the warm indexes, then serve until interrupted (uvicorn, one process, queries on its thread pool)."""
+SERVE_ENV = "LAZYHIPPO_SERVE_CONFIG"
+
+
+def serve(settings, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(), workers: int = 1) -> None:
+    """Load the warm indexes, then serve until interrupted. One worker process serves queries on its thread
+    pool; more workers (each with its own warm indexes) use more cores for the CPU-bound query work."""
     import uvicorn
 
-    key = api_key_for(host)
-    pool = IndexPool(settings).start()
-    try:
-        uvicorn.run(create_app(pool, key, limits), host=host, port=port, log_level="warning", access_log=False)
-    finally:
-        pool.stop()
+    api_key_for(host)
+    os.environ[SERVE_ENV] = json.dumps({"home": str(settings.home), "limits": asdict(limits), "host": host})
+    uvicorn.run("pipelines.api:app_from_env", factory=True, host=host, port=port, workers=workers,
+                log_level="warning", access_log=False)
+
+
+def app_from_env() -> FastAPI:
+    """The app of one server worker, configured by `serve` through the environment (uvicorn starts workers by
+    import string)."""
+    from lazyhippo.config import Settings
+
+    cfg = json.loads(os.environ[SERVE_ENV])
+    pool = IndexPool(Settings(home=Path(cfg["home"]))).start()
+    return create_app(pool, api_key_for(cfg["host"]), Limits(**cfg["limits"]))

@@ -252,3 +252,15 @@ def test_serve_command_on_loopback_with_an_api_key(home, tmp_path):
     out = subprocess.run([sys.executable, "-c", "from pipelines.cli import app; app()", "serve", "--home", str(home),
                           "--host", "0.0.0.0"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "LAZYHIPPO_API_KEY" in out.stderr
+
+
+def test_load_generator_counts_requests_and_errors(pool):
+    from lazyhippo.bench_serve import run_load
+
+    with running(pool) as url:
+        good = run_load(url, [SUCCESSOR_Q, NEW_Q], "local", clients=2, seconds=1.0, warmup=1)
+        bad = run_load(url, [SUCCESSOR_Q], "fastest", clients=2, seconds=0.5, warmup=0)
+        paced = run_load(url, [SUCCESSOR_Q], "local", clients=2, seconds=1.0, warmup=0, rate=10)
+    assert good.requests > 0 and good.errors == 0 and good.p50_ms > 0 and good.p99_ms >= good.p95_ms >= good.p50_ms
+    assert bad.requests > 0 and bad.errors == bad.requests and "HTTP 400" in bad.error_samples[0]
+    assert paced.errors == 0 and paced.requests <= 10
