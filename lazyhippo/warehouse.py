@@ -47,7 +47,7 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, row
 
 
 def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) -> int:
-    """Materialize `dbt_like_sql/<model>.sql` (a SELECT over $namespace) into the table of that name."""
+    """Materialize `lazyhippo/sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name."""
     sql = (SQL_DIR / f"{model}.sql").read_text()
     con.execute(f"DELETE FROM {model} WHERE namespace = $namespace", {"namespace": namespace})
     con.execute(f"INSERT INTO {model} BY NAME ({sql})", {"namespace": namespace})

@@ -256,5 +256,5 @@ def app_from_env() -> FastAPI:
     from lazyhippo.config import Settings
 
     cfg = json.loads(os.environ[SERVE_ENV])
-    pool = IndexPool(Settings(home=Path(cfg["home"]))).start()
+    pool = IndexPool(Settings.from_env(home=Path(cfg["home"]))).start()
     return create_app(pool, api_key_for(cfg["host"]), Limits(**cfg["limits"]))

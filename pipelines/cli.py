@@ -42,9 +42,16 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None):
 
         result = execute(job, home, run_config(resources, ops), on_step, tags=tag)
     if not result.success:
+        root = None
         for event in result.all_events:
             if event.is_step_failure:
-                console.print(f"[red]{event.step_key} failed:[/red] {event.step_failure_data.error.message.strip()}")
+                error = event.step_failure_data.error
+                console.print(f"[red]{event.step_key} failed:[/red] {error.message.strip()}")
+                while error.cause is not None:  # Dagster wraps the exception that stopped the step
+                    error = error.cause
+                root = error
+        if root is not None:
+            console.print(f"[red]root cause:[/red] {root.message.strip()}")
         raise typer.Exit(1)
     console.print(f"run {result.run_id} succeeded (visible in `dagster dev`, DAGSTER_HOME={os.environ['DAGSTER_HOME']})")
     return result
@@ -53,13 +60,15 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None):
 @app.command()
 def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to index (default: the sample corpus)."),
           home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-          graph_store: str = typer.Option("embedded", envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
-          object_store: str = typer.Option("local", envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio"),
-          extractor: str = typer.Option("nlp", envvar="LAZYHIPPO_EXTRACTOR", help="nlp | llm"),
-          chunk_size: int = typer.Option(256), chunk_overlap: int = typer.Option(32),
-          knn_top_k: int = typer.Option(10), knn_cutoff: float = typer.Option(0.60),
-          community_algorithm: str = typer.Option("leiden", help="leiden | louvain")) -> None:
-    """Materialize every indexing asset through Dagster, with a progress display."""
+          graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
+          object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio"),
+          extractor: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EXTRACTOR", help="nlp | llm"),
+          chunk_size: Optional[int] = typer.Option(None, help="Tokens per chunk [256]."),
+          chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
+          knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
+          knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
+          community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]")) -> None:
+    """Materialize every indexing asset through Dagster, with a progress display (unset options: lazyhippo.config.Settings)."""
     root = _home(home)
     source = (path or SAMPLE_CORPUS).resolve()
     if not source.exists():
@@ -96,7 +105,7 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
               top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
               as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
               home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-              graph_store: str = typer.Option("embedded", envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j")) -> None:
+              graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j")) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
     root = _home(home)
     if not counts(Settings(home=root, namespace=namespace))["chunks"]:
@@ -133,10 +142,11 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
     root = _home(home)
-    if not Settings(home=root).db_path.exists():
+    settings = Settings.from_env(home=root)
+    if not settings.db_path.exists():
         console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
     console.print(f"serving {root} on http://{host}:{port} (docs at /docs)")
-    run_server(Settings(home=root), host, port, Limits(max_body_bytes=max_body_bytes, max_question_chars=max_question_chars,
+    run_server(settings, host, port, Limits(max_body_bytes=max_body_bytes, max_question_chars=max_question_chars,
                                                        max_budget=max_budget), workers)
 
 
@@ -145,7 +155,7 @@ def mcp_cmd(home: Optional[Path] = HomeOpt) -> None:
     """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve and lazyhippo_namespaces."""
     from .mcp_server import run_stdio
 
-    run_stdio(Settings(home=_home(home)))
+    run_stdio(Settings.from_env(home=_home(home)))
 
 
 @app.command(context_settings={"allow_extra_args": True})

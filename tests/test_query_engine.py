@@ -18,7 +18,7 @@ import scipy.sparse as sp
 from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.index import run_index
 from lazyhippo.llm import Completion
-from lazyhippo.query import (CircuitBreaker, ContextParams, GdsPPR, HttpReranker, LocalParams, QueryConfig,
+from lazyhippo.query import (CircuitBreaker, ContextParams, HttpReranker, LocalParams, QueryConfig,
                              RerankStage, ScoredChunk, answer_question, assemble_context, classify_query,
                              load_index, noise_reason, personalized_pagerank, retrieve, split_question,
                              transition_matrix)
@@ -471,18 +471,6 @@ def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
     assert calls and calls[0][0] == 0.6 and calls[0][1] > 0
     assert res.context[0].title == "River Sell" and res.diagnostics["ppr_backend"] == "fake_ppr"
 
-    rows_seen = {}
-
-    def run_cypher(query, params):  # what a Neo4j session would answer to gds.pageRank.stream
-        rows_seen.update(params)
-        return [{"id": idx.chunks.ids[idx.chunks.titles.index("Tomas Reyes")], "score": 3.0},
-                {"id": idx.entities.ids[0], "score": 1.0}, {"id": "not-in-index", "score": 5.0}]
-
-    gds = GdsPPR(run_cypher, graph_name="lh_default")
-    res = _offline(qsettings, SUCCESSOR_Q, route="local", config=cfg, ppr=gds)
-    assert "gds.pageRank.stream" in GdsPPR.QUERY and rows_seen["graph"] == "lh_default"
-    assert rows_seen["damping"] == 0.6 and rows_seen["seeds"] and all(s["w"] > 0 for s in rows_seen["seeds"])
-    assert res.context[0].title == "Tomas Reyes" and res.diagnostics["ppr_backend"] == "neo4j-gds"
 
 
 # ------------------------------------------------------------------ answers, cache

@@ -11,15 +11,15 @@ from .config import (DEFAULT_CONFIG, ContextParams, GlobalParams, GraphParams, H
                      MultiHopParams, QueryConfig)
 from .context import ContextChunk, assemble_context, noise_reason, render_context
 from .loader import GraphIndex, clear_cache, load_index
-from .ppr import EmbeddedPPR, GdsPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
+from .ppr import EmbeddedPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
 from .rerank import CircuitBreaker, CrossEncoderReranker, HttpReranker, Reranker, RerankError, RerankStage
 from .routes import ROUTES, RouteRequest, RouteResult, auto_route, classify_query, run_route, split_question
 from .types import PreparedQuery, ScoredChunk
 
 __all__ = [
     "answer_question", "retrieve", "QueryResult", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
-    "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex", "load_index",
-    "clear_cache", "PPRBackend", "EmbeddedPPR", "GdsPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
+    "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex",
+    "load_index", "clear_cache", "PPRBackend", "EmbeddedPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
     "Reranker", "RerankStage", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
     "assemble_context", "render_context", "noise_reason", "extractive_answer", "NO_ANSWER", "ROUTES",
     "auto_route", "classify_query", "split_question", "PreparedQuery", "RouteRequest", "RouteResult", "run_route",

@@ -64,7 +64,7 @@ def _embedder(settings: Settings, embedder):
 
 
 def _resolve_llm(settings: Settings, llm):
-    return configured_llm(settings.llm_model) if llm == "auto" else llm
+    return configured_llm(settings) if llm == "auto" else llm
 
 
 def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConfig, emb, ppr, llm

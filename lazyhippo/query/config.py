@@ -5,19 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-
-@dataclass(frozen=True)
-class GraphParams:
-    """Edge weights of the entity+passage graph built at load time (part of the index cache key)."""
-
-    relation_weight: float = 1.0      # entity-entity co-occurrence edges (times the relation weight)
-    relation_cap: float = 4.0         # cap on one relation's summed weight before scaling
-    relation_min_weight: float = 0.0  # relations lighter than this are left out of the graph
-    relation_skip_types: tuple = ()   # entity types whose relations are left out (their mentions stay)
-    synonym_weight: float = 0.5       # KNN (synonymy) edges, times the cosine score
-    synonym_min_score: float = 0.90   # KNN edges below this are not used as synonyms
-    mention_weight: float = 1.0       # passage-entity edges, times log(1 + count)
-    title_mention_weight: float = 2.0 # extra weight on the edge between a passage and its own title entity
+from ..passage_graph import GraphParams
 
 
 @dataclass(frozen=True)

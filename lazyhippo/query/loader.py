@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..config import Settings
-from .config import GraphParams
+from ..passage_graph import GraphParams, passage_adjacency
 from .ppr import parallel_matvec, transition_matrix
 from .text import norm_key, tokens
 
@@ -297,33 +297,14 @@ def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matri
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
     n_e, n_p = len(entities.ids), len(chunks.ids)
     entity_pos = entities.pos
-    rows, cols, vals = [], [], []
-    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns "
-                     "AND coalesce(weight, 1.0) >= $minw", {**ns, "minw": params.relation_min_weight}).to_pydict()
-    skip = {i for i, t in enumerate(entities.types) if t in params.relation_skip_types} if params.relation_skip_types else set()
-    for a, b, w in zip(rl["source_id"], rl["target_id"], rl["weight"]):
-        i, j = entity_pos.get(a), entity_pos.get(b)
-        if i is None or j is None or i == j or i in skip or j in skip:
-            continue
-        w = params.relation_weight * min(float(w or 1.0), params.relation_cap)
-        rows += [i, j]; cols += [j, i]; vals += [w, w]
-    kn = _table(con, "SELECT source_id, target_id, score FROM knn_edges WHERE namespace = $ns AND score >= $m",
-                {**ns, "m": params.synonym_min_score}).to_pydict()
-    for a, b, s in zip(kn["source_id"], kn["target_id"], kn["score"]):
-        i, j = entity_pos.get(a), entity_pos.get(b)
-        if i is None or j is None or i == j:
-            continue
-        w = params.synonym_weight * float(s)
-        rows += [i, j]; cols += [j, i]; vals += [w, w]
+    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns", ns).to_pydict()
+    kn = _table(con, "SELECT source_id, target_id, score FROM knn_edges WHERE namespace = $ns", ns).to_pydict()
     mc = mentions.counts.tocoo()
-    mw = params.mention_weight * np.log1p(mc.data)
-    is_title = mentions.title_entity[mc.row] == mc.col
-    mw = mw + params.title_mention_weight * is_title
-    rows = np.concatenate([np.asarray(rows, dtype=np.int64), mc.row + n_e, mc.col])
-    cols = np.concatenate([np.asarray(cols, dtype=np.int64), mc.col, mc.row + n_e])
-    vals = np.concatenate([np.asarray(vals, dtype=np.float64), mw, mw])
-    adjacency = sp.csr_matrix((vals, (rows, cols)), shape=(n_e + n_p, n_e + n_p))  # duplicates are summed
-    adjacency.sum_duplicates()
+    adjacency = passage_adjacency(
+        params, n_e, n_p, entities.types,
+        ((entity_pos.get(a), entity_pos.get(b), w) for a, b, w in zip(rl["source_id"], rl["target_id"], rl["weight"])),
+        ((entity_pos.get(a), entity_pos.get(b), s) for a, b, s in zip(kn["source_id"], kn["target_id"], kn["score"])),
+        mc, mentions.title_entity[mc.row] == mc.col)
     transition, dangling = transition_matrix(adjacency)
     t32 = transition.astype(np.float32)
     return Graph(adjacency=adjacency, transition=transition, dangling=dangling,
