@@ -119,7 +119,7 @@ def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None) -> dict[
     def channel(name: str) -> Ranker:
         def rank(question: str) -> list[str]:
             scores = getattr(PreparedQuery(idx, question, embedder), name)
-            return [idx.titles[c] for c in top_indices(scores, k)]
+            return [idx.chunks.titles[c] for c in top_indices(scores, k)]
         return rank
 
     return {route: lambda q: [c.title for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],

@@ -209,7 +209,7 @@ def test_neo4j_ppr_ranks_like_the_embedded_store(runs: Runs, neo4j_store):
     from lazyhippo.query.ppr import EmbeddedPPR
 
     idx = load_index(runs.neo)
-    p = np.zeros(len(idx.node_ids))
+    p = np.zeros(len(idx.graph.node_ids))
     p[0], p[3], p[idx.n_entities + 1] = 1.0, 0.4, 0.7  # two entities and a passage
     backend = neo4j_store.ppr_backend(runs.neo.namespace)
     expected = EmbeddedPPR().run(idx, p, 0.5, 1e-3, 50)

@@ -51,8 +51,8 @@ def read_served_edges(client: Neo4jClient, namespace: str, version: str) -> Serv
 def served_adjacency(edges: ServedEdges, index, params: GraphParams) -> sp.csr_matrix:
     """`edges` as the adjacency over `index`'s node order (entities, then chunks); nodes the index does not
     know are left out, as the loader leaves out rows without an entity."""
-    epos, cpos = index.entity_pos, index.chunk_pos
-    n_e, n_p = len(index.entity_ids), len(index.chunk_ids)
+    epos, cpos = index.entities.pos, index.chunks.pos
+    n_e, n_p = len(index.entities.ids), len(index.chunks.ids)
     kept = [(cpos[c], epos[e], float(n), bool(t)) for c, e, n, t in edges.mentions if c in cpos and e in epos]
     rows, cols, counts, title = (np.asarray(x) for x in zip(*kept)) if kept else ([], [], [], [])
     # one (chunk, entity) entry per mention row, in canonical order, as the loader's count matrix has it
@@ -60,7 +60,7 @@ def served_adjacency(edges: ServedEdges, index, params: GraphParams) -> sp.csr_m
     title_m = sp.coo_matrix((np.asarray(title, dtype=np.float32), (rows, cols)), shape=(n_p, n_e)).tocsr()
     is_title = np.asarray(title_m[counts_m.row, counts_m.col]).ravel() > 0
     return passage_adjacency(
-        params, n_e, n_p, [edges.entity_types.get(e, "") for e in index.entity_ids],
+        params, n_e, n_p, [edges.entity_types.get(e, "") for e in index.entities.ids],
         ((epos.get(a), epos.get(b), w) for a, b, w in edges.relations),
         ((epos.get(a), epos.get(b), s) for a, b, s in edges.synonyms),
         counts_m, is_title)
@@ -93,16 +93,16 @@ class Neo4jPPR:
     def _transition(self, index):
         from ..query.ppr import parallel_matvec, transition_matrix
 
-        params = index.graph_params
+        params = index.graph.params
         with self._lock:
             version = self.version()
             if self._edges is None or self._edges.version != version:
                 self._edges = read_served_edges(self.client, self.namespace, version)
             m = self._matrix
-            if m is None or m[0] is not self._edges or m[1] is not index.node_ids or m[2] != params:
+            if m is None or m[0] is not self._edges or m[1] is not index.graph.node_ids or m[2] != params:
                 transition, dangling = transition_matrix(served_adjacency(self._edges, index, params))
                 t32 = transition.astype(np.float32)  # as EmbeddedPPR: float32 product, renormalized in float64
-                m = self._matrix = (self._edges, index.node_ids, params, t32, dangling, parallel_matvec(t32))
+                m = self._matrix = (self._edges, index.graph.node_ids, params, t32, dangling, parallel_matvec(t32))
         return m[3], m[4], m[5]
 
     def run(self, index, personalization, damping, tol, max_iter) -> np.ndarray:

@@ -65,6 +65,14 @@ class HybridParams:
 
 
 @dataclass(frozen=True)
+class MultiHopParams:
+    """Route multi_hop: breadth-first expansion from the linked entities, then PPR on that subgraph only."""
+
+    max_hops: int = 3                 # graph hops (entity -> passage -> entity -> passage reaches second-hop passages)
+    max_nodes: int = 20_000           # expansion stops growing once the subgraph holds this many nodes
+
+
+@dataclass(frozen=True)
 class ContextParams:
     noise_penalty: float = 0.05       # score multiplier for form-label, bare-heading and near-empty chunks
     min_content_words: int = 6        # fewer content words than this: near-empty
@@ -81,6 +89,7 @@ class QueryConfig:
     global_: GlobalParams = GlobalParams()
     hybrid: HybridParams = HybridParams()
     context: ContextParams = ContextParams()
+    multi_hop: MultiHopParams = MultiHopParams()
     candidates: int = 50              # chunks handed from retrieval to assembly (before budget)
     answer_sentences: int = 3         # sentences in an extractive answer
     drift_max_subquestions: int = 4
