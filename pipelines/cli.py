@@ -199,14 +199,16 @@ def bench_retrieval(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", he
                     questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json", help='[{"question","supporting_titles"}]'),
                     route: str = typer.Option("local"), k: int = typer.Option(8),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
-                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here.")) -> None:
+                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
+                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run."""
     from lazyhippo.bench import headline, run_retrieval_bench
 
     bar, update = _progress_bar()
     with bar:
-        result = run_retrieval_bench(corpus, questions, workdir, route=route, k=k, progress=update)
-    table = Table(title=f"retrieval on {corpus.name}: {result['questions']} questions, index {result['index_seconds']:.1f}s"
+        result = run_retrieval_bench(corpus, questions, workdir, route=route, k=k, progress=update, graph_store=graph_store)
+    table = Table(title=f"retrieval on {corpus.name} ({graph_store} store): {result['questions']} questions, "
+                        f"index {result['index_seconds']:.1f}s"
                         + (" (reused)" if result["reused"] else ""))
     cols = ["method", "recall_at_2", "recall_at_5", "all_supporting_at_8", "latency_p50_ms", "latency_p95_ms"]
     for c in cols:

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from lazyhippo.bench import all_supporting_at_k, distinct, percentile_ms, recall_at_k
 from pipelines.cli import app
+from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 
 def test_metrics_on_hand_made_rankings():
@@ -54,3 +55,23 @@ def test_bench_retrieval_end_to_end_on_a_slice(wiki_slice, tmp_path):
     assert result["methods"]["local"]["recall_at_5"] >= 0.7  # gold passages are findable in a small slice
     again = CliRunner().invoke(app, args)
     assert json.loads(again.stdout.strip().splitlines()[-1])["reused_index"] is True
+
+
+@pytest.mark.services
+def test_bench_retrieval_on_neo4j_ranks_like_the_embedded_store(wiki_slice, tmp_path, monkeypatch, neo4j_store,
+                                                               namespaces):  # noqa: F811
+    """`bench retrieval --graph-store neo4j` pushes the index to the server and ranks through it: the same
+    passages, in the same order, as the embedded store on the same index."""
+    monkeypatch.setenv("LAZYHIPPO_NAMESPACE", namespaces("bench"))
+    args = ["bench", "retrieval", "--corpus", str(wiki_slice / "corpus.jsonl"), "--questions",
+            str(wiki_slice / "questions.json"), "--workdir", str(tmp_path / "ws")]
+    results = {}
+    for store in ("embedded", "neo4j"):
+        out = CliRunner().invoke(app, [*args, "--graph-store", store, "--json", str(tmp_path / f"{store}.json")])
+        assert out.exit_code == 0, out.output
+        results[store] = json.loads((tmp_path / f"{store}.json").read_text())
+    emb, neo = results["embedded"], results["neo4j"]
+    assert neo["graph_store"] == "neo4j" and neo["reused"] is True
+    assert [r["retrieved"] for r in neo["per_question"]["local"]] == [r["retrieved"] for r in emb["per_question"]["local"]]
+    for k in ("recall_at_2", "recall_at_5", "all_supporting_at_8"):
+        assert neo["methods"]["local"][k] == emb["methods"]["local"][k]
