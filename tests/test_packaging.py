@@ -79,13 +79,14 @@ def test_non_editable_install_finds_its_package_data(tmp_path):
                     "--target", str(site), str(src)], check=True, capture_output=True, timeout=600)
     shutil.rmtree(src)  # nothing may still point into the source tree
     probe = "\n".join([
-        "import types, lazyhippo, pipelines.definitions",
+        "import types, lazyhippo, pipelines.definitions, dbt_like_sql",
         "from lazyhippo.config import Settings",
         "from lazyhippo.warehouse import connect",
         "from lazyhippo.extraction import LlmExtractor",
         f"with connect(Settings().with_(home={str(tmp_path / 'home')!r})) as con:",
         "    assert con.execute('SELECT count(*) FROM documents').fetchone() == (0,)",
         "assert LlmExtractor(types.SimpleNamespace(model='m')).template",
+        "assert dbt_like_sql.__file__.startswith(lazyhippo.__file__.rsplit('/lazyhippo/', 1)[0])",
         "print(lazyhippo.__file__)"])
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
