@@ -106,7 +106,9 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
     async def observe(request: Request, call_next):
         t0 = time.perf_counter()
         size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
+        if request.method == "POST" and size is None:  # a chunked body could not be limited before reading it
+            response = JSONResponse({"error": "a Content-Length header is required"}, status_code=411)
+        elif size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
             response = JSONResponse({"error": f"request body over {limits.max_body_bytes} bytes"}, status_code=413)
         else:
             response = await call_next(request)

@@ -127,6 +127,9 @@ def test_oversized_body_and_bad_json_are_refused(pool):
         assert r.status_code == 413 and "over 1000 bytes" in r.text
         r = httpx.post(f"{url}/api/query", content=b"{not json", headers={"content-type": "application/json"})
         assert r.status_code == 422 and "Traceback" not in r.text
+        chunked = (part for part in [b'{"question": "', b"y" * 5000, b'"}'])  # no Content-Length: refused unread
+        r = httpx.post(f"{url}/api/query", content=chunked, headers={"content-type": "application/json"})
+        assert r.status_code == 411 and "Content-Length" in r.text
 
 
 def test_a_failing_backend_gives_503_without_internals(pool, monkeypatch):
