@@ -118,7 +118,20 @@ def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings 
     return settings, {"reused": False, "index_seconds": seconds}
 
 
-def retrieval_rankers(settings: Settings, route: str, k: int, by_id: bool = False) -> dict[str, Ranker]:
+def served_ppr(settings: Settings, store) -> object | None:
+    """Push the index (built on the embedded store) to `store` and return its PPR backend; None when the
+    store is the embedded one (in-process PPR over the loaded index)."""
+    if store.name == "embedded":
+        return None
+    from .index import sync_all
+    from .warehouse import connect
+
+    with connect(settings) as con:
+        sync_all(store, con, settings.namespace)
+    return store.ppr_backend(settings.namespace)
+
+
+def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False) -> dict[str, Ranker]:
     """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder).
     Rankers return passage ids (`by_id`) or titles."""
     from .query import retrieve
@@ -132,24 +145,33 @@ def retrieval_rankers(settings: Settings, route: str, k: int, by_id: bool = Fals
     def channel(name: str) -> Ranker:
         def rank(question: str) -> list[str]:
             scores = getattr(PreparedQuery(idx, question, embedder), name)
-            return [passage_id(idx.sources[c]) if by_id else idx.titles[c] for c in top_indices(scores, k)]
+            return [passage_id(idx.chunks.sources[c]) if by_id else idx.chunks.titles[c] for c in top_indices(scores, k)]
         return rank
 
-    return {route: lambda q: [passage_id(c.source) if by_id else c.title for c in retrieve(settings, q, route=route, top_k=k)],
+    return {route: lambda q: [passage_id(c.source) if by_id else c.title
+                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],
             "bm25": channel("bm25"), "dense": channel("dense")}
 
 
 def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
-                        progress=None, settings: Settings | None = None) -> dict:
+                        progress=None, graph_store: str = "embedded", settings: Settings | None = None) -> dict:
+    """Quality of `route` on the index of `corpus`, ranked through `graph_store` (neo4j: the index is
+    pushed to the server first and PPR runs over the graph it serves)."""
+    from .graphstore import open_graph_store
+
     questions = json.loads(Path(questions_file).read_text())
     field_ = gold_key(questions)
     settings, index_info = ensure_index(Path(corpus), Path(workdir), progress, settings)
-    rankers = retrieval_rankers(settings, route, k, by_id=field_ == "supporting_ids")
-    reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
+    store = open_graph_store(graph_store)
+    try:
+        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids")
+        reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
+    finally:
+        store.close()
     by = {r.method: r for r in reports}
     return {
-        "corpus": str(corpus), "questions": len(questions), "route": route, "k": k, "scored_by": field_,
-        "embedder": settings.embedder, **index_info,
+        "corpus": str(corpus), "questions": len(questions), "route": route, "k": k, "graph_store": graph_store,
+        "scored_by": field_, "embedder": settings.embedder, **index_info,
         "methods": {r.method: r.headline() for r in reports},
         "margin_over_dense": {m: round(getattr(by[route], m) - getattr(by["dense"], m), 4)
                               for m in ("recall_at_2", "recall_at_5", "all_supporting_at_8")},
@@ -183,14 +205,7 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
 
     store = open_graph_store(graph_store)
     try:
-        ppr = None
-        if graph_store != "embedded":
-            from .warehouse import connect
-
-            with connect(settings) as con:
-                for stage in ("documents", "chunks", "graph_tables", "knn_edges", "communities", "community_summaries"):
-                    store.sync(con, settings.namespace, stage)
-            ppr = store.ppr_backend(settings.namespace)
+        ppr = served_ppr(settings, store)
         answer_question(settings, questions[0]["question"], route=routes[0], ppr=ppr)  # load + warm
         out = {}
         for route in routes:
