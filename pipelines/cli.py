@@ -218,21 +218,24 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     route: str = typer.Option("local"), k: int = typer.Option(8),
                     embedder: str = typer.Option("static-minilm", envvar="LAZYHIPPO_EMBEDDER", help="static-minilm | minilm | openai"),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
-                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here.")) -> None:
+                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
+                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
     passage id when the questions carry `supporting_ids`."""
     from lazyhippo.bench import DATASETS, headline, run_retrieval_bench, summary_row
 
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
     runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
-    settings = Settings(embedder=embedder)
+    settings = Settings.from_env(embedder=embedder)
     results = {}
     for name, corpus_file, questions_file, wd in runs:
         bar, update = _progress_bar()
         with bar:
-            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update, settings=settings)
+            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
+                                         graph_store=graph_store, settings=settings)
         results[name] = result
-        table = Table(title=f"retrieval on {name}: {result['questions']} questions, scored by {result['scored_by']}, "
+        table = Table(title=f"retrieval on {name} ({graph_store} store): {result['questions']} questions, "
+                            f"scored by {result['scored_by']}, "
                             f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
         cols = ["method", "recall_at_2", "recall_at_5", "all_supporting_at_8", "latency_p50_ms", "latency_p95_ms"]
         for c in cols:
