@@ -268,12 +268,12 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
     """Every stage in order, without Dagster: the library entry point (the bench uses it too)."""
     from .graphstore import EmbeddedGraphStore
     from .objectstore import LocalObjectStore
-    from .warehouse import connect
+    from .warehouse import WriterSession
 
     store = store or EmbeddedGraphStore()
     objects = objects or LocalObjectStore(settings.export_dir)
     out: dict = {}
-    with connect(settings) as con:
+    with WriterSession(settings, run_id) as writer, writer.connect() as con:
         steps = [
             ("documents", lambda: ingest_documents(settings, con)),
             ("chunks", lambda: build_chunks(settings, con)),

@@ -9,11 +9,12 @@ from typing import Iterator, Optional
 
 import dagster as dg
 import duckdb
+from pydantic import PrivateAttr
 
 from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.graphstore import GraphStore, open_graph_store
 from lazyhippo.objectstore import LocalObjectStore, ObjectStore
-from lazyhippo.warehouse import connect
+from lazyhippo.warehouse import WriterSession
 
 
 class LazyhippoResource(dg.ConfigurableResource):
@@ -44,10 +45,31 @@ class LazyhippoResource(dg.ConfigurableResource):
         fields["home"] = Path(self.home).resolve()
         return Settings(**fields)
 
+    _writer: Optional[WriterSession] = PrivateAttr(default=None)
+
+    @contextmanager
+    def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator["LazyhippoResource"]:
+        """One writer session per run: the first stage that writes waits for the home's lock, and the namespace
+        is published for readers only when every step of the run succeeded (a query run never locks)."""
+        log = context.log.info if context.log else None
+        self._writer = WriterSession(self.settings(), context.run.run_id if context.run else "adhoc", on_wait=log)
+        failed = True
+        try:
+            yield self
+            failed = _run_failed(context)
+        finally:
+            self._writer.finish(success=not failed)
+            self._writer = None
+
     @contextmanager
     def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        with connect(self.settings()) as con:
-            yield con
+        writer = self._writer or WriterSession(self.settings(), "adhoc")
+        try:
+            with writer.connect() as con:
+                yield con
+        finally:
+            if writer is not self._writer:  # used outside a run: its own short session
+                writer.finish(success=True)
 
 
 class GraphStoreResource(dg.ConfigurableResource):
@@ -103,6 +125,12 @@ class ObjectStoreResource(dg.ConfigurableResource):
         if self.kind != "local":
             raise ValueError(f"unknown object_store {self.kind!r} (expected 'local' or 'minio')")
         return LocalObjectStore(Path(self.root) if self.root else settings.export_dir)
+
+
+def _run_failed(context: dg.InitResourceContext) -> bool:
+    if context.instance is None or context.run is None:
+        return False
+    return bool(context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE))
 
 
 def _secret(name: str):
