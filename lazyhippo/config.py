@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SQL_DIR = REPO_ROOT / "dbt_like_sql"
 SAMPLE_CORPUS = REPO_ROOT / "sample_corpus"
+
+
+NAMESPACE_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def check_namespace(namespace: str) -> str:
+    """One rule for every store (warehouse rows, snapshot file, object keys, Neo4j): 1-64 letters, digits,
+    '_' or '-', starting with a letter or digit. No '/', '.', or spaces, so keys stay inside the namespace."""
+    if not isinstance(namespace, str) or not NAMESPACE_RULE.fullmatch(namespace):
+        raise ValueError(f"invalid namespace {namespace!r}: use 1-64 letters, digits, '_' or '-', "
+                         "starting with a letter or digit")
+    return namespace
 
 
 def default_home() -> Path:
@@ -33,6 +46,9 @@ class Settings:
     community_algorithm: str = "leiden"  # or "louvain"
     graph_store: str = "embedded"  # or "neo4j"
     object_store: str = "local"  # or "minio"
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)  # before any stage or store sees it
 
     def with_(self, **changes) -> "Settings":
         return replace(self, **{k: v for k, v in changes.items() if v is not None})

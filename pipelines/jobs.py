@@ -4,6 +4,7 @@ from resources import GraphStoreResource, LazyhippoResource
 
 index_job = dg.define_asset_job(
     "index", selection=dg.AssetSelection.all(), executor_def=dg.in_process_executor,
+    tags={"lazyhippo/writer": "warehouse"},  # the run queue starts one at a time (see runner.INSTANCE_CONFIG)
     description="Index the source into the knowledge graph: documents to communities to Parquet exports.",
 )
 
