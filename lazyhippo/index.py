@@ -39,8 +39,11 @@ def _ns(table: pa.Table, namespace: str) -> pa.Table:
 def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept."""
     docs, errors = read_source(Path(settings.source), settings.max_file_bytes)
+    if not docs and not errors:  # a wrong or emptied path must not wipe the namespace
+        raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
+                         "(removing every document of a namespace is an explicit delete)")
     ns = settings.namespace
-    failed_files = {e.source.split(":")[0].split("#")[0] for e in errors}
+    failed_files = {e.file for e in errors}
     cols = ("doc_id", "source", "title", "kind", "content_hash", "n_chars", "sections")
     rows = [{"doc_id": d.doc_id, "source": d.source, "title": d.title, "kind": d.kind,
              "content_hash": d.content_hash, "n_chars": len(d.text),
@@ -49,7 +52,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
     previous = [dict(zip(cols, r)) for r in con.execute(
         f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
     before = {r["doc_id"]: r["content_hash"] for r in previous}
-    kept = [r for r in previous if r["source"].split("#")[0] in failed_files and r["doc_id"] not in ids]
+    kept = [r for r in previous if r["doc_id"] not in ids and _from_files(r["source"], failed_files)]
     rows += kept
     replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
@@ -57,6 +60,12 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
     return {"documents": len(rows), "errors": errors, "changed": changed,
             "removed": len(set(before) - {r["doc_id"] for r in rows}), "kept_after_error": len(kept)}
+
+
+def _from_files(source: str, files: set[str]) -> bool:
+    """Whether a document came from one of `files` (a file itself, or a JSONL row `file#id`): no splitting, so a
+    ':' or '#' in a file name cannot detach a document from its file."""
+    return source in files or any(source[:i] in files for i, ch in enumerate(source) if ch == "#")
 
 
 def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Document]:
