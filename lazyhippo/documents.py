@@ -200,7 +200,7 @@ def scan_source(source: Path) -> tuple[list[Path], list[ReadError]]:
         for name in sorted(dirnames + [f for f in filenames if not f.startswith(".")]):
             path = base / name
             if path.is_symlink():
-                if name in dirnames or path.suffix.lower() in SUPPORTED:
+                if name in dirnames or path.suffix.lower() in SUPPORTED or not path.exists():
                     skipped.append(ReadError(path.relative_to(root).as_posix(), _symlink_reason(path, root)))
             elif name not in dirnames and path.suffix.lower() in SUPPORTED:
                 files.append(path)
