@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS facts (
 CREATE TABLE IF NOT EXISTS embeddings (
   namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL,
   model VARCHAR NOT NULL, vector FLOAT[] NOT NULL, PRIMARY KEY (namespace, kind, item_id));
+-- the hash of the text a vector was computed from: a changed text is embedded again (older files lack it)
+ALTER TABLE embeddings ADD COLUMN IF NOT EXISTS text_hash VARCHAR;
 CREATE TABLE IF NOT EXISTS knn_edges (
   namespace VARCHAR NOT NULL, source_id VARCHAR NOT NULL, target_id VARCHAR NOT NULL,
   score DOUBLE NOT NULL, rank INTEGER NOT NULL, PRIMARY KEY (namespace, source_id, target_id));

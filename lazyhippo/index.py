@@ -18,14 +18,14 @@ import pyarrow.parquet as pq
 
 from .chunking import Chunk, chunk_document
 from .config import Settings
-from .documents import Document, Section, read_source
+from .documents import Document, Section, read_source, sha
 from .embedding import get_embedder
 from .extraction import ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
 from .graphstore import GraphStore
 from .llm import OpenAIChat, configured_llm
 from .objectstore import ObjectStore
 from .summaries import summarize_extractive, summarize_llm
-from .warehouse import count, read_vectors, replace_rows, run_sql_model
+from .warehouse import count, read_vectors, replace_rows, run_sql_model, transaction
 
 Progress = Callable[[str, int, int], None]
 EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges",
@@ -145,31 +145,35 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> di
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
-    """Embed only items without a vector from this model: re-runs reuse stored vectors."""
+    """Embed items whose stored vector came from another model or another text (keyed by the text's hash, so a
+    changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind."""
     ns = settings.namespace
-    have = dict(con.execute("SELECT item_id, model FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall())
-    ids_now = {i for i, _ in items}
-    todo = [(i, t) for i, t in items if have.get(i) != embedder.name]
-    stale = [i for i in have if i not in ids_now]
-    if stale:
-        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))", [ns, kind, stale])
-    if todo:
-        vectors = embedder.embed([t for _, t in todo])
-        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
-                    [ns, kind, [i for i, _ in todo]])
-        _append_vectors(con, ns, kind, [i for i, _ in todo], vectors, embedder.name)
+    have = {i: (m, h) for i, m, h in con.execute(
+        "SELECT item_id, model, text_hash FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall()}
+    hashes = {i: sha(t, 32) for i, t in items}
+    todo = [(i, t) for i, t in items if have.get(i) != (embedder.name, hashes[i])]
+    stale = [i for i in have if i not in hashes] + [i for i, _ in todo if i in have]
+    vectors = embedder.embed([t for _, t in todo]) if todo else None
+    with transaction(con):
+        if stale:
+            con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
+                        [ns, kind, stale])
+        if todo:
+            _append_vectors(con, ns, kind, [i for i, _ in todo], vectors, embedder.name, [hashes[i] for i, _ in todo])
     return len(todo)
 
 
-def _append_vectors(con, ns, kind, ids, vectors, model):
+def _append_vectors(con, ns, kind, ids, vectors, model, text_hashes):
     import numpy as np
 
     table = pa.table({"namespace": [ns] * len(ids), "kind": [kind] * len(ids), "item_id": ids,
-                      "model": [model] * len(ids),
+                      "model": [model] * len(ids), "text_hash": text_hashes,
                       "vector": pa.array([v for v in np.asarray(vectors, dtype=np.float32)], pa.list_(pa.float32()))})
     con.register("_vecs", table)
-    con.execute("INSERT INTO embeddings SELECT * FROM _vecs")
-    con.unregister("_vecs")
+    try:
+        con.execute("INSERT INTO embeddings BY NAME SELECT * FROM _vecs")
+    finally:
+        con.unregister("_vecs")
 
 
 def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
