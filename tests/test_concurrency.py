@@ -122,3 +122,35 @@ def test_a_killed_cli_run_is_marked_failed_at_the_next_launch(tmp_path):
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
     assert fail_dead_runs(instance) == [run.run_id]
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+
+
+def test_status_and_queries_during_a_cli_index_run_never_break_it(tmp_path, monkeypatch):
+    """The reported scenario: `lazyhippo status` and `query` in a loop while `lazyhippo index` runs."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    src, home = tmp_path / "src", str(tmp_path / "home")
+    shutil.copytree(SAMPLE_CORPUS, src)
+    runner = CliRunner()
+    assert runner.invoke(app, ["index", str(src), "--home", home]).exit_code == 0
+    (src / "extra.txt").write_text("Mira Holt restored the Marlow Observatory telescope in 1950.")
+    index = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import app; app()", "index", str(src),
+                              "--home", home], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    statuses, answers = [], []
+    while index.poll() is None:
+        status = runner.invoke(app, ["status", "--home", home, "--json"])
+        assert status.exit_code == 0, status.output
+        statuses.append(json.loads(status.stdout.strip().splitlines()[-1])["documents"])
+        if len(answers) < 3:  # each query is a Dagster run: a few are enough, statuses keep polling
+            q = runner.invoke(app, ["query", "Who succeeded Ada Fenwick?", "--home", home, "--route", "local", "--json"])
+            assert q.exit_code == 0, q.output
+            answers.append(q.output)
+        time.sleep(0.3)
+    assert index.wait() == 0, index.stderr.read()[-2000:]
+    assert answers and statuses and set(statuses) <= {8, 9}  # the last complete index, never a half-built one
+    assert json.loads(runner.invoke(app, ["status", "--home", home, "--json"]).stdout.strip().splitlines()[-1])["documents"] == 9
