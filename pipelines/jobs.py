@@ -21,13 +21,18 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
                     graph_store: GraphStoreResource) -> dict:
     from assets._meta import md_table
     from lazyhippo.query import answer_question as answer
+    from lazyhippo.warehouse import index_notice
 
     settings = lazyhippo.settings()
+    notice = index_notice(settings)  # raises when nothing complete exists; else says what is unfinished
+    if notice:
+        context.log.warning(notice)
     result = answer(settings, config.question, route=config.route, top_k=config.top_k, budget=config.budget,
                     ppr=graph_store.ppr_backend(settings.namespace))
     data = result.to_dict()
     context.add_output_metadata({
-        "question": config.question, "route": data["route"], "answer": dg.MetadataValue.md(data["answer"]),
+        "question": config.question, "route": data["route"], "index_notice": notice or "complete",
+        "answer": dg.MetadataValue.md(data["answer"]),
         "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
         "chosen_chunks": md_table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
                                    for i, c in enumerate(data["context"])], ["#", "title", "chunk", "score", "tokens"]),
