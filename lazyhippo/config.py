@@ -12,6 +12,7 @@ SQL_DIR = REPO_ROOT / "dbt_like_sql"
 SAMPLE_CORPUS = REPO_ROOT / "sample_corpus"
 
 
+MIN_CHUNK_TOKENS = 16  # below this a chunk cannot hold a sentence
 NAMESPACE_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
@@ -49,6 +50,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)  # before any stage or store sees it
+        if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:
+            raise ValueError(f"chunk_size {self.chunk_size} / chunk_overlap {self.chunk_overlap}: need chunk_size >= "
+                             f"{MIN_CHUNK_TOKENS} and 0 <= chunk_overlap < chunk_size")
 
     def with_(self, **changes) -> "Settings":
         return replace(self, **{k: v for k, v in changes.items() if v is not None})

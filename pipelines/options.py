@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lazyhippo.config import check_namespace
+from lazyhippo.config import MIN_CHUNK_TOKENS, check_namespace
 from lazyhippo.documents import SUPPORTED, iter_files
 
 GRAPH_STORES = ("embedded", "neo4j")
 OBJECT_STORES = ("local", "minio")
 EXTRACTORS = ("nlp", "llm")
 COMMUNITY_ALGORITHMS = ("leiden", "louvain")
-MIN_CHUNK_TOKENS = 16  # below this a chunk cannot hold a sentence
 
 
 class OptionError(ValueError):

@@ -141,3 +141,14 @@ def test_progress_is_reported_live_per_step(tmp_path, monkeypatch):
     for step in ("documents", "extractions", "exports"):
         assert seen.index((step, "started")) < seen.index((step, "done"))
     assert seen.index(("extractions", "started")) < seen.index(("embeddings", "started"))
+
+
+def test_a_run_launched_outside_the_cli_refuses_bad_settings_before_any_stage(tmp_path):
+    from pipelines.definitions import defs
+    from pipelines.runner import run_config
+
+    for bad in ({"chunk_size": 0}, {"namespace": "../victim"}):
+        result = defs.resolve_job_def("index").execute_in_process(raise_on_error=False, run_config=run_config({
+            "lazyhippo": {"home": str(tmp_path / "home"), "source": str(SAMPLE_CORPUS), **bad}}))
+        assert not result.success
+        assert not result.get_step_success_events() and not (tmp_path / "home" / "warehouse.duckdb").exists()
