@@ -23,7 +23,9 @@ import numpy as np
 import pyarrow as pa
 from filelock import FileLock, Timeout
 
-from .config import SQL_DIR, Settings
+from dbt_like_sql import SQL_DIR
+
+from .config import Settings
 from .names import norm_key
 
 TABLES = (
@@ -40,9 +42,18 @@ class IndexIncomplete(RuntimeError):
     """No complete index to read: the only run so far failed or was killed."""
 
 
+def snapshot_dir(settings: Settings) -> Path:
+    """Where the published snapshots live; its modification time changes whenever one is replaced."""
+    return settings.home / "published"
+
+
 def snapshot_path(settings: Settings) -> Path:
     """Per namespace, so publishing one knowledge base never publishes another's half-built rows."""
-    return settings.home / "published" / f"{settings.namespace}.duckdb"
+    return snapshot_dir(settings) / f"{settings.namespace}.duckdb"
+
+
+def published_namespaces(settings: Settings) -> list[str]:
+    return sorted(p.stem for p in snapshot_dir(settings).glob("*.duckdb"))
 
 
 def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
@@ -121,7 +132,7 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, row
 
 
 def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) -> int:
-    """Materialize `dbt_like_sql/<model>.sql` (a SELECT over $namespace) into the table of that name."""
+    """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name."""
     sql = (SQL_DIR / f"{model}.sql").read_text()
     with transaction(con):
         con.execute(f"DELETE FROM {model} WHERE namespace = $namespace", {"namespace": namespace})
