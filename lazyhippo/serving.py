@@ -151,9 +151,10 @@ class IndexPool:
 
     def start(self, preload: bool = True) -> "IndexPool":
         """Read the namespace list (and load every index when `preload`), then refresh in the background."""
-        if Path(snapshot_dir(self.settings)).exists():
+        known = list_namespaces(self.settings)  # (publishes a home indexed before snapshots existed)
+        if known:
             self._version = db_version(snapshot_dir(self.settings))
-            self._known = set(list_namespaces(self.settings))
+            self._known = set(known)
             if preload:
                 for ns in sorted(self._known):
                     self.get(ns)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -35,7 +37,9 @@ TABLES = (
 )
 _LOCK = "warehouse.lock"
 _STATE = "index_state.json"
-_HELD: dict[Path, "WriterSession"] = {}  # homes whose writer lock this process holds (its runs read their own work)
+# homes whose writer lock this process holds -> the thread running that index run (it reads its own work;
+# every other thread, e.g. a server answering queries meanwhile, reads the published snapshot)
+_HELD: dict[Path, int] = {}
 
 
 class IndexIncomplete(RuntimeError):
@@ -53,6 +57,7 @@ def snapshot_path(settings: Settings) -> Path:
 
 
 def published_namespaces(settings: Settings) -> list[str]:
+    _published(settings)
     return sorted(p.stem for p in snapshot_dir(settings).glob("*.duckdb"))
 
 
@@ -71,7 +76,7 @@ def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
 
 
 def _owns(settings: Settings) -> bool:
-    return settings.home.resolve() in _HELD
+    return _HELD.get(settings.home.resolve()) == threading.get_ident()
 
 
 def read_path(settings: Settings) -> Path | None:
@@ -198,23 +203,36 @@ def process_alive(pid: int, host: str) -> bool:
 
 
 def publish(settings: Settings) -> Path:
-    """Copy the namespace's rows into a fresh file and atomically rename it onto its snapshot (readers that
-    have the old one open keep it). Only this namespace: another namespace's unfinished run stays unpublished."""
+    """Write the namespace's rows to a temporary file and atomically rename it onto its snapshot (readers that
+    have the old one open keep it). Only this namespace: another namespace's unfinished run stays unpublished.
+    When the work file holds nothing else, the checkpointed file itself is copied (much faster)."""
     target = snapshot_path(settings)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     with connect(settings) as con:
-        work = con.execute("SELECT current_database()").fetchone()[0]
-        con.execute(f"ATTACH '{_sql_quote(tmp)}' AS lh_snapshot")
-        try:
-            for table in TABLES:  # readers need the rows, not the keys
-                con.execute(f"CREATE TABLE lh_snapshot.{table} AS SELECT * FROM {work}.{table} WHERE namespace = ?",
-                            [settings.namespace])
-        finally:
-            con.execute("DETACH lh_snapshot")
+        con.execute("SET enable_progress_bar = false")
+        alone = not any(con.execute(f"SELECT 1 FROM {t} WHERE namespace <> ? LIMIT 1", [settings.namespace]).fetchone()
+                        for t in TABLES)
+        if alone:
+            con.execute("CHECKPOINT")
+        else:
+            _copy_namespace(con, settings.namespace, tmp)
+    if alone:
+        shutil.copyfile(settings.db_path, tmp)
     os.replace(tmp, target)
     return target
+
+
+def _copy_namespace(con: duckdb.DuckDBPyConnection, namespace: str, path: Path) -> None:
+    work = con.execute("SELECT current_database()").fetchone()[0]
+    con.execute(f"ATTACH '{_sql_quote(path)}' AS lh_snapshot")
+    try:
+        for table in TABLES:  # readers need the rows, not the keys
+            con.execute(f"CREATE TABLE lh_snapshot.{table} AS SELECT * FROM {work}.{table} WHERE namespace = ?",
+                        [namespace])
+    finally:
+        con.execute("DETACH lh_snapshot")
 
 
 def _sql_quote(path: Path) -> str:
@@ -222,19 +240,28 @@ def _sql_quote(path: Path) -> str:
 
 
 def _published(settings: Settings) -> Path | None:
-    """The namespace's snapshot; a home indexed before snapshots existed is published once, if no run is busy."""
+    """The namespace's snapshot, if any complete run published one."""
     path = snapshot_path(settings)
-    if path.exists() or not settings.db_path.exists():
-        return path if path.exists() else None
-    if read_state(settings).get(settings.namespace, {}).get("status", "complete") != "complete":
-        return None
+    if not path.exists() and not snapshot_dir(settings).exists() and settings.db_path.exists():
+        _publish_legacy(settings)
+    return path if path.exists() else None
+
+
+def _publish_legacy(settings: Settings) -> None:
+    """A home indexed before snapshots existed: publish its namespaces once, if no run is busy with it."""
     lock = FileLock(settings.home / _LOCK, thread_local=False)
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        return None
+        return
     try:
-        return publish(settings)
+        with connect(settings) as con:
+            names = [r[0] for r in con.execute("SELECT DISTINCT namespace FROM chunks").fetchall()]
+        state = read_state(settings)
+        for ns in names:
+            if state.get(ns, {}).get("status", "complete") == "complete":
+                publish(settings.with_(namespace=ns))
+        snapshot_dir(settings).mkdir(exist_ok=True)
     finally:
         lock.release()
 
@@ -289,7 +316,7 @@ class WriterSession:
                 self.on_wait(f"waiting for the index run holding {self.settings.home} ({busy or 'unknown run'})")
             self._lock.acquire(poll_interval=self.poll)
         self.waited = time.monotonic() - t0
-        _HELD[self.settings.home.resolve()] = self
+        _HELD[self.settings.home.resolve()] = threading.get_ident()
         _write_state(self.settings, run_id=self.run_id, pid=os.getpid(), host=socket.gethostname(),
                      status="running", started_at=_now(), finished_at=None)
 

@@ -50,18 +50,15 @@ class LazyhippoResource(dg.ConfigurableResource):
 
     _writer: Optional[WriterSession] = PrivateAttr(default=None)
 
-    @contextmanager
-    def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator["LazyhippoResource"]:
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """One writer session per run: the first stage that writes waits for the home's lock, and the namespace
         is published for readers only when every step of the run succeeded (a query run never locks)."""
         log = context.log.info if context.log else None
         self._writer = WriterSession(self.settings(), context.run.run_id if context.run else "adhoc", on_wait=log)
-        failed = True
-        try:
-            yield self
-            failed = _run_failed(context)
-        finally:
-            self._writer.finish(success=not failed)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._writer is not None:
+            self._writer.finish(success=not _run_failed(context))
             self._writer = None
 
     @contextmanager

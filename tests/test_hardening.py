@@ -55,7 +55,7 @@ def test_neo4j_gets_the_same_entities_as_the_embedded_store(tmp_path, neo4j_stor
     settings = Settings(home=tmp_path, namespace=namespaces("unicode"))
     found = _multilingual(settings)
     with connect(settings) as con:
-        neo4j_store.sync(con, settings.namespace, "graph_tables")
+        neo4j_store.sync(con, settings.namespace, "entities")
     rows = neo4j_store.query("MATCH (e:Entity {namespace: $ns}) RETURN e.id AS id, e.norm_name AS norm",
                              {"ns": settings.namespace})
     assert {(r["id"], r["norm"]) for r in rows} == set(found.values())
