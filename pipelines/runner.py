@@ -52,6 +52,11 @@ def fail_dead_runs(instance: dg.DagsterInstance) -> list[str]:
     return dead
 
 
+def _process_tags() -> dict[str, str]:
+    """Which process runs an in-process run: `fail_dead_runs` checks it is still alive."""
+    return {"lazyhippo/pid": str(os.getpid()), "lazyhippo/host": socket.gethostname()}
+
+
 def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
     cfg: dict = {"resources": {name: {"config": {k: v for k, v in values.items() if v is not None}}
                                for name, values in resources.items() if any(v is not None for v in values.values())},
@@ -69,7 +74,7 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
     instance = instance_for(home)
     fail_dead_runs(instance)
     job = defs.resolve_job_def(job_name)
-    tags = {**(tags or {}), "lazyhippo/pid": str(os.getpid()), "lazyhippo/host": socket.gethostname()}
+    tags = {**(tags or {}), **_process_tags()}
     result: dict = {}
 
     def target() -> None:
@@ -106,8 +111,10 @@ def launch(job_name: str, home: Path, config: dict, tags: dict | None = None,
     from .definitions import defs
 
     instance = instance_for(home)
+    fail_dead_runs(instance)
     job = defs.resolve_job_def(job_name)
     run_id = str(uuid.uuid4())
+    tags = {**(tags or {}), **_process_tags()}
 
     def target() -> None:
         ok = False

@@ -154,3 +154,15 @@ def test_status_and_queries_during_a_cli_index_run_never_break_it(tmp_path, monk
     assert index.wait() == 0, index.stderr.read()[-2000:]
     assert answers and statuses and set(statuses) <= {8, 9}  # the last complete index, never a half-built one
     assert json.loads(runner.invoke(app, ["status", "--home", home, "--json"]).stdout.strip().splitlines()[-1])["documents"] == 9
+
+
+def test_the_instance_monitors_runs_and_queues_index_runs_one_at_a_time(tmp_path, monkeypatch):
+    from pipelines.definitions import defs
+    from pipelines.runner import instance_for
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    instance = instance_for(tmp_path / "home")
+    assert instance.run_monitoring_enabled
+    limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    assert {"key": "lazyhippo/writer", "limit": 1} in limits
+    assert defs.resolve_job_def("index").tags["lazyhippo/writer"] == "warehouse"
