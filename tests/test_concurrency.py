@@ -166,3 +166,34 @@ def test_the_instance_monitors_runs_and_queues_index_runs_one_at_a_time(tmp_path
     limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
     assert {"key": "lazyhippo/writer", "limit": 1} in limits
     assert defs.resolve_job_def("index").tags["lazyhippo/writer"] == "warehouse"
+
+
+def test_a_cli_run_killed_with_sigkill_is_reported_and_marked_failed(tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from lazyhippo.warehouse import read_state
+    from pipelines.cli import app
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    home = tmp_path / "home"
+    runner = CliRunner()
+    assert runner.invoke(app, ["index", str(SAMPLE_CORPUS), "--home", str(home)]).exit_code == 0
+    index = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import app; app()", "index", str(SAMPLE_CORPUS),
+                              "--home", str(home)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while read_state(Settings(home=home)).get("default", {}).get("pid") != index.pid:
+        assert time.time() < deadline and index.poll() is None
+        time.sleep(0.2)
+    index.send_signal(signal.SIGKILL)
+    index.wait()
+    status = runner.invoke(app, ["status", "--home", str(home), "--json"])
+    assert status.exit_code == 0 and "did not finish" in " ".join(status.output.split())
+    assert json.loads(status.stdout.strip().splitlines()[-1])["documents"] == 8  # the last complete index
+    q = runner.invoke(app, ["query", "Who succeeded Ada Fenwick?", "--home", str(home), "--route", "local"])
+    assert q.exit_code == 0 and "did not finish" in " ".join(q.output.split())
+    instance = dg.DagsterInstance.from_config(str(tmp_path / "dagster"))
+    killed = [r for r in instance.get_runs(dg.RunsFilter(job_name="index")) if r.tags.get("lazyhippo/pid") == str(index.pid)]
+    assert killed and killed[0].status == dg.DagsterRunStatus.FAILURE
