@@ -16,9 +16,9 @@ def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, g
                        [settings.namespace], ["doc_id", "title", "kind", "source", "chars"])
     errors = stats.pop("errors")
     for err in errors:
-        context.log.warning(f"skipped {err.source}: {err.reason}")
+        context.log.warning(f"{err.source}: {err.reason}")
     return dg.MaterializeResult(metadata={
         **figures(stats), "dagster/row_count": stats["documents"], "namespace": settings.namespace,
-        "source": settings.source, "skipped_files": len(errors), "preview": rows,
-        "skipped": table([(e.source, e.reason) for e in errors], ["file", "reason"]),
+        "source": settings.source, "input_problems": len(errors), "preview": rows,
+        "input_problems_list": table([(e.source, e.reason) for e in errors], ["file or row", "problem (skipped or cut)"]),
     })
