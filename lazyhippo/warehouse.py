@@ -1,10 +1,11 @@
 """DuckDB warehouse: the embedded store every stage reads and writes, namespaced per row.
 
 Concurrency (DuckDB locks the file per process, so a reader would break a writer): an index run owns the work
-file `warehouse.duckdb`, serialized between processes by a lock that waits. At the end of a successful run the
-namespace's rows are copied into a new file atomically renamed onto `published/<namespace>.duckdb`, the
-read-only snapshot every query and `status` opens. Readers therefore never touch the writer's file and always see the last complete
-index; `index_notice` tells them when the latest run is still going, failed, or was killed.
+file `warehouse.duckdb`, serialized between processes by a lock that waits (`WriterSession`). At the end of a
+successful run the namespace's rows are written to a new file atomically renamed onto
+`published/<namespace>.duckdb`, the read-only snapshot every query and `status` opens. Readers therefore never
+touch the writer's file and always see the last complete index; `index_notice` tells them when the latest run
+is still going, failed, or was killed. Writers outside an index run use a `WriterSession` too (it publishes).
 """
 
 from __future__ import annotations
