@@ -168,7 +168,8 @@ def test_kg_create_launches_the_dagster_index_job(pool, tmp_path, monkeypatch):
     with running(pool) as url:
         assert httpx.post(f"{url}/api/kg/create", json={"path": str(tmp_path / "missing")}).status_code == 400
         assert httpx.post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "../x"}).status_code == 400
-        assert httpx.get(f"{url}/api/runs/no-such-run").status_code == 404
+        # the first status call creates the Dagster instance (sqlite schema): ~5 s on a loaded 2-core machine
+        assert httpx.get(f"{url}/api/runs/no-such-run", timeout=60).status_code == 404
         r = httpx.post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "lights"})
         assert r.status_code == 202
         run_id = r.json()["run_id"]
