@@ -8,6 +8,7 @@ from typing import get_args
 
 from lazyhippo.config import MIN_CHUNK_TOKENS, GraphStoreKind, ObjectStoreKind, Settings, check_namespace
 from lazyhippo.documents import SUPPORTED, iter_files
+from lazyhippo.embedding import PROFILES as EMBEDDER_PROFILES
 
 EXTRACTORS = ("nlp", "llm")
 COMMUNITY_ALGORITHMS = ("leiden", "louvain")
@@ -36,7 +37,8 @@ def check_namespace_option(namespace: str) -> None:
 
 def check_index_options(source: Path, namespace: str, *, chunk_size: int | None, chunk_overlap: int | None,
                         knn_top_k: int | None, knn_cutoff: float | None, community_algorithm: str | None,
-                        graph_store: str | None, object_store: str | None, extractor: str | None) -> None:
+                        graph_store: str | None, object_store: str | None, extractor: str | None,
+                        embedder: str | None = None) -> None:
     """Unset (None) options take the Settings defaults, which are valid."""
     if not source.exists():
         raise OptionError(f"{source} does not exist")
@@ -58,6 +60,7 @@ def check_index_options(source: Path, namespace: str, *, chunk_size: int | None,
     _choice("--graph-store", graph_store, get_args(GraphStoreKind))
     _choice("--object-store", object_store, get_args(ObjectStoreKind))
     _choice("--extractor", extractor, EXTRACTORS)
+    _choice("--embedder", embedder, EMBEDDER_PROFILES)
 
 
 def check_query_options(question: str, namespace: str, *, route: str, top_k: int, budget: int,

@@ -101,6 +101,7 @@ def test_a_bad_namespace_is_refused_once_up_front(tmp_path, namespace):
     (["index", "--graph-store", "bogus"], "--graph-store 'bogus' is not one of"),
     (["index", "--object-store", "s4"], "--object-store 's4' is not one of"),
     (["index", "--extractor", "magic"], "--extractor 'magic' is not one of"),
+    (["index", "--embedder", "word2vec"], "--embedder 'word2vec' is not one of"),
     (["index", "--community-algorithm", "kmeans"], "--community-algorithm 'kmeans' is not one of"),
     (["query", "", "--route", "local"], "the question is empty"),
     (["query", "   ", "--route", "local"], "the question is empty"),
