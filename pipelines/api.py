@@ -13,7 +13,6 @@ import ipaddress
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,12 +24,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field
 
+from lazyhippo.config import check_namespace
 from lazyhippo.query import ROUTES
 from lazyhippo.serving import IndexPool, UnknownNamespace
 
 log = logging.getLogger("lazyhippo.api")
 API_KEY_ENV = "LAZYHIPPO_API_KEY"
-NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -209,8 +208,10 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
         source = Path(body.path).expanduser()
         if not source.exists():
             raise HTTPException(400, f"path {body.path!r} does not exist on the server")
-        if not NAMESPACE.fullmatch(body.namespace):
-            raise HTTPException(400, f"namespace {body.namespace!r} must be 1-64 letters, digits, '.', '_' or '-'")
+        try:
+            check_namespace(body.namespace)  # the one rule of every store
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
         pool.begin_write()
 
         def done(run_id: str, ok: bool) -> None:
