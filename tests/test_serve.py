@@ -192,6 +192,19 @@ def test_kg_create_launches_the_dagster_index_job(pool, tmp_path, monkeypatch):
             time.sleep(0.2)
         r = post(f"{url}/api/query", json={"question": NEW_Q, "namespace": "lights", "route": "local"})
         assert r.status_code == 200 and "Quillon Barrow" in r.json()["answer"]
+        files = [("files", (p.name, p.read_bytes())) for p in sorted(src.iterdir())]
+        assert post(f"{url}/api/kg/upload", files=[("files", (".env", b"x"))], data={"namespace": "up"}).status_code == 400
+        r = post(f"{url}/api/kg/upload", files=files, data={"namespace": "uploaded"})
+        assert r.status_code == 202
+        run_id = r.json()["run_id"]
+        while get(f"{url}/api/runs/{run_id}").json()["status"] not in ("SUCCESS", "FAILURE", "CANCELED"):
+            assert time.time() < deadline + 300
+            time.sleep(1)
+        assert get(f"{url}/api/runs/{run_id}").json()["status"] == "SUCCESS"
+        r = post(f"{url}/api/query", json={"question": NEW_Q, "namespace": "uploaded", "route": "local"})
+        assert r.status_code == 200 and "Quillon Barrow" in r.json()["answer"]
+        assert r.json()["citations"][0]["source"] == "barrow.txt"
+        assert len(list((pool.settings.home / "uploads" / "uploaded").glob("*/barrow.txt"))) == 1
 
 
 def test_index_swaps_atomically_under_load(pool, home, tmp_path):
