@@ -16,14 +16,14 @@ from .ppr import personalized_pagerank
 
 class SubgraphPPR:
     """PPRBackend over the subgraph reached from the seed entities (hub entities are reached, not expanded).
-    One instance per query: it records the size of the subgraph it used."""
+    One instance per query: it records the subgraph it used."""
 
     name = "multi-hop-subgraph"
 
     def __init__(self, params: MultiHopParams, hub_df_share: float):
         self.params = params
         self.hub_df_share = hub_df_share
-        self.subgraph_nodes = 0
+        self.nodes = np.zeros(0, dtype=np.int64)   # the subgraph of the last run
 
     def expand(self, index, start: np.ndarray) -> np.ndarray:
         """Node indices within `max_hops` of `start`, breadth-first, sorted."""
@@ -52,8 +52,7 @@ class SubgraphPPR:
         start = np.flatnonzero(p[:index.n_entities] > 0)
         if not len(start):  # nothing linked to an entity: expand from the passage seeds instead
             start = np.flatnonzero(p > 0)
-        nodes = self.expand(index, start)
-        self.subgraph_nodes = int(len(nodes))
+        nodes = self.nodes = self.expand(index, start)
         out = np.zeros(len(p))
         if len(nodes):
             trans, dangling = _transition(index.graph.adjacency[nodes][:, nodes].tocsr())
