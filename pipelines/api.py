@@ -178,7 +178,8 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
     @app.get("/health", tags=["operations"])
     def health() -> dict:
         """Liveness and the warm indexes (no auth)."""
-        return {"status": "ok", "namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps}
+        return {"status": "ok", "namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps,
+                "worker_pid": os.getpid()}
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     def prometheus(_: None = Depends(authorized)) -> PlainTextResponse:
