@@ -321,7 +321,8 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
             try:
                 ready.add(httpx.get(f"{url}/health", timeout=2).json()["worker_pid"])
             except httpx.TransportError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.2)
         reports = [run_load(url, asked, r, clients, seconds, headers, rate=rate) for r in routes.split(",")]
     finally:
         server.terminate()
