@@ -127,12 +127,12 @@ class IndexPool:
                 return False
         with self._lock:
             self._known = set(list_namespaces(self.settings))
-            self._version = version
             for ns in list(self._warm):
                 if ns in self._known:
                     self._load(ns)
                 else:
                     del self._warm[ns]
+            self._version = version  # only once every load succeeded: a failed refresh is retried next poll
             self._seen = None
             self.swaps += 1
         return True
@@ -147,7 +147,10 @@ class IndexPool:
         with self._lock:
             self._holds -= 1
         if not self._holds:
-            self.refresh(force=True)
+            try:
+                self.refresh(force=True)
+            except Exception:  # noqa: BLE001 - the poller retries; the old index keeps serving
+                log.warning("refresh after an index run failed; retrying in the background", exc_info=True)
 
     def start(self, preload: bool = True) -> "IndexPool":
         """Read the namespace list (and load every index when `preload`), then refresh in the background."""

@@ -359,18 +359,16 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
                                "--port", str(port), "--workers", str(workers)], stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 300
-        while True:
-            if server.poll() is not None:
-                console.print(f"[red]error:[/red] the server exited; its log: {log.name}")
+        deadline, ready = time.time() + 300, set()
+        while len(ready) < workers:  # every worker has loaded its indexes (fresh connections reach all of them)
+            if server.poll() is not None or time.time() > deadline:
+                console.print(f"[red]error:[/red] the server did not come up; its log: {log.name}")
                 raise typer.Exit(1)
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
+                ready.add(httpx.get(f"{url}/health", timeout=2).json()["worker_pid"])
             except httpx.TransportError:
-                if time.time() > deadline:
-                    raise typer.Exit(1)
-                time.sleep(0.5)
+                pass
+            time.sleep(0.2)
         reports = [run_load(url, asked, r, clients, seconds, headers, rate=rate) for r in routes.split(",")]
     finally:
         server.terminate()

@@ -108,6 +108,7 @@ class Graph:
     params: GraphParams
     transition32: sp.csr_matrix       # float32 copy: halves the memory traffic of PPR
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
+    degree: np.ndarray                # weighted degree per node (adjacency row sums; the graph is symmetric)
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,7 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     return Graph(adjacency=adjacency, transition=transition, dangling=dangling,
                  node_ids=list(entities.ids) + list(chunks.ids),
                  node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunks.ids)}}, params=params,
-                 transition32=t32, matvec32=parallel_matvec(t32))
+                 transition32=t32, matvec32=parallel_matvec(t32), degree=np.asarray(adjacency.sum(axis=1)).ravel())
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
