@@ -95,3 +95,13 @@ def test_bench_scores_by_passage_id_when_titles_repeat(tmp_path):
         assert all(r in {"p1", "p2"} or r.startswith("x") for r in retrieved), method
         assert rows_[0]["recall_at_2"] == float("p2" in retrieved[:2]), method
     assert result["methods"]["bm25"]["recall_at_2"] == 1.0  # "basketball" only occurs in p2
+
+
+def test_summary_row_has_the_route_baselines_and_index_time():
+    from lazyhippo.bench import summary_row
+
+    m = lambda r2, r5, a8: {"recall_at_2": r2, "recall_at_5": r5, "all_supporting_at_8": a8, "latency_p50_ms": 4.04}  # noqa: E731
+    result = {"route": "local", "index_seconds": 12.34, "reused": True,
+              "methods": {"local": m(0.5, 0.75, 0.5), "bm25": m(0.1, 0.4, 0.0), "dense": m(0.2, 0.3, 0.0)}}
+    assert summary_row("musique", result) == {"set": "musique", "r@2": 0.5, "r@5": 0.75, "all@8": 0.5, "bm25 r@5": 0.4,
+                                              "dense r@5": 0.3, "p50 ms": 4.0, "index s": 12.3, "reused": True}
