@@ -3,7 +3,7 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
-from .metadata import OWNERS, figures, table
+from .metadata import OWNERS, table
 
 
 @dg.asset(deps=["chunks"], group_name="per_document", kinds={"duckdb", "spacy"}, owners=OWNERS,
@@ -20,10 +20,9 @@ def extractions(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
 
     with lazyhippo.warehouse() as con:
         stats = run_stage("extractions", settings, con, graph_store.store, progress=progress, run_id=context.run.run_id)
-    failures = stats.pop("failures")
-    for cid, reason in list(failures.items())[:20]:
+    for cid, reason in list(stats.failures.items())[:20]:
         context.log.warning(f"extraction failed for chunk {cid}: {reason}")
     return dg.MaterializeResult(metadata={
-        **figures(stats), "dagster/row_count": stats["raw_entities"],
-        "failed_chunks": table(list(failures.items())[:50], ["chunk_id", "reason"]),
+        **stats.figures(), "dagster/row_count": stats.raw_entities,
+        "failed_chunks": table(list(stats.failures.items())[:50], ["chunk_id", "reason"]),
     })

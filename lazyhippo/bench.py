@@ -104,7 +104,7 @@ def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings 
     """Index `corpus` into `workdir` unless it already holds this exact corpus (same hash, same settings)."""
     from .index import run_index
 
-    settings = (settings or Settings()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
+    settings = (settings or Settings.from_env()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
     stamp_file = workdir / "bench_corpus.json"
     stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items() if k != "home"}}
     if stamp_file.exists():

@@ -29,6 +29,21 @@ def _home(home: Optional[Path]) -> Path:
     return (home or Path(".lazyhippo")).resolve()
 
 
+def root_cause(result) -> str | None:
+    """Why the run stopped, from the first failure event (step or resource init): the innermost lazyhippo
+    error of its cause chain (it names the endpoint, file or option), else the innermost cause."""
+    for event in result.all_events:
+        error = getattr(event.event_specific_data, "error", None)
+        if error is None:
+            continue
+        chain = [error]
+        while chain[-1].cause is not None:  # Dagster wraps the exception that stopped the run
+            chain.append(chain[-1].cause)
+        ours = [e for e in chain if e.message.startswith("lazyhippo.")]
+        return (ours[-1] if ours else chain[-1]).message.strip().split("\n")[0]
+    return None
+
+
 def _run(job: str, home: Path, resources: dict, ops: dict | None = None):
     from .runner import execute, run_config
 
@@ -42,16 +57,12 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None):
 
         result = execute(job, home, run_config(resources, ops), on_step, tags=tag)
     if not result.success:
-        root = None
         for event in result.all_events:
             if event.is_step_failure:
-                error = event.step_failure_data.error
-                console.print(f"[red]{event.step_key} failed:[/red] {error.message.strip()}")
-                while error.cause is not None:  # Dagster wraps the exception that stopped the step
-                    error = error.cause
-                root = error
-        if root is not None:
-            console.print(f"[red]root cause:[/red] {root.message.strip()}")
+                console.print(f"[red]{event.step_key} failed:[/red] {event.step_failure_data.error.message.strip()}")
+        cause = root_cause(result)
+        if cause:
+            console.print(f"[red]root cause:[/red] {cause}")
         raise typer.Exit(1)
     console.print(f"run {result.run_id} succeeded (visible in `dagster dev`, DAGSTER_HOME={os.environ['DAGSTER_HOME']})")
     return result
