@@ -129,6 +129,14 @@ class OpenAIEmbedder:
         return _normalize(np.array(rows))
 
 
+def embedding_model_name(kind: str, model: str = "text-embedding-3-small") -> str:
+    """The name a profile stores with its vectors, without loading it (a new distillation gets a new name)."""
+    names = {"static-minilm": StaticMiniLM.name, "minilm": MiniLM.name, "openai": model}
+    if kind not in names:
+        raise ValueError(f"unknown embedder {kind!r} (expected one of {', '.join(PROFILES)})")
+    return names[kind]
+
+
 @lru_cache(maxsize=4)
 def get_embedder(kind: str = "static-minilm", model: str = "text-embedding-3-small") -> Embedder:
     if kind == "openai":
