@@ -290,7 +290,7 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
         rows = [summary_row(n, r) for n, r in results.items()]
         table = Table(title=f"summary: route {route}, top {k}, embedder {embedder}")
         for c in rows[0]:
-            table.add_column(c, justify="left" if c == "dataset" else "right")
+            table.add_column(c, justify="left" if c == "set" else "right")
         for r in rows:
             table.add_row(*(str(v) for v in r.values()))
         Console().print(table)

