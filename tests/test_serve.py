@@ -21,6 +21,7 @@ import uvicorn
 from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.query import answer_question
 from lazyhippo.serving import IndexPool
+from lazyhippo.warehouse import snapshot_dir, snapshot_path
 from pipelines.api import Limits, api_key_for, create_app
 
 REPO = Path(__file__).resolve().parent.parent
@@ -294,9 +295,9 @@ def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
     pool = IndexPool(Settings(home=home), settle_seconds=0.0).start()
     pool.stop()  # no poller: refresh by hand
     old = pool.get("default").index
-    db = home / "warehouse.duckdb"
-    st = os.stat(db)
-    os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    for published in (snapshot_path(Settings(home=home)), snapshot_dir(Settings(home=home))):  # a newer index
+        st = os.stat(published)
+        os.utime(published, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     real = serving.load_index
 
     def locked(*args, **kwargs):
