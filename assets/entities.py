@@ -10,13 +10,13 @@ _KINDS = {"duckdb", "sql", "neo4j"}
 
 @dg.multi_asset(
     specs=[dg.AssetSpec("entities", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
-                        description="Entities deduplicated by normalized name (sql/entities.sql)."),
+                        description="Entities deduplicated by normalized name (dbt_like_sql/entities.sql)."),
            dg.AssetSpec("relations", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
-                        description="Weighted entity relations (sql/relations.sql)."),
+                        description="Weighted entity relations (dbt_like_sql/relations.sql)."),
            dg.AssetSpec("mentions", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
-                        description="Chunk-entity mentions (sql/mentions.sql)."),
+                        description="Chunk-entity mentions (dbt_like_sql/mentions.sql)."),
            dg.AssetSpec("facts", deps=["extractions"], kinds={"duckdb", "sql"}, owners=OWNERS,
-                        description="Sentences linked to the entities they name (sql/facts.sql).")],
+                        description="Sentences linked to the entities they name (dbt_like_sql/facts.sql).")],
     group_name="graph",
 )
 def entity_graph_tables(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
