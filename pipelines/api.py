@@ -13,7 +13,6 @@ import ipaddress
 import json
 import logging
 import os
-import re
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -26,12 +25,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field
 
+from lazyhippo.config import check_namespace as valid_namespace
 from lazyhippo.query import ROUTES
 from lazyhippo.serving import IndexPool, UnknownNamespace
 
 log = logging.getLogger("lazyhippo.api")
 API_KEY_ENV = "LAZYHIPPO_API_KEY"
-NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -206,8 +205,11 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
         return run_query(request, body.question, body.namespace, "hybrid", body.top_k, body.budget)
 
     def check_namespace(namespace: str) -> None:
-        if not NAMESPACE.fullmatch(namespace):
-            raise HTTPException(400, f"namespace {namespace!r} must be 1-64 letters, digits, '.', '_' or '-'")
+        """The one namespace rule of every store (lazyhippo.config), as a 400."""
+        try:
+            valid_namespace(namespace)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
 
     def launch_index(source: Path, namespace: str, how: str) -> dict:
         from .runner import launch, run_config

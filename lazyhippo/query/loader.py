@@ -379,17 +379,19 @@ def db_version(db_path: Path) -> tuple[int, int]:
 
 def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIndex:
     """The cached GraphIndex of `settings`' namespace; built on first use and after the db file changes."""
+    from ..warehouse import read_path
+
     params = params or GraphParams()
-    db_path = Path(settings.db_path).resolve()
-    if not db_path.exists():
-        raise FileNotFoundError(f"no warehouse at {db_path}: build an index first")
+    db_path = read_path(settings)
+    if db_path is None:
+        raise FileNotFoundError(f"no complete index of namespace {settings.namespace!r} in {settings.home}: build an index first")
     key = (str(db_path), settings.namespace, db_version(db_path), params)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-        idx = _build_with_retry(settings, str(db_path), params)
+        idx = _build(settings, str(db_path), params)
         stale = [k for k in _CACHE if k[:2] == key[:2]]
         for k in stale:
             del _CACHE[k]
@@ -399,21 +401,12 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
         return idx
 
 
-def _build_with_retry(settings: Settings, db_path: str, params: GraphParams, attempts: int = 5) -> GraphIndex:
-    """A writer (an index run) holds DuckDB's file lock: wait for it a little instead of failing at once."""
-    import duckdb
-
+def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
+    """Readers open the published snapshot, which no writer ever holds: no waiting needed."""
     from ..warehouse import connect
 
-    for attempt in range(attempts):
-        try:
-            with connect(settings, read_only=True) as con:
-                return build_index(con, settings.namespace, db_path, params)
-        except duckdb.IOException:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
+    with connect(settings, read_only=True) as con:
+        return build_index(con, settings.namespace, db_path, params)
 
 
 def clear_cache() -> None:
