@@ -369,14 +369,15 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        reports = [run_load(url, asked, r, clients, seconds, headers, rate=rate) for r in routes.split(",")]
+        reports = [run_load(url, asked, r, clients, seconds, headers, rate=rate, server_pid=server.pid)
+                   for r in routes.split(",")]
     finally:
         server.terminate()
         server.wait(30)
         log.close()
     table = Table(title=f"lazyhippo serve under load: {clients} clients, {len(asked)} questions from {questions.name}, "
                         f"{workers} worker(s), " + (f"{rate:g} queries/s offered" if rate else "closed loop"))
-    cols = ("requests", "errors", "qps", "p50_ms", "p95_ms", "p99_ms")
+    cols = ("requests", "errors", "qps", "p50_ms", "p95_ms", "p99_ms", "server_cpu_ms_per_query")
     table.add_column("route")
     for c in cols:
         table.add_column(c, justify="right")

@@ -281,10 +281,11 @@ def test_load_generator_counts_requests_and_errors(pool):
     from lazyhippo.bench_serve import run_load
 
     with running(pool) as url:
-        good = run_load(url, [SUCCESSOR_Q, NEW_Q], "local", clients=2, seconds=1.0, warmup=1)
+        good = run_load(url, [SUCCESSOR_Q, NEW_Q], "local", clients=2, seconds=1.0, warmup=1, server_pid=os.getpid())
         bad = run_load(url, [SUCCESSOR_Q], "fastest", clients=2, seconds=0.5, warmup=0)
         paced = run_load(url, [SUCCESSOR_Q], "local", clients=2, seconds=1.0, warmup=0, rate=10)
     assert good.requests > 0 and good.errors == 0 and good.p50_ms > 0 and good.p99_ms >= good.p95_ms >= good.p50_ms
+    assert good.server_cpu_ms_per_query > 0 and bad.server_cpu_ms_per_query is None
     assert bad.requests > 0 and bad.errors == bad.requests and "HTTP 400" in bad.error_samples[0]
     assert paced.errors == 0 and paced.requests <= 10
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import numpy as np
 
@@ -46,12 +46,13 @@ class QueryResult:
         return render_context(self.context)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["context"] = [c.to_dict() for c in self.context]
-        return json.loads(json.dumps(d, default=_jsonable))
+        """Plain JSON types, dataclasses as dicts of their fields (one pass: no deep copy before encoding)."""
+        return json.loads(json.dumps(self, default=_jsonable))
 
 
 def _jsonable(o):
+    if is_dataclass(o) and not isinstance(o, type):
+        return {f.name: getattr(o, f.name) for f in fields(o)}
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     if isinstance(o, np.ndarray):
