@@ -18,7 +18,7 @@ from lazyhippo.warehouse import connect, counts
 BAD_PDFS = Path(__file__).resolve().parent.parent.parent / "shared" / "badinput" / "pdfs"
 
 
-def _ingest(settings: Settings) -> dict:
+def _ingest(settings: Settings):
     with connect(settings) as con:
         return ingest_documents(settings, con)
 
