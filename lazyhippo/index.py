@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,12 +25,28 @@ from .extraction import ExtractionCache, LlmExtractor, NlpExtractor, extract_chu
 from .graphstore import GraphStore
 from .llm import OpenAIChat, configured_llm
 from .objectstore import ObjectStore
-from .summaries import summarize_extractive, summarize_llm
+from .reports import build_community_reports, summarize_graph_descriptions
+from .summaries import summarize_extractive
 from .warehouse import count, read_vectors, replace_rows, run_sql_model
 
 Progress = Callable[[str, int, int], None]
 EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges",
-                 "entity_scores", "communities", "community_summaries")
+                 "entity_scores", "communities", "community_summaries", "community_reports")
+
+
+def resolve_llm(settings: Settings, llm="auto") -> OpenAIChat | None:
+    """`"auto"`: the configured endpoint if any (one client for the whole run), else None (offline)."""
+    return configured_llm(settings.llm_model) if llm == "auto" else llm
+
+
+def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | None, llm, before: dict) -> list[dict]:
+    """Write what the LLM used since `before` (a meter snapshot) to token_usage, one row per operation."""
+    rows = llm.meter.since(before) if llm is not None else []
+    for r in rows:
+        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
+                    "VALUES (?, ?, ?, ?, ?, ?)", [namespace, run_id, r["operation"], r["model"], r["prompt_tokens"],
+                                                  r["completion_tokens"]])
+    return rows
 
 
 def _ns(table: pa.Table, namespace: str) -> pa.Table:
@@ -82,18 +99,21 @@ def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:
     return [Chunk(*r) for r in rows]
 
 
-def make_extractor(settings: Settings):
+def make_extractor(settings: Settings, llm=None):
     if settings.extractor == "nlp":
         return NlpExtractor(noun_phrases=settings.nlp_noun_phrases)
     if settings.extractor == "llm":
-        return LlmExtractor(configured_llm(settings.llm_model) or OpenAIChat(settings.llm_model))
+        return LlmExtractor(llm or OpenAIChat(settings.llm_model))
     raise ValueError(f"unknown extractor {settings.extractor!r} (expected 'nlp' or 'llm')")
 
 
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,
-                    progress: Progress | None = None, run_id: str | None = None) -> dict:
+                    progress: Progress | None = None, run_id: str | None = None, llm="auto") -> dict:
     ns = settings.namespace
-    extractor = extractor or make_extractor(settings)
+    llm = resolve_llm(settings, llm) if settings.extractor == "llm" else None
+    extractor = extractor or make_extractor(settings, llm)
+    llm = getattr(extractor, "llm", None)
+    before = llm.meter.snapshot() if llm is not None else {}
     chunks = load_chunks(con, ns)
     cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")
     try:
@@ -101,17 +121,12 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
                              progress=(lambda i, n: progress("extractions", i, n)) if progress else None)
     finally:
         cache.close()
+        usage = record_usage(con, ns, run_id, llm, before)
     ents, rels, facts = [], [], []
-    usage = Counter()
     for cid, ex in run.results.items():
         ents += [{"chunk_id": cid, **e} for e in ex.entities]
         rels += [{"chunk_id": cid, **r} for r in ex.relations]
         facts += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]} for i, f in enumerate(ex.facts)]
-    if run.computed:  # token usage is counted when a model was actually called, never for cache hits
-        for cid, ex in run.results.items():
-            if ex.usage:
-                usage["prompt_tokens"] += ex.usage.get("prompt_tokens", 0)
-                usage["completion_tokens"] += ex.usage.get("completion_tokens", 0)
     schema_e = pa.schema([("chunk_id", pa.string()), ("name", pa.string()), ("type", pa.string()), ("description", pa.string())])
     schema_r = pa.schema([("chunk_id", pa.string()), ("source", pa.string()), ("target", pa.string()),
                           ("description", pa.string()), ("weight", pa.float64())])
@@ -121,26 +136,31 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
     replace_rows(con, "extracted_facts", ns, _ns(pa.Table.from_pylist(facts, schema_f), ns))
     fail_rows = [{"chunk_id": c, "reason": r} for c, r in run.failures.items()]
     replace_rows(con, "extraction_failures", ns, _ns(pa.Table.from_pylist(fail_rows), ns) if fail_rows else None)
-    if usage:
-        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
-                    "VALUES (?, ?, 'extractions', ?, ?, ?)",
-                    [ns, run_id, extractor.model, usage["prompt_tokens"], usage["completion_tokens"]])
     return {"chunks": len(chunks), "cached": run.cached, "computed": run.computed, "failed": len(run.failures),
             "failures": run.failures, "extractor": f"{extractor.name}:{extractor.model}",
-            "raw_entities": len(ents), "raw_relations": len(rels), "facts": len(facts), **usage}
+            "raw_entities": len(ents), "raw_relations": len(rels), "facts": len(facts), "llm_usage": usage}
 
 
-def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
-    """The SQL models, in dependency order: the kept entities filter relations, mentions and facts."""
-    return {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
+def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=None, run_id: str | None = None) -> dict:
+    """The SQL models, in dependency order: the kept entities filter relations, mentions and facts. With an
+    LLM, long entity and relation descriptions are then summarized (map-reduce, cached)."""
+    out = {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
+    if llm is not None:
+        before = llm.meter.snapshot()
+        try:
+            out.update(summarize_graph_descriptions(settings, con, llm))
+        finally:
+            out["llm_usage"] = record_usage(con, settings.namespace, run_id, llm, before)
+    return out
 
 
-def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
-    """Embed only items without a vector from this model: re-runs reuse stored vectors."""
+def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder, force: bool = False) -> int:
+    """Embed only items without a vector from this model: re-runs reuse stored vectors (`force`: text
+    that changes under the same id, like community reports, is embedded again)."""
     ns = settings.namespace
     have = dict(con.execute("SELECT item_id, model FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall())
     ids_now = {i for i, _ in items}
-    todo = [(i, t) for i, t in items if have.get(i) != embedder.name]
+    todo = [(i, t) for i, t in items if force or have.get(i) != embedder.name]
     stale = [i for i in have if i not in ids_now]
     if stale:
         con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))", [ns, kind, stale])
@@ -212,7 +232,10 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
             "size_distribution": dict(sorted(dist.items()))}
 
 
-def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> dict:
+def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None,
+                              llm=None) -> dict:
+    """Extractive summaries for every community; with an LLM, communities with a report take its title
+    and summary, and the report with its questions is what gets embedded for the global route."""
     ns = settings.namespace
     rows = con.execute("""
         SELECT s.community_id, e.name, e.description, s.pagerank, e.degree
@@ -221,23 +244,26 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
     members: dict[str, list[dict]] = defaultdict(list)
     for c, name, desc, pr, deg in rows:
         members[c].append({"name": name, "description": desc or "", "score": pr * 1000 + deg})
-    llm = configured_llm(settings.llm_model)
-    summaries, usage = [], Counter()
-    for c, ms in members.items():
-        s = summarize_extractive(c, ms)
-        if llm is not None and len(ms) > 1:
-            s, comp = summarize_llm(llm, s)
-            usage["prompt_tokens"] += comp.prompt_tokens
-            usage["completion_tokens"] += comp.completion_tokens
-        summaries.append(s)
+    summaries = [summarize_extractive(c, ms) for c, ms in members.items()]
+    texts = {s.community_id: f"{s.title}\n{s.summary}" for s in summaries}
+    report_stats: dict = {}
+    if llm is not None:
+        before = llm.meter.snapshot()
+        try:
+            reports, report_stats = build_community_reports(settings, con, llm)
+        finally:
+            report_stats["llm_usage"] = record_usage(con, ns, run_id, llm, before)
+        by_id = {r.community_id: r for r in reports}
+        summaries = [replace(s, title=by_id[s.community_id].title, summary=by_id[s.community_id].summary)
+                     if s.community_id in by_id else s for s in summaries]
+        texts.update({r.community_id: r.text() for r in reports})
+    else:
+        replace_rows(con, "community_reports", ns, None)
     replace_rows(con, "community_summaries", ns, _ns(pa.Table.from_pylist([s.__dict__ for s in summaries]), ns) if summaries else None)
-    if usage:
-        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
-                    "VALUES (?, ?, 'community_summaries', ?, ?, ?)", [ns, run_id, llm.model, usage["prompt_tokens"], usage["completion_tokens"]])
     embedder = get_embedder(settings.embedder, settings.embedding_model)
-    embedded = _embed_missing(con, settings, "community", [(s.community_id, f"{s.title}\n{s.summary}") for s in summaries], embedder)
+    embedded = _embed_missing(con, settings, "community", list(texts.items()), embedder, force=llm is not None)
     biggest = sorted(summaries, key=lambda s: -len(members[s.community_id]))[:5]
-    return {"summaries": len(summaries), "embedded": embedded, "llm": llm.model if llm else "extractive",
+    return {"summaries": len(summaries), "embedded": embedded, "llm": llm.model if llm else "extractive", **report_stats,
             "preview": [{"community_id": s.community_id, "size": len(members[s.community_id]), "title": s.title,
                          "summary": s.summary[:200]} for s in biggest]}
 
@@ -264,25 +290,27 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
 
 
 def run_index(settings: Settings, store: GraphStore | None = None, objects: ObjectStore | None = None,
-              progress: Progress | None = None, run_id: str = "library") -> dict:
-    """Every stage in order, without Dagster: the library entry point (the bench uses it too)."""
+              progress: Progress | None = None, run_id: str = "library", llm="auto") -> dict:
+    """Every stage in order, without Dagster: the library entry point (the bench uses it too). `llm`:
+    "auto" (the configured endpoint, else offline), None (offline) or a client."""
     from .graphstore import EmbeddedGraphStore
     from .objectstore import LocalObjectStore
     from .warehouse import connect
 
     store = store or EmbeddedGraphStore()
     objects = objects or LocalObjectStore(settings.export_dir)
+    llm = resolve_llm(settings, llm)
     out: dict = {}
     with connect(settings) as con:
         steps = [
             ("documents", lambda: ingest_documents(settings, con)),
             ("chunks", lambda: build_chunks(settings, con)),
-            ("extractions", lambda: run_extractions(settings, con, progress=progress, run_id=run_id)),
-            ("graph_tables", lambda: build_graph_tables(settings, con)),
+            ("extractions", lambda: run_extractions(settings, con, progress=progress, run_id=run_id, llm=llm)),
+            ("graph_tables", lambda: build_graph_tables(settings, con, llm, run_id)),
             ("embeddings", lambda: build_embeddings(settings, con)),
             ("knn_edges", lambda: build_knn_edges(settings, con, store)),
             ("communities", lambda: build_communities(settings, con, store)),
-            ("community_summaries", lambda: build_community_summaries(settings, con, run_id)),
+            ("community_summaries", lambda: build_community_summaries(settings, con, run_id, llm)),
             ("exports", lambda: export_parquet(settings, con, objects, run_id)),
         ]
         timings = out["seconds"] = {}
