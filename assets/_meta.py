@@ -24,3 +24,15 @@ def preview(con, sql: str, params: Sequence, header: Sequence[str]) -> dg.Metada
 def scalars(stats: dict) -> dict:
     """The plain numbers and strings of a stage's figures, ready for metadata."""
     return {k: v for k, v in stats.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+
+
+def llm_usage(rows: list[dict]) -> dict:
+    """Token usage of a stage (one row per operation and model) as a table, plus the totals."""
+    if not rows:
+        return {}
+    schema = dg.TableSchema(columns=[dg.TableColumn("operation", "string"), dg.TableColumn("model", "string"),
+                                     dg.TableColumn("calls", "int"), dg.TableColumn("prompt_tokens", "int"),
+                                     dg.TableColumn("completion_tokens", "int")])
+    return {"llm_usage": dg.MetadataValue.table([dg.TableRecord(r) for r in rows], schema=schema),
+            "llm_prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+            "llm_completion_tokens": sum(r["completion_tokens"] for r in rows)}

@@ -1,9 +1,9 @@
 import dagster as dg
 
 from lazyhippo.index import build_graph_tables
-from resources import GraphStoreResource, LazyhippoResource
+from resources import GraphStoreResource, LazyhippoResource, LLMResource
 
-from ._meta import preview
+from ._meta import llm_usage, preview
 
 
 @dg.multi_asset(
@@ -13,11 +13,12 @@ from ._meta import preview
            dg.AssetSpec("facts", deps=["extractions"], description="Sentences linked to the entities they name (dbt_like_sql/facts.sql).")],
     group_name="graph",
 )
-def entity_graph_tables(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
+def entity_graph_tables(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource,
+                        llm: LLMResource):
     settings = lazyhippo.settings()
     ns = [settings.namespace]
     with graph_store.session() as store, lazyhippo.warehouse() as con:
-        counts = build_graph_tables(settings, con)
+        counts = build_graph_tables(settings, con, llm.client(settings), context.run.run_id)
         synced = store.sync(con, settings.namespace, "graph_tables")
         top = preview(con, "SELECT name, type, mention_count, degree FROM entities WHERE namespace = ? "
                       "ORDER BY mention_count DESC, degree DESC, name LIMIT 15", ns, ["entity", "type", "mentions", "degree"])
@@ -26,7 +27,9 @@ def entity_graph_tables(lazyhippo: LazyhippoResource, graph_store: GraphStoreRes
                        "JOIN entities b ON b.namespace = r.namespace AND b.entity_id = r.target_id "
                        "WHERE r.namespace = ? ORDER BY r.weight DESC, 1, 2 LIMIT 15", ns, ["source", "target", "weight", "description"])
     extra = {f"graph_store_{k}": v for k, v in synced.items()}
-    yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts["entities"], "top_entities": top, **extra})
+    yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts["entities"], "top_entities": top, **extra,
+                                                                "descriptions_summarized": counts.get("entities_summarized", 0),
+                                                                **llm_usage(counts.get("llm_usage", []))})
     yield dg.MaterializeResult(asset_key="relations", metadata={"dagster/row_count": counts["relations"], "strongest": rels})
     yield dg.MaterializeResult(asset_key="mentions", metadata={"dagster/row_count": counts["mentions"]})
     yield dg.MaterializeResult(asset_key="facts", metadata={"dagster/row_count": counts["facts"]})

@@ -1,14 +1,14 @@
 import dagster as dg
 
 from lazyhippo.index import run_extractions
-from resources import LazyhippoResource
+from resources import LazyhippoResource, LLMResource
 
-from ._meta import md_table, scalars
+from ._meta import llm_usage, md_table, scalars
 
 
 @dg.asset(deps=["chunks"], group_name="per_document",
           description="Entities, relations and facts per chunk; cached by (chunk hash, extractor, model, prompt version).")
-def extractions(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource) -> dg.MaterializeResult:
+def extractions(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, llm: LLMResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
     last = [0]
 
@@ -18,10 +18,11 @@ def extractions(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource)
             context.log.info(f"{stage}: {done}/{total} chunks extracted")
 
     with lazyhippo.warehouse() as con:
-        stats = run_extractions(settings, con, progress=progress, run_id=context.run.run_id)
+        stats = run_extractions(settings, con, progress=progress, run_id=context.run.run_id, llm=llm.client(settings))
     for cid, reason in list(stats["failures"].items())[:20]:
         context.log.warning(f"extraction failed for chunk {cid}: {reason}")
     return dg.MaterializeResult(metadata={
         **scalars(stats), "dagster/row_count": stats["raw_entities"],
         "failed_chunks": md_table(list(stats["failures"].items())[:50], ["chunk_id", "reason"]),
+        **llm_usage(stats["llm_usage"]),
     })

@@ -112,7 +112,7 @@ def _retryable(exc: BaseException) -> bool:
 
     if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError)):
         return True
-    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500 and exc.status_code != 501
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,9 @@ class OpenAIChat:
             served = [m.id for m in self._call(lambda: self._client.models.list()).data]
         except openai.AuthenticationError as exc:
             raise LLMError(f"the LLM endpoint {self.base_url} rejected the API key (OPENAI_API_KEY): {exc.message}") from None
-        except openai.NotFoundError:
+        except openai.APIStatusError as exc:
+            if exc.status_code not in (404, 405, 501):
+                raise
             served = None  # no model listing on this server: the first call will tell
         if served is not None and self.model not in served:
             raise LLMError(f"model {self.model!r} is not served by {self.base_url} (it serves: "
@@ -173,7 +175,7 @@ class OpenAIChat:
 
     def _call(self, fn: Callable[[], R]) -> R:
         @retry(retry=retry_if_exception(_retryable), reraise=True, stop=stop_after_attempt(self.config.max_retries + 1),
-               wait=wait_exponential_jitter(initial=0.5, max=self.config.backoff_max))
+               wait=wait_exponential_jitter(multiplier=0.5, max=self.config.backoff_max))
         def attempt() -> R:
             with self._slots:
                 return fn()

@@ -17,6 +17,8 @@ from rich.table import Table
 from lazyhippo.config import REPO_ROOT, SAMPLE_CORPUS, Settings
 from lazyhippo.warehouse import TABLES, counts
 
+from .chat import chat, print_usage, run_usage
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
 
@@ -64,13 +66,14 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     if not source.exists():
         console.print(f"[red]error:[/red] {source} does not exist")
         raise typer.Exit(2)
-    _run("index", root, {
+    result = _run("index", root, {
         "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                       "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
                       "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
     })
     status(home=root, namespace=namespace, as_json=False)
+    print_usage(run_usage(Settings(home=root, namespace=namespace), result.run_id), Console())
 
 
 @app.command()
@@ -115,12 +118,16 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         where = " ".join(x for x in (f"§ {cite['section']}" if cite.get("section") else "",
                                      f"p. {cite['page']}" if cite.get("page") else "") if x)
         out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
+    print_usage(data["usage"], out)
+
+
+app.command("chat")(chat)
 
 
 @app.command(context_settings={"allow_extra_args": True})
 def services(action: str = typer.Argument(..., help="install | start | stop | status"),
-             service: Optional[str] = typer.Argument(None, help="neo4j | minio (default both)")) -> None:
-    """Install/start/stop the Neo4j+GDS and MinIO servers on loopback (scripts/services.sh)."""
+             service: Optional[str] = typer.Argument(None, help="neo4j | minio | llm (default all)")) -> None:
+    """Install/start/stop the Neo4j+GDS, MinIO and llama.cpp (llm) servers on loopback (scripts/services.sh)."""
     cmd = ["bash", str(REPO_ROOT / "scripts" / "services.sh"), action] + ([service] if service else [])
     raise typer.Exit(subprocess.call(cmd))
 

@@ -9,6 +9,7 @@ from typing import Iterator, Optional
 
 import dagster as dg
 import duckdb
+from pydantic import PrivateAttr
 
 from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.graphstore import GraphStore, open_graph_store
@@ -105,6 +106,32 @@ class ObjectStoreResource(dg.ConfigurableResource):
         return LocalObjectStore(Path(self.root) if self.root else settings.export_dir)
 
 
+class LLMResource(dg.ConfigurableResource):
+    """An OpenAI-compatible endpoint: base URL and key from the environment, model from here or the index
+    settings. One client (with its retry policy, concurrency bound and token meter) per run; None when no
+    endpoint is configured, which keeps every stage offline."""
+
+    base_url: Optional[str] = os.environ.get("OPENAI_BASE_URL") or None
+    api_key: Optional[str] = None
+    model: Optional[str] = None
+    timeout: float = 120.0
+    max_retries: int = 4
+    concurrency: int = 2
+    _clients: dict = PrivateAttr(default_factory=dict)
+
+    def client(self, settings: Settings):
+        from lazyhippo.llm import LLMConfig, OpenAIChat
+
+        if not (self.base_url or self.api_key):
+            return None
+        model = self.model or settings.llm_model
+        if model not in self._clients:
+            self._clients[model] = OpenAIChat(LLMConfig(model, base_url=self.base_url, api_key=self.api_key,
+                                                        timeout=self.timeout, max_retries=self.max_retries,
+                                                        concurrency=self.concurrency))
+        return self._clients[model]
+
+
 def _secret(name: str):
     """An EnvVar where the variable is set (resolved at run time, never logged), else nothing."""
     return dg.EnvVar(name) if os.environ.get(name) else None
@@ -115,4 +142,5 @@ def default_resources() -> dict:
         "lazyhippo": LazyhippoResource(),
         "graph_store": GraphStoreResource(neo4j_password=_secret("NEO4J_PASSWORD")),
         "object_store": ObjectStoreResource(access_key=_secret("MINIO_ROOT_USER"), secret_key=_secret("MINIO_ROOT_PASSWORD")),
+        "llm": LLMResource(api_key=_secret("OPENAI_API_KEY")),
     }

@@ -11,7 +11,7 @@ import pytest
 
 from lazyhippo.config import Settings
 from lazyhippo.extraction import ExtractionCache
-from lazyhippo.index import run_index
+from lazyhippo.index import build_chunks, ingest_documents, run_extractions, run_index
 from lazyhippo.llm import LLMConfig, LLMError, LLMUnavailable, OpenAIChat
 from lazyhippo.query import answer_question
 from lazyhippo.warehouse import connect
@@ -131,7 +131,15 @@ def test_wrong_model_name_is_a_clear_error(llm_server, tmp_path):  # noqa: F811
         client(base_url, "no-such-model").complete("hello")
     settings = Settings(home=tmp_path / "home", source=str(corpus(tmp_path, DOCS)), extractor="llm")
     with pytest.raises(LLMError, match="no-such-model"):
-        run_index(settings, llm=client(base_url, "no-such-model"))
+        extract(settings, client(base_url, "no-such-model"))
+
+
+def extract(settings: Settings, llm: OpenAIChat) -> dict:
+    """The per-document stages only (documents, chunks, extractions): the failure cases are about them."""
+    with connect(settings) as con:
+        ingest_documents(settings, con)
+        build_chunks(settings, con)
+        return run_extractions(settings, con, llm=llm)
 
 
 def _cached(settings: Settings) -> int:
@@ -147,13 +155,20 @@ def test_server_stopped_mid_run_fails_cleanly_and_resumes_from_cache(llm_server,
     docs = {"a.txt": "Mei Lin worked at the Keswick Museum.", "b.txt": "Ada Fenwick lived in Keswick.",
             "c.txt": "Tomas Reyes visited Valencia."}
     settings = Settings(home=tmp_path / "home", source=str(corpus(tmp_path, docs)), extractor="llm", llm_model=model)
-    with OpenAIProxy(base_url, stop_when=lambda p: "Ada Fenwick lived" in p) as proxy:  # stops at the 2nd chunk
+    passages: list[str] = []
+
+    def second_chunk(prompt: str) -> bool:  # the "server" stops when the second chunk is asked for
+        passage = prompt.rsplit("Passage:", 1)[-1]
+        if passage not in passages:
+            passages.append(passage)
+        return len(passages) > 1
+
+    with OpenAIProxy(base_url, stop_when=second_chunk) as proxy:
         with pytest.raises(LLMUnavailable, match="unavailable"):
-            run_index(settings, llm=client(proxy.base_url, model, concurrency=1))
+            extract(settings, client(proxy.base_url, model, concurrency=1))
     assert _cached(settings) == 1  # what finished before the stop is kept
     with OpenAIProxy(base_url) as proxy:  # "restarted"
-        out = run_index(settings, llm=client(proxy.base_url, model, concurrency=1))
-    ex = out["extractions"]
+        ex = extract(settings, client(proxy.base_url, model, concurrency=1))
     assert ex["cached"] == 1 and ex["computed"] == 2 and ex["failed"] == 0
     assert sum(p.startswith("You extract") for p in proxy.prompts) == 2  # only what was missing
     assert _cached(settings) == 3
@@ -164,8 +179,7 @@ def test_malformed_json_is_retried_then_recorded_as_failed(llm_server, tmp_path)
     docs = {"good.txt": "Mei Lin worked at the Keswick Museum.", "poison.txt": "Ada Fenwick lived in Keswick."}
     settings = Settings(home=tmp_path / "home", source=str(corpus(tmp_path, docs)), extractor="llm", llm_model=model)
     with OpenAIProxy(base_url, corrupt=lambda p: p.startswith("You extract") and "Ada Fenwick lived" in p) as proxy:
-        out = run_index(settings, llm=client(proxy.base_url, model))
-    ex = out["extractions"]
+        ex = extract(settings, client(proxy.base_url, model))
     assert ex["computed"] == 1 and ex["failed"] == 1
     assert sum("Ada Fenwick lived" in p for p in proxy.prompts if p.startswith("You extract")) == 3
     assert "malformed extraction JSON after 3 attempts" in next(iter(ex["failures"].values()))
