@@ -36,7 +36,7 @@ EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "fa
 
 def resolve_llm(settings: Settings, llm="auto") -> OpenAIChat | None:
     """`"auto"`: the configured endpoint if any (one client for the whole run), else None (offline)."""
-    return configured_llm(settings.llm_model) if llm == "auto" else llm
+    return configured_llm(settings) if llm == "auto" else llm
 
 
 def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | None, llm, before: dict) -> list[dict]:
@@ -289,6 +289,42 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
                                                   "knn_edges", "communities", "community_summaries")}
 
 
+def _stages(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore | None,
+            progress: Progress | None, run_id: str, llm=None) -> dict[str, Callable[[], dict]]:
+    """Every indexing stage by the name of the asset it materializes, in dependency order."""
+    return {
+        "documents": lambda: ingest_documents(settings, con),
+        "chunks": lambda: build_chunks(settings, con),
+        "extractions": lambda: run_extractions(settings, con, progress=progress, run_id=run_id, llm=llm),
+        "entities": lambda: build_graph_tables(settings, con, llm, run_id),   # with relations, mentions, facts
+        "embeddings": lambda: build_embeddings(settings, con),
+        "knn_edges": lambda: build_knn_edges(settings, con, store),
+        "communities": lambda: build_communities(settings, con, store),
+        "community_summaries": lambda: build_community_summaries(settings, con, run_id, llm),
+        "exports": lambda: export_parquet(settings, con, objects, run_id),
+    }
+
+
+STAGE_NAMES = ("documents", "chunks", "extractions", "entities", "embeddings", "knn_edges", "communities",
+               "community_summaries", "exports")
+
+
+def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
+              objects: ObjectStore | None = None, progress: Progress | None = None, run_id: str = "library",
+              llm=None) -> dict:
+    """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
+    cannot leave the served graph stale. The sync's figures come back under "synced"."""
+    stats = _stages(settings, con, store, objects, progress, run_id, llm)[asset]()
+    synced = store.sync(con, settings.namespace, asset)
+    return {**stats, "synced": synced} if synced else stats
+
+
+def sync_all(store: GraphStore, con: duckdb.DuckDBPyConnection, namespace: str) -> None:
+    """Push an index built earlier (e.g. on the embedded store) to `store`, asset by asset."""
+    for asset in STAGE_NAMES:
+        store.sync(con, namespace, asset)
+
+
 def run_index(settings: Settings, store: GraphStore | None = None, objects: ObjectStore | None = None,
               progress: Progress | None = None, run_id: str = "library", llm="auto") -> dict:
     """Every stage in order, without Dagster: the library entry point (the bench uses it too). `llm`:
@@ -301,26 +337,14 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
     objects = objects or LocalObjectStore(settings.export_dir)
     llm = resolve_llm(settings, llm)
     out: dict = {}
+    timings = out["seconds"] = {}
     with connect(settings) as con:
-        steps = [
-            ("documents", lambda: ingest_documents(settings, con)),
-            ("chunks", lambda: build_chunks(settings, con)),
-            ("extractions", lambda: run_extractions(settings, con, progress=progress, run_id=run_id, llm=llm)),
-            ("graph_tables", lambda: build_graph_tables(settings, con, llm, run_id)),
-            ("embeddings", lambda: build_embeddings(settings, con)),
-            ("knn_edges", lambda: build_knn_edges(settings, con, store)),
-            ("communities", lambda: build_communities(settings, con, store)),
-            ("community_summaries", lambda: build_community_summaries(settings, con, run_id, llm)),
-            ("exports", lambda: export_parquet(settings, con, objects, run_id)),
-        ]
-        timings = out["seconds"] = {}
-        for i, (name, step) in enumerate(steps):
+        for i, name in enumerate(STAGE_NAMES):
             if progress:
-                progress("index", i, len(steps))
+                progress("index", i, len(STAGE_NAMES))
             t0 = time.perf_counter()
-            out[name] = step()
-            store.sync(con, settings.namespace, name)
+            out[name] = run_stage(name, settings, con, store, objects, progress, run_id, llm)
             timings[name] = round(time.perf_counter() - t0, 2)
         if progress:
-            progress("index", len(steps), len(steps))
+            progress("index", len(STAGE_NAMES), len(STAGE_NAMES))
     return out

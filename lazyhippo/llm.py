@@ -275,9 +275,7 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T], workers: int,
         return list(pool.map(safe, items))
 
 
-def configured_llm(model: str | None = None) -> OpenAIChat | None:
-    """A client only when an endpoint is configured (OPENAI_BASE_URL or OPENAI_API_KEY); None keeps every
-    path offline."""
-    if not (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")):
-        return None
-    return OpenAIChat(LLMConfig.from_env(model))
+def configured_llm(settings) -> OpenAIChat | None:
+    """The LLM `settings.llm` names (`Settings.from_env` picks "openai" when an endpoint is configured):
+    a client on OPENAI_BASE_URL / OPENAI_API_KEY with `settings.llm_model`; None keeps every path offline."""
+    return OpenAIChat(LLMConfig.from_env(settings.llm_model)) if settings.llm == "openai" else None

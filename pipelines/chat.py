@@ -45,7 +45,7 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", envvar="LAZYHIPPO_H
     from lazyhippo.query import answer_question
     from lazyhippo.warehouse import counts
 
-    settings = Settings(home=(home or Path(".lazyhippo")).resolve(), namespace=namespace)
+    settings = Settings.from_env(home=(home or Path(".lazyhippo")).resolve(), namespace=namespace)
     err = Console(stderr=True)
     if not counts(settings)["chunks"]:
         err.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")

@@ -59,3 +59,36 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, int
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+def launch(job_name: str, home: Path, config: dict, tags: dict | None = None,
+           on_done: Callable[[str, bool], None] | None = None) -> str:
+    """Start `job_name` in a background thread of this process and return its run id at once (the HTTP API's
+    `POST /api/kg/create`); `on_done(run_id, success)` is called when the run ends."""
+    import uuid
+
+    from .definitions import defs
+
+    instance = instance_for(home)
+    job = defs.resolve_job_def(job_name)
+    run_id = str(uuid.uuid4())
+
+    def target() -> None:
+        ok = False
+        try:
+            ok = job.execute_in_process(run_config=config, instance=instance, tags=tags, run_id=run_id,
+                                        raise_on_error=False).success
+        finally:
+            if on_done:
+                on_done(run_id, ok)
+
+    threading.Thread(target=target, name=f"lazyhippo-run-{run_id[:8]}", daemon=True).start()
+    return run_id
+
+
+def run_status(home: Path, run_id: str) -> dict | None:
+    """Status of a run in the Dagster instance (None if the instance has no such run)."""
+    run = instance_for(home).get_run_by_id(run_id)
+    if run is None:
+        return None
+    return {"run_id": run.run_id, "job": run.job_name, "status": run.status.value, "tags": dict(run.tags)}

@@ -2,13 +2,12 @@
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import dagster as dg
 
-from lazyhippo.config import SAMPLE_CORPUS
 from lazyhippo.documents import iter_files
+from resources import LazyhippoResource
 
 from .jobs import index_job
 
@@ -19,9 +18,9 @@ def source_fingerprint(source: Path) -> str:
 
 
 @dg.sensor(job=index_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
-           description="Reindex when files under LAZYHIPPO_SOURCE are added, changed or deleted.")
-def source_changed(context: dg.SensorEvaluationContext):
-    source = Path(os.environ.get("LAZYHIPPO_SOURCE", str(SAMPLE_CORPUS)))
+           description="Reindex when files under the configured source are added, changed or deleted.")
+def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoResource):
+    source = Path(lazyhippo.settings().source)  # the folder the index job reads, from the same settings
     if not source.exists():
         return dg.SkipReason(f"source {source} does not exist")
     fingerprint = source_fingerprint(source)

