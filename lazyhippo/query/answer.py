@@ -343,7 +343,7 @@ def llm_answer(llm, question: str, context: list[ContextChunk], evidence: list[C
                 f"- ({score}) {text}" for score, text in notes) + "\n\n"
     prompt = f"{partial}Context:\n{render_context(context)}\n\nQuestion: {question}\nAnswer:"
     messages = [{"role": "system", "content": ANSWER_SYSTEM}, *history, {"role": "user", "content": prompt}]
-    comp = llm.complete(messages, max_tokens=400, operation="answer")
+    comp = llm.complete(messages, max_tokens=300, operation="answer")
     text, cited, removed = check_citations(comp.text.strip(), {c.n for c in context})
     diag["citations_removed"] = removed
     return text or NO_ANSWER, cited, diag
