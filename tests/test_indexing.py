@@ -20,7 +20,7 @@ from lazyhippo.objectstore import LocalObjectStore
 from lazyhippo.tokens import count_tokens
 from lazyhippo.warehouse import connect
 from pipelines.definitions import all_assets, defs
-from resources import GraphStoreResource, LazyhippoResource, ObjectStoreResource
+from resources import GraphStoreResource, LazyhippoResource, LLMResource, ObjectStoreResource
 
 EXPECTED_ASSETS = {"documents", "chunks", "extractions", "entities", "relations", "mentions", "facts", "embeddings",
                    "knn_edges", "communities", "community_summaries", "exports"}
@@ -34,7 +34,8 @@ def _rows(settings: Settings, sql: str) -> list[tuple]:
 def _materialize(home: Path, source: Path, namespace: str = "default") -> dg.ExecuteInProcessResult:
     return dg.materialize(all_assets, resources={
         "lazyhippo": LazyhippoResource(home=str(home), source=str(source), namespace=namespace),
-        "graph_store": GraphStoreResource(kind="embedded"), "object_store": ObjectStoreResource(kind="local")})
+        "graph_store": GraphStoreResource(kind="embedded"), "object_store": ObjectStoreResource(kind="local"),
+        "llm": LLMResource()})
 
 
 def test_definitions_load_with_every_stage():
