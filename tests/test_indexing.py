@@ -115,7 +115,8 @@ def test_exports_read_back_with_polars_and_match_duckdb(sample_settings):
         for table in EXPORT_TABLES:
             exported = pl.read_parquet(io.BytesIO(store.get(f"default/tables/{table}.parquet")))
             expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").pl()
-            assert exported.height == expected.height > 0, table
+            offline_empty = table == "community_reports"  # reports need an LLM; offline the table is empty
+            assert exported.height == expected.height and (expected.height > 0 or offline_empty), table
             assert exported.equals(expected), table
 
 
