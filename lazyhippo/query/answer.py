@@ -241,7 +241,7 @@ def _anchored(sentence: str, title: str) -> str:
     return f"{title}: {sentence}" if _PRONOUN_START.match(sentence) and title else sentence
 
 
-_CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+_CITE_RUN = re.compile(r"( ?)((?:\[\d+(?:\s*,\s*\d+)*\])+)")
 ANSWER_SYSTEM = ("You answer questions from a numbered context. Cite every claim with its source number in brackets, "
                  "like [1] or [2][3], and only numbers that appear in the context. If the context does not "
                  "contain the answer, say so.")
@@ -280,28 +280,24 @@ def standalone_question(question: str, turns: list[dict], llm) -> str:
 
 def check_citations(text: str, valid: set[int]) -> tuple[str, list[int], int]:
     """Keep citations of context chunks, remove every other [n] (counted): an answer never points at
-    something the reader cannot see."""
+    something the reader cannot see. A run like " [7][2]" or " [3, 9]" is rewritten as a whole."""
     cited: list[int] = []
     removed = 0
 
-    def keep(m: re.Match) -> str:
+    def repl(m: re.Match) -> str:
         nonlocal removed
         good = []
-        for part in m.group(1).split(","):
-            n = int(part)
+        for n in map(int, re.findall(r"\d+", m.group(2))):
             if n in valid:
-                good.append(n)
+                if n not in good:
+                    good.append(n)
                 if n not in cited:
                     cited.append(n)
             else:
                 removed += 1
-        return "".join(f"[{n}]" for n in good)
+        return (m.group(1) + "".join(f"[{n}]" for n in good)) if good else ""
 
-    def repl(m: re.Match) -> str:
-        good = keep(m)
-        return (" " if good and m.group(0).startswith(" ") else "") + good
-
-    return re.sub(r" ?" + _CITE.pattern, repl, text).strip(), cited, removed
+    return _CITE_RUN.sub(repl, text).strip(), cited, removed
 
 
 def global_map(llm, question: str, context: list[ContextChunk], evidence: list[CommunityEvidence], idx: GraphIndex,
