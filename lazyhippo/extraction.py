@@ -131,19 +131,20 @@ def _strings(*names: str, max_length: int = 160) -> dict:
     return {n: {"type": "string", "maxLength": max_length} for n in names}
 
 
-# Bounded lists and strings: a small model at temperature 0 otherwise repeats itself until max_tokens.
-EXTRACTION_SCHEMA = {
-    "type": "object", "required": ["entities", "relations"],
-    "properties": {
-        "entities": {"type": "array", "maxItems": 8, "items": {
-            "type": "object", "required": ["name", "type", "description"],
-            "properties": {**_strings("name", "type", max_length=60), **_strings("description")}}},
-        "relations": {"type": "array", "maxItems": 6, "items": {
-            "type": "object", "required": ["source", "target", "description", "weight"],
-            "properties": {**_strings("source", "target", max_length=60), **_strings("description"),
-                           "weight": {"type": "number"}}}},
-    },
-}
+def extraction_schema(max_entities: int = 8, max_relations: int = 6) -> dict:
+    """Bounded lists and strings: a small model at temperature 0 otherwise repeats itself until max_tokens."""
+    return {
+        "type": "object", "required": ["entities", "relations"],
+        "properties": {
+            "entities": {"type": "array", "maxItems": max_entities, "items": {
+                "type": "object", "required": ["name", "type", "description"],
+                "properties": {**_strings("name", "type", max_length=60), **_strings("description")}}},
+            "relations": {"type": "array", "maxItems": max_relations, "items": {
+                "type": "object", "required": ["source", "target", "description", "weight"],
+                "properties": {**_strings("source", "target", max_length=60), **_strings("description"),
+                               "weight": {"type": "number"}}}},
+        },
+    }
 
 
 def extraction_from_json(data: dict, passage: str = "") -> Extraction:
@@ -172,8 +173,10 @@ class LlmExtractor:
     name = "llm"
     batch = 16  # chunks per cache write: a stopped run loses at most one batch of work
 
-    def __init__(self, llm: LLM, attempts: int = 3, max_tokens: int = 600):
+    def __init__(self, llm: LLM, attempts: int = 3, max_tokens: int = 600, max_entities: int = 8,
+                 max_relations: int = 6):
         self.llm = llm
+        self.schema = extraction_schema(max_entities, max_relations)
         self.model = llm.model
         self.template = (Path(__file__).parent / "prompts" / "extract.txt").read_text()
         self.prompt_version = "llm-" + sha(self.template, 8)
@@ -183,7 +186,7 @@ class LlmExtractor:
     def _one(self, chunk: Chunk) -> Extraction:
         prompt = self.template.format(title=chunk.title, text=chunk.text)
         result, _ = self.llm.complete_json(
-            prompt, EXTRACTION_SCHEMA, operation="extraction", max_tokens=self.max_tokens, attempts=self.attempts,
+            prompt, self.schema, operation="extraction", max_tokens=self.max_tokens, attempts=self.attempts,
             validate=lambda d: extraction_from_json(d, f"{chunk.title}\n{chunk.text}"))
         ent_title = _clean(chunk.title)
         if ent_title.lower() not in {e["name"].lower() for e in result.entities}:
