@@ -3,7 +3,7 @@ import dagster as dg
 from resources import GraphStoreResource, LazyhippoResource, LLMResource
 from lazyhippo.index import run_stage
 
-from .metadata import OWNERS, figures, llm_usage, table
+from .metadata import OWNERS, llm_usage, table
 
 
 @dg.asset(deps=["communities"], group_name="graph", kinds={"duckdb", "neo4j"}, owners=OWNERS,
@@ -14,8 +14,7 @@ def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoR
     with lazyhippo.warehouse() as con:
         stats = run_stage("community_summaries", settings, con, graph_store.store, run_id=context.run.run_id,
                           llm=llm.client(settings))
-    usage = llm_usage(stats.pop("llm_usage", []))
-    stats.pop("failures", None)
-    rows = [(p["community_id"], p["size"], p["title"], p["summary"]) for p in stats.pop("preview")]
-    return dg.MaterializeResult(metadata={**figures(stats), "dagster/row_count": stats["summaries"],
-                                          "largest_communities": table(rows, ["community", "size", "title", "summary"]), **usage})
+    rows = [(p["community_id"], p["size"], p["title"], p["summary"]) for p in stats.preview]
+    return dg.MaterializeResult(metadata={**stats.figures(), "dagster/row_count": stats.summaries,
+                                          "largest_communities": table(rows, ["community", "size", "title", "summary"]),
+                                          **llm_usage(stats.llm_usage)})

@@ -3,7 +3,7 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
-from .metadata import OWNERS, figures
+from .metadata import OWNERS
 
 
 @dg.asset(deps=["chunks", "entities", "facts"], group_name="graph", kinds={"duckdb", "numpy"}, owners=OWNERS,
@@ -11,4 +11,4 @@ from .metadata import OWNERS, figures
 def embeddings(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     with lazyhippo.warehouse() as con:
         stats = run_stage("embeddings", lazyhippo.settings(), con, graph_store.store)
-    return dg.MaterializeResult(metadata={**figures(stats), "dagster/row_count": stats["chunks"] + stats["entities"] + stats["facts"]})
+    return dg.MaterializeResult(metadata={**stats.figures(), "dagster/row_count": stats.chunks + stats.entities + stats.facts})

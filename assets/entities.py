@@ -3,7 +3,7 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource, LLMResource
 
-from .metadata import OWNERS, figures, llm_usage, preview
+from .metadata import OWNERS, llm_usage, preview
 
 _KINDS = {"duckdb", "sql", "neo4j"}
 
@@ -31,9 +31,9 @@ def entity_graph_tables(context: dg.AssetExecutionContext, lazyhippo: LazyhippoR
                        "JOIN entities a ON a.namespace = r.namespace AND a.entity_id = r.source_id "
                        "JOIN entities b ON b.namespace = r.namespace AND b.entity_id = r.target_id "
                        "WHERE r.namespace = ? ORDER BY r.weight DESC, 1, 2 LIMIT 15", ns, ["source", "target", "weight", "description"])
-    synced = figures({"graph_store": counts.get("synced", {})})
-    yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts["entities"], "top_entities": top, **synced,
-                                                                **llm_usage(counts.pop("llm_usage", []))})
-    yield dg.MaterializeResult(asset_key="relations", metadata={"dagster/row_count": counts["relations"], "strongest": rels})
-    yield dg.MaterializeResult(asset_key="mentions", metadata={"dagster/row_count": counts["mentions"]})
-    yield dg.MaterializeResult(asset_key="facts", metadata={"dagster/row_count": counts["facts"]})
+    synced = {k: v for k, v in counts.figures().items() if k.startswith("graph_store_")}
+    yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts.entities, "top_entities": top, **synced,
+                                                                **llm_usage(counts.llm_usage)})
+    yield dg.MaterializeResult(asset_key="relations", metadata={"dagster/row_count": counts.relations, "strongest": rels})
+    yield dg.MaterializeResult(asset_key="mentions", metadata={"dagster/row_count": counts.mentions})
+    yield dg.MaterializeResult(asset_key="facts", metadata={"dagster/row_count": counts.facts})

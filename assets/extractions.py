@@ -3,7 +3,7 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource, LLMResource
 
-from .metadata import OWNERS, figures, llm_usage, table
+from .metadata import OWNERS, llm_usage, table
 
 
 @dg.asset(deps=["chunks"], group_name="per_document", kinds={"duckdb", "spacy"}, owners=OWNERS,
@@ -21,10 +21,9 @@ def extractions(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
     with lazyhippo.warehouse() as con:
         stats = run_stage("extractions", settings, con, graph_store.store, progress=progress, run_id=context.run.run_id,
                           llm=llm.client(settings))
-    failures = stats.pop("failures")
-    for cid, reason in list(failures.items())[:20]:
+    for cid, reason in list(stats.failures.items())[:20]:
         context.log.warning(f"extraction failed for chunk {cid}: {reason}")
     return dg.MaterializeResult(metadata={
-        **figures(stats), "dagster/row_count": stats["raw_entities"],
-        "failed_chunks": table(list(failures.items())[:50], ["chunk_id", "reason"]), **llm_usage(stats.pop("llm_usage")),
+        **stats.figures(), "dagster/row_count": stats.raw_entities,
+        "failed_chunks": table(list(stats.failures.items())[:50], ["chunk_id", "reason"]), **llm_usage(stats.llm_usage),
     })

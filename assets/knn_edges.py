@@ -3,7 +3,7 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
-from .metadata import OWNERS, figures, preview
+from .metadata import OWNERS, preview
 
 
 @dg.asset(deps=["embeddings"], group_name="graph", kinds={"duckdb", "faiss", "neo4j"}, owners=OWNERS,
@@ -17,5 +17,5 @@ def knn_edges(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> 
                        "JOIN entities b ON b.namespace = k.namespace AND b.entity_id = k.target_id "
                        "WHERE k.namespace = ? ORDER BY k.score DESC, 1, 2 LIMIT 15", [settings.namespace],
                        ["entity", "similar to", "cosine"])
-    return dg.MaterializeResult(metadata={**figures(stats), "dagster/row_count": stats["edges"],
+    return dg.MaterializeResult(metadata={**stats.figures(), "dagster/row_count": stats.edges,
                                           "graph_store": graph_store.resolved_kind, "most_similar": rows})

@@ -26,6 +26,8 @@ from .graphstore import GraphStore
 from .llm import OpenAIChat, configured_llm
 from .objectstore import ObjectStore
 from .reports import build_community_reports, summarize_graph_descriptions
+from .stage_results import (ChunksResult, CommunitiesResult, DocumentsResult, EmbeddingsResult, ExportsResult,
+                            ExtractionsResult, GraphTablesResult, KnnResult, StageResult, SummariesResult)
 from .summaries import summarize_extractive
 from .warehouse import count, read_vectors, replace_rows, run_sql_model
 
@@ -34,13 +36,18 @@ EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "fa
                  "entity_scores", "communities", "community_summaries", "community_reports")
 
 
+def _ns(table: pa.Table, namespace: str) -> pa.Table:
+    return table.append_column("namespace", pa.array([namespace] * table.num_rows, pa.string()))
+
+
 def resolve_llm(settings: Settings, llm="auto") -> OpenAIChat | None:
-    """`"auto"`: the configured endpoint if any (one client for the whole run), else None (offline)."""
+    """`"auto"`: the LLM the settings choose (one client for the whole run), else None (offline)."""
     return configured_llm(settings) if llm == "auto" else llm
 
 
 def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | None, llm, before: dict) -> list[dict]:
-    """Write what the LLM used since `before` (a meter snapshot) to token_usage, one row per operation."""
+    """Write what the LLM used since `before` (a meter snapshot) to token_usage, one row per operation
+    (nothing when no model was called, e.g. every item was cached)."""
     rows = llm.meter.since(before) if llm is not None else []
     for r in rows:
         con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
@@ -49,11 +56,7 @@ def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | N
     return rows
 
 
-def _ns(table: pa.Table, namespace: str) -> pa.Table:
-    return table.append_column("namespace", pa.array([namespace] * table.num_rows, pa.string()))
-
-
-def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> DocumentsResult:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept."""
     docs, errors = read_source(Path(settings.source), settings.max_file_bytes)
     ns = settings.namespace
@@ -72,8 +75,8 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
     replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
-    return {"documents": len(rows), "errors": errors, "changed": changed,
-            "removed": len(set(before) - {r["doc_id"] for r in rows}), "kept_after_error": len(kept)}
+    return DocumentsResult(documents=len(rows), errors=errors, changed=changed,
+                           removed=len(set(before) - {r["doc_id"] for r in rows}), kept_after_error=len(kept))
 
 
 def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Document]:
@@ -83,13 +86,13 @@ def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Docum
             for doc_id, source, title, kind, h, sections in rows]
 
 
-def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection) -> ChunksResult:
     chunks = [c for d in load_documents(con, settings.namespace)
               for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
     table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
     replace_rows(con, "chunks", settings.namespace, _ns(table, settings.namespace) if table else None)
     tokens = [c.n_tokens for c in chunks]
-    return {"chunks": len(chunks), "tokens_total": sum(tokens), "tokens_max": max(tokens, default=0)}
+    return ChunksResult(chunks=len(chunks), tokens_total=sum(tokens), tokens_max=max(tokens, default=0))
 
 
 def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:
@@ -108,7 +111,9 @@ def make_extractor(settings: Settings, llm=None):
 
 
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,
-                    progress: Progress | None = None, run_id: str | None = None, llm="auto") -> dict:
+                    progress: Progress | None = None, run_id: str | None = None, llm="auto") -> ExtractionsResult:
+    """Cached extraction of every chunk. An endpoint error stops the stage after caching what finished
+    (and recording the tokens spent): a re-run calls the model only for what is missing."""
     ns = settings.namespace
     llm = resolve_llm(settings, llm) if settings.extractor == "llm" else None
     extractor = extractor or make_extractor(settings, llm)
@@ -136,22 +141,26 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
     replace_rows(con, "extracted_facts", ns, _ns(pa.Table.from_pylist(facts, schema_f), ns))
     fail_rows = [{"chunk_id": c, "reason": r} for c, r in run.failures.items()]
     replace_rows(con, "extraction_failures", ns, _ns(pa.Table.from_pylist(fail_rows), ns) if fail_rows else None)
-    return {"chunks": len(chunks), "cached": run.cached, "computed": run.computed, "failed": len(run.failures),
-            "failures": run.failures, "extractor": f"{extractor.name}:{extractor.model}",
-            "raw_entities": len(ents), "raw_relations": len(rels), "facts": len(facts), "llm_usage": usage}
+    return ExtractionsResult(chunks=len(chunks), cached=run.cached, computed=run.computed, failed=len(run.failures),
+                             failures=run.failures, extractor=f"{extractor.name}:{extractor.model}",
+                             raw_entities=len(ents), raw_relations=len(rels), facts=len(facts),
+                             prompt_tokens=sum(u["prompt_tokens"] for u in usage),
+                             completion_tokens=sum(u["completion_tokens"] for u in usage), llm_usage=usage)
 
 
-def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=None, run_id: str | None = None) -> dict:
+def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=None,
+                       run_id: str | None = None) -> GraphTablesResult:
     """The SQL models, in dependency order: the kept entities filter relations, mentions and facts. With an
     LLM, long entity and relation descriptions are then summarized (map-reduce, cached)."""
-    out = {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
-    if llm is not None:
-        before = llm.meter.snapshot()
-        try:
-            out.update(summarize_graph_descriptions(settings, con, llm))
-        finally:
-            out["llm_usage"] = record_usage(con, settings.namespace, run_id, llm, before)
-    return out
+    counts = {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
+    if llm is None:
+        return GraphTablesResult(**counts)
+    before = llm.meter.snapshot()
+    try:
+        summarized = summarize_graph_descriptions(settings, con, llm)
+    finally:
+        usage = record_usage(con, settings.namespace, run_id, llm, before)
+    return GraphTablesResult(**counts, **summarized, llm_usage=usage)
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder, force: bool = False) -> int:
@@ -183,7 +192,7 @@ def _append_vectors(con, ns, kind, ids, vectors, model):
     con.unregister("_vecs")
 
 
-def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> EmbeddingsResult:
     ns = settings.namespace
     embedder = get_embedder(settings.embedder, settings.embedding_model)
     chunks = con.execute("SELECT chunk_id, title || E'\\n' || text FROM chunks WHERE namespace = ?", [ns]).fetchall()
@@ -191,11 +200,11 @@ def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
     facts = con.execute("SELECT fact_id, text FROM facts WHERE namespace = ?", [ns]).fetchall()
     done = {kind: _embed_missing(con, settings, kind, items, embedder)
             for kind, items in (("chunk", chunks), ("entity", entities), ("fact", facts))}
-    return {"model": embedder.name, "chunks": len(chunks), "entities": len(entities), "facts": len(facts),
-            "newly_embedded": sum(done.values())}
+    return EmbeddingsResult(model=embedder.name, chunks=len(chunks), entities=len(entities), facts=len(facts),
+                            newly_embedded=sum(done.values()))
 
 
-def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> dict:
+def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> KnnResult:
     ns = settings.namespace
     ids, vectors = read_vectors(con, ns, "entity")
     edges = store.knn(ns, ids, vectors, settings.knn_top_k, settings.knn_cutoff)
@@ -203,8 +212,8 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
                                   for e in edges]) if edges else None
     replace_rows(con, "knn_edges", ns, _ns(table, ns) if table else None)
     scores = [e.score for e in edges]
-    return {"edges": len(edges), "entities": len(ids), "top_k": settings.knn_top_k, "cutoff": settings.knn_cutoff,
-            "score_min": min(scores, default=0.0), "score_mean": sum(scores) / len(scores) if scores else 0.0}
+    return KnnResult(edges=len(edges), entities=len(ids), top_k=settings.knn_top_k, cutoff=settings.knn_cutoff,
+                     score_min=min(scores, default=0.0), score_mean=sum(scores) / len(scores) if scores else 0.0)
 
 
 def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], list[tuple[str, str, float]]]:
@@ -215,7 +224,7 @@ def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[s
     return nodes, edges
 
 
-def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> dict:
+def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> CommunitiesResult:
     ns = settings.namespace
     nodes, edges = entity_graph(con, ns)
     comm = store.communities(ns, nodes, edges, settings.community_algorithm)
@@ -227,13 +236,13 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
     replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(
         [{"community_id": c, "level": 0, "size": s, "modularity": comm.modularity} for c, s in sizes.items()]), ns) if sizes else None)
     dist = Counter(min(s, 50) for s in sizes.values())
-    return {"communities": len(sizes), "modularity": comm.modularity, "algorithm": settings.community_algorithm,
-            "levels": comm.levels, "largest": max(sizes.values(), default=0), "singletons": dist.get(1, 0),
-            "size_distribution": dict(sorted(dist.items()))}
+    return CommunitiesResult(communities=len(sizes), modularity=comm.modularity, algorithm=settings.community_algorithm,
+                             levels=comm.levels, largest=max(sizes.values(), default=0), singletons=dist.get(1, 0),
+                             size_distribution=dict(sorted(dist.items())))
 
 
 def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None,
-                              llm=None) -> dict:
+                              llm=None) -> SummariesResult:
     """Extractive summaries for every community; with an LLM, communities with a report take its title
     and summary, and the report with its questions is what gets embedded for the global route."""
     ns = settings.namespace
@@ -246,13 +255,13 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
         members[c].append({"name": name, "description": desc or "", "score": pr * 1000 + deg})
     summaries = [summarize_extractive(c, ms) for c, ms in members.items()]
     texts = {s.community_id: f"{s.title}\n{s.summary}" for s in summaries}
-    report_stats: dict = {}
+    reports, report_stats, usage = [], {}, []
     if llm is not None:
         before = llm.meter.snapshot()
         try:
             reports, report_stats = build_community_reports(settings, con, llm)
         finally:
-            report_stats["llm_usage"] = record_usage(con, ns, run_id, llm, before)
+            usage = record_usage(con, ns, run_id, llm, before)
         by_id = {r.community_id: r for r in reports}
         summaries = [replace(s, title=by_id[s.community_id].title, summary=by_id[s.community_id].summary)
                      if s.community_id in by_id else s for s in summaries]
@@ -263,12 +272,13 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
     embedder = get_embedder(settings.embedder, settings.embedding_model)
     embedded = _embed_missing(con, settings, "community", list(texts.items()), embedder, force=llm is not None)
     biggest = sorted(summaries, key=lambda s: -len(members[s.community_id]))[:5]
-    return {"summaries": len(summaries), "embedded": embedded, "llm": llm.model if llm else "extractive", **report_stats,
-            "preview": [{"community_id": s.community_id, "size": len(members[s.community_id]), "title": s.title,
-                         "summary": s.summary[:200]} for s in biggest]}
+    return SummariesResult(summaries=len(summaries), embedded=embedded, llm=llm.model if llm else "extractive",
+                           llm_usage=usage, **report_stats,
+                           preview=[{"community_id": s.community_id, "size": len(members[s.community_id]),
+                                     "title": s.title, "summary": s.summary[:200]} for s in biggest])
 
 
-def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> dict:
+def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
     """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run."""
     import io
 
@@ -281,7 +291,7 @@ def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: Ob
         key = f"{ns}/tables/{table}.parquet"
         manifest[table] = {"key": key, "rows": data.num_rows, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
     store.put(f"{ns}/runs/{run_id}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return {"objects": manifest, "store": store.uri, "run_key": f"{ns}/runs/{run_id}/manifest.json"}
+    return ExportsResult(objects=manifest, store=store.uri, run_key=f"{ns}/runs/{run_id}/manifest.json")
 
 
 def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
@@ -290,7 +300,7 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
 
 
 def _stages(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore | None,
-            progress: Progress | None, run_id: str, llm=None) -> dict[str, Callable[[], dict]]:
+            progress: Progress | None, run_id: str, llm=None) -> dict[str, Callable[[], StageResult]]:
     """Every indexing stage by the name of the asset it materializes, in dependency order."""
     return {
         "documents": lambda: ingest_documents(settings, con),
@@ -310,13 +320,12 @@ STAGE_NAMES = ("documents", "chunks", "extractions", "entities", "embeddings", "
 
 
 def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
-              objects: ObjectStore | None = None, progress: Progress | None = None, run_id: str = "library",
-              llm=None) -> dict:
+              objects: ObjectStore | None = None, progress: Progress | None = None,
+              run_id: str = "library", llm=None) -> StageResult:
     """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
-    cannot leave the served graph stale. The sync's figures come back under "synced"."""
-    stats = _stages(settings, con, store, objects, progress, run_id, llm)[asset]()
-    synced = store.sync(con, settings.namespace, asset)
-    return {**stats, "synced": synced} if synced else stats
+    cannot leave the served graph stale. The sync's figures come back as `synced`."""
+    result = _stages(settings, con, store, objects, progress, run_id, llm)[asset]()
+    return replace(result, synced=store.sync(con, settings.namespace, asset))
 
 
 def sync_all(store: GraphStore, con: duckdb.DuckDBPyConnection, namespace: str) -> None:
@@ -328,7 +337,7 @@ def sync_all(store: GraphStore, con: duckdb.DuckDBPyConnection, namespace: str) 
 def run_index(settings: Settings, store: GraphStore | None = None, objects: ObjectStore | None = None,
               progress: Progress | None = None, run_id: str = "library", llm="auto") -> dict:
     """Every stage in order, without Dagster: the library entry point (the bench uses it too). `llm`:
-    "auto" (the configured endpoint, else offline), None (offline) or a client."""
+    "auto" (the LLM the settings choose, else offline), None (offline) or a client."""
     from .graphstore import EmbeddedGraphStore
     from .objectstore import LocalObjectStore
     from .warehouse import connect

@@ -224,4 +224,4 @@ def build_community_reports(settings: Settings, con: duckdb.DuckDBPyConnection, 
                  pa.Table.from_pylist(rows, REPORT_COLUMNS).append_column("namespace", pa.array([ns] * len(rows), pa.string()))
                  if rows else None)
     return reports, {"reports": len(reports), "report_failures": len(failures), "report_cached": len(hits),
-                     "failures": failures}
+                     "report_errors": failures}

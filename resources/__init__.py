@@ -44,9 +44,17 @@ class LazyhippoResource(dg.ConfigurableResource):
     noise_share_max: float = 0.25
     theme_coverage_min: float = 0.9
     recall_at_5_min: float = 0.6
+    _settings: Optional[Settings] = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._settings = None  # filled once per run, on first use
 
     def settings(self) -> Settings:
-        return Settings.from_env(**{k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)})
+        """The run's Settings: filled once (environment, then this resource's config) and reused by every asset."""
+        if self._settings is None:
+            self._settings = Settings.from_env(**{k: getattr(self, k) for k in Settings.__dataclass_fields__
+                                                  if hasattr(self, k)})
+        return self._settings
 
     @contextmanager
     def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:

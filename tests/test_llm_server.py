@@ -54,7 +54,7 @@ def indexed(llm_server, tmp_path_factory):  # noqa: F811
 
 def test_llm_extraction_lands_in_the_graph(indexed):
     settings, llm, out = indexed
-    assert out["extractions"]["computed"] == 2 and out["extractions"]["failed"] == 0
+    assert out["extractions"].computed == 2 and out["extractions"].failed == 0
     text = " ".join(DOCS.values()).lower()
     with connect(settings, read_only=True) as con:
         extracted = [n for (n,) in con.execute("SELECT name FROM entities WHERE type <> 'TITLE'").fetchall()]
@@ -170,7 +170,7 @@ def test_server_stopped_mid_run_fails_cleanly_and_resumes_from_cache(llm_server,
     assert _cached(settings) == 1  # what finished before the stop is kept
     with OpenAIProxy(base_url) as proxy:  # "restarted"
         ex = extract(settings, client(proxy.base_url, model, concurrency=1))
-    assert ex["cached"] == 1 and ex["computed"] == 2 and ex["failed"] == 0
+    assert ex.cached == 1 and ex.computed == 2 and ex.failed == 0
     assert sum(p.startswith("You extract") for p in proxy.prompts) == 2  # only what was missing
     assert _cached(settings) == 3
 
@@ -181,8 +181,8 @@ def test_malformed_json_is_retried_then_recorded_as_failed(llm_server, tmp_path)
     settings = Settings(home=tmp_path / "home", source=str(corpus(tmp_path, docs)), extractor="llm", llm_model=model)
     with OpenAIProxy(base_url, corrupt=lambda p: p.startswith("You extract") and "Ada Fenwick lived" in p) as proxy:
         ex = extract(settings, client(proxy.base_url, model))
-    assert ex["computed"] == 1 and ex["failed"] == 1
+    assert ex.computed == 1 and ex.failed == 1
     assert sum("Ada Fenwick lived" in p for p in proxy.prompts if p.startswith("You extract")) == 3
-    assert "malformed extraction JSON after 3 attempts" in next(iter(ex["failures"].values()))
+    assert "malformed extraction JSON after 3 attempts" in next(iter(ex.failures.values()))
     with connect(settings, read_only=True) as con:
         assert con.execute("SELECT count(*) FROM extraction_failures").fetchone()[0] == 1
