@@ -106,7 +106,10 @@ def make_extractor(settings: Settings, llm=None):
     if settings.extractor == "nlp":
         return NlpExtractor(noun_phrases=settings.nlp_noun_phrases)
     if settings.extractor == "llm":
-        return LlmExtractor(llm or OpenAIChat(settings.llm_model))
+        if llm is None:
+            raise ValueError("extractor 'llm' needs an LLM endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY) or "
+                             "LAZYHIPPO_LLM=openai, or use --extractor nlp")
+        return LlmExtractor(llm)
     raise ValueError(f"unknown extractor {settings.extractor!r} (expected 'nlp' or 'llm')")
 
 

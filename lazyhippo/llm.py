@@ -213,7 +213,7 @@ class OpenAIChat:
                     temperature=self.config.temperature if temperature is None else temperature, **kwargs))
                 break
             except openai.BadRequestError as exc:
-                if fmt and "response_format" in str(exc) or fmt and "json" in str(exc).lower():
+                if fmt and ("response_format" in str(exc) or "json" in str(exc).lower()):
                     with self._lock:  # the server does not do this format: step down, remember it
                         if fmt["type"] in self._formats:
                             self._formats.remove(fmt["type"])

@@ -155,3 +155,11 @@ def test_history_is_bounded_newest_first_and_validated():
 
 def test_citations_outside_the_context_are_removed_and_counted():
     assert check_citations("A [1]. B [7][2]. C [3, 9].", {1, 2, 3}) == ("A [1]. B [2]. C [3].", [1, 2, 3], 2)
+
+
+def test_llm_extractor_without_an_endpoint_is_a_clear_error():
+    from lazyhippo.config import Settings
+    from lazyhippo.index import make_extractor
+
+    with pytest.raises(ValueError, match="extractor 'llm' needs an LLM endpoint"):
+        make_extractor(Settings(extractor="llm", llm="none"))
