@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from .chunking import Chunk, chunk_document
 from .config import Settings
-from .documents import Document, Section, read_source
+from .documents import Document, Section, read_source, sha
 from .embedding import get_embedder
 from .extraction import ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
 from .graphstore import GraphStore
@@ -29,7 +29,7 @@ from .reports import build_community_reports, summarize_graph_descriptions
 from .stage_results import (ChunksResult, CommunitiesResult, DocumentsResult, EmbeddingsResult, ExportsResult,
                             ExtractionsResult, GraphTablesResult, KnnResult, StageResult, SummariesResult)
 from .summaries import summarize_extractive
-from .warehouse import count, read_vectors, replace_rows, run_sql_model
+from .warehouse import count, read_vectors, replace_rows, run_sql_model, transaction
 
 Progress = Callable[[str, int, int], None]
 EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges",
@@ -59,8 +59,11 @@ def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | N
 def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> DocumentsResult:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept."""
     docs, errors = read_source(Path(settings.source), settings.max_file_bytes)
+    if not docs and not errors:  # a wrong or emptied path must not wipe the namespace
+        raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
+                         "(removing every document of a namespace is an explicit delete)")
     ns = settings.namespace
-    failed_files = {e.source.split(":")[0].split("#")[0] for e in errors}
+    failed_files = {e.file for e in errors}
     cols = ("doc_id", "source", "title", "kind", "content_hash", "n_chars", "sections")
     rows = [{"doc_id": d.doc_id, "source": d.source, "title": d.title, "kind": d.kind,
              "content_hash": d.content_hash, "n_chars": len(d.text),
@@ -69,7 +72,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> Docu
     previous = [dict(zip(cols, r)) for r in con.execute(
         f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
     before = {r["doc_id"]: r["content_hash"] for r in previous}
-    kept = [r for r in previous if r["source"].split("#")[0] in failed_files and r["doc_id"] not in ids]
+    kept = [r for r in previous if r["doc_id"] not in ids and _from_files(r["source"], failed_files)]
     rows += kept
     replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
@@ -77,6 +80,12 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> Docu
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
     return DocumentsResult(documents=len(rows), errors=errors, changed=changed,
                            removed=len(set(before) - {r["doc_id"] for r in rows}), kept_after_error=len(kept))
+
+
+def _from_files(source: str, files: set[str]) -> bool:
+    """Whether a document came from one of `files` (a file itself, or a JSONL row `file#id`): no splitting, so a
+    ':' or '#' in a file name cannot detach a document from its file."""
+    return source in files or any(source[:i] in files for i, ch in enumerate(source) if ch == "#")
 
 
 def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Document]:
@@ -166,33 +175,36 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
     return GraphTablesResult(**counts, **summarized, llm_usage=usage)
 
 
-def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder, force: bool = False) -> int:
-    """Embed only items without a vector from this model: re-runs reuse stored vectors (`force`: text
-    that changes under the same id, like community reports, is embedded again)."""
+def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
+    """Embed items whose stored vector came from another model or another text (keyed by the text's hash, so a
+    changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind."""
     ns = settings.namespace
-    have = dict(con.execute("SELECT item_id, model FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall())
-    ids_now = {i for i, _ in items}
-    todo = [(i, t) for i, t in items if force or have.get(i) != embedder.name]
-    stale = [i for i in have if i not in ids_now]
-    if stale:
-        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))", [ns, kind, stale])
-    if todo:
-        vectors = embedder.embed([t for _, t in todo])
-        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
-                    [ns, kind, [i for i, _ in todo]])
-        _append_vectors(con, ns, kind, [i for i, _ in todo], vectors, embedder.name)
+    have = {i: (m, h) for i, m, h in con.execute(
+        "SELECT item_id, model, text_hash FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall()}
+    hashes = {i: sha(t, 32) for i, t in items}
+    todo = [(i, t) for i, t in items if have.get(i) != (embedder.name, hashes[i])]
+    stale = [i for i in have if i not in hashes] + [i for i, _ in todo if i in have]
+    vectors = embedder.embed([t for _, t in todo]) if todo else None
+    with transaction(con):
+        if stale:
+            con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
+                        [ns, kind, stale])
+        if todo:
+            _append_vectors(con, ns, kind, [i for i, _ in todo], vectors, embedder.name, [hashes[i] for i, _ in todo])
     return len(todo)
 
 
-def _append_vectors(con, ns, kind, ids, vectors, model):
+def _append_vectors(con, ns, kind, ids, vectors, model, text_hashes):
     import numpy as np
 
     table = pa.table({"namespace": [ns] * len(ids), "kind": [kind] * len(ids), "item_id": ids,
-                      "model": [model] * len(ids),
+                      "model": [model] * len(ids), "text_hash": text_hashes,
                       "vector": pa.array([v for v in np.asarray(vectors, dtype=np.float32)], pa.list_(pa.float32()))})
     con.register("_vecs", table)
-    con.execute("INSERT INTO embeddings SELECT * FROM _vecs")
-    con.unregister("_vecs")
+    try:
+        con.execute("INSERT INTO embeddings BY NAME SELECT * FROM _vecs")
+    finally:
+        con.unregister("_vecs")
 
 
 def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> EmbeddingsResult:
@@ -273,7 +285,7 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
         replace_rows(con, "community_reports", ns, None)
     replace_rows(con, "community_summaries", ns, _ns(pa.Table.from_pylist([s.__dict__ for s in summaries]), ns) if summaries else None)
     embedder = get_embedder(settings.embedder, settings.embedding_model)
-    embedded = _embed_missing(con, settings, "community", list(texts.items()), embedder, force=llm is not None)
+    embedded = _embed_missing(con, settings, "community", list(texts.items()), embedder)
     biggest = sorted(summaries, key=lambda s: -len(members[s.community_id]))[:5]
     return SummariesResult(summaries=len(summaries), embedded=embedded, llm=llm.model if llm else "extractive",
                            llm_usage=usage, **report_stats,
@@ -343,14 +355,14 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
     "auto" (the LLM the settings choose, else offline), None (offline) or a client."""
     from .graphstore import EmbeddedGraphStore
     from .objectstore import LocalObjectStore
-    from .warehouse import connect
+    from .warehouse import WriterSession
 
     store = store or EmbeddedGraphStore()
     objects = objects or LocalObjectStore(settings.export_dir)
     llm = resolve_llm(settings, llm)
     out: dict = {}
     timings = out["seconds"] = {}
-    with connect(settings) as con:
+    with WriterSession(settings, run_id) as writer, writer.connect() as con:
         for i, name in enumerate(STAGE_NAMES):
             if progress:
                 progress("index", i, len(STAGE_NAMES))

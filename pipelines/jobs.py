@@ -4,6 +4,7 @@ from resources import GraphStoreResource, LazyhippoResource, LLMResource
 
 index_job = dg.define_asset_job(
     "index", selection=dg.AssetSelection.all(), executor_def=dg.in_process_executor,
+    tags={"lazyhippo/writer": "warehouse"},  # the run queue starts one at a time (see runner.INSTANCE_CONFIG)
     description="Index the source into the knowledge graph: documents to communities to Parquet exports.",
 )
 
@@ -27,8 +28,12 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
                     graph_store: GraphStoreResource, llm: LLMResource) -> dict:
     from assets.metadata import llm_usage, table
     from lazyhippo.query import answer_question as answer
+    from lazyhippo.warehouse import index_notice
 
     settings = lazyhippo.settings()
+    notice = index_notice(settings)  # raises when nothing complete exists; else says what is unfinished
+    if notice:
+        context.log.warning(notice)
     result = answer(settings, config.question, route=config.route, top_k=config.top_k, budget=config.budget,
                     ppr=graph_store.store.ppr_backend(settings.namespace), llm=llm.client(settings),
                     history=[t.model_dump() for t in config.history], history_budget=config.history_budget)
@@ -39,6 +44,7 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
                                                    "lazyhippo/route": data["route"]})
     context.add_output_metadata({
         "answer": dg.MetadataValue.text(data["answer"]), "question": config.question, "route": data["route"],
+        "index_notice": notice or "complete",
         "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
         "chosen_chunks": table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
                                 for i, c in enumerate(data["context"])], ["#", "title", "chunk", "score", "tokens"]),

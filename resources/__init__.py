@@ -17,7 +17,7 @@ from pydantic import PrivateAttr
 from lazyhippo.config import Settings
 from lazyhippo.graphstore import GraphStore, open_graph_store
 from lazyhippo.objectstore import ObjectStore, open_object_store
-from lazyhippo.warehouse import connect
+from lazyhippo.warehouse import WriterSession
 
 
 class LazyhippoResource(dg.ConfigurableResource):
@@ -56,10 +56,28 @@ class LazyhippoResource(dg.ConfigurableResource):
                                                   if hasattr(self, k)})
         return self._settings
 
+    _writer: Optional[WriterSession] = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """One writer session per run: the first stage that writes waits for the home's lock, and the namespace
+        is published for readers only when every step of the run succeeded (a query run never locks)."""
+        log = context.log.info if context.log else None
+        self._writer = WriterSession(self.settings(), context.run.run_id if context.run else "adhoc", on_wait=log)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._writer is not None:
+            self._writer.finish(success=not _run_failed(context))
+            self._writer = None
+
     @contextmanager
     def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        with connect(self.settings()) as con:
-            yield con
+        writer = self._writer or WriterSession(self.settings(), "adhoc")
+        try:
+            with writer.connect() as con:
+                yield con
+        finally:
+            if writer is not self._writer:  # used outside a run: its own short session
+                writer.finish(success=True)
 
 
 class GraphStoreResource(dg.ConfigurableResource):
@@ -137,6 +155,12 @@ class LLMResource(dg.ConfigurableResource):
             cfg = replace(cfg, **{k: v for k, v in (("base_url", self.base_url), ("api_key", self.api_key)) if v})
             self._clients[model] = OpenAIChat(cfg)
         return self._clients[model]
+
+
+def _run_failed(context: dg.InitResourceContext) -> bool:
+    if context.instance is None or context.run is None:
+        return False
+    return bool(context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE))
 
 
 def default_resources() -> dict:

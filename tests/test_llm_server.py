@@ -14,7 +14,7 @@ from lazyhippo.extraction import ExtractionCache, LlmExtractor
 from lazyhippo.index import build_chunks, ingest_documents, run_extractions, run_index
 from lazyhippo.llm import LLMConfig, LLMError, LLMUnavailable, OpenAIChat
 from lazyhippo.query import answer_question
-from lazyhippo.warehouse import connect
+from lazyhippo.warehouse import WriterSession, connect
 
 from .loopback import OpenAIProxy
 from .services_fixtures import llm_server  # noqa: F401 - fixture
@@ -137,7 +137,7 @@ def test_wrong_model_name_is_a_clear_error(llm_server, tmp_path):  # noqa: F811
 def extract(settings: Settings, llm: OpenAIChat) -> dict:
     """The per-document stages only (documents, chunks, extractions): the failure cases are about them, so
     the extractor asks for short replies (a 270M model writes slowly)."""
-    with connect(settings) as con:
+    with WriterSession(settings, "test") as writer, writer.connect() as con:  # published when it succeeds
         ingest_documents(settings, con)
         build_chunks(settings, con)
         return run_extractions(settings, con, llm=llm, extractor=LlmExtractor(llm, max_entities=2, max_relations=1))
