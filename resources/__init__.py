@@ -128,6 +128,35 @@ class ObjectStoreResource(dg.ConfigurableResource):
                                  bucket=self.bucket, access_key=self.access_key, secret_key=self.secret_key)
 
 
+class LLMResource(dg.ConfigurableResource):
+    """The OpenAI-compatible endpoint `settings.llm` selects (base URL, key and model from the environment
+    unless set here). One client (retry policy, concurrency bound, token meter) per run; None when the
+    settings choose no LLM, which keeps every stage offline."""
+
+    base_url: Optional[str] = None
+    api_key: Optional[str] = None
+    model: Optional[str] = None
+    timeout: float = 120.0
+    max_retries: int = 4
+    concurrency: int = 2
+    _clients: dict = PrivateAttr(default_factory=dict)
+
+    def client(self, settings: Settings):
+        from dataclasses import replace
+
+        from lazyhippo.llm import LLMConfig, OpenAIChat
+
+        if settings.llm != "openai":
+            return None
+        model = self.model or settings.llm_model
+        if model not in self._clients:
+            cfg = LLMConfig.from_env(model, timeout=self.timeout, max_retries=self.max_retries,
+                                     concurrency=self.concurrency)
+            cfg = replace(cfg, **{k: v for k, v in (("base_url", self.base_url), ("api_key", self.api_key)) if v})
+            self._clients[model] = OpenAIChat(cfg)
+        return self._clients[model]
+
+
 def _run_failed(context: dg.InitResourceContext) -> bool:
     if context.instance is None or context.run is None:
         return False
@@ -135,4 +164,5 @@ def _run_failed(context: dg.InitResourceContext) -> bool:
 
 
 def default_resources() -> dict:
-    return {"lazyhippo": LazyhippoResource(), "graph_store": GraphStoreResource(), "object_store": ObjectStoreResource()}
+    return {"lazyhippo": LazyhippoResource(), "graph_store": GraphStoreResource(), "object_store": ObjectStoreResource(),
+            "llm": LLMResource()}
