@@ -55,9 +55,7 @@ def running(pool: IndexPool, api_key: str | None = None, limits: Limits = Limits
 def home(sample_settings, tmp_path) -> Path:
     """A private copy of the indexed sample warehouse (tests here write to it)."""
     dest = tmp_path / "home"
-    dest.mkdir()
-    for f in Path(sample_settings.home).glob("warehouse.duckdb*"):
-        shutil.copy(f, dest / f.name)
+    shutil.copytree(sample_settings.home, dest, ignore=shutil.ignore_patterns("dagster", "*.lock"))
     return dest
 
 
@@ -295,9 +293,10 @@ def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
     pool = IndexPool(Settings(home=home), settle_seconds=0.0).start()
     pool.stop()  # no poller: refresh by hand
     old = pool.get("default").index
-    db = home / "warehouse.duckdb"
-    st = os.stat(db)
-    os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    published = home / "published"  # a run publishing a snapshot changes this folder's modification time
+    st = os.stat(published)
+    os.utime(published, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    os.utime(published / "default.duckdb", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     real = serving.load_index
 
     def locked(*args, **kwargs):
