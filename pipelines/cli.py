@@ -21,6 +21,8 @@ from lazyhippo.warehouse import TABLES, IndexIncomplete, counts, index_notice
 
 from .options import OptionError, check_index_options, check_namespace_option, check_query_options
 
+from .chat import chat, print_usage, run_usage
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
 
@@ -123,13 +125,14 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
              graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder)
-    _run("index", root, {
+    result = _run("index", root, {
         "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                       "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
                       "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
     })
     status(home=root, namespace=namespace, as_json=False)
+    print_usage(run_usage(Settings(home=root, namespace=namespace), result.run_id), Console())
 
 
 @app.command()
@@ -180,6 +183,10 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         where = " ".join(x for x in (f"§ {cite['section']}" if cite.get("section") else "",
                                      f"p. {cite['page']}" if cite.get("page") else "") if x)
         out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
+    print_usage(data["usage"], out)
+
+
+app.command("chat")(chat)
 
 
 @app.command()
@@ -215,8 +222,8 @@ def mcp_cmd(home: Optional[Path] = HomeOpt) -> None:
 
 @app.command(context_settings={"allow_extra_args": True})
 def services(action: str = typer.Argument(..., help="install | start | stop | status"),
-             service: Optional[str] = typer.Argument(None, help="neo4j | minio (default both)")) -> None:
-    """Install/start/stop the Neo4j+GDS and MinIO servers on loopback (scripts/services.sh)."""
+             service: Optional[str] = typer.Argument(None, help="neo4j | minio | llm (default all)")) -> None:
+    """Install/start/stop the Neo4j+GDS, MinIO and llama.cpp (llm) servers on loopback (scripts/services.sh)."""
     cmd = ["bash", str(REPO_ROOT / "scripts" / "services.sh"), action] + ([service] if service else [])
     raise typer.Exit(subprocess.call(cmd))
 
