@@ -3,6 +3,10 @@ CREATE TABLE IF NOT EXISTS documents (
   namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, source VARCHAR NOT NULL, title VARCHAR,
   kind VARCHAR, content_hash VARCHAR NOT NULL, n_chars BIGINT, sections VARCHAR NOT NULL,
   PRIMARY KEY (namespace, doc_id));
+-- Documents removed by `lazyhippo delete`: skipped by later ingests while their content is unchanged.
+CREATE TABLE IF NOT EXISTS deleted_documents (
+  namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, source VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
+  deleted_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (namespace, doc_id));
 CREATE TABLE IF NOT EXISTS document_errors (
   namespace VARCHAR NOT NULL, source VARCHAR NOT NULL, reason VARCHAR NOT NULL,
   PRIMARY KEY (namespace, source));

@@ -22,6 +22,7 @@ from .documents import Document, Section, read_source
 from .embedding import get_embedder
 from .extraction import ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
 from .graphstore import GraphStore
+from .lifecycle import skip_deleted
 from .llm import OpenAIChat, configured_llm
 from .objectstore import ObjectStore
 from .summaries import summarize_extractive, summarize_llm
@@ -45,6 +46,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
     rows = [{"doc_id": d.doc_id, "source": d.source, "title": d.title, "kind": d.kind,
              "content_hash": d.content_hash, "n_chars": len(d.text),
              "sections": json.dumps([s.__dict__ for s in d.sections])} for d in docs]
+    rows, skipped_deleted = skip_deleted(con, ns, rows)
     ids = {r["doc_id"] for r in rows}
     previous = [dict(zip(cols, r)) for r in con.execute(
         f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
@@ -56,7 +58,8 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
     replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
     return {"documents": len(rows), "errors": errors, "changed": changed,
-            "removed": len(set(before) - {r["doc_id"] for r in rows}), "kept_after_error": len(kept)}
+            "removed": len(set(before) - {r["doc_id"] for r in rows}), "kept_after_error": len(kept),
+            "skipped_deleted": len(skipped_deleted)}
 
 
 def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Document]:
@@ -263,8 +266,38 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
                                                   "knn_edges", "communities", "community_summaries")}
 
 
+def graph_steps(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore,
+                run_id: str) -> list[tuple[str, Callable[[], dict]]]:
+    """The graph-wide stages (entities onward), rebuilt from the per-document tables: after an index or a delete."""
+    return [
+        ("graph_tables", lambda: build_graph_tables(settings, con)),
+        ("embeddings", lambda: build_embeddings(settings, con)),
+        ("knn_edges", lambda: build_knn_edges(settings, con, store)),
+        ("communities", lambda: build_communities(settings, con, store)),
+        ("community_summaries", lambda: build_community_summaries(settings, con, run_id)),
+        ("exports", lambda: export_parquet(settings, con, objects, run_id)),
+    ]
+
+
+def run_steps(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
+              steps: list[tuple[str, Callable[[], dict]]], progress: Progress | None = None) -> dict:
+    """Run stages in order, syncing each one to the graph store; figures per stage and seconds per stage."""
+    out: dict = {}
+    timings = out["seconds"] = {}
+    for i, (name, step) in enumerate(steps):
+        if progress:
+            progress("index", i, len(steps))
+        t0 = time.perf_counter()
+        out[name] = step()
+        store.sync(con, settings.namespace, name)
+        timings[name] = round(time.perf_counter() - t0, 2)
+    if progress:
+        progress("index", len(steps), len(steps))
+    return out
+
+
 def run_index(settings: Settings, store: GraphStore | None = None, objects: ObjectStore | None = None,
-              progress: Progress | None = None, run_id: str = "library") -> dict:
+              progress: Progress | None = None, run_id: str = "library", extractor=None) -> dict:
     """Every stage in order, without Dagster: the library entry point (the bench uses it too)."""
     from .graphstore import EmbeddedGraphStore
     from .objectstore import LocalObjectStore
@@ -272,27 +305,10 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
 
     store = store or EmbeddedGraphStore()
     objects = objects or LocalObjectStore(settings.export_dir)
-    out: dict = {}
     with connect(settings) as con:
         steps = [
             ("documents", lambda: ingest_documents(settings, con)),
             ("chunks", lambda: build_chunks(settings, con)),
-            ("extractions", lambda: run_extractions(settings, con, progress=progress, run_id=run_id)),
-            ("graph_tables", lambda: build_graph_tables(settings, con)),
-            ("embeddings", lambda: build_embeddings(settings, con)),
-            ("knn_edges", lambda: build_knn_edges(settings, con, store)),
-            ("communities", lambda: build_communities(settings, con, store)),
-            ("community_summaries", lambda: build_community_summaries(settings, con, run_id)),
-            ("exports", lambda: export_parquet(settings, con, objects, run_id)),
-        ]
-        timings = out["seconds"] = {}
-        for i, (name, step) in enumerate(steps):
-            if progress:
-                progress("index", i, len(steps))
-            t0 = time.perf_counter()
-            out[name] = step()
-            store.sync(con, settings.namespace, name)
-            timings[name] = round(time.perf_counter() - t0, 2)
-        if progress:
-            progress("index", len(steps), len(steps))
-    return out
+            ("extractions", lambda: run_extractions(settings, con, extractor, progress=progress, run_id=run_id)),
+        ] + graph_steps(settings, con, store, objects, run_id)
+        return run_steps(settings, con, store, steps, progress)

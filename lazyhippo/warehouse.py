@@ -13,7 +13,7 @@ import pyarrow as pa
 from .config import SQL_DIR, Settings
 
 TABLES = (
-    "documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
+    "documents", "deleted_documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
     "extracted_facts", "extraction_failures", "entities", "relations", "mentions", "facts",
     "embeddings", "knn_edges", "entity_scores", "communities", "community_summaries", "token_usage",
 )

@@ -117,6 +117,33 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
 
 
+@app.command()
+def delete(documents: list[str] = typer.Argument(..., help="doc_id or source path (as in the documents table) of each document."),
+           home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
+           graph_store: str = typer.Option("embedded", envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
+           object_store: str = typer.Option("local", envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
+    """Remove documents (chunks, mentions, facts) and rebuild the graph from the cached extractions of the rest."""
+    from lazyhippo.graphstore import open_graph_store
+    from lazyhippo.lifecycle import UnknownDocumentError, remove_documents
+    from lazyhippo.warehouse import connect
+
+    root = _home(home)
+    settings = Settings(home=root, namespace=namespace)
+    store = open_graph_store(graph_store)
+    try:
+        with connect(settings) as con:
+            deleted = remove_documents(settings, con, documents, store)
+    except UnknownDocumentError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    finally:
+        store.close()
+    console.print(f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}")
+    _run("rebuild_graph", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
+                                 "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}})
+    status(home=root, namespace=namespace, as_json=False)
+
+
 @app.command(context_settings={"allow_extra_args": True})
 def services(action: str = typer.Argument(..., help="install | start | stop | status"),
              service: Optional[str] = typer.Argument(None, help="neo4j | minio (default both)")) -> None:

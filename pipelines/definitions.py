@@ -5,7 +5,7 @@ import dagster as dg
 import assets
 from resources import default_resources
 
-from .jobs import index_job, query
+from .jobs import index_job, query, rebuild_graph_job
 from .schedules import nightly_reindex
 from .sensors import source_changed
 
@@ -15,7 +15,7 @@ all_checks = dg.load_asset_checks_from_package_module(assets)
 defs = dg.Definitions(
     assets=all_assets,
     asset_checks=all_checks,
-    jobs=[index_job, query],
+    jobs=[index_job, rebuild_graph_job, query],
     sensors=[source_changed],
     schedules=[nightly_reindex],
     resources=default_resources(),

@@ -1,10 +1,20 @@
 import dagster as dg
 
+from assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
+
 from resources import GraphStoreResource, LazyhippoResource
 
 index_job = dg.define_asset_job(
     "index", selection=dg.AssetSelection.all(), executor_def=dg.in_process_executor,
     description="Index the source into the knowledge graph: documents to communities to Parquet exports.",
+)
+
+# the query-quality checks read questions beside the source, which a rebuild does not know: the audit runs alone
+rebuild_graph_job = dg.define_asset_job(
+    "rebuild_graph", executor_def=dg.in_process_executor,
+    selection=dg.AssetSelection.groups("graph", "exports")
+    - dg.AssetSelection.checks(context_quality_check, theme_coverage_check, retrieval_quality_check),
+    description="Rebuild the graph-wide assets (entities onward) from the per-document tables: after `lazyhippo delete`.",
 )
 
 
