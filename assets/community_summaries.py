@@ -4,9 +4,10 @@ from lazyhippo.index import build_community_summaries
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import md_table, scalars
+from ._partitions import namespaces
 
 
-@dg.asset(deps=["communities"], group_name="graph",
+@dg.asset(partitions_def=namespaces, deps=["communities"], group_name="graph",
           description="Per community: title, summary and hub entities (extractive offline, LLM when configured), embedded.")
 def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
                         graph_store: GraphStoreResource) -> dg.MaterializeResult:

@@ -4,9 +4,10 @@ from lazyhippo.index import run_extractions
 from resources import LazyhippoResource
 
 from ._meta import md_table, scalars
+from ._partitions import namespaces
 
 
-@dg.asset(deps=["chunks"], group_name="per_document",
+@dg.asset(partitions_def=namespaces, deps=["chunks"], group_name="per_document",
           description="Entities, relations and facts per chunk; cached by (chunk hash, extractor, model, prompt version).")
 def extractions(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()

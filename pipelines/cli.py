@@ -28,7 +28,7 @@ def _home(home: Optional[Path]) -> Path:
     return (home or Path(".lazyhippo")).resolve()
 
 
-def _run(job: str, home: Path, resources: dict, ops: dict | None = None):
+def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespace: str | None = None):
     from .runner import execute, run_config
 
     tag = {"lazyhippo/cli_run": uuid.uuid4().hex}
@@ -39,7 +39,7 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None):
         def on_step(step: str, done: int, total: int) -> None:
             bar.update(task, total=total, completed=done, description=f"{job}: {step} done")
 
-        result = execute(job, home, run_config(resources, ops), on_step, tags=tag)
+        result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace)
     if not result.success:
         for event in result.all_events:
             if event.is_step_failure:
@@ -69,7 +69,7 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
                       "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
                       "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
-    })
+    }, namespace=namespace)
     status(home=root, namespace=namespace, as_json=False)
 
 
@@ -140,7 +140,8 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
         store.close()
     console.print(f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}")
     _run("rebuild_graph", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
-                                 "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}})
+                                 "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}},
+         namespace=namespace)
     status(home=root, namespace=namespace, as_json=False)
 
 

@@ -28,18 +28,29 @@ def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
     return cfg
 
 
+def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> None:
+    from assets._partitions import namespaces
+
+    if not instance.has_dynamic_partition(namespaces.name, namespace):
+        instance.add_dynamic_partitions(namespaces.name, [namespace])
+
+
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, int, int], None] | None = None,
-            tags: dict | None = None) -> dg.ExecuteInProcessResult:
-    """Run `job_name`; `on_step(step, done, total)` is called as steps finish (drives the progress display)."""
+            tags: dict | None = None, namespace: str | None = None) -> dg.ExecuteInProcessResult:
+    """Run `job_name` (on the `namespace` partition for the indexing jobs); `on_step(step, done, total)` is
+    called as steps finish (drives the progress display)."""
     from .definitions import defs
 
     instance = instance_for(home)
     job = defs.resolve_job_def(job_name)
+    if namespace is not None:
+        add_namespace_partition(instance, namespace)
     result: dict = {}
 
     def target() -> None:
         try:
-            result["value"] = job.execute_in_process(run_config=config, instance=instance, tags=tags, raise_on_error=False)
+            result["value"] = job.execute_in_process(run_config=config, instance=instance, tags=tags, raise_on_error=False,
+                                                    partition_key=namespace)
         except BaseException as exc:  # surfaced in the calling thread
             result["error"] = exc
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
+from assets._partitions import namespaces
 from lazyhippo.changes import SourceState, indexed_state, scan_source
 from resources import LazyhippoResource
 
@@ -26,11 +27,16 @@ def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoReso
         except duckdb.Error as exc:
             return dg.SkipReason(f"the index of namespace {settings.namespace!r} is busy or unreadable, next tick retries ({exc})")
     state, change = scan_source(source, settings.max_file_bytes, previous)
-    context.update_cursor(state.encode())
     if change.empty:
         n_docs = sum(len(f.docs) for f in state.files.values())
-        return dg.SkipReason(f"no change: {n_docs} documents in {len(state.files)} files as indexed")
+        return dg.SensorResult(skip_reason=f"no change: {n_docs} documents in {len(state.files)} files as indexed",
+                               cursor=state.encode())
     context.log.info(change.summary())
-    return dg.RunRequest(run_key=state.run_key(change), tags={
-        "lazyhippo/change": change.summary(), "lazyhippo/added": str(len(change.added)),
-        "lazyhippo/changed": str(len(change.changed)), "lazyhippo/removed": str(len(change.removed))})
+    ns = settings.namespace
+    new_partition = not context.instance.has_dynamic_partition(namespaces.name, ns)
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=state.run_key(change), partition_key=ns, tags={
+            "lazyhippo/change": change.summary(), "lazyhippo/added": str(len(change.added)),
+            "lazyhippo/changed": str(len(change.changed)), "lazyhippo/removed": str(len(change.removed))})],
+        dynamic_partitions_requests=[namespaces.build_add_request([ns])] if new_partition else [],
+        cursor=state.encode())

@@ -9,11 +9,14 @@ from typing import Iterator, Optional
 
 import dagster as dg
 import duckdb
+from pydantic import PrivateAttr
 
 from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.graphstore import GraphStore, open_graph_store
 from lazyhippo.objectstore import LocalObjectStore, ObjectStore
 from lazyhippo.warehouse import connect
+
+PARTITION_TAG = "dagster/partition"
 
 
 class LazyhippoResource(dg.ConfigurableResource):
@@ -39,9 +42,18 @@ class LazyhippoResource(dg.ConfigurableResource):
     theme_coverage_min: float = 0.9
     recall_at_5_min: float = 0.6
 
+    # the run's namespace partition (assets are partitioned by namespace); None outside partitioned runs
+    _partition: Optional[str] = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        run = context.run
+        self._partition = run.tags.get(PARTITION_TAG) if run is not None else None
+
     def settings(self) -> Settings:
+        """The partition key, when the run has one, is the namespace: one knowledge base per partition."""
         fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
         fields["home"] = Path(self.home).resolve()
+        fields["namespace"] = self._partition or self.namespace
         return Settings(**fields)
 
     @contextmanager

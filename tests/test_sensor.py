@@ -21,14 +21,19 @@ class Ticks:
         self.resource = LazyhippoResource(home=str(settings.home), source=settings.source, namespace=settings.namespace)
         self.cursor: str | None = None
         self.keys: list[str] = []
+        self.instance = dg.DagsterInstance.ephemeral()
 
     def tick(self):
-        ctx = dg.build_sensor_context(cursor=self.cursor, resources={"lazyhippo": self.resource})
+        """The run request, or the skip reason; partitions requested are added to the instance."""
+        ctx = dg.build_sensor_context(cursor=self.cursor, resources={"lazyhippo": self.resource}, instance=self.instance)
         out = source_changed(ctx)
-        self.cursor = ctx.cursor
-        if isinstance(out, dg.RunRequest):
-            self.keys.append(out.run_key)
-        return out
+        self.cursor = out.cursor
+        for req in out.dynamic_partitions_requests or []:
+            self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        if out.run_requests:
+            self.keys += [r.run_key for r in out.run_requests]
+            return out.run_requests[0]
+        return out.skip_reason
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +49,7 @@ def test_an_unchanged_indexed_folder_requests_nothing(indexed):
     ticks = Ticks(indexed)
     first = ticks.tick()
     assert isinstance(first, dg.SkipReason) and "no change: 8 documents in 7 files" in first.skip_message
+    assert not ticks.instance.get_dynamic_partitions("namespaces")
     os.utime(next((indexed.home.parent / "c").glob("*.txt")))  # a touch is no change of content
     assert isinstance(ticks.tick(), dg.SkipReason)
 
@@ -75,8 +81,10 @@ def test_add_delete_re_add_change_each_get_their_own_run_key(indexed, tmp_path):
 
 def test_a_new_namespace_requests_every_document(tmp_path):
     settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS), namespace="fresh")
-    out = Ticks(settings).tick()
-    assert isinstance(out, dg.RunRequest) and out.tags["lazyhippo/added"] == "8"
+    ticks = Ticks(settings)
+    out = ticks.tick()
+    assert isinstance(out, dg.RunRequest) and out.tags["lazyhippo/added"] == "8" and out.partition_key == "fresh"
+    assert ticks.instance.get_dynamic_partitions("namespaces") == ["fresh"]
 
 
 def test_the_run_key_names_the_change_not_the_folder(tmp_path):
