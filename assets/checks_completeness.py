@@ -13,6 +13,7 @@ from lazyhippo import audit
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import md_table
+from ._partitions import WAREHOUSE_TAGS
 
 
 @contextmanager
@@ -34,20 +35,20 @@ def _result(res: audit.CheckResult, header: str = "failing") -> dg.AssetCheckRes
                                severity=dg.AssetCheckSeverity.ERROR)
 
 
-@dg.asset_check(asset="knn_edges", blocking=True,
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="knn_edges", blocking=True,
                 description="KNN is enabled (knn_top_k > 0) but no SEMANTICALLY_SIMILAR edge was written.")
 def knn_edges_present(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
         return _result(audit.check_knn_edges(facts, lazyhippo.settings().knn_top_k))
 
 
-@dg.asset_check(asset="knn_edges", blocking=True, description="Every KNN edge joins two entities of the namespace.")
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="knn_edges", blocking=True, description="Every KNN edge joins two entities of the namespace.")
 def knn_edges_no_orphans(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
         return _result(audit.check_orphan_edges(facts, ("knn",)), "orphan edges")
 
 
-@dg.asset_check(asset="relations", blocking=True, description="Every relation joins two entities of the namespace.")
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="relations", blocking=True, description="Every relation joins two entities of the namespace.")
 def relations_no_orphans(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
         return _result(audit.check_orphan_edges(facts, ("relations",)), "orphan edges")
@@ -57,7 +58,7 @@ class ChunkMentionsConfig(dg.Config):
     max_unmentioned_share: float = 0.2  # forms, bare headings and the like legitimately mention nothing
 
 
-@dg.asset_check(asset="mentions", blocking=True,
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="mentions", blocking=True,
                 description="Share of chunks that mention no entity stays under a threshold (all such chunks listed).")
 def chunks_have_mentions(config: ChunkMentionsConfig, lazyhippo: LazyhippoResource,
                          graph_store: GraphStoreResource) -> dg.AssetCheckResult:
@@ -65,19 +66,19 @@ def chunks_have_mentions(config: ChunkMentionsConfig, lazyhippo: LazyhippoResour
         return _result(audit.check_chunk_mentions(facts, config.max_unmentioned_share), "chunks without mentions")
 
 
-@dg.asset_check(asset="communities", blocking=True, description="Every entity has a community_id.")
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="communities", blocking=True, description="Every entity has a community_id.")
 def entities_have_community(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
         return _result(audit.check_entity_communities(facts), "entities without community")
 
 
-@dg.asset_check(asset="communities", blocking=True, description="Every entity has a PageRank.")
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="communities", blocking=True, description="Every entity has a PageRank.")
 def entities_have_pagerank(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
         return _result(audit.check_entity_pagerank(facts), "entities without pagerank")
 
 
-@dg.asset_check(asset="community_summaries", blocking=True, description="Every community has a summary.")
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=True, description="Every community has a summary.")
 def communities_have_summary(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
         return _result(audit.check_community_summaries(facts), "communities without summary")

@@ -12,6 +12,7 @@ from lazyhippo.quality import (bar_chart, context_quality, probe_questions, retr
 from resources import LazyhippoResource
 
 from ._meta import md_table
+from ._partitions import WAREHOUSE_TAGS
 
 
 def _beside_source(settings, name: str) -> list | None:
@@ -29,7 +30,7 @@ def _result(outcome, extra: dict | None = None) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=outcome.passed, metadata={**meta, **(extra or {})})
 
 
-@dg.asset_check(asset="community_summaries", blocking=False,
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="Assembled contexts on a fixed query set: no duplicate chunk, within budget, few noise chunks, cited.")
 def context_quality_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
     from lazyhippo.query import answer_question
@@ -46,7 +47,7 @@ def context_quality_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
                                  "within budget": 1 - outcome.figures["over_budget_contexts"] / max(len(results), 1)}))})
 
 
-@dg.asset_check(asset="community_summaries", blocking=False,
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="Global questions (themes.json beside the source): share of expected themes in the context.")
 def theme_coverage_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
     from lazyhippo.query import answer_question
@@ -66,7 +67,7 @@ def theme_coverage_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
         "plot": dg.MetadataValue.md(bar_chart({r["question"]: r["coverage"] for r in outcome.details}))})
 
 
-@dg.asset_check(asset="community_summaries", blocking=False,
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="recall@5 of the local route on questions.json beside the source, against a floor.")
 def retrieval_quality_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
     from lazyhippo.query import retrieve

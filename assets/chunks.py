@@ -4,10 +4,10 @@ from lazyhippo.index import build_chunks
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import preview, scalars
-from ._partitions import namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces
 
 
-@dg.asset(partitions_def=namespaces, deps=["documents"], group_name="per_document", description="Token-aware chunks (tiktoken) with citation metadata.")
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["documents"], group_name="per_document", description="Token-aware chunks (tiktoken) with citation metadata.")
 def chunks(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
     with graph_store.session() as store, lazyhippo.warehouse() as con:

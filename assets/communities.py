@@ -4,10 +4,10 @@ from lazyhippo.index import build_communities
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import md_table, scalars
-from ._partitions import namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces
 
 
-@dg.asset(partitions_def=namespaces, deps=["relations", "knn_edges"], group_name="graph",
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["relations", "knn_edges"], group_name="graph",
           description="Leiden/Louvain communities over relations + KNN edges; every entity gets a community_id and a PageRank.")
 def communities(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()

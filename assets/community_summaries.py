@@ -4,10 +4,10 @@ from lazyhippo.index import build_community_summaries
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import md_table, scalars
-from ._partitions import namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces
 
 
-@dg.asset(partitions_def=namespaces, deps=["communities"], group_name="graph",
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["communities"], group_name="graph",
           description="Per community: title, summary and hub entities (extractive offline, LLM when configured), embedded.")
 def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
                         graph_store: GraphStoreResource) -> dg.MaterializeResult:

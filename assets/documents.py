@@ -4,10 +4,10 @@ from lazyhippo.index import ingest_documents
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import md_table, preview, scalars
-from ._partitions import namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces
 
 
-@dg.asset(partitions_def=namespaces, group_name="per_document", description="Documents read from the source folder, with stable ids and content hashes.")
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, group_name="per_document", description="Documents read from the source folder, with stable ids and content hashes.")
 def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
     with graph_store.session() as store, lazyhippo.warehouse() as con:

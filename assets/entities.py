@@ -4,10 +4,10 @@ from lazyhippo.index import build_graph_tables
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import preview
-from ._partitions import namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces
 
 
-@dg.multi_asset(partitions_def=namespaces,
+@dg.multi_asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS,
     specs=[dg.AssetSpec("entities", deps=["extractions"], description="Entities deduplicated by normalized name (dbt_like_sql/entities.sql)."),
            dg.AssetSpec("relations", deps=["extractions"], description="Weighted entity relations (dbt_like_sql/relations.sql)."),
            dg.AssetSpec("mentions", deps=["extractions"], description="Chunk-entity mentions (dbt_like_sql/mentions.sql)."),

@@ -4,10 +4,10 @@ from lazyhippo.index import export_parquet
 from resources import LazyhippoResource, ObjectStoreResource
 
 from ._meta import md_table
-from ._partitions import namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces
 
 
-@dg.asset(partitions_def=namespaces, deps=["documents", "chunks", "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["documents", "chunks", "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],
           group_name="exports", description="Parquet files of every table, written through the object store.")
 def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, object_store: ObjectStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()

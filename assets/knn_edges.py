@@ -4,10 +4,10 @@ from lazyhippo.index import build_knn_edges
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._meta import preview, scalars
-from ._partitions import namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces
 
 
-@dg.asset(partitions_def=namespaces, deps=["embeddings"], group_name="graph",
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["embeddings"], group_name="graph",
           description="SEMANTICALLY_SIMILAR edges: top-k cosine neighbours per entity above a cutoff.")
 def knn_edges(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()

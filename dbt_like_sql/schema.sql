@@ -21,6 +21,10 @@ CREATE TABLE IF NOT EXISTS extracted_entities (
 CREATE TABLE IF NOT EXISTS extracted_relations (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, source VARCHAR NOT NULL,
   target VARCHAR NOT NULL, description VARCHAR, weight DOUBLE);
+-- Which extraction of each document the warehouse holds (lazyhippo/parts.py): the signature of its chunks'
+-- cache keys, so a parallel run plans only the documents whose chunks or extractor changed.
+CREATE TABLE IF NOT EXISTS extraction_parts (
+  namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, signature VARCHAR NOT NULL, PRIMARY KEY (namespace, doc_id));
 CREATE TABLE IF NOT EXISTS extraction_failures (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, reason VARCHAR NOT NULL,
   PRIMARY KEY (namespace, chunk_id));

@@ -20,7 +20,7 @@ from .chunking import Chunk, chunk_document
 from .config import Settings
 from .documents import Document, Section, read_source
 from .embedding import get_embedder
-from .extraction import ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
+from .extraction import Extraction, ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
 from .graphstore import GraphStore
 from .lifecycle import skip_deleted
 from .llm import OpenAIChat, configured_llm
@@ -93,6 +93,52 @@ def make_extractor(settings: Settings):
     raise ValueError(f"unknown extractor {settings.extractor!r} (expected 'nlp' or 'llm')")
 
 
+EXTRACTION_SCHEMAS = {
+    "extracted_entities": pa.schema([("chunk_id", pa.string()), ("name", pa.string()), ("type", pa.string()),
+                                     ("description", pa.string())]),
+    "extracted_relations": pa.schema([("chunk_id", pa.string()), ("source", pa.string()), ("target", pa.string()),
+                                      ("description", pa.string()), ("weight", pa.float64())]),
+    "extracted_facts": pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("text", pa.string()),
+                                  ("names", pa.list_(pa.string()))]),
+    "extraction_failures": pa.schema([("chunk_id", pa.string()), ("reason", pa.string())]),
+}
+
+
+def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+                      failures: dict[str, str], scope: list[str] | None = None) -> dict:
+    """Write the extracted_* rows of `results` (chunk_id -> extraction): the namespace's rows, or only those of
+    the chunks in `scope`; rows of chunks no longer in `chunks` go either way."""
+    rows: dict[str, list[dict]] = {t: [] for t in EXTRACTION_SCHEMAS}
+    for cid, ex in results.items():
+        rows["extracted_entities"] += [{"chunk_id": cid, **e} for e in ex.entities]
+        rows["extracted_relations"] += [{"chunk_id": cid, **r} for r in ex.relations]
+        rows["extracted_facts"] += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]}
+                                    for i, f in enumerate(ex.facts)]
+    rows["extraction_failures"] = [{"chunk_id": c, "reason": r} for c, r in failures.items()]
+    where, params = ("AND chunk_id IN (SELECT unnest(?))", [scope]) if scope is not None else ("", [])
+    for table, schema in EXTRACTION_SCHEMAS.items():
+        replace_rows(con, table, ns, _ns(pa.Table.from_pylist(rows[table], schema), ns), where, params)
+        con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
+                    "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
+    return {"raw_entities": len(rows["extracted_entities"]), "raw_relations": len(rows["extracted_relations"]),
+            "facts": len(rows["extracted_facts"])}
+
+
+def model_usage(results: dict[str, Extraction]) -> Counter:
+    usage = Counter()
+    for ex in results.values():
+        if ex.usage:
+            usage["prompt_tokens"] += ex.usage.get("prompt_tokens", 0)
+            usage["completion_tokens"] += ex.usage.get("completion_tokens", 0)
+    return usage
+
+
+def record_usage(con: duckdb.DuckDBPyConnection, ns: str, run_id: str | None, stage: str, model: str, usage: Counter) -> None:
+    if usage:
+        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
+                    "VALUES (?, ?, ?, ?, ?, ?)", [ns, run_id, stage, model, usage["prompt_tokens"], usage["completion_tokens"]])
+
+
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,
                     progress: Progress | None = None, run_id: str | None = None) -> dict:
     ns = settings.namespace
@@ -104,33 +150,12 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
                              progress=(lambda i, n: progress("extractions", i, n)) if progress else None)
     finally:
         cache.close()
-    ents, rels, facts = [], [], []
-    usage = Counter()
-    for cid, ex in run.results.items():
-        ents += [{"chunk_id": cid, **e} for e in ex.entities]
-        rels += [{"chunk_id": cid, **r} for r in ex.relations]
-        facts += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]} for i, f in enumerate(ex.facts)]
-    if run.computed:  # token usage is counted when a model was actually called, never for cache hits
-        for cid, ex in run.results.items():
-            if ex.usage:
-                usage["prompt_tokens"] += ex.usage.get("prompt_tokens", 0)
-                usage["completion_tokens"] += ex.usage.get("completion_tokens", 0)
-    schema_e = pa.schema([("chunk_id", pa.string()), ("name", pa.string()), ("type", pa.string()), ("description", pa.string())])
-    schema_r = pa.schema([("chunk_id", pa.string()), ("source", pa.string()), ("target", pa.string()),
-                          ("description", pa.string()), ("weight", pa.float64())])
-    schema_f = pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("text", pa.string()), ("names", pa.list_(pa.string()))])
-    replace_rows(con, "extracted_entities", ns, _ns(pa.Table.from_pylist(ents, schema_e), ns))
-    replace_rows(con, "extracted_relations", ns, _ns(pa.Table.from_pylist(rels, schema_r), ns))
-    replace_rows(con, "extracted_facts", ns, _ns(pa.Table.from_pylist(facts, schema_f), ns))
-    fail_rows = [{"chunk_id": c, "reason": r} for c, r in run.failures.items()]
-    replace_rows(con, "extraction_failures", ns, _ns(pa.Table.from_pylist(fail_rows), ns) if fail_rows else None)
-    if usage:
-        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
-                    "VALUES (?, ?, 'extractions', ?, ?, ?)",
-                    [ns, run_id, extractor.model, usage["prompt_tokens"], usage["completion_tokens"]])
+    written = store_extractions(con, ns, run.results, run.failures)
+    # token usage is counted when a model was actually called, never for cache hits
+    usage = model_usage(run.results) if run.computed else Counter()
+    record_usage(con, ns, run_id, "extractions", extractor.model, usage)
     return {"chunks": len(chunks), "cached": run.cached, "computed": run.computed, "failed": len(run.failures),
-            "failures": run.failures, "extractor": f"{extractor.name}:{extractor.model}",
-            "raw_entities": len(ents), "raw_relations": len(rels), "facts": len(facts), **usage}
+            "failures": run.failures, "extractor": f"{extractor.name}:{extractor.model}", **written, **usage}
 
 
 def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
@@ -235,8 +260,7 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
         summaries.append(s)
     replace_rows(con, "community_summaries", ns, _ns(pa.Table.from_pylist([s.__dict__ for s in summaries]), ns) if summaries else None)
     if usage:
-        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
-                    "VALUES (?, ?, 'community_summaries', ?, ?, ?)", [ns, run_id, llm.model, usage["prompt_tokens"], usage["completion_tokens"]])
+        record_usage(con, ns, run_id, "community_summaries", llm.model, usage)
     embedder = get_embedder(settings.embedder, settings.embedding_model)
     embedded = _embed_missing(con, settings, "community", [(s.community_id, f"{s.title}\n{s.summary}") for s in summaries], embedder)
     biggest = sorted(summaries, key=lambda s: -len(members[s.community_id]))[:5]

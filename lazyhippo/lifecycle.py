@@ -14,6 +14,7 @@ import duckdb
 
 from .config import Settings
 from .graphstore import GraphStore
+from .objectstore import ObjectStore
 
 # per-document tables keyed by chunk, then by document (deleted in this order)
 CHUNK_TABLES = ("extracted_entities", "extracted_relations", "extracted_facts", "extraction_failures")
@@ -46,9 +47,10 @@ def resolve_documents(con: duckdb.DuckDBPyConnection, namespace: str, refs: list
 
 
 def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: list[str],
-                     store: GraphStore | None = None) -> Deleted:
-    """Remove the documents, their chunks and extractions in one transaction, and remember them as deleted
-    (a later ingest skips them while their content is unchanged). The graph stages must run afterwards."""
+                     store: GraphStore | None = None, objects: ObjectStore | None = None) -> Deleted:
+    """Remove the documents, their chunks and extractions (and extraction parts) in one transaction, and
+    remember them as deleted (a later ingest skips them while their content is unchanged). The graph stages
+    must run afterwards."""
     ns = settings.namespace
     found = resolve_documents(con, ns, list(dict.fromkeys(refs)))
     ids = sorted(found)
@@ -58,7 +60,7 @@ def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
                                                [ns, ids]).fetchall()]
         for table in CHUNK_TABLES:
             con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id IN (SELECT unnest(?))", [ns, chunk_ids])
-        for table in ("chunks", "documents", "deleted_documents"):
+        for table in ("chunks", "documents", "deleted_documents", "extraction_parts"):
             con.execute(f"DELETE FROM {table} WHERE namespace = ? AND doc_id IN (SELECT unnest(?))", [ns, ids])
         con.executemany("INSERT INTO deleted_documents (namespace, doc_id, source, content_hash) VALUES (?, ?, ?, ?)",
                         [(ns, d, *found[d]) for d in ids])
@@ -69,6 +71,11 @@ def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
     if store is not None:
         for stage in ("documents", "chunks"):
             store.sync(con, ns, stage)
+    if objects is not None:
+        from .parts import part_key  # parts builds on index, which reads skip_deleted from here
+
+        for doc_id in ids:
+            objects.delete(part_key(ns, doc_id))
     return Deleted(tuple(ids), tuple(found[d][0] for d in ids), len(chunk_ids))
 
 
@@ -87,10 +94,10 @@ def skip_deleted(con: duckdb.DuckDBPyConnection, namespace: str, rows: list[dict
 
 
 def delete_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: list[str], store: GraphStore,
-                     objects, run_id: str = "delete") -> dict:
+                     objects: ObjectStore, run_id: str = "delete") -> dict:
     """Library entry point: remove the documents, then rebuild every graph-wide stage (and its sync and exports)."""
     from .index import graph_steps, run_steps
 
-    deleted = remove_documents(settings, con, refs, store)
+    deleted = remove_documents(settings, con, refs, store, objects)
     out = run_steps(settings, con, store, graph_steps(settings, con, store, objects, run_id))
     return {"deleted": deleted.figures(), **out}

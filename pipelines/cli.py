@@ -126,13 +126,14 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     from lazyhippo.graphstore import open_graph_store
     from lazyhippo.lifecycle import UnknownDocumentError, remove_documents
     from lazyhippo.warehouse import connect
+    from resources import ObjectStoreResource
 
     root = _home(home)
     settings = Settings(home=root, namespace=namespace)
     store = open_graph_store(graph_store)
     try:
         with connect(settings) as con:
-            deleted = remove_documents(settings, con, documents, store)
+            deleted = remove_documents(settings, con, documents, store, ObjectStoreResource(kind=object_store).open(settings))
     except UnknownDocumentError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)

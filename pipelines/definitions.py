@@ -21,3 +21,8 @@ defs = dg.Definitions(
     resources=default_resources(),
     executor=dg.in_process_executor,
 )
+
+
+def index_job_def() -> dg.JobDefinition:
+    """The resolved index job, importable by path: the multiprocess executor re-imports it in every worker."""
+    return defs.resolve_job_def("index")

@@ -4,8 +4,10 @@ from assets.checks_quality import context_quality_check, retrieval_quality_check
 
 from resources import GraphStoreResource, LazyhippoResource
 
+# multiprocess unless configured otherwise: extraction batches run in parallel (`lazyhippo index --workers N`
+# sets max_concurrent; the CLI's default single-process run is in-process)
 index_job = dg.define_asset_job(
-    "index", selection=dg.AssetSelection.all(), executor_def=dg.in_process_executor,
+    "index", selection=dg.AssetSelection.all(), executor_def=dg.multi_or_in_process_executor,
     description="Index the source into the knowledge graph: documents to communities to Parquet exports.",
 )
 

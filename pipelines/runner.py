@@ -70,3 +70,21 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, int
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+def execute_parallel(home: Path, config: dict, workers: int, namespace: str,
+                     tags: dict | None = None) -> dg.ExecuteJobResult:
+    """Run the index job with the multiprocess executor (`workers` processes): extraction batches in parallel."""
+    from assets._partitions import WAREHOUSE_TAGS
+
+    from .definitions import index_job_def
+
+    instance = instance_for(home)
+    add_namespace_partition(instance, namespace)
+    # forkserver with the definitions preloaded: each step forks in milliseconds instead of importing everything
+    cfg = {**config, "execution": {"config": {"multiprocess": {
+        "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["pipelines.definitions"]}},
+        "tag_concurrency_limits": [{"key": key, "limit": 1} for key in WAREHOUSE_TAGS]}}}}
+    with dg.execute_job(dg.reconstructable(index_job_def), instance, run_config=cfg, raise_on_error=False,
+                        tags={**(tags or {}), "dagster/partition": namespace}) as result:
+        return result
