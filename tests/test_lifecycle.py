@@ -14,7 +14,7 @@ from lazyhippo.index import run_index
 from lazyhippo.lifecycle import UnknownDocumentError, delete_documents
 from lazyhippo.objectstore import LocalObjectStore
 from lazyhippo.warehouse import connect
-from tests.services_fixtures import minio_store, namespaces, neo4j_store  # noqa: F401 - fixtures
+from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 # what "the same graph" means: every graph-wide table, all columns but the namespace
 GRAPH_SQL = {
@@ -175,15 +175,15 @@ def test_cli_delete_rebuilds_through_dagster_and_names_unknown_documents(tmp_pat
 
 
 @pytest.mark.services
-def test_delete_on_neo4j_serves_the_graph_of_a_fresh_index(tmp_path, neo4j_store, minio_store, namespaces):  # noqa: F811
+def test_delete_on_neo4j_serves_the_graph_of_a_fresh_index(tmp_path, neo4j_store, namespaces):  # noqa: F811
     ns_full, ns_fresh = namespaces("delete"), namespaces("fresh")
     full = Settings(home=tmp_path / "full", namespace=ns_full, source=str(copy_corpus(tmp_path / "c")))
     fresh = Settings(home=tmp_path / "fresh", namespace=ns_fresh,
                      source=str(copy_corpus(tmp_path / "rest", ("ada_fenwick.md",))))
-    run_index(full, neo4j_store, minio_store)
+    run_index(full, neo4j_store)
     with connect(full) as con:
-        delete_documents(full, con, ["ada_fenwick.md"], neo4j_store, minio_store)
-    run_index(fresh, neo4j_store, minio_store)
+        delete_documents(full, con, ["ada_fenwick.md"], neo4j_store, LocalObjectStore(full.export_dir))
+    run_index(fresh, neo4j_store)
 
     def served(ns: str) -> dict:
         q = neo4j_store.query
@@ -201,9 +201,3 @@ def test_delete_on_neo4j_serves_the_graph_of_a_fresh_index(tmp_path, neo4j_store
     after, expected = served(ns_full), served(ns_fresh)
     assert after["entities"] and after == expected
     assert graph_snapshot(full)["entities"] == graph_snapshot(fresh)["entities"]
-    import io
-
-    import pyarrow.parquet as pq
-
-    exported = pq.read_table(io.BytesIO(minio_store.get(f"{ns_full}/tables/documents.parquet")))
-    assert sorted(exported.column("doc_id").to_pylist()) == expected["documents"]
