@@ -12,46 +12,43 @@ import dagster as dg
 from lazyhippo import audit
 from resources import GraphStoreResource, LazyhippoResource
 
-from ._meta import md_table
 from ._partitions import WAREHOUSE_TAGS
+from .metadata import check_result
 
 
 @contextmanager
 def _facts(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> Iterator[audit.GraphFacts]:
     namespace = lazyhippo.settings().namespace
-    if graph_store.kind == "neo4j":
-        with graph_store.session() as store:
-            yield audit.Neo4jFacts(store, namespace)
+    if graph_store.resolved_kind == "neo4j":
+        yield audit.Neo4jFacts(graph_store.store, namespace)
     else:
         with lazyhippo.warehouse() as con:
             yield audit.WarehouseFacts(con, namespace)
 
 
-def _result(res: audit.CheckResult, header: str = "failing") -> dg.AssetCheckResult:
-    metadata: dict = {k: v for k, v in res.figures.items() if isinstance(v, (int, float, str))}
-    if res.examples:
-        metadata[header] = md_table([(e,) for e in res.examples[:200]], [header])
-    return dg.AssetCheckResult(passed=res.passed, description=res.description, metadata=metadata,
-                               severity=dg.AssetCheckSeverity.ERROR)
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="entities", blocking=True, description="The graph is not empty: the namespace has entities.")
+def graph_not_empty(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
+    with _facts(lazyhippo, graph_store) as facts:
+        return check_result(audit.check_not_empty(facts))
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="knn_edges", blocking=True,
                 description="KNN is enabled (knn_top_k > 0) but no SEMANTICALLY_SIMILAR edge was written.")
 def knn_edges_present(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
-        return _result(audit.check_knn_edges(facts, lazyhippo.settings().knn_top_k))
+        return check_result(audit.check_knn_edges(facts, lazyhippo.settings().knn_top_k))
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="knn_edges", blocking=True, description="Every KNN edge joins two entities of the namespace.")
 def knn_edges_no_orphans(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
-        return _result(audit.check_orphan_edges(facts, ("knn",)), "orphan edges")
+        return check_result(audit.check_orphan_edges(facts, ("knn",)))
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="relations", blocking=True, description="Every relation joins two entities of the namespace.")
 def relations_no_orphans(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
-        return _result(audit.check_orphan_edges(facts, ("relations",)), "orphan edges")
+        return check_result(audit.check_orphan_edges(facts, ("relations",)))
 
 
 class ChunkMentionsConfig(dg.Config):
@@ -63,22 +60,22 @@ class ChunkMentionsConfig(dg.Config):
 def chunks_have_mentions(config: ChunkMentionsConfig, lazyhippo: LazyhippoResource,
                          graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
-        return _result(audit.check_chunk_mentions(facts, config.max_unmentioned_share), "chunks without mentions")
+        return check_result(audit.check_chunk_mentions(facts, config.max_unmentioned_share))
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="communities", blocking=True, description="Every entity has a community_id.")
 def entities_have_community(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
-        return _result(audit.check_entity_communities(facts), "entities without community")
+        return check_result(audit.check_entity_communities(facts))
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="communities", blocking=True, description="Every entity has a PageRank.")
 def entities_have_pagerank(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
-        return _result(audit.check_entity_pagerank(facts), "entities without pagerank")
+        return check_result(audit.check_entity_pagerank(facts))
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=True, description="Every community has a summary.")
 def communities_have_summary(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     with _facts(lazyhippo, graph_store) as facts:
-        return _result(audit.check_community_summaries(facts), "communities without summary")
+        return check_result(audit.check_community_summaries(facts))

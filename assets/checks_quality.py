@@ -1,18 +1,18 @@
 """Benchmark asset checks: context quality, theme coverage and retrieval quality on the indexed corpus.
 
-Not blocking (they run queries); the completeness audit is the blocking suite.
+Not blocking (they run queries); the completeness audit is the blocking suite. Queries rank on whichever
+graph store serves the graph (its PPR backend), so the figures hold for either store.
 """
 
 import json
 
 import dagster as dg
 
-from lazyhippo.quality import (bar_chart, context_quality, probe_questions, retrieval_outcome, source_file,
-                               themes_outcome)
-from resources import LazyhippoResource
+from lazyhippo.quality import context_quality, probe_questions, retrieval_outcome, source_file, themes_outcome
+from resources import GraphStoreResource, LazyhippoResource
 
-from ._meta import md_table
 from ._partitions import WAREHOUSE_TAGS
+from .metadata import check_result, table
 
 
 def _beside_source(settings, name: str) -> list | None:
@@ -25,31 +25,27 @@ def _skipped(name: str) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=True, metadata={"skipped": f"no {name} beside the source"})
 
 
-def _result(outcome, extra: dict | None = None) -> dg.AssetCheckResult:
-    meta = {k: v for k, v in outcome.figures.items() if isinstance(v, (int, float))}
-    return dg.AssetCheckResult(passed=outcome.passed, metadata={**meta, **(extra or {})})
+def _result(outcome, tables: dict) -> dg.AssetCheckResult:
+    return check_result(outcome, tables, dg.AssetCheckSeverity.WARN)
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="Assembled contexts on a fixed query set: no duplicate chunk, within budget, few noise chunks, cited.")
-def context_quality_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
+def context_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     from lazyhippo.query import answer_question
 
     settings = lazyhippo.settings()
-    results = [answer_question(settings, q, route="auto", budget=lazyhippo.check_budget, llm=None).to_dict()
+    ppr = graph_store.store.ppr_backend(settings.namespace)
+    results = [answer_question(settings, q, route="auto", budget=lazyhippo.check_budget, llm=None, ppr=ppr).to_dict()
                for q in probe_questions(settings)]
     outcome = context_quality(results, lazyhippo.check_budget, lazyhippo.noise_share_max)
     rows = [(r["question"], r["route"], len(r["context"]), r["context_tokens"], len(r["citations"])) for r in results]
-    return _result(outcome, {"queries_run": md_table(rows, ["question", "route", "chunks", "tokens", "citations"]),
-                             "plot": dg.MetadataValue.md(bar_chart({
-                                 "duplicate share": outcome.figures["duplicate_chunk_share"],
-                                 "noise share": outcome.figures["noise_chunk_share"],
-                                 "within budget": 1 - outcome.figures["over_budget_contexts"] / max(len(results), 1)}))})
+    return _result(outcome, {"queries_run": table(rows, ["question", "route", "chunks", "tokens", "citations"])})
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="Global questions (themes.json beside the source): share of expected themes in the context.")
-def theme_coverage_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
+def theme_coverage_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     from lazyhippo.query import answer_question
 
     settings = lazyhippo.settings()
@@ -57,29 +53,29 @@ def theme_coverage_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
     if items is None:
         return _skipped("themes.json")
     per_q = []
+    ppr = graph_store.store.ppr_backend(settings.namespace)
     for item in items:
-        res = answer_question(settings, item["question"], route="global", budget=lazyhippo.check_budget, llm=None)
+        res = answer_question(settings, item["question"], route="global", budget=lazyhippo.check_budget, llm=None, ppr=ppr)
         per_q.append((item["question"], res.context_text, item["themes"]))
     outcome = themes_outcome(per_q, lazyhippo.theme_coverage_min)
     return _result(outcome, {
-        "per_question": md_table([(r["question"], round(r["coverage"], 2), ", ".join(r["missing"])) for r in outcome.details],
-                                 ["question", "coverage", "missing themes"]),
-        "plot": dg.MetadataValue.md(bar_chart({r["question"]: r["coverage"] for r in outcome.details}))})
+        "per_question": table([(r["question"], round(r["coverage"], 2), ", ".join(r["missing"])) for r in outcome.details],
+                              ["question", "coverage", "missing themes"])})
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="recall@5 of the local route on questions.json beside the source, against a floor.")
-def retrieval_quality_check(lazyhippo: LazyhippoResource) -> dg.AssetCheckResult:
+def retrieval_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     from lazyhippo.query import retrieve
 
     settings = lazyhippo.settings()
     questions = _beside_source(settings, "questions.json")
     if questions is None:
         return _skipped("questions.json")
-    rankings = [(q["question"], [c.title for c in retrieve(settings, q["question"], route="local", top_k=8)],
+    ppr = graph_store.store.ppr_backend(settings.namespace)
+    rankings = [(q["question"], [c.title for c in retrieve(settings, q["question"], route="local", top_k=8, ppr=ppr)],
                  q["supporting_titles"]) for q in questions]
     outcome = retrieval_outcome(rankings, lazyhippo.recall_at_5_min)
     return _result(outcome, {
-        "per_question": md_table([(r["question"], round(r["recall_at_5"], 2), ", ".join(r["retrieved"])) for r in outcome.details],
-                                 ["question", "recall@5", "top 5"]),
-        "plot": dg.MetadataValue.md(bar_chart({r["question"]: r["recall_at_5"] for r in outcome.details}))})
+        "per_question": table([(r["question"], round(r["recall_at_5"], 2), ", ".join(r["retrieved"])) for r in outcome.details],
+                              ["question", "recall@5", "top 5"])})

@@ -1,21 +1,20 @@
 import dagster as dg
 
-from lazyhippo.index import build_communities
+from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
-from ._meta import md_table, scalars
 from ._partitions import WAREHOUSE_TAGS, namespaces
+from .metadata import OWNERS, figures, table
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["relations", "knn_edges"], group_name="graph",
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["relations", "knn_edges"], group_name="graph", kinds={"duckdb", "igraph", "neo4j"}, owners=OWNERS,
           description="Leiden/Louvain communities over relations + KNN edges; every entity gets a community_id and a PageRank.")
 def communities(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
-    with graph_store.session() as store, lazyhippo.warehouse() as con:
-        stats = build_communities(settings, con, store)
-        store.sync(con, settings.namespace, "communities")
-    dist = stats["size_distribution"]
+    with lazyhippo.warehouse() as con:
+        stats = run_stage("communities", settings, con, graph_store.store)
+    dist = stats.pop("size_distribution")
     return dg.MaterializeResult(metadata={
-        **scalars(stats), "dagster/row_count": stats["communities"], "graph_store": graph_store.kind,
-        "size_distribution": md_table([(f"{k}+" if k == 50 else k, v) for k, v in dist.items()], ["size", "communities"]),
+        **figures(stats), "dagster/row_count": stats["communities"], "graph_store": graph_store.resolved_kind,
+        "size_distribution": table([(f"{k}+" if k == 50 else str(k), v) for k, v in dist.items()], ["size", "communities"]),
     })

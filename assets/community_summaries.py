@@ -1,20 +1,19 @@
 import dagster as dg
 
-from lazyhippo.index import build_community_summaries
 from resources import GraphStoreResource, LazyhippoResource
+from lazyhippo.index import run_stage
 
-from ._meta import md_table, scalars
 from ._partitions import WAREHOUSE_TAGS, namespaces
+from .metadata import OWNERS, figures, table
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["communities"], group_name="graph",
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["communities"], group_name="graph", kinds={"duckdb", "neo4j"}, owners=OWNERS,
           description="Per community: title, summary and hub entities (extractive offline, LLM when configured), embedded.")
 def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
                         graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
-    with graph_store.session() as store, lazyhippo.warehouse() as con:
-        stats = build_community_summaries(settings, con, context.run.run_id)
-        store.sync(con, settings.namespace, "community_summaries")
-    rows = [(p["community_id"], p["size"], p["title"], p["summary"]) for p in stats["preview"]]
-    return dg.MaterializeResult(metadata={**scalars(stats), "dagster/row_count": stats["summaries"],
-                                          "largest_communities": md_table(rows, ["community", "size", "title", "summary"])})
+    with lazyhippo.warehouse() as con:
+        stats = run_stage("community_summaries", settings, con, graph_store.store, run_id=context.run.run_id)
+    rows = [(p["community_id"], p["size"], p["title"], p["summary"]) for p in stats.pop("preview")]
+    return dg.MaterializeResult(metadata={**figures(stats), "dagster/row_count": stats["summaries"],
+                                          "largest_communities": table(rows, ["community", "size", "title", "summary"])})

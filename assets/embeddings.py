@@ -1,15 +1,15 @@
 import dagster as dg
 
-from lazyhippo.index import build_embeddings
-from resources import LazyhippoResource
+from lazyhippo.index import run_stage
+from resources import GraphStoreResource, LazyhippoResource
 
-from ._meta import scalars
 from ._partitions import WAREHOUSE_TAGS, namespaces
+from .metadata import OWNERS, figures
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["chunks", "entities", "facts"], group_name="graph",
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["chunks", "entities", "facts"], group_name="graph", kinds={"duckdb", "numpy"}, owners=OWNERS,
           description="Chunk, entity and fact vectors; only new or changed items are embedded again.")
-def embeddings(lazyhippo: LazyhippoResource) -> dg.MaterializeResult:
+def embeddings(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     with lazyhippo.warehouse() as con:
-        stats = build_embeddings(lazyhippo.settings(), con)
-    return dg.MaterializeResult(metadata={**scalars(stats), "dagster/row_count": stats["chunks"] + stats["entities"] + stats["facts"]})
+        stats = run_stage("embeddings", lazyhippo.settings(), con, graph_store.store)
+    return dg.MaterializeResult(metadata={**figures(stats), "dagster/row_count": stats["chunks"] + stats["entities"] + stats["facts"]})

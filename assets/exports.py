@@ -1,21 +1,22 @@
 import dagster as dg
 
-from lazyhippo.index import export_parquet
-from resources import LazyhippoResource, ObjectStoreResource
+from lazyhippo.index import run_stage
+from resources import GraphStoreResource, LazyhippoResource, ObjectStoreResource
 
-from ._meta import md_table
 from ._partitions import WAREHOUSE_TAGS, namespaces
+from .metadata import OWNERS, table
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["documents", "chunks", "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],
-          group_name="exports", description="Parquet files of every table, written through the object store.")
-def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, object_store: ObjectStoreResource) -> dg.MaterializeResult:
+          group_name="exports", kinds={"parquet", "minio"}, owners=OWNERS,
+          description="Parquet files of every table, written through the object store.")
+def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource,
+            object_store: ObjectStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
-    store = object_store.open(settings)
     with lazyhippo.warehouse() as con:
-        stats = export_parquet(settings, con, store, context.run.run_id)
+        stats = run_stage("exports", settings, con, graph_store.store, object_store.open(settings), run_id=context.run.run_id)
     objs = stats["objects"]
     return dg.MaterializeResult(metadata={
         "store": stats["store"], "manifest": stats["run_key"], "dagster/row_count": sum(o["rows"] for o in objs.values()),
-        "objects": md_table([(t, o["key"], o["rows"], o["bytes"]) for t, o in objs.items()], ["table", "key", "rows", "bytes"]),
+        "objects": table([(t, o["key"], o["rows"], o["bytes"]) for t, o in objs.items()], ["table", "key", "rows", "bytes"]),
     })

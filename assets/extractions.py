@@ -7,8 +7,8 @@ import dagster as dg
 from lazyhippo.parts import Batch, collect_parts, extract_batch, plan_batches
 from resources import LazyhippoResource, ObjectStoreResource
 
-from ._meta import md_table, scalars
 from ._partitions import WAREHOUSE_TAGS, namespaces
+from .metadata import OWNERS, figures, table
 
 
 class ExtractionBatchConfig(dg.Config):
@@ -47,13 +47,13 @@ def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], laz
     with lazyhippo.warehouse() as con:
         out = collect_parts(settings, con, object_store.open(settings), batches, stats, context.run_id)
     context.add_output_metadata({
-        **scalars(out), "dagster/row_count": out["raw_entities"], "batches": len(batches),
-        "per_batch": md_table([(s["batch"]["name"], s["documents"], s["computed"], s["cached"], s["failed"])
+        **figures(out), "dagster/row_count": out["raw_entities"], "batches": len(batches),
+        "per_batch": table([(s["batch"]["name"], s["documents"], s["computed"], s["cached"], s["failed"])
                                for s in stats if s], ["batch", "documents", "extracted", "cached", "failed"]),
     })
 
 
-@dg.graph_asset(partitions_def=namespaces, group_name="per_document", ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
+@dg.graph_asset(partitions_def=namespaces, group_name="per_document", kinds={"duckdb", "spacy", "parquet"}, owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
                 description="Entities, relations and facts per chunk, extracted in parallel batches; per-document "
                             "parts in the object store; cached by (chunk hash, extractor, model, prompt version).")
 def extractions(chunks):

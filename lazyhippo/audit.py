@@ -7,23 +7,11 @@ Each `check_*` returns a `CheckResult` (passed + figures + failing examples); th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Protocol
 
+from .checks import CheckResult
+
 EXAMPLES = 20
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    passed: bool
-    description: str
-    figures: dict = field(default_factory=dict)
-    examples: list[str] = field(default_factory=list)   # ids of what failed (at most EXAMPLES, all for chunks)
-
-    def __str__(self) -> str:
-        state = "PASS" if self.passed else "FAIL"
-        return f"[{state}] {self.name}: {self.description} {self.figures}" + (f" e.g. {self.examples[:5]}" if self.examples else "")
 
 
 class GraphFacts(Protocol):
@@ -173,6 +161,13 @@ class Neo4jFacts:
 
 
 # ---------------------------------------------------------------------------------------------- checks
+
+def check_not_empty(facts: GraphFacts) -> CheckResult:
+    """An empty graph (no chunk or no entity) would let every other check pass vacuously."""
+    chunks, entities = facts.chunk_count(), facts.entity_count()
+    return CheckResult("graph_not_empty", chunks > 0 and entities > 0, "the namespace has chunks and entities",
+                       {"chunks": chunks, "entities": entities, "store": facts.store})
+
 
 def check_knn_edges(facts: GraphFacts, knn_top_k: int) -> CheckResult:
     entities, edges = facts.entity_count(), facts.knn_edge_count()

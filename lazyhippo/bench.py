@@ -93,7 +93,20 @@ def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings 
     return settings, {"reused": False, "index_seconds": seconds}
 
 
-def retrieval_rankers(settings: Settings, route: str, k: int) -> dict[str, Ranker]:
+def served_ppr(settings: Settings, store) -> object | None:
+    """Push the index (built on the embedded store) to `store` and return its PPR backend; None when the
+    store is the embedded one (in-process PPR over the loaded index)."""
+    if store.name == "embedded":
+        return None
+    from .index import sync_all
+    from .warehouse import connect
+
+    with connect(settings) as con:
+        sync_all(store, con, settings.namespace)
+    return store.ppr_backend(settings.namespace)
+
+
+def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None) -> dict[str, Ranker]:
     """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder)."""
     from .query import retrieve
     from .query.loader import load_index
@@ -106,22 +119,31 @@ def retrieval_rankers(settings: Settings, route: str, k: int) -> dict[str, Ranke
     def channel(name: str) -> Ranker:
         def rank(question: str) -> list[str]:
             scores = getattr(PreparedQuery(idx, question, embedder), name)
-            return [idx.titles[c] for c in top_indices(scores, k)]
+            return [idx.chunks.titles[c] for c in top_indices(scores, k)]
         return rank
 
-    return {route: lambda q: [c.title for c in retrieve(settings, q, route=route, top_k=k)],
+    return {route: lambda q: [c.title for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],
             "bm25": channel("bm25"), "dense": channel("dense")}
 
 
 def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
-                        progress=None) -> dict:
+                        progress=None, graph_store: str = "embedded") -> dict:
+    """Quality of `route` on the index of `corpus`, ranked through `graph_store` (neo4j: the index is
+    pushed to the server first and PPR runs over the graph it serves)."""
+    from .graphstore import open_graph_store
+
     questions = json.loads(Path(questions_file).read_text())
     settings, index_info = ensure_index(Path(corpus), Path(workdir), progress)
-    reports = [evaluate(name, ranker, questions, k, progress) for name, ranker in retrieval_rankers(settings, route, k).items()]
+    store = open_graph_store(graph_store)
+    try:
+        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store))
+        reports = [evaluate(name, ranker, questions, k, progress) for name, ranker in rankers.items()]
+    finally:
+        store.close()
     by = {r.method: r for r in reports}
     return {
-        "corpus": str(corpus), "questions": len(questions), "route": route, "k": k, **index_info,
-        "methods": {r.method: r.headline() for r in reports},
+        "corpus": str(corpus), "questions": len(questions), "route": route, "k": k, "graph_store": graph_store,
+        **index_info, "methods": {r.method: r.headline() for r in reports},
         "margin_over_dense": {m: round(getattr(by[route], m) - getattr(by["dense"], m), 4)
                               for m in ("recall_at_2", "recall_at_5", "all_supporting_at_8")},
         "per_question": {r.method: r.per_question for r in reports},
@@ -145,14 +167,7 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
 
     store = open_graph_store(graph_store)
     try:
-        ppr = None
-        if graph_store != "embedded":
-            from .warehouse import connect
-
-            with connect(settings) as con:
-                for stage in ("documents", "chunks", "graph_tables", "knn_edges", "communities", "community_summaries"):
-                    store.sync(con, settings.namespace, stage)
-            ppr = store.ppr_backend(settings.namespace)
+        ppr = served_ppr(settings, store)
         answer_question(settings, questions[0]["question"], route=routes[0], ppr=ppr)  # load + warm
         out = {}
         for route in routes:

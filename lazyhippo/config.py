@@ -1,23 +1,34 @@
-"""One settings object shared by the CLI, the Dagster resources and library callers."""
+"""One settings object shared by the CLI, the Dagster resources and library callers.
+
+Filled once per run: `Settings.from_env()` reads the LAZYHIPPO_* variables (and whether an OpenAI-compatible
+endpoint is configured) when called, never at import; the CLI options or the resource config then override
+with `.with_(...)`, and the result is passed down to every stage.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Literal
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SQL_DIR = REPO_ROOT / "dbt_like_sql"
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
 SAMPLE_CORPUS = REPO_ROOT / "sample_corpus"
 
+GraphStoreKind = Literal["embedded", "neo4j"]
+ObjectStoreKind = Literal["local", "minio"]
+LlmKind = Literal["none", "openai"]
 
-def default_home() -> Path:
-    return Path(os.environ.get("LAZYHIPPO_HOME", ".lazyhippo")).resolve()
+# Settings field -> environment variable read by `from_env`
+ENV = {"home": "LAZYHIPPO_HOME", "namespace": "LAZYHIPPO_NAMESPACE", "source": "LAZYHIPPO_SOURCE",
+       "extractor": "LAZYHIPPO_EXTRACTOR", "embedder": "LAZYHIPPO_EMBEDDER", "llm_model": "LAZYHIPPO_LLM_MODEL",
+       "graph_store": "LAZYHIPPO_GRAPH_STORE", "object_store": "LAZYHIPPO_OBJECT_STORE", "llm": "LAZYHIPPO_LLM"}
 
 
 @dataclass(frozen=True)
 class Settings:
-    home: Path = field(default_factory=default_home)
+    home: Path = field(default_factory=lambda: Path(".lazyhippo").resolve())
     namespace: str = "default"
     source: str = str(SAMPLE_CORPUS)
     chunk_size: int = 256
@@ -26,16 +37,33 @@ class Settings:
     extractor: str = "nlp"  # "nlp" (offline spaCy) or "llm" (OpenAI-compatible)
     nlp_noun_phrases: bool = True
     embedder: str = "static-minilm"  # or "openai"
+    llm: LlmKind = "none"   # "openai": community summaries and answers use the OpenAI-compatible endpoint
     llm_model: str = "gpt-4o-mini"
     embedding_model: str = "text-embedding-3-small"
     knn_top_k: int = 10
     knn_cutoff: float = 0.60
     community_algorithm: str = "leiden"  # or "louvain"
-    graph_store: str = "embedded"  # or "neo4j"
-    object_store: str = "local"  # or "minio"
+    graph_store: GraphStoreKind = "embedded"
+    object_store: ObjectStoreKind = "local"
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Settings":
+        """Defaults, then LAZYHIPPO_* variables, then `overrides` (None values are ignored). Without
+        LAZYHIPPO_LLM, an LLM is used when OPENAI_BASE_URL or OPENAI_API_KEY is set."""
+        env = {k: os.environ[v] for k, v in ENV.items() if os.environ.get(v)}
+        if "llm" not in env and (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")):
+            env["llm"] = "openai"
+        return cls().with_(**env).with_(**overrides)
 
     def with_(self, **changes) -> "Settings":
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        known = {f.name for f in fields(self)}
+        unknown = set(changes) - known
+        if unknown:
+            raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if "home" in changes:
+            changes["home"] = Path(changes["home"]).resolve()
+        return replace(self, **changes)
 
     @property
     def db_path(self) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -45,15 +46,36 @@ class Communities:
     levels: int
 
 
-def _igraph(node_ids: list[str], edges: list[tuple[str, str, float]]):
-    import igraph as ig
-
+def merged_undirected(node_ids: list[str], edges: Iterable[tuple[str, str, float]]) -> dict[tuple[int, int], float]:
+    """The graph both stores run their algorithms on: undirected, self-loops and unknown ends dropped,
+    parallel edges' weights summed; keys are (smaller, larger) node indices."""
     index = {n: i for i, n in enumerate(node_ids)}
     merged: dict[tuple[int, int], float] = {}
     for a, b, w in edges:
-        if a in index and b in index and a != b:
-            key = (min(index[a], index[b]), max(index[a], index[b]))
-            merged[key] = merged.get(key, 0.0) + float(w)
+        i, j = index.get(a), index.get(b)
+        if i is None or j is None or i == j:
+            continue
+        key = (min(i, j), max(i, j))
+        merged[key] = merged.get(key, 0.0) + float(w)
+    return merged
+
+
+def renumbered_by_size(membership: list[int]) -> list[int]:
+    """Community labels renumbered largest first (ties: first seen), so ids read naturally and are
+    stable for equal input whichever store computed them."""
+    sizes: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for i, m in enumerate(membership):
+        sizes[m] = sizes.get(m, 0) + 1
+        first.setdefault(m, i)
+    order = {c: i for i, c in enumerate(sorted(sizes, key=lambda c: (-sizes[c], first[c])))}
+    return [order[m] for m in membership]
+
+
+def _igraph(node_ids: list[str], edges: list[tuple[str, str, float]]):
+    import igraph as ig
+
+    merged = merged_undirected(node_ids, edges)
     g = ig.Graph(n=len(node_ids), edges=list(merged), directed=False)
     g.es["weight"] = list(merged.values())
     return g
@@ -77,14 +99,7 @@ def detect_communities(node_ids: list[str], edges: list[tuple[str, str, float]],
     else:
         raise ValueError(f"unknown community algorithm {algorithm!r} (expected 'leiden' or 'louvain')")
     modularity = g.modularity(membership, weights="weight") if g.ecount() else 0.0
-    # renumber by size (largest first) so ids read naturally and are stable for equal input
-    sizes: dict[int, int] = {}
-    first: dict[int, int] = {}
-    for i, m in enumerate(membership):
-        sizes[m] = sizes.get(m, 0) + 1
-        first.setdefault(m, i)
-    order = {c: i for i, c in enumerate(sorted(sizes, key=lambda c: (-sizes[c], first[c])))}
-    return Communities({n: order[m] for n, m in zip(node_ids, membership)}, float(modularity), levels)
+    return Communities(dict(zip(node_ids, renumbered_by_size(membership))), float(modularity), levels)
 
 
 def pagerank(node_ids: list[str], edges: list[tuple[str, str, float]], damping: float = 0.85) -> dict[str, float]:

@@ -18,8 +18,8 @@ from .graph import Communities, KnnEdge
 class GraphStore(Protocol):
     name: str
 
-    def sync(self, con: duckdb.DuckDBPyConnection, namespace: str, stage: str) -> dict:
-        """Push the warehouse rows of `stage` to the store; returns figures for metadata."""
+    def sync(self, con: duckdb.DuckDBPyConnection, namespace: str, asset: str) -> dict:
+        """Push the warehouse rows the asset `asset` produced to the store; returns figures for metadata."""
         ...
 
     def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]: ...
@@ -29,13 +29,17 @@ class GraphStore(Protocol):
 
     def pagerank(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]]) -> dict[str, float]: ...
 
+    def ppr_backend(self, namespace: str):
+        """The query engine's PPR backend over this store's graph; None: the in-process default."""
+        ...
+
     def close(self) -> None: ...
 
 
 class EmbeddedGraphStore:
     name = "embedded"
 
-    def sync(self, con, namespace, stage):
+    def sync(self, con, namespace, asset):
         return {}
 
     def knn(self, namespace, ids, vectors, top_k, cutoff):
@@ -47,15 +51,26 @@ class EmbeddedGraphStore:
     def pagerank(self, namespace, node_ids, edges):
         return graph.pagerank(node_ids, edges)
 
+    def ppr_backend(self, namespace):
+        return None
+
     def close(self):
         pass
 
 
-def open_graph_store(kind: str) -> GraphStore:
+def open_graph_store(kind: str, **neo4j) -> GraphStore:
+    """`embedded`, or `neo4j` connected now (a server that is down fails within the connect timeout);
+    `neo4j` arguments left None (uri, user, password) come from the environment or the credentials file."""
     if kind == "embedded":
         return EmbeddedGraphStore()
     if kind == "neo4j":
-        from .neo4j_store import Neo4jGraphStore
+        from .neo4j_store import Neo4jConnection, Neo4jGraphStore
 
-        return Neo4jGraphStore.from_env()
+        store = Neo4jGraphStore(Neo4jConnection.from_env(**neo4j))
+        try:
+            store.connect()
+        except Exception:
+            store.close()
+            raise
+        return store
     raise ValueError(f"unknown graph_store {kind!r} (expected 'embedded' or 'neo4j')")

@@ -89,7 +89,7 @@ def make_extractor(settings: Settings):
     if settings.extractor == "nlp":
         return NlpExtractor(noun_phrases=settings.nlp_noun_phrases)
     if settings.extractor == "llm":
-        return LlmExtractor(configured_llm(settings.llm_model) or OpenAIChat(settings.llm_model))
+        return LlmExtractor(configured_llm(settings) or OpenAIChat(settings.llm_model))
     raise ValueError(f"unknown extractor {settings.extractor!r} (expected 'nlp' or 'llm')")
 
 
@@ -249,7 +249,7 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
     members: dict[str, list[dict]] = defaultdict(list)
     for c, name, desc, pr, deg in rows:
         members[c].append({"name": name, "description": desc or "", "score": pr * 1000 + deg})
-    llm = configured_llm(settings.llm_model)
+    llm = configured_llm(settings)
     summaries, usage = [], Counter()
     for c, ms in members.items():
         s = summarize_extractive(c, ms)
@@ -290,34 +290,41 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
                                                   "knn_edges", "communities", "community_summaries")}
 
 
-def graph_steps(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore,
-                run_id: str) -> list[tuple[str, Callable[[], dict]]]:
-    """The graph-wide stages (entities onward), rebuilt from the per-document tables: after an index or a delete."""
-    return [
-        ("graph_tables", lambda: build_graph_tables(settings, con)),
-        ("embeddings", lambda: build_embeddings(settings, con)),
-        ("knn_edges", lambda: build_knn_edges(settings, con, store)),
-        ("communities", lambda: build_communities(settings, con, store)),
-        ("community_summaries", lambda: build_community_summaries(settings, con, run_id)),
-        ("exports", lambda: export_parquet(settings, con, objects, run_id)),
-    ]
+def _stages(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore | None,
+            progress: Progress | None, run_id: str, extractor=None) -> dict[str, Callable[[], dict]]:
+    """Every indexing stage by the name of the asset it materializes, in dependency order."""
+    return {
+        "documents": lambda: ingest_documents(settings, con),
+        "chunks": lambda: build_chunks(settings, con),
+        "extractions": lambda: run_extractions(settings, con, extractor, progress=progress, run_id=run_id),
+        "entities": lambda: build_graph_tables(settings, con),   # with relations, mentions, facts
+        "embeddings": lambda: build_embeddings(settings, con),
+        "knn_edges": lambda: build_knn_edges(settings, con, store),
+        "communities": lambda: build_communities(settings, con, store),
+        "community_summaries": lambda: build_community_summaries(settings, con, run_id),
+        "exports": lambda: export_parquet(settings, con, objects, run_id),
+    }
 
 
-def run_steps(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
-              steps: list[tuple[str, Callable[[], dict]]], progress: Progress | None = None) -> dict:
-    """Run stages in order, syncing each one to the graph store; figures per stage and seconds per stage."""
-    out: dict = {}
-    timings = out["seconds"] = {}
-    for i, (name, step) in enumerate(steps):
-        if progress:
-            progress("index", i, len(steps))
-        t0 = time.perf_counter()
-        out[name] = step()
-        store.sync(con, settings.namespace, name)
-        timings[name] = round(time.perf_counter() - t0, 2)
-    if progress:
-        progress("index", len(steps), len(steps))
-    return out
+STAGE_NAMES = ("documents", "chunks", "extractions", "entities", "embeddings", "knn_edges", "communities",
+               "community_summaries", "exports")
+GRAPH_STAGES = STAGE_NAMES[STAGE_NAMES.index("entities"):]  # rebuilt from the per-document tables (index, delete)
+
+
+def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
+              objects: ObjectStore | None = None, progress: Progress | None = None, run_id: str = "library",
+              extractor=None) -> dict:
+    """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
+    cannot leave the served graph stale. The sync's figures come back under "synced"."""
+    stats = _stages(settings, con, store, objects, progress, run_id, extractor)[asset]()
+    synced = store.sync(con, settings.namespace, asset)
+    return {**stats, "synced": synced} if synced else stats
+
+
+def sync_all(store: GraphStore, con: duckdb.DuckDBPyConnection, namespace: str) -> None:
+    """Push an index built earlier (e.g. on the embedded store) to `store`, asset by asset."""
+    for asset in STAGE_NAMES:
+        store.sync(con, namespace, asset)
 
 
 def run_index(settings: Settings, store: GraphStore | None = None, objects: ObjectStore | None = None,
@@ -329,10 +336,15 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
 
     store = store or EmbeddedGraphStore()
     objects = objects or LocalObjectStore(settings.export_dir)
+    out: dict = {}
+    timings = out["seconds"] = {}
     with connect(settings) as con:
-        steps = [
-            ("documents", lambda: ingest_documents(settings, con)),
-            ("chunks", lambda: build_chunks(settings, con)),
-            ("extractions", lambda: run_extractions(settings, con, extractor, progress=progress, run_id=run_id)),
-        ] + graph_steps(settings, con, store, objects, run_id)
-        return run_steps(settings, con, store, steps, progress)
+        for i, name in enumerate(STAGE_NAMES):
+            if progress:
+                progress("index", i, len(STAGE_NAMES))
+            t0 = time.perf_counter()
+            out[name] = run_stage(name, settings, con, store, objects, progress, run_id, extractor)
+            timings[name] = round(time.perf_counter() - t0, 2)
+        if progress:
+            progress("index", len(STAGE_NAMES), len(STAGE_NAMES))
+    return out

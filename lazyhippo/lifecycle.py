@@ -96,8 +96,8 @@ def skip_deleted(con: duckdb.DuckDBPyConnection, namespace: str, rows: list[dict
 def delete_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: list[str], store: GraphStore,
                      objects: ObjectStore, run_id: str = "delete") -> dict:
     """Library entry point: remove the documents, then rebuild every graph-wide stage (and its sync and exports)."""
-    from .index import graph_steps, run_steps
+    from .index import GRAPH_STAGES, run_stage
 
     deleted = remove_documents(settings, con, refs, store, objects)
-    out = run_steps(settings, con, store, graph_steps(settings, con, store, objects, run_id))
-    return {"deleted": deleted.figures(), **out}
+    return {"deleted": deleted.figures(),
+            **{stage: run_stage(stage, settings, con, store, objects, run_id=run_id) for stage in GRAPH_STAGES}}

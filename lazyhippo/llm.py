@@ -42,8 +42,7 @@ class OpenAIChat:
                           getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0)
 
 
-def configured_llm(model: str) -> LLM | None:
-    """An LLM only when an endpoint is configured; None keeps every path offline."""
-    if not (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")):
-        return None
-    return OpenAIChat(model)
+def configured_llm(settings) -> LLM | None:
+    """The LLM `settings.llm` names (`Settings.from_env` picks "openai" when an endpoint is configured);
+    None keeps every path offline."""
+    return OpenAIChat(settings.llm_model) if settings.llm == "openai" else None

@@ -15,8 +15,6 @@ import os
 
 from .objectstore import ObjectStoreError
 
-DEV_ACCESS_KEY = "lazyhippo"               # scripts/services.sh loopback defaults; set the env vars elsewhere
-DEV_SECRET_KEY = "lazyhippo-dev-secret"
 _SINGLE_PART_MAX = 5 * 1024 ** 3           # S3's largest single PUT
 
 
@@ -37,13 +35,17 @@ class MinioObjectStore:
         self._bucket_ready = False
 
     @classmethod
-    def from_env(cls, bucket: str | None = None, **options) -> "MinioObjectStore":
-        """MINIO_ENDPOINT (127.0.0.1:9000), MINIO_BUCKET (lazyhippo), MINIO_ROOT_USER / MINIO_ROOT_PASSWORD
-        (or MINIO_ACCESS_KEY / MINIO_SECRET_KEY; default: the dev credentials of scripts/services.sh), MINIO_SECURE."""
+    def from_env(cls, endpoint: str | None = None, bucket: str | None = None, access_key: str | None = None,
+                 secret_key: str | None = None, **options) -> "MinioObjectStore":
+        """Explicit (non-None) arguments, else MINIO_ENDPOINT (127.0.0.1:9000), MINIO_BUCKET (lazyhippo),
+        MINIO_ROOT_USER / MINIO_ROOT_PASSWORD (or MINIO_ACCESS_KEY / MINIO_SECRET_KEY) from the environment or
+        the services credentials file, MINIO_SECURE."""
+        from .credentials import credential
+
         env = os.environ
-        return cls(env.get("MINIO_ENDPOINT", "127.0.0.1:9000"), bucket or env.get("MINIO_BUCKET", "lazyhippo"),
-                   env.get("MINIO_ACCESS_KEY") or env.get("MINIO_ROOT_USER") or DEV_ACCESS_KEY,
-                   env.get("MINIO_SECRET_KEY") or env.get("MINIO_ROOT_PASSWORD") or DEV_SECRET_KEY,
+        return cls(endpoint or env.get("MINIO_ENDPOINT", "127.0.0.1:9000"), bucket or env.get("MINIO_BUCKET", "lazyhippo"),
+                   access_key or credential("MINIO_ACCESS_KEY", "MINIO_ROOT_USER"),
+                   secret_key or credential("MINIO_SECRET_KEY", "MINIO_ROOT_PASSWORD"),
                    secure=env.get("MINIO_SECURE", "0").lower() in ("1", "true", "yes"), **options)
 
     def __repr__(self) -> str:  # never shows the keys

@@ -64,3 +64,15 @@ class LocalObjectStore:
             return []
         keys = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
         return sorted(k for k in keys if k.startswith(prefix) and not k.endswith(".tmp"))
+
+
+def open_object_store(kind: str, settings, root: str | None = None, **minio) -> ObjectStore:
+    """`local` (a folder, default under the index home) or `minio` (arguments left None come from the
+    environment or the services credentials file)."""
+    if kind == "local":
+        return LocalObjectStore(Path(root) if root else settings.export_dir)
+    if kind == "minio":
+        from .minio_store import MinioObjectStore
+
+        return MinioObjectStore.from_env(**minio)
+    raise ValueError(f"unknown object_store {kind!r} (expected 'local' or 'minio')")

@@ -7,22 +7,15 @@ case by hand; the Dagster checks feed them real query results.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from .bench import recall_at_k
+from .checks import CheckResult
 from .config import Settings
 
 
-@dataclass
-class CheckOutcome:
-    passed: bool
-    figures: dict
-    details: list = field(default_factory=list)
-
-
-def context_quality(contexts: Sequence[dict], budget: int, max_noise_share: float = 0.25) -> CheckOutcome:
+def context_quality(contexts: Sequence[dict], budget: int, max_noise_share: float = 0.25) -> CheckResult:
     """contexts: QueryResult.to_dict() rows. Duplicates must be 0, every context within budget."""
     dup = total = noise = over = 0
     citations = []
@@ -44,7 +37,7 @@ def context_quality(contexts: Sequence[dict], budget: int, max_noise_share: floa
                "min_citations": min(citations, default=0)}
     passed = (bool(contexts) and dup == 0 and over == 0 and figures["noise_chunk_share"] <= max_noise_share
               and figures["min_citations"] >= 1)
-    return CheckOutcome(passed, figures)
+    return CheckResult("context_quality", passed, "no duplicate chunk, within budget, few noise chunks, cited", figures)
 
 
 def theme_coverage(context_text: str, themes: Sequence[str]) -> tuple[float, list[str]]:
@@ -54,23 +47,24 @@ def theme_coverage(context_text: str, themes: Sequence[str]) -> tuple[float, lis
     return (1 - len(missing) / len(themes) if themes else 1.0), missing
 
 
-def themes_outcome(per_question: Sequence[tuple[str, str, Sequence[str]]], threshold: float = 0.9) -> CheckOutcome:
+def themes_outcome(per_question: Sequence[tuple[str, str, Sequence[str]]], threshold: float = 0.9) -> CheckResult:
     """per_question: (question, assembled context text, expected themes)."""
     rows = []
     for question, text, themes in per_question:
         cov, missing = theme_coverage(text, themes)
         rows.append({"question": question, "coverage": cov, "missing": missing})
     mean = sum(r["coverage"] for r in rows) / len(rows) if rows else 0.0
-    return CheckOutcome(bool(rows) and mean >= threshold, {"theme_coverage": mean, "threshold": threshold,
-                                                           "questions": len(rows)}, rows)
+    return CheckResult("theme_coverage", bool(rows) and mean >= threshold, "share of expected themes in the context",
+                       {"theme_coverage": mean, "threshold": threshold, "questions": len(rows)}, details=rows)
 
 
-def retrieval_outcome(rankings: Sequence[tuple[str, Sequence[str], Sequence[str]]], floor: float) -> CheckOutcome:
+def retrieval_outcome(rankings: Sequence[tuple[str, Sequence[str], Sequence[str]]], floor: float) -> CheckResult:
     """rankings: (question, ranked titles, supporting titles). recall@5 averaged, against a floor."""
     rows = [{"question": q, "recall_at_5": recall_at_k(ranked, gold, 5), "retrieved": list(ranked[:5])}
             for q, ranked, gold in rankings]
     mean = sum(r["recall_at_5"] for r in rows) / len(rows) if rows else 0.0
-    return CheckOutcome(bool(rows) and mean >= floor, {"recall_at_5": mean, "floor": floor, "questions": len(rows)}, rows)
+    return CheckResult("retrieval_quality", bool(rows) and mean >= floor, "recall@5 of the local route against a floor",
+                       {"recall_at_5": mean, "floor": floor, "questions": len(rows)}, details=rows)
 
 
 def probe_questions(settings: Settings, n: int = 8) -> list[str]:
@@ -91,9 +85,3 @@ def source_file(settings: Settings, name: str) -> Path | None:
     src = Path(settings.source)
     path = (src if src.is_dir() else src.parent) / name
     return path if path.exists() else None
-
-
-def bar_chart(values: dict[str, float], width: int = 20) -> str:
-    """A small text plot for Dagster metadata (markdown code block)."""
-    lines = [f"{k[:40]:<40} {'█' * round(max(0.0, min(v, 1.0)) * width):<{width}} {v:.2f}" for k, v in values.items()]
-    return "```\n" + "\n".join(lines) + "\n```"

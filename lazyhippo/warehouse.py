@@ -10,7 +10,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from .config import SQL_DIR, Settings
+from dbt_like_sql import SQL_DIR
+
+from .config import Settings
 
 TABLES = (
     "documents", "deleted_documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
@@ -47,7 +49,7 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, row
 
 
 def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) -> int:
-    """Materialize `dbt_like_sql/<model>.sql` (a SELECT over $namespace) into the table of that name."""
+    """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name."""
     sql = (SQL_DIR / f"{model}.sql").read_text()
     con.execute(f"DELETE FROM {model} WHERE namespace = $namespace", {"namespace": namespace})
     con.execute(f"INSERT INTO {model} BY NAME ({sql})", {"namespace": namespace})

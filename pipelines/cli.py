@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Optional
@@ -41,9 +42,16 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
 
         result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace)
     if not result.success:
+        root = None
         for event in result.all_events:
             if event.is_step_failure:
-                console.print(f"[red]{event.step_key} failed:[/red] {event.step_failure_data.error.message.strip()}")
+                error = event.step_failure_data.error
+                console.print(f"[red]{event.step_key} failed:[/red] {error.message.strip()}")
+                while error.cause is not None:  # Dagster wraps the exception that stopped the step
+                    error = error.cause
+                root = error
+        if root is not None:
+            console.print(f"[red]root cause:[/red] {root.message.strip()}")
         raise typer.Exit(1)
     console.print(f"run {result.run_id} succeeded (visible in `dagster dev`, DAGSTER_HOME={os.environ['DAGSTER_HOME']})")
     return result
@@ -52,13 +60,15 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
 @app.command()
 def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to index (default: the sample corpus)."),
           home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-          graph_store: str = typer.Option("embedded", envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
-          object_store: str = typer.Option("local", envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio"),
-          extractor: str = typer.Option("nlp", envvar="LAZYHIPPO_EXTRACTOR", help="nlp | llm"),
-          chunk_size: int = typer.Option(256), chunk_overlap: int = typer.Option(32),
-          knn_top_k: int = typer.Option(10), knn_cutoff: float = typer.Option(0.60),
-          community_algorithm: str = typer.Option("leiden", help="leiden | louvain")) -> None:
-    """Materialize every indexing asset through Dagster, with a progress display."""
+          graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
+          object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio"),
+          extractor: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EXTRACTOR", help="nlp | llm"),
+          chunk_size: Optional[int] = typer.Option(None, help="Tokens per chunk [256]."),
+          chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
+          knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
+          knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
+          community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]")) -> None:
+    """Materialize every indexing asset through Dagster, with a progress display (unset options: lazyhippo.config.Settings)."""
     root = _home(home)
     source = (path or SAMPLE_CORPUS).resolve()
     if not source.exists():
@@ -91,11 +101,11 @@ def status(home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
 
 @app.command("query")
 def query_cmd(question: str = typer.Argument(..., help="The question."),
-              route: str = typer.Option("auto", help="local | global | drift | hybrid | auto"),
+              route: str = typer.Option("auto", help="local | global | drift | hybrid | multi_hop | auto"),
               top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
               as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
               home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-              graph_store: str = typer.Option("embedded", envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j")) -> None:
+              graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j")) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
     root = _home(home)
     if not counts(Settings(home=root, namespace=namespace))["chunks"]:
@@ -120,20 +130,20 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
 @app.command()
 def delete(documents: list[str] = typer.Argument(..., help="doc_id or source path (as in the documents table) of each document."),
            home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-           graph_store: str = typer.Option("embedded", envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
-           object_store: str = typer.Option("local", envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
+           graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
+           object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
     """Remove documents (chunks, mentions, facts) and rebuild the graph from the cached extractions of the rest."""
     from lazyhippo.graphstore import open_graph_store
     from lazyhippo.lifecycle import UnknownDocumentError, remove_documents
+    from lazyhippo.objectstore import open_object_store
     from lazyhippo.warehouse import connect
-    from resources import ObjectStoreResource
 
     root = _home(home)
-    settings = Settings(home=root, namespace=namespace)
-    store = open_graph_store(graph_store)
+    settings = Settings.from_env(home=root, namespace=namespace, graph_store=graph_store, object_store=object_store)
+    store = open_graph_store(settings.graph_store)
     try:
         with connect(settings) as con:
-            deleted = remove_documents(settings, con, documents, store, ObjectStoreResource(kind=object_store).open(settings))
+            deleted = remove_documents(settings, con, documents, store, open_object_store(settings.object_store, settings))
     except UnknownDocumentError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
@@ -144,6 +154,37 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
                                  "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}},
          namespace=namespace)
     status(home=root, namespace=namespace, as_json=False)
+
+
+@app.command()
+def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopback: LAZYHIPPO_API_KEY is required)."),
+          port: int = typer.Option(8000), home: Optional[Path] = HomeOpt,
+          max_body_bytes: int = typer.Option(64 * 1024, help="Largest request body accepted."),
+          max_question_chars: int = typer.Option(2000), max_budget: int = typer.Option(32000, help="Largest context budget."),
+          workers: int = typer.Option(1, help="Server processes, each with its own warm indexes (more cores, more memory).")) -> None:
+    """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics."""
+    from .api import Limits, api_key_for, serve as run_server
+
+    try:
+        api_key_for(host)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    root = _home(home)
+    settings = Settings.from_env(home=root)
+    if not settings.db_path.exists():
+        console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
+    console.print(f"serving {root} on http://{host}:{port} (docs at /docs)")
+    run_server(settings, host, port, Limits(max_body_bytes=max_body_bytes, max_question_chars=max_question_chars,
+                                                       max_budget=max_budget), workers)
+
+
+@app.command("mcp")
+def mcp_cmd(home: Optional[Path] = HomeOpt) -> None:
+    """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve and lazyhippo_namespaces."""
+    from .mcp_server import run_stdio
+
+    run_stdio(Settings.from_env(home=_home(home)))
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -220,6 +261,68 @@ def bench_query(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
         table.add_row(route, *(f"{r[c]:.2f}" for c in cols), str(r["n"]))
     Console().print(table)
     print(json.dumps({"graph_store": graph_store, **{f"{route}_{c}": round(r[c], 2) for route, r in result.items() for c in cols}}))
+
+
+@bench.command("serve")
+def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seconds: float = typer.Option(30.0, help="Load time per route."),
+                routes: str = typer.Option("local", help="Comma-separated routes to load, one after the other."),
+                corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
+                questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json"),
+                max_questions: int = typer.Option(200, help="Distinct questions sent (cycled)."),
+                workdir: Path = typer.Option(Path(".lazyhippo-bench")), port: int = typer.Option(8799),
+                workers: int = typer.Option(1, help="Server worker processes."),
+                rate: float = typer.Option(0.0, help="Offered queries/s for all clients together (0: as fast as answers come).")) -> None:
+    """Start `lazyhippo serve` on loopback over the bench index and load it: QPS, p50/p95/p99 and errors per route."""
+    import sys
+    import tempfile
+
+    import httpx
+
+    from lazyhippo.bench import ensure_index
+    from lazyhippo.bench_serve import run_load
+
+    bar, update = _progress_bar()
+    with bar:
+        settings, _ = ensure_index(corpus, workdir, update)
+    asked = [q["question"] for q in json.loads(questions.read_text())][:max_questions]
+    key = os.environ.get("LAZYHIPPO_API_KEY")
+    headers = {"X-API-Key": key} if key else None
+    log = tempfile.NamedTemporaryFile(prefix="lazyhippo-serve-", suffix=".log", delete=False)
+    server = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--home", str(settings.home),
+                               "--port", str(port), "--workers", str(workers)], stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            if server.poll() is not None:
+                console.print(f"[red]error:[/red] the server exited; its log: {log.name}")
+                raise typer.Exit(1)
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.time() > deadline:
+                    raise typer.Exit(1)
+                time.sleep(0.5)
+        reports = [run_load(url, asked, r, clients, seconds, headers, rate=rate) for r in routes.split(",")]
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
+    table = Table(title=f"lazyhippo serve under load: {clients} clients, {len(asked)} questions from {questions.name}, "
+                        f"{workers} worker(s), " + (f"{rate:g} queries/s offered" if rate else "closed loop"))
+    cols = ("requests", "errors", "qps", "p50_ms", "p95_ms", "p99_ms")
+    table.add_column("route")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for r in reports:
+        table.add_row(r.route, *(str(getattr(r, c)) for c in cols))
+    Console().print(table)
+    for r in reports:
+        for sample in r.error_samples:
+            console.print(f"[yellow]{r.route} error:[/yellow] {sample}")
+    print(json.dumps({"clients": clients, "seconds": seconds, "workers": workers, "rate": rate, "cpus": os.cpu_count(),
+                      **{f"{r.route}_{c}": getattr(r, c) for r in reports for c in cols}}))
 
 
 if __name__ == "__main__":

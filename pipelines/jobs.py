@@ -30,18 +30,22 @@ class QueryConfig(dg.Config):
 @dg.op(description="Retrieve, assemble a cited context within the token budget, and answer.")
 def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhippo: LazyhippoResource,
                     graph_store: GraphStoreResource) -> dict:
-    from assets._meta import md_table
+    from assets.metadata import table
     from lazyhippo.query import answer_question as answer
 
     settings = lazyhippo.settings()
     result = answer(settings, config.question, route=config.route, top_k=config.top_k, budget=config.budget,
-                    ppr=graph_store.ppr_backend(settings.namespace))
+                    ppr=graph_store.store.ppr_backend(settings.namespace))
     data = result.to_dict()
+    # the answer heads the run page (run tags), not only the step's output event
+    context.instance.add_run_tags(context.run_id, {"lazyhippo/question": config.question[:500],
+                                                   "lazyhippo/answer": data["answer"][:500],
+                                                   "lazyhippo/route": data["route"]})
     context.add_output_metadata({
-        "question": config.question, "route": data["route"], "answer": dg.MetadataValue.md(data["answer"]),
+        "answer": dg.MetadataValue.text(data["answer"]), "question": config.question, "route": data["route"],
         "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
-        "chosen_chunks": md_table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
-                                   for i, c in enumerate(data["context"])], ["#", "title", "chunk", "score", "tokens"]),
+        "chosen_chunks": table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
+                                for i, c in enumerate(data["context"])], ["#", "title", "chunk", "score", "tokens"]),
         **{f"timing_{k}": round(v, 2) for k, v in data.get("timings", {}).items()},
     })
     return data

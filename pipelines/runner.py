@@ -88,3 +88,39 @@ def execute_parallel(home: Path, config: dict, workers: int, namespace: str,
     with dg.execute_job(dg.reconstructable(index_job_def), instance, run_config=cfg, raise_on_error=False,
                         tags={**(tags or {}), "dagster/partition": namespace}) as result:
         return result
+
+
+def launch(job_name: str, home: Path, config: dict, tags: dict | None = None,
+           on_done: Callable[[str, bool], None] | None = None, namespace: str | None = None) -> str:
+    """Start `job_name` (on the `namespace` partition for the indexing jobs) in a background thread of this
+    process and return its run id at once (the HTTP API's `POST /api/kg/create`); `on_done(run_id, success)` is
+    called when the run ends."""
+    import uuid
+
+    from .definitions import defs
+
+    instance = instance_for(home)
+    job = defs.resolve_job_def(job_name)
+    run_id = str(uuid.uuid4())
+    if namespace is not None:
+        add_namespace_partition(instance, namespace)
+
+    def target() -> None:
+        ok = False
+        try:
+            ok = job.execute_in_process(run_config=config, instance=instance, tags=tags, run_id=run_id,
+                                        raise_on_error=False, partition_key=namespace).success
+        finally:
+            if on_done:
+                on_done(run_id, ok)
+
+    threading.Thread(target=target, name=f"lazyhippo-run-{run_id[:8]}", daemon=True).start()
+    return run_id
+
+
+def run_status(home: Path, run_id: str) -> dict | None:
+    """Status of a run in the Dagster instance (None if the instance has no such run)."""
+    run = instance_for(home).get_run_by_id(run_id)
+    if run is None:
+        return None
+    return {"run_id": run.run_id, "job": run.job_name, "status": run.status.value, "tags": dict(run.tags)}

@@ -17,7 +17,7 @@ from .jobs import index_job
            description="Index the documents added or changed under the source, and drop the removed ones.")
 def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoResource):
     settings = lazyhippo.settings()
-    source = Path(settings.source)
+    source = Path(settings.source)  # the folder the index job reads, from the same settings
     if not source.exists():
         return dg.SkipReason(f"source {source} does not exist")
     previous = SourceState.decode(context.cursor)

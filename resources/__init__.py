@@ -1,41 +1,46 @@
-"""Dagster resources: thin adapters from configuration (and EnvVar secrets) to engine objects."""
+"""Dagster resources: thin adapters from configuration to engine objects.
+
+Nothing is read from the environment at import: an unset field (None) falls back to `Settings.from_env()`
+when a run starts. The store resources hold one client per run (opened in `setup_for_execution`, closed in
+`teardown_after_execution`); credentials come from the environment or the services credentials file.
+"""
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator, Optional
 
 import dagster as dg
 import duckdb
 from pydantic import PrivateAttr
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.config import Settings
 from lazyhippo.graphstore import GraphStore, open_graph_store
-from lazyhippo.objectstore import LocalObjectStore, ObjectStore
+from lazyhippo.objectstore import ObjectStore, open_object_store
 from lazyhippo.warehouse import connect
 
 PARTITION_TAG = "dagster/partition"
 
 
 class LazyhippoResource(dg.ConfigurableResource):
-    """Where the index lives, which knowledge base (namespace), and how each stage behaves."""
+    """Where the index lives, which knowledge base (namespace), and how each stage behaves.
+    Unset fields: LAZYHIPPO_* from the environment, else the defaults of `lazyhippo.config.Settings`."""
 
-    home: str = os.environ.get("LAZYHIPPO_HOME", ".lazyhippo")
-    namespace: str = os.environ.get("LAZYHIPPO_NAMESPACE", "default")
-    source: str = os.environ.get("LAZYHIPPO_SOURCE", str(SAMPLE_CORPUS))
-    chunk_size: int = 256
-    chunk_overlap: int = 32
-    max_file_bytes: int = 20_000_000
-    extractor: str = os.environ.get("LAZYHIPPO_EXTRACTOR", "nlp")
-    nlp_noun_phrases: bool = True
-    embedder: str = os.environ.get("LAZYHIPPO_EMBEDDER", "static-minilm")
-    llm_model: str = os.environ.get("LAZYHIPPO_LLM_MODEL", "gpt-4o-mini")
-    embedding_model: str = "text-embedding-3-small"
-    knn_top_k: int = 10
-    knn_cutoff: float = 0.60
-    community_algorithm: str = "leiden"
+    home: Optional[str] = None
+    namespace: Optional[str] = None
+    source: Optional[str] = None
+    chunk_size: Optional[int] = None
+    chunk_overlap: Optional[int] = None
+    max_file_bytes: Optional[int] = None
+    extractor: Optional[str] = None
+    nlp_noun_phrases: Optional[bool] = None
+    embedder: Optional[str] = None
+    llm: Optional[str] = None
+    llm_model: Optional[str] = None
+    embedding_model: Optional[str] = None
+    knn_top_k: Optional[int] = None
+    knn_cutoff: Optional[float] = None
+    community_algorithm: Optional[str] = None
     # benchmark asset checks (questions.json / themes.json beside the source are used when present)
     check_budget: int = 4000
     noise_share_max: float = 0.25
@@ -52,9 +57,7 @@ class LazyhippoResource(dg.ConfigurableResource):
     def settings(self) -> Settings:
         """The partition key, when the run has one, is the namespace: one knowledge base per partition."""
         fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
-        fields["home"] = Path(self.home).resolve()
-        fields["namespace"] = self._partition or self.namespace
-        return Settings(**fields)
+        return Settings.from_env(**{**fields, "namespace": self._partition or self.namespace})
 
     @contextmanager
     def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -63,68 +66,52 @@ class LazyhippoResource(dg.ConfigurableResource):
 
 
 class GraphStoreResource(dg.ConfigurableResource):
-    """`embedded` (DuckDB + in-process algorithms) or `neo4j` (Bolt + GDS; credentials from the environment)."""
+    """`embedded` (DuckDB + in-process algorithms) or `neo4j` (Bolt + GDS): one store per run.
+    Unset: LAZYHIPPO_GRAPH_STORE, NEO4J_URI / NEO4J_USER / NEO4J_PASSWORD, else the services credentials file."""
 
-    kind: str = os.environ.get("LAZYHIPPO_GRAPH_STORE", "embedded")
-    neo4j_uri: str = os.environ.get("NEO4J_URI", "bolt://127.0.0.1:7687")
-    neo4j_user: str = os.environ.get("NEO4J_USER", "neo4j")
+    kind: Optional[str] = None   # "embedded" | "neo4j" (lazyhippo.config.GraphStoreKind)
+    neo4j_uri: Optional[str] = None
+    neo4j_user: Optional[str] = None
     neo4j_password: Optional[str] = None
-    knn_structural: bool = os.environ.get("LAZYHIPPO_KNN_STRUCTURAL", "0").lower() in ("1", "true", "yes")
+    _store: Optional[GraphStore] = PrivateAttr(default=None)
 
-    def open(self) -> GraphStore:
-        if self.kind == "neo4j":
-            from lazyhippo.neo4j_store import Neo4jGraphStore
+    @property
+    def resolved_kind(self) -> str:
+        return self.kind or Settings.from_env().graph_store
 
-            # unset password: NEO4J_PASSWORD, else the loopback dev default of scripts/services.sh
-            return Neo4jGraphStore.from_env(uri=self.neo4j_uri, user=self.neo4j_user, password=self.neo4j_password,
-                                            knn_structural=self.knn_structural)
-        return open_graph_store(self.kind)
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._store = open_graph_store(self.resolved_kind, uri=self.neo4j_uri, user=self.neo4j_user,
+                                       password=self.neo4j_password)
 
-    @contextmanager
-    def session(self) -> Iterator[GraphStore]:
-        store = self.open()
-        try:
-            yield store
-        finally:
-            store.close()
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
-    def ppr_backend(self, namespace: str):
-        """None on the embedded store (in-process sparse PPR); gds.pageRank on a warm projection on Neo4j."""
-        return self.open().ppr_backend(namespace) if self.kind == "neo4j" else None
+    @property
+    def store(self) -> GraphStore:
+        """The run's store (opened on first use when the resource is invoked directly, outside a run)."""
+        if self._store is None:
+            self.setup_for_execution(None)
+        return self._store
 
 
 class ObjectStoreResource(dg.ConfigurableResource):
-    """`local` (a folder under the index home) or `minio` (S3-compatible; credentials from the environment)."""
+    """`local` (a folder under the index home) or `minio` (S3-compatible): one client per run.
+    Unset: LAZYHIPPO_OBJECT_STORE, MINIO_ENDPOINT / MINIO_BUCKET / MINIO_ROOT_USER / MINIO_ROOT_PASSWORD,
+    else the services credentials file."""
 
-    kind: str = os.environ.get("LAZYHIPPO_OBJECT_STORE", "local")
+    kind: Optional[str] = None   # "local" | "minio" (lazyhippo.config.ObjectStoreKind)
     root: Optional[str] = None
-    endpoint: str = os.environ.get("MINIO_ENDPOINT", "127.0.0.1:9000")
-    bucket: str = os.environ.get("MINIO_BUCKET", "lazyhippo")
+    endpoint: Optional[str] = None
+    bucket: Optional[str] = None
     access_key: Optional[str] = None
     secret_key: Optional[str] = None
-    secure: bool = False
 
     def open(self, settings: Settings) -> ObjectStore:
-        if self.kind == "minio":
-            from lazyhippo.minio_store import DEV_ACCESS_KEY, DEV_SECRET_KEY, MinioObjectStore
-
-            # unset keys: MINIO_ROOT_USER / MINIO_ROOT_PASSWORD, else the loopback dev defaults of scripts/services.sh
-            return MinioObjectStore(self.endpoint, self.bucket,
-                                    self.access_key or os.environ.get("MINIO_ROOT_USER") or DEV_ACCESS_KEY,
-                                    self.secret_key or os.environ.get("MINIO_ROOT_PASSWORD") or DEV_SECRET_KEY, self.secure)
-        if self.kind != "local":
-            raise ValueError(f"unknown object_store {self.kind!r} (expected 'local' or 'minio')")
-        return LocalObjectStore(Path(self.root) if self.root else settings.export_dir)
-
-
-def _secret(name: str):
-    """An EnvVar where the variable is set (resolved at run time, never logged), else nothing."""
-    return dg.EnvVar(name) if os.environ.get(name) else None
+        return open_object_store(self.kind or settings.object_store, settings, root=self.root, endpoint=self.endpoint,
+                                 bucket=self.bucket, access_key=self.access_key, secret_key=self.secret_key)
 
 
 def default_resources() -> dict:
-    return {
-        "lazyhippo": LazyhippoResource(),
-        "graph_store": GraphStoreResource(neo4j_password=_secret("NEO4J_PASSWORD")),
-        "object_store": ObjectStoreResource(access_key=_secret("MINIO_ROOT_USER"), secret_key=_secret("MINIO_ROOT_PASSWORD")),
-    }
+    return {"lazyhippo": LazyhippoResource(), "graph_store": GraphStoreResource(), "object_store": ObjectStoreResource()}

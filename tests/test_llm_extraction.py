@@ -42,7 +42,7 @@ def test_llm_extractor_retries_records_failures_and_uses_cache(tmp_path, corpus,
     with FakeOpenAI(reply) as server:
         monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-        s = Settings(home=tmp_path / "home", source=str(corpus), extractor="llm", llm_model="fake-model")
+        s = Settings.from_env(home=tmp_path / "home", source=str(corpus), extractor="llm", llm_model="fake-model")
         out = run_index(s)
         ex = out["extractions"]
         assert ex["computed"] == 1 and ex["failed"] == 1

@@ -11,7 +11,9 @@ from assets.checks_quality import context_quality_check, retrieval_quality_check
 from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.index import run_index
 from lazyhippo.quality import context_quality, retrieval_outcome, theme_coverage, themes_outcome
-from resources import LazyhippoResource
+from resources import GraphStoreResource, LazyhippoResource
+
+EMBEDDED = GraphStoreResource(kind="embedded")
 
 
 def _ctx(chunks, tokens=100, citations=1):
@@ -44,9 +46,9 @@ def test_theme_coverage_and_retrieval_floor():
 def test_checks_pass_on_the_sample_index(sample_settings):
     res = LazyhippoResource(home=str(sample_settings.home), source=str(SAMPLE_CORPUS))
     for check in (context_quality_check, theme_coverage_check, retrieval_quality_check):
-        result = check(lazyhippo=res)
+        result = check(lazyhippo=res, graph_store=EMBEDDED)
         assert result.passed, (check.name, result.metadata)
-    ctx = context_quality_check(lazyhippo=res)
+    ctx = context_quality_check(lazyhippo=res, graph_store=EMBEDDED)
     assert ctx.metadata["duplicate_chunk_share"].value == 0
     assert ctx.metadata["over_budget_contexts"].value == 0
 
@@ -61,9 +63,9 @@ def test_checks_fail_on_a_corpus_built_to_violate_them(tmp_path):
     settings = Settings(home=tmp_path / "home", source=str(src))
     run_index(settings)
     res = LazyhippoResource(home=str(settings.home), source=str(src))
-    themes = theme_coverage_check(lazyhippo=res)
+    themes = theme_coverage_check(lazyhippo=res, graph_store=EMBEDDED)
     assert not themes.passed and themes.metadata["theme_coverage"].value == 0
-    recall = retrieval_quality_check(lazyhippo=res)
+    recall = retrieval_quality_check(lazyhippo=res, graph_store=EMBEDDED)
     assert not recall.passed and recall.metadata["recall_at_5"].value == 0
     tight = LazyhippoResource(home=str(settings.home), source=str(src), noise_share_max=-1.0)
-    assert not context_quality_check(lazyhippo=tight).passed
+    assert not context_quality_check(lazyhippo=tight, graph_store=EMBEDDED).passed

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.index import run_index
 from lazyhippo.llm import Completion
-from lazyhippo.query import (CircuitBreaker, ContextParams, GdsPPR, HttpReranker, LocalParams, QueryConfig,
+from lazyhippo.query import (CircuitBreaker, ContextParams, HttpReranker, LocalParams, QueryConfig,
                              RerankStage, ScoredChunk, answer_question, assemble_context, classify_query,
                              load_index, noise_reason, personalized_pagerank, retrieve, split_question,
                              transition_matrix)
@@ -68,7 +68,7 @@ def _offline(settings, question, **kw):
 # ------------------------------------------------------------------ routes
 
 
-@pytest.mark.parametrize("route", ["local", "global", "drift", "hybrid", "auto"])
+@pytest.mark.parametrize("route", ["local", "global", "drift", "hybrid", "multi_hop", "auto"])
 def test_every_route_returns_cited_chunks(qsettings, route):
     idx = load_index(qsettings)
     questions = {"global": "What are the main themes of this collection?",
@@ -79,7 +79,7 @@ def test_every_route_returns_cited_chunks(qsettings, route):
     assert res.context and res.citations
     assert {c.title for c in res.context} <= SAMPLE_TITLES
     for c in res.context:
-        assert c.chunk_id in idx.chunk_pos and c.source and c.doc_id
+        assert c.chunk_id in idx.chunks.pos and c.source and c.doc_id
         assert c.tokens == count_tokens(c.render()) and c.tokens > 0
     cited = [int(n) for n in re.findall(r"\[(\d+)\]", res.answer)]
     assert cited and set(cited) <= {c.n for c in res.context}
@@ -99,7 +99,7 @@ def test_local_route_follows_the_graph_to_the_second_hop(qsettings):
 
 
 def test_retrieve_gives_ranked_chunks_with_titles(qsettings):
-    for route in ("local", "hybrid", "drift", "global"):
+    for route in ("local", "hybrid", "drift", "global", "multi_hop"):
         chunks = retrieve(qsettings, "Which company funded the observatory where the Halden Telescope is?",
                           route=route, top_k=5)
         assert 0 < len(chunks) <= 5
@@ -114,8 +114,62 @@ def test_global_route_maps_communities_and_drops_irrelevant_ones(qsettings):
     assert len(kept) >= 2
     assert res.answer.count("\n") + 1 >= 2  # one reduced line per kept community
     specific = _offline(qsettings, "Which shipping firm carried grain to the Baltic ports?", route="global")
-    assert 1 <= len(specific.diagnostics["communities"]) < len(load_index(qsettings).community_ids)
+    assert 1 <= len(specific.diagnostics["communities"]) < len(load_index(qsettings).communities.ids)
     assert any("Corran" in c.title or "Corran" in c.text for c in specific.context)
+
+
+def test_multi_hop_runs_ppr_only_within_max_hops_of_the_linked_entities(qsettings):
+    from lazyhippo.query.config import MultiHopParams
+    from lazyhippo.query.multihop import SubgraphPPR
+
+    idx = load_index(qsettings)
+    seed = idx.entities.pos[next(e for e, n in zip(idx.entities.ids, idx.entities.names) if n == "Ada Fenwick")]
+    p = np.zeros(len(idx.graph.node_ids))
+    p[seed] = 1.0
+    adj = idx.graph.adjacency
+    one_hop = set(adj[seed].indices) | {seed}
+    backend = SubgraphPPR(MultiHopParams(max_hops=1), hub_df_share=1.0)
+    scores = backend.run(idx, p, 0.5, 1e-8, 200)
+    assert set(np.flatnonzero(scores > 0)) <= one_hop and backend.subgraph_nodes == len(one_hop)
+    assert abs(scores.sum() - 1.0) < 1e-9
+    wider = SubgraphPPR(MultiHopParams(max_hops=3), hub_df_share=1.0)
+    assert wider.run(idx, p, 0.5, 1e-8, 200).astype(bool).sum() > len(one_hop) and wider.subgraph_nodes > len(one_hop)
+    res = _offline(qsettings, SUCCESSOR_Q, route="multi_hop", config=QueryConfig().with_(multi_hop={"max_hops": 3}))
+    assert res.route == "multi_hop" and res.diagnostics["subgraph_nodes"] > 0
+    assert "Tomas Reyes" in {c.title for c in res.context}
+
+
+@pytest.mark.parametrize("route", ["auto", "hybrid", "drift", "global", "local"])
+def test_a_question_is_classified_once(qsettings, monkeypatch, route):
+    from lazyhippo.query import answer as answer_mod, routes as routes_mod
+
+    calls = []
+    original = routes_mod.classify_query
+
+    def counting(question):
+        calls.append(question)
+        return original(question)
+
+    monkeypatch.setattr(routes_mod, "classify_query", counting)
+    monkeypatch.setattr(answer_mod, "classify_query", counting)
+    _offline(qsettings, "Where is the Marlow Observatory?", route=route)
+    assert len(calls) == 1
+
+
+def test_queries_never_change_the_loaded_index(qsettings):
+    import dataclasses
+
+    idx = load_index(qsettings)
+    before = {name: dict(vars(getattr(idx, name))) for name in ("chunks", "entities", "mentions", "facts", "communities", "graph")}
+    for route in ("local", "global", "drift", "hybrid", "multi_hop"):
+        _offline(qsettings, SUCCESSOR_Q, route=route)
+    assert {name: dict(vars(getattr(idx, name))) for name in before}.keys() == before.keys()
+    for name, fields in before.items():
+        assert vars(getattr(idx, name)).keys() == fields.keys()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        idx.chunks.ids = []  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        idx._coverage = None  # type: ignore[attr-defined]
 
 
 def test_auto_route_picks_by_query_type(qsettings):
@@ -179,7 +233,7 @@ def test_dedup_leaves_no_duplicate_content(qsettings):
 
 def test_same_chunk_and_same_content_appear_once_with_best_score(qsettings):
     idx = load_index(qsettings)
-    c = idx.chunk_pos[retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=1)[0].chunk_id]
+    c = idx.chunks.pos[retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=1)[0].chunk_id]
     a = ScoredChunk.from_index(idx, c, 0.2, "local")
     b = ScoredChunk.from_index(idx, c, 0.7, "local")            # same chunk reached another way
     twin = ScoredChunk.from_index(idx, c, 0.5, "local")
@@ -408,8 +462,8 @@ def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
 
     def fake_ppr(index, personalization, damping, tol, max_iter):
         calls.append((damping, float(personalization.sum())))
-        scores = np.zeros(len(index.node_ids))
-        scores[index.node_pos[index.chunk_ids[idx.titles.index("River Sell")]]] = 1.0
+        scores = np.zeros(len(index.graph.node_ids))
+        scores[index.graph.node_pos[index.chunks.ids[idx.chunks.titles.index("River Sell")]]] = 1.0
         return scores
 
     cfg = QueryConfig().with_(local={"damping": 0.6, "dense_tiebreak": 0.0})
@@ -417,18 +471,6 @@ def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
     assert calls and calls[0][0] == 0.6 and calls[0][1] > 0
     assert res.context[0].title == "River Sell" and res.diagnostics["ppr_backend"] == "fake_ppr"
 
-    rows_seen = {}
-
-    def run_cypher(query, params):  # what a Neo4j session would answer to gds.pageRank.stream
-        rows_seen.update(params)
-        return [{"id": idx.chunk_ids[idx.titles.index("Tomas Reyes")], "score": 3.0},
-                {"id": idx.entity_ids[0], "score": 1.0}, {"id": "not-in-index", "score": 5.0}]
-
-    gds = GdsPPR(run_cypher, graph_name="lh_default")
-    res = _offline(qsettings, SUCCESSOR_Q, route="local", config=cfg, ppr=gds)
-    assert "gds.pageRank.stream" in GdsPPR.QUERY and rows_seen["graph"] == "lh_default"
-    assert rows_seen["damping"] == 0.6 and rows_seen["seeds"] and all(s["w"] > 0 for s in rows_seen["seeds"])
-    assert res.context[0].title == "Tomas Reyes" and res.diagnostics["ppr_backend"] == "neo4j-gds"
 
 
 # ------------------------------------------------------------------ answers, cache
@@ -469,7 +511,7 @@ def test_index_is_loaded_once_per_db_version(qsettings):
     st = os.stat(qsettings.db_path)
     os.utime(qsettings.db_path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     b = load_index(qsettings)
-    assert b is not a and b.chunk_ids == a.chunk_ids
+    assert b is not a and b.chunks.ids == a.chunks.ids
 
 
 def test_local_route_is_fast_on_the_loaded_index(qsettings):

@@ -1,4 +1,4 @@
-"""Query engine: local (HippoRAG 2 PPR), global (communities), drift, hybrid (RRF) and auto routes over an
+"""Query engine: local (HippoRAG 2 PPR), global (communities), drift, hybrid (RRF), multi_hop and auto routes over an
 in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster imports.
 
     from lazyhippo.query import answer_question, retrieve
@@ -8,19 +8,19 @@ in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster 
 
 from .answer import NO_ANSWER, QueryResult, answer_question, extractive_answer, retrieve
 from .config import (DEFAULT_CONFIG, ContextParams, GlobalParams, GraphParams, HybridParams, LocalParams,
-                     QueryConfig)
+                     MultiHopParams, QueryConfig)
 from .context import ContextChunk, assemble_context, noise_reason, render_context
 from .loader import GraphIndex, clear_cache, load_index
-from .ppr import EmbeddedPPR, GdsPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
+from .ppr import EmbeddedPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
 from .rerank import CircuitBreaker, CrossEncoderReranker, HttpReranker, Reranker, RerankError, RerankStage
-from .routes import ROUTES, auto_route, classify_query, split_question
+from .routes import ROUTES, RouteRequest, RouteResult, auto_route, classify_query, run_route, split_question
 from .types import PreparedQuery, ScoredChunk
 
 __all__ = [
     "answer_question", "retrieve", "QueryResult", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
-    "GraphParams", "LocalParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex", "load_index",
-    "clear_cache", "PPRBackend", "EmbeddedPPR", "GdsPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
+    "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex",
+    "load_index", "clear_cache", "PPRBackend", "EmbeddedPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
     "Reranker", "RerankStage", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
     "assemble_context", "render_context", "noise_reason", "extractive_answer", "NO_ANSWER", "ROUTES",
-    "auto_route", "classify_query", "split_question", "PreparedQuery",
+    "auto_route", "classify_query", "split_question", "PreparedQuery", "RouteRequest", "RouteResult", "run_route",
 ]

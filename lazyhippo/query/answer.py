@@ -15,13 +15,12 @@ import numpy as np
 from ..config import Settings
 from ..embedding import get_embedder
 from ..llm import configured_llm
-from .communities import CommunityEvidence, retrieve_global
+from .communities import CommunityEvidence
 from .config import DEFAULT_CONFIG, QueryConfig
 from .context import ContextChunk, assemble_context, render_context
 from .loader import GraphIndex, load_index
-from .local import retrieve_local
 from .rerank import RerankStage
-from .routes import ROUTES, auto_route, classify_query, retrieve_drift, retrieve_hybrid
+from .routes import RouteRequest, RouteResult, check_route, classify_query, run_route
 from .text import sentences, strip_heading, tokens
 from .types import PreparedQuery, ScoredChunk
 
@@ -65,57 +64,50 @@ def _embedder(settings: Settings, embedder):
 
 
 def _resolve_llm(settings: Settings, llm):
-    return configured_llm(settings.llm_model) if llm == "auto" else llm
+    return configured_llm(settings) if llm == "auto" else llm
 
 
 def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConfig, emb, ppr, llm
-              ) -> tuple[list[ScoredChunk], str, str, dict, list[CommunityEvidence]]:
-    q = PreparedQuery(idx, question, emb)
-    kind = classify_query(question)
-    if route == "auto":
-        route, kind = auto_route(question, idx, q)
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r} (expected auto or one of {', '.join(ROUTES)})")
-    evidence: list[CommunityEvidence] = []
-    if route == "local":
-        chunks, diag = retrieve_local(idx, q, cfg.local, k, ppr)
-    elif route == "global":
-        chunks, diag, evidence = retrieve_global(idx, q, cfg.global_, k, broad=kind == "exploratory")
-    elif route == "drift":
-        chunks, diag = retrieve_drift(idx, question, lambda s: PreparedQuery(idx, s, emb), cfg, k, ppr, llm)
-    else:
-        chunks, diag = retrieve_hybrid(idx, q, cfg, k, ppr, None if kind in ("general", "multi_part") else kind)
-    return chunks, route, kind, diag, evidence
+              ) -> tuple[str, str, RouteResult]:
+    """Classify the question once, run the route (auto resolves here); (route used, query type, result)."""
+    check_route(route)
+    req = RouteRequest(idx, PreparedQuery(idx, question, emb), classify_query(question), cfg, k, ppr, llm)
+    used, out = run_route(route, req)
+    return used, req.kind, out
 
 
 def retrieve(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
-             config: QueryConfig | None = None, ppr=None, embedder=None, llm=None) -> list[ScoredChunk]:
-    """Ranked chunks (with document title, scores and citation metadata) without answer synthesis."""
+             config: QueryConfig | None = None, ppr=None, embedder=None, llm=None,
+             index: GraphIndex | None = None) -> list[ScoredChunk]:
+    """Ranked chunks (with document title, scores and citation metadata) without answer synthesis.
+    `index` is an already loaded index to use (a server's warm one); by default the cached one is loaded."""
     cfg = config or DEFAULT_CONFIG
-    idx = load_index(settings, cfg.graph)
-    chunks, *_ = _retrieve(idx, question, route, top_k, cfg, _embedder(settings, embedder), ppr, llm)
-    return chunks[:top_k]
+    idx = index or load_index(settings, cfg.graph)
+    _, _, out = _retrieve(idx, question, route, top_k, cfg, _embedder(settings, embedder), ppr, llm)
+    return out.chunks[:top_k]
 
 
 def answer_question(settings: Settings, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
                     *, config: QueryConfig | None = None, reranker: RerankStage | None = None, llm="auto", ppr=None,
-                    embedder=None) -> QueryResult:
+                    embedder=None, index: GraphIndex | None = None) -> QueryResult:
     """Answer `question` from the index of `settings`: route -> (rerank) -> context assembly -> answer.
 
     `llm="auto"` uses the configured OpenAI-compatible endpoint if any (else extractive); pass None to
     force the offline answer or an LLM object to use it. `reranker` is a RerankStage (breaker included).
-    `ppr` is a PPRBackend (or function) replacing the embedded power iteration, e.g. Neo4j GDS.
+    `ppr` is a PPRBackend (or function) replacing the embedded power iteration, e.g. Neo4j GDS. `index` is
+    an already loaded index (a server's warm one, kept for the whole call even if a newer one is swapped in).
     """
     cfg = config or DEFAULT_CONFIG
     t = {}
     t0 = time.perf_counter()
-    idx = load_index(settings, cfg.graph)
+    idx = index or load_index(settings, cfg.graph)
     t["load_ms"] = (time.perf_counter() - t0) * 1000
     emb = _embedder(settings, embedder)
     model = _resolve_llm(settings, llm)
     t1 = time.perf_counter()
     candidates = max(top_k * 3, cfg.candidates)
-    chunks, used_route, kind, diag, evidence = _retrieve(idx, question, route, candidates, cfg, emb, ppr, model)
+    used_route, kind, out = _retrieve(idx, question, route, candidates, cfg, emb, ppr, model)
+    chunks, diag, evidence = out.chunks, out.diagnostics, out.evidence
     t["retrieve_ms"] = (time.perf_counter() - t1) * 1000
     for c in chunks:
         c.channels.setdefault("retrieval", c.score)
@@ -155,16 +147,13 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
 
 
 def _neighbour_fn(idx: GraphIndex):
-    pos = getattr(idx, "_doc_pos", None)
-    if pos is None:
-        pos = {(d, int(p)): i for i, (d, p) in enumerate(zip(idx.doc_ids, idx.positions))}
-        idx._doc_pos = pos  # type: ignore[attr-defined]
+    pos = idx.chunks.doc_pos
 
     def neighbours(c: ScoredChunk) -> list[ScoredChunk]:
         out = []
         for d in (-1, 1):
             j = pos.get((c.doc_id, c.position + d))
-            if j is not None and idx.sections[j] == c.section:
+            if j is not None and idx.chunks.sections[j] == c.section:
                 out.append(ScoredChunk.from_index(idx, j, 0.0, c.route, neighbour=1.0))
         return out
 

@@ -29,7 +29,7 @@ class CommunityEvidence:
     summary_points: list[str] = field(default_factory=list)
 
     def chunk_ids(self, idx: GraphIndex) -> list[str]:
-        return [idx.chunk_ids[c] for c, _ in self.chunks]
+        return [idx.chunks.ids[c] for c, _ in self.chunks]
 
     def to_dict(self) -> dict:
         return {"community_id": self.community_id, "title": self.title, "score": round(self.score, 4),
@@ -38,31 +38,14 @@ class CommunityEvidence:
 
 def community_scores(idx: GraphIndex, q: PreparedQuery, p: GlobalParams) -> np.ndarray:
     """Embedding similarity + keyword overlap with the summary + a small size prior (big themes first)."""
-    if not idx.community_ids:
+    if not idx.communities.ids:
         return np.zeros(0)
-    sims = idx.community_vecs @ q.vec
+    sims = idx.communities.vecs @ q.vec
     kw = set(q.keywords)
-    overlap = np.array([len(kw & toks) / max(len(kw), 1) for toks in idx.community_tokens])
-    sizes = np.array([len(m) for m in idx.community_members], dtype=np.float64)
+    overlap = np.array([len(kw & toks) / max(len(kw), 1) for toks in idx.communities.tokens])
+    sizes = np.array([len(m) for m in idx.communities.members], dtype=np.float64)
     prior = np.log1p(sizes) / np.log1p(max(sizes.max(), 1.0))
     return sims + p.keyword_weight * overlap + p.size_weight * prior
-
-
-def coverage(idx: GraphIndex) -> np.ndarray:
-    """(n_chunks, n_communities): how many member entities of each community a chunk mentions. Cached."""
-    cov = getattr(idx, "_coverage", None)
-    if cov is None:
-        import scipy.sparse as sp
-
-        rows, cols = [], []
-        for ci, members in enumerate(idx.community_members):
-            rows += list(members)
-            cols += [ci] * len(members)
-        e2c = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)),
-                            shape=(idx.n_entities, len(idx.community_ids)))
-        cov = np.asarray(((idx.mentions > 0).astype(np.float32) @ e2c).todense())
-        idx._coverage = cov  # type: ignore[attr-defined]
-    return cov
 
 
 def _relevance(idx: GraphIndex, q: PreparedQuery) -> np.ndarray:
@@ -82,10 +65,10 @@ def map_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, broad: b
     kw = set(q.keywords)
     out = []
     for ci in top_indices(scores, p.top_communities):
-        overlap = len(kw & idx.community_tokens[ci])
+        overlap = len(kw & idx.communities.tokens[ci])
         if scores[ci] < p.min_similarity and not overlap:
             continue
-        touched = coverage(idx)[:, ci]
+        touched = idx.communities.coverage[:, ci]
         cand = np.flatnonzero(touched > 0)
         # a chunk speaks for the community in proportion to how much of it the chunk mentions
         cover = np.log1p(touched[cand]) / np.log1p(max(float(touched.max()) if len(cand) else 1.0, 1.0)) if len(cand) else cand
@@ -95,12 +78,12 @@ def map_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, broad: b
             local_rel = rel[cand] * (0.5 + 0.5 * cover) if len(cand) else cand
         best = top_indices(np.asarray(local_rel, dtype=np.float64), p.chunks_per_community)
         chunks = [(int(cand[b]), float(local_rel[b])) for b in best if broad or local_rel[b] >= p.min_evidence]
-        points = [s for s in sentences(idx.community_summaries[ci]) if broad or kw & set(tokens(s))][:3]
+        points = [s for s in sentences(idx.communities.summaries[ci]) if broad or kw & set(tokens(s))][:3]
         relevance = max([r for _, r in chunks], default=0.0)
         if not chunks and not points:
             continue  # nothing relevant: the map step drops the community
-        out.append(CommunityEvidence(idx.community_ids[ci], idx.community_titles[ci], float(scores[ci]), relevance,
-                                     list(idx.community_hubs[ci]), chunks, points))
+        out.append(CommunityEvidence(idx.communities.ids[ci], idx.communities.titles[ci], float(scores[ci]), relevance,
+                                     list(idx.communities.hubs[ci]), chunks, points))
     return out
 
 
@@ -126,7 +109,7 @@ def hub_seeds(idx: GraphIndex, evidence: list[CommunityEvidence], p: GlobalParam
     seeds: dict[int, float] = {}
     for ev in evidence:
         for rank, name in enumerate(ev.hubs):
-            for e in idx.name_index.get(norm_key(name), ()):
+            for e in idx.entities.name_index.get(norm_key(name), ()):
                 w = p.hub_seed_weight * max(ev.score, 0.0) / (1.0 + rank)
                 seeds[int(e)] = max(seeds.get(int(e), 0.0), w)
     return seeds

@@ -5,19 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-
-@dataclass(frozen=True)
-class GraphParams:
-    """Edge weights of the entity+passage graph built at load time (part of the index cache key)."""
-
-    relation_weight: float = 1.0      # entity-entity co-occurrence edges (times the relation weight)
-    relation_cap: float = 4.0         # cap on one relation's summed weight before scaling
-    relation_min_weight: float = 0.0  # relations lighter than this are left out of the graph
-    relation_skip_types: tuple = ()   # entity types whose relations are left out (their mentions stay)
-    synonym_weight: float = 0.5       # KNN (synonymy) edges, times the cosine score
-    synonym_min_score: float = 0.90   # KNN edges below this are not used as synonyms
-    mention_weight: float = 1.0       # passage-entity edges, times log(1 + count)
-    title_mention_weight: float = 2.0 # extra weight on the edge between a passage and its own title entity
+from ..passage_graph import GraphParams
 
 
 @dataclass(frozen=True)
@@ -77,6 +65,14 @@ class HybridParams:
 
 
 @dataclass(frozen=True)
+class MultiHopParams:
+    """Route multi_hop: breadth-first expansion from the linked entities, then PPR on that subgraph only."""
+
+    max_hops: int = 3                 # graph hops (entity -> passage -> entity -> passage reaches second-hop passages)
+    max_nodes: int = 20_000           # expansion stops growing once the subgraph holds this many nodes
+
+
+@dataclass(frozen=True)
 class ContextParams:
     noise_penalty: float = 0.05       # score multiplier for form-label, bare-heading and near-empty chunks
     min_content_words: int = 6        # fewer content words than this: near-empty
@@ -93,6 +89,7 @@ class QueryConfig:
     global_: GlobalParams = GlobalParams()
     hybrid: HybridParams = HybridParams()
     context: ContextParams = ContextParams()
+    multi_hop: MultiHopParams = MultiHopParams()
     candidates: int = 50              # chunks handed from retrieval to assembly (before budget)
     answer_sentences: int = 3         # sentences in an extractive answer
     drift_max_subquestions: int = 4

@@ -2,8 +2,11 @@
 
 Everything a query touches lives in numpy / scipy.sparse / bm25s structures, so a query never goes
 back to DuckDB: vectors as row-aligned float32 matrices, the entity+passage graph as CSR, id maps as
-dicts. The cache is per process and keyed by the database file's path, namespace, modification time
-and the graph edge weights; a re-index changes the mtime and the next query reloads.
+dicts. The index is grouped into typed parts (chunks, entities, mentions, facts, communities, graph,
+lexical), each built once with everything derived from it, and never changed afterwards: a served
+index is shared by concurrent queries without locks. The cache is per process and keyed by the
+database file's path, namespace, modification time and the graph edge weights; a re-index changes
+the mtime and the next query reloads.
 """
 
 from __future__ import annotations
@@ -15,25 +18,23 @@ import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..config import Settings
-from .config import GraphParams
-from .ppr import transition_matrix
+from ..passage_graph import GraphParams, passage_adjacency
+from .ppr import parallel_matvec, transition_matrix
 from .text import norm_key, tokens
 
 
-@dataclass
-class GraphIndex:
-    namespace: str
-    db_path: str
-    loaded_at: float
-    load_seconds: float
-    # chunks (passages), row order = chunk index
-    chunk_ids: list[str]
-    chunk_pos: dict[str, int]
+@dataclass(frozen=True)
+class Chunks:
+    """Passages; row order = chunk index."""
+
+    ids: list[str]
+    pos: dict[str, int]
     doc_ids: list[str]
     titles: list[str]
     sections: list[str | None]
@@ -43,58 +44,118 @@ class GraphIndex:
     content_hashes: list[str]
     n_tokens: np.ndarray
     sources: list[str]
-    chunk_vecs: np.ndarray            # (n_chunks, dim), zero rows where a chunk has no vector
-    # entities
-    entity_ids: list[str]
-    entity_pos: dict[str, int]
-    entity_names: list[str]
-    entity_types: list[str]
-    entity_vecs: np.ndarray
-    entity_df: np.ndarray             # passages mentioning each entity
-    entity_idf: np.ndarray
-    name_index: dict[str, np.ndarray] # norm_key(name) -> entity indices
+    vecs: np.ndarray                  # (n_chunks, dim), zero rows where a chunk has no vector
     title_index: dict[str, np.ndarray]  # norm_key(document title) -> chunk indices
+    doc_pos: dict[tuple[str, int], int]  # (doc_id, position) -> chunk index, for neighbours
+
+
+@dataclass(frozen=True)
+class Entities:
+    ids: list[str]
+    pos: dict[str, int]
+    names: list[str]
+    types: list[str]
+    vecs: np.ndarray
+    df: np.ndarray                    # passages mentioning each entity
+    idf: np.ndarray
+    name_index: dict[str, np.ndarray] # norm_key(name) -> entity indices
+    pagerank: np.ndarray
+
+
+@dataclass(frozen=True)
+class Mentions:
+    """Which passage names which entity, and each passage's title entity."""
+
+    counts: sp.csr_matrix             # (n_chunks, n_entities) mention counts
     title_entity: np.ndarray          # chunk index -> entity index of its title (-1 if none)
     title_base_entity: np.ndarray     # chunk index -> entity of the title without a "(...)" qualifier (-1 if none)
-    mentions: sp.csr_matrix           # (n_chunks, n_entities) mention counts
-    # facts
-    fact_ids: list[str]
-    fact_chunk: np.ndarray
-    fact_texts: list[str]
-    fact_entities: sp.csr_matrix      # (n_facts, n_entities) 0/1
-    fact_vecs: np.ndarray
-    # communities
-    community_ids: list[str]
-    community_titles: list[str]
-    community_summaries: list[str]
-    community_hubs: list[list[str]]
-    community_vecs: np.ndarray
-    community_members: list[np.ndarray]   # entity indices per community
-    community_tokens: list[set[str]]
-    entity_pagerank: np.ndarray
-    # graph: nodes 0..n_entities-1 are entities, then chunks
+    mass_share: sp.csr_matrix         # (n_chunks, n_entities): 1/df(e) where the chunk mentions e
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Entity-bearing sentences (HippoRAG 2's triples)."""
+
+    ids: list[str]
+    chunk: np.ndarray
+    texts: list[str]
+    entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
+    by_entity: sp.csr_matrix          # (n_entities, n_facts): the transpose, for "facts naming e"
+    vecs: np.ndarray
+
+
+@dataclass(frozen=True)
+class Communities:
+    ids: list[str]
+    titles: list[str]
+    summaries: list[str]
+    hubs: list[list[str]]
+    vecs: np.ndarray
+    members: list[np.ndarray]         # entity indices per community
+    tokens: list[set[str]]
+    coverage: np.ndarray              # (n_chunks, n_communities): member entities each chunk mentions
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Entity+passage graph: nodes 0..n_entities-1 are entities, then chunks."""
+
     adjacency: sp.csr_matrix
-    transition: sp.csr_matrix
+    transition: sp.csr_matrix         # column-stochastic, float64
     dangling: np.ndarray
     node_ids: list[str]
     node_pos: dict[str, int]
+    params: GraphParams
+    transition32: sp.csr_matrix       # float32 copy: halves the memory traffic of PPR
+    matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
+
+
+@dataclass(frozen=True)
+class Lexical:
     bm25: object | None
-    bm25_vocab: dict[str, int]
+    vocab: dict[str, int]
+
+
+@dataclass(frozen=True)
+class GraphIndex:
+    namespace: str
+    db_path: str
+    loaded_at: float
+    load_seconds: float
     dim: int
     embedding_model: str | None
-    graph_params: GraphParams
+    chunks: Chunks
+    entities: Entities
+    mentions: Mentions
+    facts: Facts
+    communities: Communities
+    graph: Graph
+    lexical: Lexical
     stats: dict = field(default_factory=dict)
 
     @property
     def n_chunks(self) -> int:
-        return len(self.chunk_ids)
+        return len(self.chunks.ids)
 
     @property
     def n_entities(self) -> int:
-        return len(self.entity_ids)
+        return len(self.entities.ids)
 
     def chunk_node(self, c: int) -> int:
         return self.n_entities + c
+
+    # the node surface a PPR backend needs (Neo4j maps its scores back through these)
+    @property
+    def node_ids(self) -> list[str]:
+        return self.graph.node_ids
+
+    @property
+    def node_pos(self) -> dict[str, int]:
+        return self.graph.node_pos
+
+    @property
+    def graph_params(self) -> GraphParams:
+        return self.graph.params
 
 
 def _table(con, sql: str, params: dict):
@@ -123,146 +184,166 @@ def _fit_dim(mat: np.ndarray, dim: int) -> np.ndarray:
     return np.zeros((mat.shape[0], dim), dtype=np.float32)
 
 
-def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
-    t0 = time.perf_counter()
-    ns = {"ns": namespace}
+def _index_of(keys, values=None) -> dict[str, np.ndarray]:
+    """norm_key(key) -> indices (or `values`) of the rows carrying it, in row order."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for i, key in enumerate(keys):
+        k = norm_key(key or "")
+        if k:
+            out[k].append(i)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
     ch = _table(con, """
         SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, c.text, c.content_hash, c.n_tokens,
                coalesce(d.source, c.doc_id) AS source
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
         WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns).to_pydict()
-    chunk_ids = ch["chunk_id"]
-    chunk_pos = {c: i for i, c in enumerate(chunk_ids)}
-    n_p = len(chunk_ids)
+    ids = ch["chunk_id"]
+    pos = {c: i for i, c in enumerate(ids)}
+    vecs, model = _vectors(con, ns["ns"], "chunk", pos, len(ids))
+    positions = np.asarray(ch["position"], dtype=np.int64)
+    return Chunks(ids=ids, pos=pos, doc_ids=ch["doc_id"], titles=[t or "" for t in ch["title"]],
+                  sections=ch["section"], pages=ch["page"], positions=positions, texts=ch["text"],
+                  content_hashes=ch["content_hash"], n_tokens=np.asarray(ch["n_tokens"], dtype=np.int64),
+                  sources=ch["source"], vecs=vecs, title_index=_index_of(ch["title"]),
+                  doc_pos={(d, int(p)): i for i, (d, p) in enumerate(zip(ch["doc_id"], positions))}), model
 
-    en = _table(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns).to_pydict()
-    entity_ids = en["entity_id"]
-    entity_pos = {e: i for i, e in enumerate(entity_ids)}
-    n_e = len(entity_ids)
 
+def _mention_counts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int]) -> sp.csr_matrix:
     mt = _table(con, "SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = $ns", ns).to_pydict()
     m_rows, m_cols, m_vals = [], [], []
     for c, e, k in zip(mt["chunk_id"], mt["entity_id"], mt["count"]):
         if c in chunk_pos and e in entity_pos:
             m_rows.append(chunk_pos[c]); m_cols.append(entity_pos[e]); m_vals.append(float(k))
-    mentions = sp.csr_matrix((m_vals, (m_rows, m_cols)), shape=(n_p, n_e), dtype=np.float32)
-    df = np.asarray((mentions > 0).sum(axis=0)).ravel().astype(np.float64)
-    idf = np.log((n_p + 1.0) / (df + 1.0)) + 1.0 / max(math.log(n_p + 2.0), 1.0)
+    return sp.csr_matrix((m_vals, (m_rows, m_cols)), shape=(len(chunk_pos), len(entity_pos)), dtype=np.float32)
 
-    name_index: dict[str, list[int]] = defaultdict(list)
-    for i, name in enumerate(en["name"]):
-        key = norm_key(name)
-        if key:
-            name_index[key].append(i)
-    title_index: dict[str, list[int]] = defaultdict(list)
+
+def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim: int) -> Entities:
+    ids = en["entity_id"]
+    pos = {e: i for i, e in enumerate(ids)}
+    n_p = counts.shape[0]
+    df = np.asarray((counts > 0).sum(axis=0)).ravel().astype(np.float64)
+    idf = np.log((n_p + 1.0) / (df + 1.0)) + 1.0 / max(math.log(n_p + 2.0), 1.0)
+    pagerank = np.zeros(len(ids))
+    for e, pr in zip(scores["entity_id"], scores["pagerank"]):
+        if e in pos:
+            pagerank[pos[e]] = pr
+    vecs, _ = _vectors(con, ns["ns"], "entity", pos, len(ids))
+    return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=_fit_dim(vecs, dim),
+                    df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank)
+
+
+def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Mentions:
+    n_p = len(chunks.ids)
     title_entity = np.full(n_p, -1, dtype=np.int64)
     title_base_entity = np.full(n_p, -1, dtype=np.int64)
-    for i, title in enumerate(ch["title"]):
-        key = norm_key(title or "")
-        if key:
-            title_index[key].append(i)
-            cands = name_index.get(key) or name_index.get(norm_key(_drop_article(title or "")))
-            if cands:
-                title_entity[i] = cands[0]
-            base = _QUALIFIER.sub("", title or "").strip()
-            if base and base != title:
-                cands = name_index.get(norm_key(base)) or name_index.get(norm_key(_drop_article(base)))
-                if cands and cands[0] != title_entity[i]:
-                    title_base_entity[i] = cands[0]
+    names = entities.name_index
+    for i, title in enumerate(chunks.titles):
+        if not norm_key(title):
+            continue
+        cands = _named(names, title)
+        if cands is not None:
+            title_entity[i] = cands[0]
+        base = _QUALIFIER.sub("", title).strip()
+        if base and base != title:
+            cands = _named(names, base)
+            if cands is not None and cands[0] != title_entity[i]:
+                title_base_entity[i] = cands[0]
+    inv = 1.0 / np.maximum(entities.df, 1.0)
+    mass_share = ((counts > 0).astype(np.float32) @ sp.diags(inv.astype(np.float32))).tocsr()
+    return Mentions(counts=counts, title_entity=title_entity, title_base_entity=title_base_entity, mass_share=mass_share)
 
+
+def _facts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int], dim: int) -> Facts:
     fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns).to_pydict()
-    fact_ids, fact_chunk, fact_texts, f_rows, f_cols = [], [], [], [], []
+    ids, chunk, texts, f_rows, f_cols = [], [], [], [], []
     for fid, c, text, ents in zip(fa["fact_id"], fa["chunk_id"], fa["text"], fa["entity_ids"]):
         if c not in chunk_pos:
             continue
-        row = len(fact_ids)
-        fact_ids.append(fid); fact_chunk.append(chunk_pos[c]); fact_texts.append(text)
+        row = len(ids)
+        ids.append(fid); chunk.append(chunk_pos[c]); texts.append(text)
         for e in set(ents or []):
             if e in entity_pos:
                 f_rows.append(row); f_cols.append(entity_pos[e])
-    fact_entities = sp.csr_matrix((np.ones(len(f_rows), dtype=np.float32), (f_rows, f_cols)), shape=(len(fact_ids), n_e))
+    entities = sp.csr_matrix((np.ones(len(f_rows), dtype=np.float32), (f_rows, f_cols)), shape=(len(ids), len(entity_pos)))
+    vecs, _ = _vectors(con, ns["ns"], "fact", {f: i for i, f in enumerate(ids)}, len(ids))
+    return Facts(ids=ids, chunk=np.asarray(chunk, dtype=np.int64), texts=texts, entities=entities,
+                 by_entity=entities.T.tocsr(), vecs=_fit_dim(vecs, dim))
 
-    chunk_vecs, model = _vectors(con, namespace, "chunk", chunk_pos, n_p)
-    dim = chunk_vecs.shape[1]
-    entity_vecs, _ = _vectors(con, namespace, "entity", entity_pos, n_e)
-    fact_vecs, _ = _vectors(con, namespace, "fact", {f: i for i, f in enumerate(fact_ids)}, len(fact_ids))
 
+def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matrix, scores: dict, dim: int) -> Communities:
     cs = _table(con, "SELECT community_id, title, summary, hub_entities FROM community_summaries "
                      "WHERE namespace = $ns ORDER BY community_id", ns).to_pydict()
-    community_ids = cs["community_id"]
-    cpos = {c: i for i, c in enumerate(community_ids)}
-    community_vecs, _ = _vectors(con, namespace, "community", cpos, len(community_ids))
-    sc = _table(con, "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = $ns", ns).to_pydict()
-    members: list[list[int]] = [[] for _ in community_ids]
-    pagerank = np.zeros(n_e)
-    for e, c, pr in zip(sc["entity_id"], sc["community_id"], sc["pagerank"]):
-        if e in entity_pos:
-            pagerank[entity_pos[e]] = pr
-            if c in cpos:
-                members[cpos[c]].append(entity_pos[e])
+    ids = cs["community_id"]
+    cpos = {c: i for i, c in enumerate(ids)}
+    vecs, _ = _vectors(con, ns["ns"], "community", cpos, len(ids))
+    members: list[list[int]] = [[] for _ in ids]
+    for e, c in zip(scores["entity_id"], scores["community_id"]):
+        if e in entity_pos and c in cpos:
+            members[cpos[c]].append(entity_pos[e])
+    rows = [e for m in members for e in m]
+    cols = [ci for ci, m in enumerate(members) for _ in m]
+    e2c = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(entity_pos), len(ids)))
+    coverage = np.asarray(((counts > 0).astype(np.float32) @ e2c).todense())
+    return Communities(ids=ids, titles=cs["title"], summaries=cs["summary"], hubs=[list(h or []) for h in cs["hub_entities"]],
+                       vecs=_fit_dim(vecs, dim), members=[np.asarray(m, dtype=np.int64) for m in members],
+                       tokens=[set(tokens(f"{t} {s} {' '.join(h or [])}")) for t, s, h in
+                               zip(cs["title"], cs["summary"], cs["hub_entities"])],
+                       coverage=coverage)
 
-    # graph: entities then chunks
-    n = n_e + n_p
-    rows, cols, vals = [], [], []
-    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns "
-                     "AND coalesce(weight, 1.0) >= $minw", {**ns, "minw": params.relation_min_weight}).to_pydict()
-    skip = {i for i, t in enumerate(en["type"]) if t in params.relation_skip_types} if params.relation_skip_types else set()
-    for a, b, w in zip(rl["source_id"], rl["target_id"], rl["weight"]):
-        i, j = entity_pos.get(a), entity_pos.get(b)
-        if i is None or j is None or i == j or i in skip or j in skip:
-            continue
-        w = params.relation_weight * min(float(w or 1.0), params.relation_cap)
-        rows += [i, j]; cols += [j, i]; vals += [w, w]
-    kn = _table(con, "SELECT source_id, target_id, score FROM knn_edges WHERE namespace = $ns AND score >= $m",
-                {**ns, "m": params.synonym_min_score}).to_pydict()
-    for a, b, s in zip(kn["source_id"], kn["target_id"], kn["score"]):
-        i, j = entity_pos.get(a), entity_pos.get(b)
-        if i is None or j is None or i == j:
-            continue
-        w = params.synonym_weight * float(s)
-        rows += [i, j]; cols += [j, i]; vals += [w, w]
-    mc = mentions.tocoo()
-    mw = params.mention_weight * np.log1p(mc.data)
-    is_title = title_entity[mc.row] == mc.col
-    mw = mw + params.title_mention_weight * is_title
-    rows = np.concatenate([np.asarray(rows, dtype=np.int64), mc.row + n_e, mc.col])
-    cols = np.concatenate([np.asarray(cols, dtype=np.int64), mc.col, mc.row + n_e])
-    vals = np.concatenate([np.asarray(vals, dtype=np.float64), mw, mw])
-    adjacency = sp.csr_matrix((vals, (rows, cols)), shape=(n, n))  # duplicates are summed
-    adjacency.sum_duplicates()
+
+def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
+    n_e, n_p = len(entities.ids), len(chunks.ids)
+    entity_pos = entities.pos
+    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns", ns).to_pydict()
+    kn = _table(con, "SELECT source_id, target_id, score FROM knn_edges WHERE namespace = $ns", ns).to_pydict()
+    mc = mentions.counts.tocoo()
+    adjacency = passage_adjacency(
+        params, n_e, n_p, entities.types,
+        ((entity_pos.get(a), entity_pos.get(b), w) for a, b, w in zip(rl["source_id"], rl["target_id"], rl["weight"])),
+        ((entity_pos.get(a), entity_pos.get(b), s) for a, b, s in zip(kn["source_id"], kn["target_id"], kn["score"])),
+        mc, mentions.title_entity[mc.row] == mc.col)
     transition, dangling = transition_matrix(adjacency)
+    t32 = transition.astype(np.float32)
+    return Graph(adjacency=adjacency, transition=transition, dangling=dangling,
+                 node_ids=list(entities.ids) + list(chunks.ids),
+                 node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunks.ids)}}, params=params,
+                 transition32=t32, matvec32=parallel_matvec(t32))
 
-    bm25, vocab = _bm25([f"{t or ''}\n{x}" for t, x in zip(ch["title"], ch["text"])])
 
-    idx = GraphIndex(
-        namespace=namespace, db_path=db_path, loaded_at=time.time(), load_seconds=0.0,
-        chunk_ids=chunk_ids, chunk_pos=chunk_pos, doc_ids=ch["doc_id"], titles=[t or "" for t in ch["title"]],
-        sections=ch["section"], pages=ch["page"], positions=np.asarray(ch["position"], dtype=np.int64),
-        texts=ch["text"], content_hashes=ch["content_hash"], n_tokens=np.asarray(ch["n_tokens"], dtype=np.int64),
-        sources=ch["source"], chunk_vecs=chunk_vecs,
-        entity_ids=entity_ids, entity_pos=entity_pos, entity_names=en["name"], entity_types=[t or "" for t in en["type"]],
-        entity_vecs=_fit_dim(entity_vecs, dim), entity_df=df, entity_idf=idf,
-        name_index={k: np.asarray(v, dtype=np.int64) for k, v in name_index.items()},
-        title_index={k: np.asarray(v, dtype=np.int64) for k, v in title_index.items()},
-        title_entity=title_entity, title_base_entity=title_base_entity, mentions=mentions,
-        fact_ids=fact_ids, fact_chunk=np.asarray(fact_chunk, dtype=np.int64), fact_texts=fact_texts,
-        fact_entities=fact_entities, fact_vecs=_fit_dim(fact_vecs, dim),
-        community_ids=community_ids, community_titles=cs["title"], community_summaries=cs["summary"],
-        community_hubs=[list(h or []) for h in cs["hub_entities"]], community_vecs=_fit_dim(community_vecs, dim),
-        community_members=[np.asarray(m, dtype=np.int64) for m in members],
-        community_tokens=[set(tokens(f"{t} {s} {' '.join(h or [])}")) for t, s, h in
-                          zip(cs["title"], cs["summary"], cs["hub_entities"])],
-        entity_pagerank=pagerank,
-        adjacency=adjacency, transition=transition, dangling=dangling,
-        node_ids=list(entity_ids) + list(chunk_ids), node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunk_ids)}},
-        bm25=bm25, bm25_vocab=vocab, dim=dim, embedding_model=model, graph_params=params)
-    idx.load_seconds = time.perf_counter() - t0
-    idx.stats = {"chunks": n_p, "entities": n_e, "facts": len(fact_ids), "communities": len(community_ids),
-                 "graph_nodes": n, "graph_edges": int(adjacency.nnz), "load_seconds": round(idx.load_seconds, 3)}
-    return idx
+def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
+    t0 = time.perf_counter()
+    ns = {"ns": namespace}
+    chunks, model = _chunks(con, ns)
+    dim = chunks.vecs.shape[1]
+    en = _table(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns).to_pydict()
+    entity_pos = {e: i for i, e in enumerate(en["entity_id"])}
+    counts = _mention_counts(con, ns, chunks.pos, entity_pos)
+    scores = _table(con, "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = $ns", ns).to_pydict()
+    entities = _entities(con, ns, en, counts, scores, dim)
+    mentions = _mentions(counts, chunks, entities)
+    facts = _facts(con, ns, chunks.pos, entity_pos, dim)
+    communities = _communities(con, ns, entity_pos, counts, scores, dim)
+    graph = _graph(con, ns, params, chunks, entities, mentions)
+    bm25, vocab = _bm25([f"{t}\n{x}" for t, x in zip(chunks.titles, chunks.texts)])
+    seconds = time.perf_counter() - t0
+    stats = {"chunks": len(chunks.ids), "entities": len(entities.ids), "facts": len(facts.ids),
+             "communities": len(communities.ids), "graph_nodes": len(graph.node_ids),
+             "graph_edges": int(graph.adjacency.nnz), "load_seconds": round(seconds, 3)}
+    return GraphIndex(namespace=namespace, db_path=db_path, loaded_at=time.time(), load_seconds=seconds, dim=dim,
+                      embedding_model=model, chunks=chunks, entities=entities, mentions=mentions, facts=facts,
+                      communities=communities, graph=graph, lexical=Lexical(bm25, vocab), stats=stats)
 
 
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def _named(names: dict[str, np.ndarray], title: str) -> np.ndarray | None:
+    """Entities named like `title`, or like it without a leading article."""
+    cands = names.get(norm_key(title))
+    return cands if cands is not None else names.get(norm_key(_drop_article(title)))
 
 
 def _drop_article(title: str) -> str:
@@ -288,7 +369,8 @@ _LOCK = threading.Lock()
 _MAX_CACHED = 4
 
 
-def _mtime(db_path: Path) -> tuple[int, int]:
+def db_version(db_path: Path) -> tuple[int, int]:
+    """Modification times of the warehouse file and its write-ahead log: changes whenever a run writes."""
     st = db_path.stat()
     wal = db_path.with_name(db_path.name + ".wal")
     return st.st_mtime_ns, (wal.stat().st_mtime_ns if wal.exists() else 0)
@@ -300,7 +382,7 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
     db_path = Path(settings.db_path).resolve()
     if not db_path.exists():
         raise FileNotFoundError(f"no warehouse at {db_path}: build an index first")
-    key = (str(db_path), settings.namespace, _mtime(db_path), params)
+    key = (str(db_path), settings.namespace, db_version(db_path), params)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:

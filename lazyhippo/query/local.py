@@ -24,6 +24,15 @@ _CONNECTORS = {"of", "the", "de", "la", "le", "du", "von", "van", "der", "den", 
 
 
 @dataclass
+class LocalScores:
+    """Every chunk's score, and the part of it that is the chunk's own PPR mass."""
+
+    scores: np.ndarray
+    ppr: np.ndarray
+    diagnostics: dict
+
+
+@dataclass
 class Seeds:
     entities: dict[int, float] = field(default_factory=dict)
     chunks: dict[int, float] = field(default_factory=dict)
@@ -41,7 +50,7 @@ class Seeds:
 
 
 def _idf(idx: GraphIndex, e: int) -> float:
-    return float(idx.entity_idf[e])
+    return float(idx.entities.idf[e])
 
 
 def _span_matches(idx: GraphIndex, raw: list[str], max_n: int) -> list[tuple[int, int, str]]:
@@ -55,7 +64,7 @@ def _span_matches(idx: GraphIndex, raw: list[str], max_n: int) -> list[tuple[int
             if n == 1 and (len(span[0]) < 3 and not span[0].isdigit()):
                 continue
             key = " ".join(span)
-            if key in idx.name_index or key in idx.title_index:
+            if key in idx.entities.name_index or key in idx.chunks.title_index:
                 found.append((i, i + n, key))
     return found
 
@@ -102,17 +111,17 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
         shape = p.lowercase_span_factor + (1.0 - p.lowercase_span_factor) * _name_likeness(raw, i, j)
         if not inside:
             covered.append((i, j))
-        ents = idx.name_index.get(key, ())
+        ents = idx.entities.name_index.get(key, ())
         for e in ents:
             w = p.exact_weight * _idf(idx, e) * factor * shape / len(ents)
             seeds.add_entity(int(e), w)
-        chunks = idx.title_index.get(key, ())
+        chunks = idx.chunks.title_index.get(key, ())
         if len(chunks):
-            te = idx.title_entity[chunks[0]]
+            te = idx.mentions.title_entity[chunks[0]]
             spec = _idf(idx, te) if te >= 0 else float(np.log(idx.n_chunks + 1.0))
             for c in chunks:
                 seeds.add_chunk(int(c), p.title_seed_weight * spec * factor * shape / np.sqrt(len(chunks)))
-        seeds.links.append({"span": " ".join(raw[i:j]), "key": key, "entities": [idx.entity_names[e] for e in ents][:5],
+        seeds.links.append({"span": " ".join(raw[i:j]), "key": key, "entities": [idx.entities.names[e] for e in ents][:5],
                             "titles": len(chunks), "subsumed": inside, "shape": round(shape, 3)})
 
     # embedding links for name-like phrases the exact matcher did not cover
@@ -120,25 +129,25 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
                if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0]
     if phrases:
         texts = [" ".join(raw[i:j]) for i, j in phrases]
-        sims = idx.entity_vecs @ q.embed(texts).T  # (n_entities, n_phrases)
+        sims = idx.entities.vecs @ q.embed(texts).T  # (n_entities, n_phrases)
         for col, text in enumerate(texts):
             for e in top_indices(sims[:, col], p.embed_link_top_k):
                 s = float(sims[e, col])
                 if s >= p.embed_link_min:
                     seeds.add_entity(int(e), p.embed_weight * s * _idf(idx, int(e)))
-                    seeds.links.append({"phrase": text, "entity": idx.entity_names[e], "cosine": round(s, 3)})
+                    seeds.links.append({"phrase": text, "entity": idx.entities.names[e], "cosine": round(s, 3)})
 
     # facts: sentences that mention entities, matched to the whole question (HippoRAG 2's triples);
     # facts naming an exactly linked entity are boosted, so the hop out of a named entity follows the
     # sentence that best matches the question's relation ("directed by", "married to", ...)
-    if p.fact_top_k > 0 and len(idx.fact_ids) and p.fact_weight > 0:
-        fs = idx.fact_vecs @ q.vec
+    if p.fact_top_k > 0 and len(idx.facts.ids) and p.fact_weight > 0:
+        fs = idx.facts.vecs @ q.vec
         cand = set(int(f) for f in top_indices(fs, p.fact_candidates))
         exact = dict(seeds.entities)
         affinity: dict[int, float] = {}
         if exact and p.fact_seed_boost > 0:
             top_w = max(exact.values())
-            ef = entity_facts(idx)
+            ef = idx.facts.by_entity
             for e, w in sorted(exact.items(), key=lambda kv: -kv[1])[:p.fact_seed_entities]:
                 lo, hi = ef.indptr[e], ef.indptr[e + 1]
                 if hi - lo > p.fact_seed_max_facts:
@@ -152,12 +161,12 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
             best = top[0][0]
             for sc, f in top:
                 rel = sc / best if best > 0 else 0.0
-                lo, hi = idx.fact_entities.indptr[f], idx.fact_entities.indptr[f + 1]
-                for e in idx.fact_entities.indices[lo:hi]:
+                lo, hi = idx.facts.entities.indptr[f], idx.facts.entities.indptr[f + 1]
+                for e in idx.facts.entities.indices[lo:hi]:
                     seeds.add_entity(int(e), p.fact_weight * rel * _idf(idx, int(e)))
                 if p.fact_passage_weight > 0:
-                    seeds.add_chunk(int(idx.fact_chunk[f]), p.fact_passage_weight * rel)
-                seeds.links.append({"fact": idx.fact_texts[f][:160], "cosine": round(float(fs[f]), 3)})
+                    seeds.add_chunk(int(idx.facts.chunk[f]), p.fact_passage_weight * rel)
+                seeds.links.append({"fact": idx.facts.texts[f][:160], "cosine": round(float(fs[f]), 3)})
     return seeds
 
 
@@ -178,37 +187,15 @@ def personalization(idx: GraphIndex, q: PreparedQuery, seeds: Seeds, p: LocalPar
     return vec
 
 
-def entity_facts(idx: GraphIndex):
-    """(n_entities, n_facts) CSR: which facts name each entity. Cached on the index."""
-    m = getattr(idx, "_entity_facts", None)
-    if m is None:
-        m = idx.fact_entities.T.tocsr()
-        idx._entity_facts = m  # type: ignore[attr-defined]
-    return m
-
-
-def entity_mass_share(idx: GraphIndex):
-    """(n_chunks, n_entities) matrix: 1/df(e) where chunk mentions e. Cached on the index."""
-    m = getattr(idx, "_mass_share", None)
-    if m is None:
-        import scipy.sparse as sp
-
-        b = (idx.mentions > 0).astype(np.float32)
-        inv = 1.0 / np.maximum(idx.entity_df, 1.0)
-        m = (b @ sp.diags(inv.astype(np.float32))).tocsr()
-        idx._mass_share = m  # type: ignore[attr-defined]
-    return m
-
-
 def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBackend | None = None,
-                 extra_seeds: dict[int, float] | None = None) -> tuple[np.ndarray, dict]:
-    """Score every chunk; returns (scores, diagnostics)."""
+                 extra_seeds: dict[int, float] | None = None) -> LocalScores:
+    """Score every chunk: PPR mass from the linked seeds, plus title mass and a dense tiebreak."""
     seeds = link_query(idx, q, p)
     for e, w in (extra_seeds or {}).items():
         seeds.add_entity(e, w, mode="sum")
     vec = personalization(idx, q, seeds, p)
     if idx.n_chunks == 0:
-        return np.zeros(0), {"seeds": 0}
+        return LocalScores(np.zeros(0), np.zeros(0), {"seeds": 0})
     backend = get_ppr_backend(ppr)
     if vec.sum() <= 0:
         scores = np.zeros(idx.n_chunks)
@@ -219,28 +206,27 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
         mass = pr[:idx.n_entities]
     ppr_part = scores.copy()
     if p.entity_mass_weight > 0 and idx.n_entities:
-        scores += p.entity_mass_weight * (entity_mass_share(idx) @ mass)
+        scores += p.entity_mass_weight * (idx.mentions.mass_share @ mass)
     if p.title_mass_weight > 0 and idx.n_entities:
-        has = idx.title_entity >= 0
+        has = idx.mentions.title_entity >= 0
         tm = np.zeros(idx.n_chunks)
-        tm[has] = mass[idx.title_entity[has]]
-        base = idx.title_base_entity >= 0  # "David Bradley" carries mass for "David Bradley (director)"
-        tm[base] = np.maximum(tm[base], p.title_base_factor * mass[idx.title_base_entity[base]])
+        tm[has] = mass[idx.mentions.title_entity[has]]
+        base = idx.mentions.title_base_entity >= 0  # "David Bradley" carries mass for "David Bradley (director)"
+        tm[base] = np.maximum(tm[base], p.title_base_factor * mass[idx.mentions.title_base_entity[base]])
         scores += p.title_mass_weight * tm
     if p.dense_tiebreak > 0:
         scores += p.dense_tiebreak * np.clip(q.dense, 0, None) * max(float(scores.max()), 1e-9)
     top_ents = top_indices(mass, 10) if idx.n_entities else []
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
             "links": seeds.links[:20],
-            "top_entities": [{"name": idx.entity_names[e], "mass": round(float(mass[e]), 5)} for e in top_ents]}
-    diag["_ppr"] = ppr_part
-    return scores, diag
+            "top_entities": [{"name": idx.entities.names[e], "mass": round(float(mass[e]), 5)} for e in top_ents]}
+    return LocalScores(scores, ppr_part, diag)
 
 
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
-                   extra_seeds: dict[int, float] | None = None) -> tuple[list[ScoredChunk], dict]:
-    scores, diag = local_scores(idx, q, p, ppr, extra_seeds)
-    ppr_part = diag.pop("_ppr", np.zeros_like(scores))
+                   extra_seeds: dict[int, float] | None = None, route: str = "local") -> tuple[list[ScoredChunk], dict]:
+    ls = local_scores(idx, q, p, ppr, extra_seeds)
+    scores = ls.scores
     top = [c for c in top_indices(scores, top_k) if scores[c] > 0]
     dense = q.dense
-    return [ScoredChunk.from_index(idx, int(c), scores[c], "local", ppr=ppr_part[c], dense=dense[c]) for c in top], diag
+    return [ScoredChunk.from_index(idx, int(c), scores[c], route, ppr=ls.ppr[c], dense=dense[c]) for c in top], ls.diagnostics

@@ -1,8 +1,8 @@
 """Personalized PageRank over the entity+passage graph, and the hook other graph stores plug into.
 
-The embedded path runs a sparse power iteration on the in-memory CSR matrix of `GraphIndex`. A store
-that can run PPR itself (Neo4j GDS `gds.pageRank` with weighted source nodes) implements `PPRBackend`
-and is passed to the query functions as `ppr=`: the routes only ever see a score per node index.
+The embedded path runs a sparse power iteration on the in-memory CSR matrix of `GraphIndex`. Another
+graph store (Neo4j: the same iteration over its served graph) implements `PPRBackend` and is passed to
+the query functions as `ppr=`: the routes only ever see a score per node index.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol
 
 import numpy as np
 import scipy.sparse as sp
@@ -117,66 +117,15 @@ def parallel_matvec(matrix: sp.csr_matrix, threads: int | None = None, min_nnz: 
 
 
 class EmbeddedPPR:
-    """Sparse power iteration on the index's precomputed transition matrix (the default)."""
+    """Sparse power iteration on the index's precomputed float32 transition matrix (the default); float32
+    halves the memory traffic of the product, results are renormalized in float64."""
 
     name = "embedded"
 
-    def __init__(self, dtype=np.float32):
-        self.dtype = dtype  # float32 halves the memory traffic of the product; results are renormalized in float64
-
     def run(self, index, personalization, damping, tol, max_iter):
-        key = f"_ppr_{np.dtype(self.dtype).name}"
-        cached = getattr(index, key, None)
-        if cached is None:
-            m = index.transition.astype(self.dtype)
-            cached = (m, parallel_matvec(m))
-            setattr(index, key, cached)
-        m, mv = cached
-        return personalized_pagerank(m, personalization, damping, tol, max_iter,
-                                     dangling=index.dangling, matvec=mv).scores
-
-
-class GdsPPR:
-    """PPR from Neo4j GDS: `gds.pageRank.stream` on a projected graph, with weighted source nodes.
-
-    `run_cypher(query, params) -> list[dict]` is the store's query function (e.g. a neo4j session's
-    `run(...).data()`), so this class needs no driver of its own. Nodes are matched back to GraphIndex
-    indices through their `id` property (entity ids and chunk ids). Source-node weights need GDS >= 2.9
-    (`sourceNodes: [[node, weight], ...]`); with `weighted_sources=False` the seeds are passed unweighted.
-    """
-
-    name = "neo4j-gds"
-    QUERY = """
-    UNWIND $seeds AS seed
-    MATCH (n {id: seed.id})
-    WITH collect(CASE WHEN $weighted THEN [n, seed.w] ELSE n END) AS sources
-    CALL gds.pageRank.stream($graph, {sourceNodes: sources, dampingFactor: $damping, tolerance: $tol,
-                                      maxIterations: $max_iter, relationshipWeightProperty: $weight_property})
-    YIELD nodeId, score
-    RETURN gds.util.asNode(nodeId).id AS id, score
-    """
-
-    def __init__(self, run_cypher: Callable[[str, dict], Sequence[dict]], graph_name: str,
-                 weight_property: str | None = "weight", weighted_sources: bool = True, max_seeds: int = 200):
-        self.run_cypher = run_cypher
-        self.graph_name = graph_name
-        self.weight_property = weight_property
-        self.weighted_sources = weighted_sources
-        self.max_seeds = max_seeds
-
-    def run(self, index, personalization, damping, tol, max_iter):
-        order = np.argsort(-personalization)[: self.max_seeds]
-        seeds = [{"id": index.node_ids[i], "w": float(personalization[i])} for i in order if personalization[i] > 0]
-        rows = self.run_cypher(self.QUERY, {"seeds": seeds, "weighted": self.weighted_sources, "graph": self.graph_name,
-                                            "damping": damping, "tol": tol, "max_iter": max_iter,
-                                            "weight_property": self.weight_property})
-        out = np.zeros(len(index.node_ids), dtype=np.float64)
-        for row in rows:
-            i = index.node_pos.get(row["id"])
-            if i is not None:
-                out[i] = float(row["score"])
-        total = out.sum()
-        return out / total if total > 0 else out
+        g = index.graph
+        return personalized_pagerank(g.transition32, personalization, damping, tol, max_iter,
+                                     dangling=g.dangling, matvec=g.matvec32).scores
 
 
 def get_ppr_backend(ppr: PPRBackend | Callable | None) -> PPRBackend:

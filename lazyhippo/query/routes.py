@@ -1,19 +1,45 @@
-"""Query typing, the auto route, DRIFT-style decomposition and the hybrid RRF route."""
+"""The route registry (one signature: `RouteRequest -> RouteResult`), query typing, the auto route,
+DRIFT-style decomposition and the hybrid RRF route."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from .communities import hub_seeds, map_communities, retrieve_global
+from .communities import CommunityEvidence, hub_seeds, retrieve_global
 from .config import QueryConfig
 from .loader import GraphIndex
-from .local import local_scores
+from .local import local_scores, retrieve_local
+from .multihop import SubgraphPPR
 from .types import PreparedQuery, ScoredChunk, top_indices
 
-ROUTES = ("local", "global", "drift", "hybrid")
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What every route receives: the question prepared (embedded lazily, once) and classified once."""
+
+    idx: GraphIndex
+    query: PreparedQuery
+    kind: str                 # classify_query(question)
+    cfg: QueryConfig
+    top_k: int
+    ppr: object = None        # PPRBackend replacing the embedded power iteration (e.g. Neo4j GDS)
+    llm: object = None        # used by drift to split the question, when configured
+
+    def prepare(self, text: str) -> PreparedQuery:
+        """Another question (a drift sub-question) against the same index and embedder."""
+        return self.query if text == self.query.text else PreparedQuery(self.idx, text, self.query.embedder)
+
+
+@dataclass
+class RouteResult:
+    chunks: list[ScoredChunk]
+    diagnostics: dict
+    evidence: list[CommunityEvidence] = field(default_factory=list)  # communities behind a global answer
 
 _CODE = re.compile(  # case-sensitive shapes of code, identifiers, versions and error codes
     r"`|\b\w+_\w+\b|\b[a-z]+[A-Z]\w*\b|\b\w+\.(py|js|ts|rs|go|java|json|yaml|yml|toml|sql|md|txt|csv)\b|"
@@ -49,12 +75,12 @@ def classify_query(question: str) -> str:
     return "general"
 
 
-def auto_route(question: str, idx: GraphIndex | None = None, q: PreparedQuery | None = None) -> tuple[str, str]:
-    kind = classify_query(question)
+def auto_route(kind: str, idx: GraphIndex | None = None, q: PreparedQuery | None = None) -> str:
+    """The route for a question of type `kind` (see classify_query)."""
     route = {"multi_part": "drift", "exploratory": "global", "technical": "hybrid", "relational": "local"}.get(kind)
     if route is None:  # general: local when the question names something in the graph, else hybrid
         route = "local" if idx is not None and q is not None and _names_entity(idx, q) else "hybrid"
-    return route, kind
+    return route
 
 
 def _names_entity(idx: GraphIndex, q: PreparedQuery) -> bool:
@@ -62,7 +88,7 @@ def _names_entity(idx: GraphIndex, q: PreparedQuery) -> bool:
     for n in range(min(6, len(low)), 0, -1):
         for i in range(len(low) - n + 1):
             key = " ".join(low[i:i + n])
-            if (key in idx.title_index or key in idx.name_index) and (n > 1 or q.raw_tokens[i][:1].isupper()):
+            if (key in idx.chunks.title_index or key in idx.entities.name_index) and (n > 1 or q.raw_tokens[i][:1].isupper()):
                 return True
     return False
 
@@ -93,18 +119,17 @@ def split_question(question: str, llm=None, max_parts: int = 4) -> list[str]:
     return [p + "?" for p in parts][:max_parts]
 
 
-def retrieve_drift(idx: GraphIndex, question: str, make_query, cfg: QueryConfig, top_k: int, ppr=None, llm=None
-                   ) -> tuple[list[ScoredChunk], dict]:
+def retrieve_drift(req: RouteRequest) -> RouteResult:
     """Local retrieval per sub-question (and the whole question), merged: each chunk keeps its best
     score normalized within its sub-question, so every part of the question is represented."""
-    subs = split_question(question, llm, cfg.drift_max_subquestions)
+    idx, cfg, top_k, question = req.idx, req.cfg, req.top_k, req.query.text
+    subs = split_question(question, req.llm, cfg.drift_max_subquestions)
     queries = subs if len(subs) > 1 else [question]
     if len(subs) > 1:
         queries = [question] + subs
     best: dict[int, tuple[float, str, float]] = {}
     for sq in queries:
-        q = make_query(sq)
-        scores, _ = local_scores(idx, q, cfg.local, ppr)
+        scores = local_scores(idx, req.prepare(sq), cfg.local, req.ppr).scores
         top = top_indices(scores, max(top_k, cfg.candidates))
         peak = float(scores[top[0]]) if len(top) else 0.0
         if peak <= 0:
@@ -117,7 +142,7 @@ def retrieve_drift(idx: GraphIndex, question: str, make_query, cfg: QueryConfig,
     chunks = [ScoredChunk.from_index(idx, c, s, "drift", local=raw) for c, (s, sq, raw) in ranked]
     for ch, (_, (_, sq, _)) in zip(chunks, ranked):
         ch.channels["subquestion"] = float(queries.index(sq))
-    return chunks, {"subquestions": queries}
+    return RouteResult(chunks, {"subquestions": queries})
 
 
 def expand_scores(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig) -> np.ndarray:
@@ -127,14 +152,14 @@ def expand_scores(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig) -> np.nda
     out = np.zeros(idx.n_chunks)
     if not len(hits) or not idx.n_entities:
         return out
-    hub = idx.entity_df > max(2.0, cfg.local.hub_df_share * idx.n_chunks)
-    ents = np.unique(idx.mentions[hits].indices)
+    hub = idx.entities.df > max(2.0, cfg.local.hub_df_share * idx.n_chunks)
+    ents = np.unique(idx.mentions.counts[hits].indices)
     ents = ents[~hub[ents]]
     if not len(ents):
         return out
     weights = np.zeros(idx.n_entities, dtype=np.float32)
-    weights[ents] = idx.entity_idf[ents]
-    out = np.asarray(idx.mentions.sign() @ weights).ravel().astype(np.float64)
+    weights[ents] = idx.entities.idf[ents]
+    out = np.asarray(idx.mentions.counts.sign() @ weights).ravel().astype(np.float64)
     out[hits] = 0.0  # the hits themselves come through the dense channel
     return out
 
@@ -154,22 +179,58 @@ def rrf(channels: dict[str, np.ndarray], weights: dict[str, float], k: int, dept
     return fused, ranks
 
 
-def retrieve_hybrid(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig, top_k: int, ppr=None, kind: str | None = None
-                    ) -> tuple[list[ScoredChunk], dict]:
-    kind = kind or classify_query(q.text)
+def retrieve_hybrid(req: RouteRequest) -> RouteResult:
+    """Reciprocal-rank fusion of dense, BM25, local (PPR), global and graph-expansion channels, weighted
+    by the question's type."""
+    idx, q, cfg, kind = req.idx, req.query, req.cfg, req.kind
     weights = cfg.hybrid.weights.get(kind if kind in cfg.hybrid.weights else "relational")
     g_chunks, g_diag, evidence = retrieve_global(idx, q, cfg.global_, cfg.hybrid.depth, broad=kind == "exploratory")
     extra = hub_seeds(idx, evidence, cfg.global_) if kind == "exploratory" else None
-    local, l_diag = local_scores(idx, q, cfg.local, ppr, extra)
-    l_diag.pop("_ppr", None)
+    ls = local_scores(idx, q, cfg.local, req.ppr, extra)
     glob = np.zeros(idx.n_chunks)
     for ch in g_chunks:
-        glob[idx.chunk_pos[ch.chunk_id]] = ch.score
+        glob[idx.chunks.pos[ch.chunk_id]] = ch.score
     channels = {"dense": np.clip(q.dense, 0, None).astype(np.float64), "sparse": q.bm25.astype(np.float64),
-                "local": local, "global": glob, "expand": expand_scores(idx, q, cfg)}
+                "local": ls.scores, "global": glob, "expand": expand_scores(idx, q, cfg)}
     fused, ranks = rrf(channels, weights, cfg.hybrid.rrf_k, cfg.hybrid.depth)
-    top = [c for c in top_indices(fused, top_k) if fused[c] > 0]
+    top = [c for c in top_indices(fused, req.top_k) if fused[c] > 0]
     chunks = [ScoredChunk.from_index(idx, int(c), fused[c], "hybrid",
                                      **{f"rank_{name}": float(r.get(int(c), 0)) for name, r in ranks.items()})
               for c in top]
-    return chunks, {"query_type": kind, "weights": weights, "local": l_diag, "global": g_diag}
+    return RouteResult(chunks, {"query_type": kind, "weights": weights, "local": ls.diagnostics, "global": g_diag})
+
+
+def retrieve_local_route(req: RouteRequest) -> RouteResult:
+    return RouteResult(*retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, req.ppr))
+
+
+def retrieve_global_route(req: RouteRequest) -> RouteResult:
+    chunks, diag, evidence = retrieve_global(req.idx, req.query, req.cfg.global_, req.top_k,
+                                             broad=req.kind == "exploratory")
+    return RouteResult(chunks, diag, evidence)
+
+
+def retrieve_multi_hop(req: RouteRequest) -> RouteResult:
+    """Local scoring with PPR confined to the subgraph within `max_hops` of the linked entities (always
+    in memory: a store-side PPR backend does not apply)."""
+    backend = SubgraphPPR(req.cfg.multi_hop, req.cfg.local.hub_df_share)
+    chunks, diag = retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, backend, route="multi_hop")
+    return RouteResult(chunks, {**diag, "max_hops": req.cfg.multi_hop.max_hops, "subgraph_nodes": backend.subgraph_nodes})
+
+
+Route = Callable[[RouteRequest], RouteResult]
+ROUTES: dict[str, Route] = {"local": retrieve_local_route, "global": retrieve_global_route, "drift": retrieve_drift,
+                            "hybrid": retrieve_hybrid, "multi_hop": retrieve_multi_hop}
+
+
+def check_route(route: str) -> str:
+    """`route` if it is "auto" or registered, else a ValueError naming the choices."""
+    if route != "auto" and route not in ROUTES:
+        raise ValueError(f"unknown route {route!r} (expected auto or one of {', '.join(ROUTES)})")
+    return route
+
+
+def run_route(route: str, req: RouteRequest) -> tuple[str, RouteResult]:
+    """Run `route` ("auto" picks one from the question's type); returns the route used and its result."""
+    name = auto_route(req.kind, req.idx, req.query) if check_route(route) == "auto" else route
+    return name, ROUTES[name](req)

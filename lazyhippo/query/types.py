@@ -30,9 +30,9 @@ class ScoredChunk:
 
     @classmethod
     def from_index(cls, idx: GraphIndex, c: int, score: float, route: str, **channels: float) -> "ScoredChunk":
-        return cls(chunk_id=idx.chunk_ids[c], score=float(score), title=idx.titles[c], doc_id=idx.doc_ids[c],
-                   source=idx.sources[c], section=idx.sections[c], page=idx.pages[c], position=int(idx.positions[c]),
-                   text=idx.texts[c], content_hash=idx.content_hashes[c], n_tokens=int(idx.n_tokens[c]),
+        return cls(chunk_id=idx.chunks.ids[c], score=float(score), title=idx.chunks.titles[c], doc_id=idx.chunks.doc_ids[c],
+                   source=idx.chunks.sources[c], section=idx.chunks.sections[c], page=idx.chunks.pages[c], position=int(idx.chunks.positions[c]),
+                   text=idx.chunks.texts[c], content_hash=idx.chunks.content_hashes[c], n_tokens=int(idx.chunks.n_tokens[c]),
                    route=route, channels={k: float(v) for k, v in channels.items()})
 
     def to_dict(self) -> dict:
@@ -68,18 +68,18 @@ class PreparedQuery:
     def dense(self) -> np.ndarray:
         """Cosine similarity of the question with every chunk."""
         if self._dense is None:
-            self._dense = self.idx.chunk_vecs @ self.vec if self.idx.n_chunks else np.zeros(0, dtype=np.float32)
+            self._dense = self.idx.chunks.vecs @ self.vec if self.idx.n_chunks else np.zeros(0, dtype=np.float32)
         return self._dense
 
     @property
     def bm25(self) -> np.ndarray:
         if self._bm25 is None:
             idx = self.idx
-            toks = [t for t in self.keywords if t in idx.bm25_vocab]
-            if idx.bm25 is None or not toks:
+            toks = [t for t in self.keywords if t in idx.lexical.vocab]
+            if idx.lexical.bm25 is None or not toks:
                 self._bm25 = np.zeros(idx.n_chunks, dtype=np.float32)
             else:
-                self._bm25 = np.asarray(idx.bm25.get_scores(toks), dtype=np.float32)
+                self._bm25 = np.asarray(idx.lexical.bm25.get_scores(toks), dtype=np.float32)
         return self._bm25
 
 

@@ -1,0 +1,62 @@
+"""Metadata helpers: previews as typed tables (their columns show in the UI), figures as plain values
+(Dagster plots numeric metadata across materializations)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import dagster as dg
+
+OWNERS = ["team:lazyhippo"]
+TEXT_WIDTH = 200
+
+
+def _cell(v: Any):
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
+    s = str(v)
+    return s if len(s) <= TEXT_WIDTH else s[: TEXT_WIDTH - 1] + "…"
+
+
+def _type(values: Sequence[Any]) -> str:
+    kinds = {type(v) for v in values if v is not None}
+    if kinds and kinds <= {bool}:
+        return "bool"
+    if kinds and kinds <= {int}:
+        return "int"
+    if kinds and kinds <= {int, float}:
+        return "float"
+    return "string"
+
+
+def table(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> dg.TableMetadataValue:
+    """Rows as `MetadataValue.table` with a `TableSchema` whose column types follow the values."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    schema = dg.TableSchema(columns=[dg.TableColumn(c, _type([r[i] for r in cells]))
+                                     for i, c in enumerate(columns)])
+    return dg.MetadataValue.table([dg.TableRecord(dict(zip(columns, r))) for r in cells], schema)
+
+
+def preview(con, sql: str, params: Sequence, columns: Sequence[str]) -> dg.TableMetadataValue:
+    return table(con.execute(sql, list(params)).fetchall(), columns)
+
+
+def figures(stats: dict) -> dict:
+    """The plain numbers and strings of a stage's figures (nested dicts flattened as `outer_inner`)."""
+    out = {}
+    for k, v in stats.items():
+        if isinstance(v, dict):
+            out.update({f"{k}_{ik}": iv for ik, iv in figures(v).items()})
+        elif isinstance(v, (int, float, str)) and not isinstance(v, bool):
+            out[k] = v
+    return out
+
+
+def check_result(res, tables: dict | None = None,
+                 severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
+    """A lazyhippo CheckResult as an AssetCheckResult: figures as plain values, failing ids as a table."""
+    metadata: dict = figures(res.figures)
+    if res.examples:
+        metadata["failing"] = table([(e,) for e in res.examples[:200]], ["failing"])
+    return dg.AssetCheckResult(passed=res.passed, description=res.description, metadata={**metadata, **(tables or {})},
+                               severity=severity)

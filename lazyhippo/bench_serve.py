@@ -1,0 +1,92 @@
+"""Load benchmark of a running lazyhippo HTTP server: concurrent clients send real questions for a fixed time
+and every request's latency and status is kept (QPS, p50/p95/p99 and errors per route)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import httpx
+
+from .bench import percentile_ms
+
+
+@dataclass
+class LoadReport:
+    route: str
+    clients: int
+    rate: float            # offered queries/s (0: closed loop, each client sends as soon as its answer arrived)
+    seconds: float
+    requests: int
+    errors: int
+    qps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    error_samples: list[str]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_load(base_url: str, questions: Sequence[str], route: str, clients: int = 8, seconds: float = 30.0,
+             headers: dict | None = None, warmup: int = 5, rate: float = 0.0) -> LoadReport:
+    """`clients` threads, each with its own connection, POST /api/query in a loop for `seconds`; client i starts
+    at question i, so the clients do not ask the same question at the same time. With `rate` > 0 the clients
+    together send `rate` queries/s on a fixed schedule and latency counts from the scheduled send time (a slow
+    server is not hidden by clients waiting for it)."""
+    if not questions:
+        raise ValueError("no questions to send")
+    lat: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+    deadline = [0.0]
+
+    def client(i: int) -> None:
+        mine, bad = [], []
+        with httpx.Client(base_url=base_url, headers=headers, timeout=60) as c:
+            for q in questions[:warmup]:  # every connection (so every server worker) warms up before the clock
+                c.post("/api/query", json={"question": q, "route": route})
+            start.wait()
+            n, k = i, 0
+            while time.perf_counter() < deadline[0]:
+                q = questions[n % len(questions)]
+                n += clients
+                t0 = time.perf_counter()
+                if rate > 0:
+                    t0 = begin[0] + (i + k * clients) / rate
+                    k += 1
+                    if t0 >= deadline[0]:
+                        break
+                    time.sleep(max(0.0, t0 - time.perf_counter()))
+                try:
+                    r = c.post("/api/query", json={"question": q, "route": route})
+                    ok = r.status_code == 200
+                    detail = f"HTTP {r.status_code}: {r.text[:120]}"
+                except httpx.HTTPError as exc:
+                    ok, detail = False, f"{type(exc).__name__}: {exc}"[:160]
+                (mine if ok else bad).append(time.perf_counter() - t0)
+                if not ok and len(errors) < 5:
+                    errors.append(detail)  # a few samples; the count is `failed`
+        with lock:
+            lat.extend(mine)
+            lat.extend(bad)
+            failed[0] += len(bad)
+
+    failed = [0]
+    begin = [0.0]
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    t0 = begin[0] = time.perf_counter()
+    deadline[0] = t0 + seconds
+    start.wait()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    return LoadReport(route, clients, rate, round(elapsed, 2), len(lat), failed[0], round(len(lat) / elapsed, 2),
+                      round(percentile_ms(lat, 50), 2), round(percentile_ms(lat, 95), 2), round(percentile_ms(lat, 99), 2),
+                      errors[:5])

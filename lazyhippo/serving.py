@@ -1,0 +1,185 @@
+"""Warm indexes for servers (the HTTP API and the MCP tool): one GraphIndex per namespace, loaded once and
+swapped atomically when the warehouse changes.
+
+A query takes the namespace's current `Warm` entry and keeps it for its whole run, so a query in flight
+finishes on the index it started with while a refresher thread builds the newer one off the request path.
+The warehouse counts as changed when its file's modification time moved and then stayed put for
+`settle_seconds` (an index run writes in bursts; the pool does not read a half-written index between them);
+`begin_write()`/`end_write()` stop refreshing while this process itself writes (an index run the server
+launched), then force one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Settings
+from .embedding import get_embedder
+from .query import (DEFAULT_CONFIG, GraphIndex, QueryConfig, QueryResult, ScoredChunk, answer_question, load_index,
+                    retrieve)
+from .query.loader import db_version
+from .query.routes import check_route
+
+log = logging.getLogger(__name__)
+
+
+class UnknownNamespace(LookupError):
+    """The warehouse holds no index for this namespace."""
+
+
+class SerializedEmbedder:
+    """One embedding call at a time: the Hugging Face tokenizer inside model2vec is not thread-safe ("Already
+    borrowed" under concurrent queries); a query embeds in well under a millisecond, so the lock costs little."""
+
+    def __init__(self, embedder):
+        self.inner = embedder
+        self.name = getattr(embedder, "name", None)
+        self._lock = threading.Lock()
+
+    def embed(self, texts):
+        with self._lock:
+            return self.inner.embed(texts)
+
+
+@dataclass(frozen=True)
+class Warm:
+    settings: Settings
+    index: GraphIndex
+    version: tuple   # the warehouse file version the index was read from
+
+
+class IndexPool:
+    def __init__(self, settings: Settings, config: QueryConfig = DEFAULT_CONFIG, settle_seconds: float = 2.0,
+                 poll_seconds: float = 1.0):
+        self.settings = settings
+        self.config = config
+        self.settle_seconds = settle_seconds
+        self.poll_seconds = poll_seconds
+        self.embedder = SerializedEmbedder(get_embedder(settings.embedder, settings.embedding_model))
+        self._warm: dict[str, Warm] = {}
+        self._known: set[str] = set()
+        self._version: tuple | None = None   # warehouse version of the namespace list and the warm indexes
+        self._lock = threading.Lock()        # one loader at a time; readers never take it
+        self._holds = 0                      # index runs of this process under way
+        self._seen: tuple[tuple, float] | None = None  # (file version, first seen at) while settling
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.swaps = 0
+
+    # ------------------------------------------------------------ reading
+
+    def namespaces(self) -> list[str]:
+        """Namespaces with an index in the warehouse (as of the last refresh)."""
+        return sorted(self._known)
+
+    def get(self, namespace: str) -> Warm:
+        """The namespace's current warm index, loading it on first use."""
+        warm = self._warm.get(namespace)
+        if warm is not None:
+            return warm
+        if namespace not in self._known:
+            raise UnknownNamespace(namespace)
+        with self._lock:
+            if namespace not in self._warm:
+                self._load(namespace)
+            return self._warm[namespace]
+
+    def answer(self, namespace: str, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
+               llm="auto") -> QueryResult:
+        check_route(route)
+        warm = self.get(namespace)
+        return answer_question(warm.settings, question, route=route, top_k=top_k, budget=budget, config=self.config,
+                               llm=llm, embedder=self.embedder, index=warm.index)
+
+    def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8) -> list[ScoredChunk]:
+        check_route(route)
+        warm = self.get(namespace)
+        return retrieve(warm.settings, question, route=route, top_k=top_k, config=self.config, embedder=self.embedder,
+                        index=warm.index)
+
+    # ------------------------------------------------------------ loading and swapping
+
+    def _load(self, namespace: str) -> None:
+        settings = self.settings.with_(namespace=namespace)
+        version = db_version(settings.db_path)
+        index = load_index(settings, self.config.graph)
+        self._warm[namespace] = Warm(settings, index, version)  # one reference assignment: the swap
+
+    def refresh(self, force: bool = False) -> bool:
+        """Reload every warm namespace if the warehouse changed (and settled); True if anything was swapped."""
+        db = Path(self.settings.db_path)
+        if not db.exists() or (self._holds and not force):
+            return False
+        version = db_version(db)
+        if version == self._version and not force:
+            self._seen = None
+            return False
+        if not force:
+            if self._seen is None or self._seen[0] != version:
+                self._seen = (version, time.monotonic())
+                return False
+            if time.monotonic() - self._seen[1] < self.settle_seconds:
+                return False
+        with self._lock:
+            self._known = set(list_namespaces(self.settings))
+            self._version = version
+            for ns in list(self._warm):
+                if ns in self._known:
+                    self._load(ns)
+                else:
+                    del self._warm[ns]
+            self._seen = None
+            self.swaps += 1
+        return True
+
+    def begin_write(self) -> None:
+        """This process starts writing the warehouse (an index run launched by the server): no refresh until
+        the matching `end_write`, which forces one."""
+        with self._lock:
+            self._holds += 1
+
+    def end_write(self) -> None:
+        with self._lock:
+            self._holds -= 1
+        if not self._holds:
+            self.refresh(force=True)
+
+    def start(self, preload: bool = True) -> "IndexPool":
+        """Read the namespace list (and load every index when `preload`), then refresh in the background."""
+        if Path(self.settings.db_path).exists():
+            self._version = db_version(self.settings.db_path)
+            self._known = set(list_namespaces(self.settings))
+            if preload:
+                for ns in sorted(self._known):
+                    self.get(ns)
+        self._thread = threading.Thread(target=self._poll, name="lazyhippo-index-pool", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - a failed reload keeps the old index serving; retried next poll
+                log.warning("index refresh failed; still serving the previous index", exc_info=True)
+
+    def status(self) -> dict:
+        return {ns: {"chunks": w.index.n_chunks, "entities": w.index.n_entities, "loaded_at": w.index.loaded_at,
+                     "load_seconds": round(w.index.load_seconds, 3)} for ns, w in sorted(self._warm.items())}
+
+
+def list_namespaces(settings: Settings) -> list[str]:
+    """Namespaces that have chunks in the warehouse."""
+    from .warehouse import connect
+
+    with connect(settings, read_only=True) as con:
+        return [r[0] for r in con.execute("SELECT DISTINCT namespace FROM chunks ORDER BY 1").fetchall()]

@@ -1,0 +1,261 @@
+"""`lazyhippo serve`: the HTTP API over warm indexes (FastAPI; OpenAPI docs at /docs).
+
+Queries run on the engine's `IndexPool` (one warm index per namespace, swapped atomically after a newer
+index run); `POST /api/kg/create` launches the Dagster `index` job in this process. Auth: an API key from
+`LAZYHIPPO_API_KEY` (header `Authorization: Bearer <key>` or `X-API-Key`); without one the server only
+binds to loopback. Bad input gets a 4xx naming the problem; a failing backend a 503 without internals.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from pydantic import BaseModel, Field
+
+from lazyhippo.query import ROUTES
+from lazyhippo.serving import IndexPool, UnknownNamespace
+
+log = logging.getLogger("lazyhippo.api")
+API_KEY_ENV = "LAZYHIPPO_API_KEY"
+NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 64 * 1024
+    max_question_chars: int = 2000
+    max_budget: int = 32000
+    max_top_k: int = 50
+    max_history: int = 10
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def api_key_for(host: str) -> str | None:
+    """The key requests must carry (None: no auth). Refuses a non-loopback bind without a key."""
+    key = os.environ.get(API_KEY_ENV) or None
+    if key is None and not is_loopback(host):
+        raise ValueError(f"binding to {host} needs an API key: set {API_KEY_ENV} (no key is needed on loopback only)")
+    return key
+
+
+class Turn(BaseModel):
+    role: Literal["user", "assistant"]
+    content: str = Field(max_length=4000)
+
+
+class QueryRequest(BaseModel):
+    question: str
+    namespace: str = "default"
+    route: str = "auto"
+    top_k: int = Field(8, ge=1)
+    budget: int = Field(32000, ge=1)
+    history: list[Turn] = Field(default_factory=list, description="Earlier turns; the user's help resolve follow-ups.")
+
+
+class FixedRouteRequest(BaseModel):
+    question: str
+    namespace: str = "default"
+    top_k: int = Field(8, ge=1)
+    budget: int = Field(32000, ge=1)
+
+
+class CreateRequest(BaseModel):
+    path: str = Field(description="Folder or file on the server to index.")
+    namespace: str = "default"
+
+
+class _Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("lazyhippo_requests", "HTTP requests", ["endpoint", "route", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("lazyhippo_request_seconds", "HTTP request latency", ["endpoint", "route"],
+                                 registry=self.registry,
+                                 buckets=(.005, .01, .025, .05, .075, .1, .25, .5, 1, 2.5, 5, 10))
+
+
+def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Limits()) -> FastAPI:
+    app = FastAPI(title="lazyhippo", version="0.1.0",
+                  description="Cited retrieval and answers over lazyhippo knowledge graphs.")
+    metrics = _Metrics()
+    launched: dict[str, str] = {}  # run id -> namespace, for runs this server started
+    home = Path(pool.settings.home)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        t0 = time.perf_counter()
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
+            response = JSONResponse({"error": f"request body over {limits.max_body_bytes} bytes"}, status_code=413)
+        else:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        endpoint = route.path if route is not None else "unmatched"
+        label = getattr(request.state, "route", "")
+        metrics.requests.labels(endpoint, label, str(response.status_code)).inc()
+        metrics.latency.labels(endpoint, label).observe(time.perf_counter() - t0)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError):
+        problems = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors()]
+        return JSONResponse({"error": "invalid request", "problems": problems}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return JSONResponse({"error": "internal error"}, status_code=500)
+
+    def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("x-api-key") or ""
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        if not hmac.compare_digest(given.encode(), api_key.encode()):
+            raise HTTPException(401, "missing or wrong API key", headers={"WWW-Authenticate": "Bearer"})
+
+    def run_query(request: Request, question: str, namespace: str, route: str, top_k: int, budget: int,
+                  history: list[Turn] = ()) -> dict:
+        if route != "auto" and route not in ROUTES:
+            raise HTTPException(400, f"unknown route {route!r} (expected auto or one of {', '.join(ROUTES)})")
+        request.state.route = route  # a metrics label: only known routes, so the label set stays bounded
+        question = question.strip()
+        if not question:
+            raise HTTPException(400, "question is empty")
+        if len(question) > limits.max_question_chars:
+            raise HTTPException(413, f"question is {len(question)} characters; the limit is {limits.max_question_chars}")
+        if top_k > limits.max_top_k:
+            raise HTTPException(400, f"top_k {top_k} is over the limit {limits.max_top_k}")
+        if budget > limits.max_budget:
+            raise HTTPException(400, f"budget {budget} is over the limit {limits.max_budget} tokens")
+        if len(history) > limits.max_history:
+            raise HTTPException(400, f"history has {len(history)} turns; the limit is {limits.max_history}")
+        earlier = " ".join(t.content for t in history[-2:] if t.role == "user")
+        try:
+            result = pool.answer(namespace, f"{earlier} {question}" if earlier else question, route, top_k, budget)
+        except UnknownNamespace:
+            raise HTTPException(404, f"unknown namespace {namespace!r} (known: {', '.join(pool.namespaces()) or 'none'})")
+        except Exception as exc:  # noqa: BLE001 - the client gets a 503, the log gets the details
+            log.exception("query failed in namespace %s", namespace)
+            raise HTTPException(503, f"query backend unavailable ({type(exc).__name__}); retry later")
+        data = result.to_dict()
+        data["question"] = question
+        request.state.route = data["route"]
+        return data
+
+    @app.get("/health", tags=["operations"])
+    def health() -> dict:
+        """Liveness and the warm indexes (no auth)."""
+        return {"status": "ok", "namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps}
+
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+    def prometheus(_: None = Depends(authorized)) -> PlainTextResponse:
+        """Request counts and latency histograms per endpoint and route, in Prometheus text format."""
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/api/namespaces", tags=["knowledge graphs"])
+    def namespaces(_: None = Depends(authorized)) -> dict:
+        return {"namespaces": pool.namespaces()}
+
+    @app.post("/api/query", tags=["query"])
+    def query(body: QueryRequest, request: Request, _: None = Depends(authorized)) -> dict:
+        """Any route (auto, local, global, drift, hybrid, multi_hop): the JSON of `lazyhippo query --json`."""
+        return run_query(request, body.question, body.namespace, body.route, body.top_k, body.budget, body.history)
+
+    @app.post("/api/kg/qa", tags=["query"])
+    def kg_qa(body: FixedRouteRequest, request: Request, _: None = Depends(authorized)) -> dict:
+        """The global route: an answer from community evidence."""
+        return run_query(request, body.question, body.namespace, "global", body.top_k, body.budget)
+
+    @app.post("/api/kg/hybrid", tags=["query"])
+    def kg_hybrid(body: FixedRouteRequest, request: Request, _: None = Depends(authorized)) -> dict:
+        """The hybrid route: dense, BM25 and graph channels fused."""
+        return run_query(request, body.question, body.namespace, "hybrid", body.top_k, body.budget)
+
+    @app.post("/api/kg/create", tags=["knowledge graphs"], status_code=202)
+    def kg_create(body: CreateRequest, _: None = Depends(authorized)) -> dict:
+        """Launch the Dagster `index` job on a folder or file of the server; returns its run id at once."""
+        from .runner import launch, run_config
+
+        source = Path(body.path).expanduser()
+        if not source.exists():
+            raise HTTPException(400, f"path {body.path!r} does not exist on the server")
+        if not NAMESPACE.fullmatch(body.namespace):
+            raise HTTPException(400, f"namespace {body.namespace!r} must be 1-64 letters, digits, '.', '_' or '-'")
+        pool.begin_write()
+
+        def done(run_id: str, ok: bool) -> None:
+            pool.end_write()
+            log.info("index run %s for namespace %s ended (success=%s)", run_id, body.namespace, ok)
+
+        config = run_config({"lazyhippo": {"home": str(home), "namespace": body.namespace,
+                                           "source": str(source.resolve())}})
+        run_id = launch("index", home, config, tags={"lazyhippo/api": "kg_create"}, on_done=done,
+                        namespace=body.namespace)
+        launched[run_id] = body.namespace
+        return {"run_id": run_id, "namespace": body.namespace, "status_url": f"/api/runs/{run_id}"}
+
+    @app.get("/api/runs/{run_id}", tags=["knowledge graphs"])
+    def run(run_id: str, _: None = Depends(authorized)) -> dict:
+        """Status of a Dagster run (QUEUED, STARTED, SUCCESS, FAILURE, ...)."""
+        from .runner import run_status
+
+        status = run_status(home, run_id)
+        if status is None:
+            if run_id in launched:
+                return {"run_id": run_id, "job": "index", "status": "STARTING", "tags": {}}
+            raise HTTPException(404, f"no run {run_id!r}")
+        return status
+
+    return app
+
+
+SERVE_ENV = "LAZYHIPPO_SERVE_CONFIG"
+
+
+def serve(settings, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(), workers: int = 1) -> None:
+    """Load the warm indexes, then serve until interrupted. One worker process serves queries on its thread
+    pool; more workers (each with its own warm indexes) use more cores for the CPU-bound query work."""
+    import uvicorn
+
+    api_key_for(host)
+    os.environ[SERVE_ENV] = json.dumps({"home": str(settings.home), "limits": asdict(limits), "host": host})
+    uvicorn.run("pipelines.api:app_from_env", factory=True, host=host, port=port, workers=workers,
+                log_level="warning", access_log=False)
+
+
+def app_from_env() -> FastAPI:
+    """The app of one server worker, configured by `serve` through the environment (uvicorn starts workers by
+    import string)."""
+    from lazyhippo.config import Settings
+
+    cfg = json.loads(os.environ[SERVE_ENV])
+    pool = IndexPool(Settings.from_env(home=Path(cfg["home"]))).start()
+    return create_app(pool, api_key_for(cfg["host"]), Limits(**cfg["limits"]))

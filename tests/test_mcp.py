@@ -1,0 +1,56 @@
+"""`lazyhippo mcp` driven by the official MCP SDK's own client over stdio (a real subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters
+
+REPO = Path(__file__).resolve().parent.parent
+SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
+
+
+def _payload(result) -> dict:
+    if result.structured_content is not None:
+        return result.structured_content
+    return json.loads(result.content[0].text)
+
+
+async def _session(home: Path, dagster_home: Path) -> dict:
+    params = StdioServerParameters(command=sys.executable, args=["-c", "from pipelines.cli import app; app()", "mcp",
+                                                                 "--home", str(home)],
+                                   env={"PYTHONPATH": str(REPO), "DAGSTER_HOME": str(dagster_home),
+                                        "HOME": os.environ.get("HOME", "/root")}, cwd=str(REPO))
+    out: dict = {}
+    async with Client(params, read_timeout_seconds=120) as client:
+        out["tools"] = {t.name: t for t in (await client.list_tools()).tools}
+        out["namespaces"] = _payload(await client.call_tool("lazyhippo_namespaces", {}))
+        for mode in ("local", "multi_hop", "global", "drift", "hybrid"):
+            out[mode] = _payload(await client.call_tool("lazyhippo_retrieve", {"query": SUCCESSOR_Q, "limit": 8, "mode": mode}))
+        out["bad_mode"] = await client.call_tool("lazyhippo_retrieve", {"query": SUCCESSOR_Q, "mode": "fastest"})
+        out["bad_ns"] = await client.call_tool("lazyhippo_retrieve", {"query": SUCCESSOR_Q, "namespace": "nowhere"})
+        out["empty"] = await client.call_tool("lazyhippo_retrieve", {"query": "  "})
+    return out
+
+
+def test_mcp_tools_over_stdio_with_the_sdk_client(sample_settings, tmp_path):
+    out = asyncio.run(_session(Path(sample_settings.home), tmp_path / "dagster"))
+    assert {"lazyhippo_retrieve", "lazyhippo_namespaces"} <= set(out["tools"])
+    schema = out["tools"]["lazyhippo_retrieve"].input_schema
+    assert {"query", "limit", "mode"} <= set(schema["properties"])
+    assert out["namespaces"]["namespaces"][0]["name"] == "default" and out["namespaces"]["namespaces"][0]["chunks"] > 0
+    for mode in ("local", "multi_hop", "global", "drift", "hybrid"):
+        passages = out[mode]["passages"]
+        assert 0 < len(passages) <= 8 and out[mode]["mode"] == mode
+        assert all(p["title"] and p["chunk_id"] and p["source"] and p["text"] for p in passages)
+        scores = [p["score"] for p in passages]
+        assert scores == sorted(scores, reverse=True)
+    assert "Tomas Reyes" in [p["title"] for p in out["local"]["passages"]]
+    assert "Tomas Reyes" in [p["title"] for p in out["multi_hop"]["passages"]]
+    for key, needle in (("bad_mode", "fastest"), ("bad_ns", "unknown namespace 'nowhere'"), ("empty", "query is empty")):
+        assert out[key].is_error and needle in out[key].content[0].text

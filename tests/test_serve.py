@@ -1,0 +1,266 @@
+"""The HTTP API against a real uvicorn server on loopback: every endpoint, auth, limits and bad input, a failing
+backend, Dagster index runs launched over HTTP, and the warm index swapped under load."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.query import answer_question
+from lazyhippo.serving import IndexPool
+from pipelines.api import Limits, api_key_for, create_app
+
+REPO = Path(__file__).resolve().parent.parent
+SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
+NEW_DOC = "Quillon Barrow was a lighthouse keeper at Skerry Point who invented the brass fog whistle in 1921."
+NEW_Q = "Who invented the brass fog whistle?"
+
+
+@contextmanager
+def running(pool: IndexPool, api_key: str | None = None, limits: Limits = Limits()):
+    """A real uvicorn server on a free loopback port, in a thread; yields its base URL."""
+    config = uvicorn.Config(create_app(pool, api_key, limits), host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not (server.started and server.servers):
+        assert time.time() < deadline, "server did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def home(sample_settings, tmp_path) -> Path:
+    """A private copy of the indexed sample warehouse (tests here write to it)."""
+    dest = tmp_path / "home"
+    dest.mkdir()
+    for f in Path(sample_settings.home).glob("warehouse.duckdb*"):
+        shutil.copy(f, dest / f.name)
+    return dest
+
+
+@pytest.fixture
+def pool(home):
+    p = IndexPool(Settings(home=home), settle_seconds=0.3, poll_seconds=0.1).start()
+    yield p
+    p.stop()
+
+
+def test_query_endpoints_give_the_json_of_lazyhippo_query(pool, home):
+    with running(pool) as url:
+        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local", "top_k": 5}, timeout=30)
+        assert r.status_code == 200
+        data = r.json()
+        engine = answer_question(Settings(home=home), SUCCESSOR_Q, route="local", top_k=5).to_dict()
+        assert data.keys() == engine.keys()
+        assert data["answer"] == engine["answer"] and data["citations"] == engine["citations"]
+        assert any(c["title"] == "Tomas Reyes" for c in data["citations"])
+        for path, route in (("/api/kg/qa", "global"), ("/api/kg/hybrid", "hybrid")):
+            r = httpx.post(f"{url}{path}", json={"question": "What are the main themes of this collection?"}, timeout=30)
+            assert r.status_code == 200 and r.json()["route"] == route and r.json()["citations"]
+        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "multi_hop", "budget": 2000}, timeout=30)
+        assert r.status_code == 200 and r.json()["route"] == "multi_hop" and r.json()["context_tokens"] <= 2000
+        assert r.json()["diagnostics"]["subgraph_nodes"] > 0
+        follow = httpx.post(f"{url}/api/query", timeout=30, json={
+            "question": "Who succeeded her as director?", "route": "local",
+            "history": [{"role": "user", "content": "Who founded the Marlow Observatory?"},
+                        {"role": "assistant", "content": "Ada Fenwick founded it."}]})
+        assert follow.status_code == 200 and follow.json()["question"] == "Who succeeded her as director?"
+        assert any(c["title"] == "Tomas Reyes" for c in follow.json()["context"])
+
+
+def test_health_metrics_namespaces_and_docs(pool):
+    with running(pool) as url:
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "ok" and health["namespaces"] == ["default"] and health["warm"]["default"]["chunks"] > 0
+        assert httpx.get(f"{url}/api/namespaces").json() == {"namespaces": ["default"]}
+        httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"}, timeout=30)
+        httpx.post(f"{url}/api/query", json={"question": "", "route": "local"})
+        text = httpx.get(f"{url}/metrics").text
+        assert 'lazyhippo_requests_total{endpoint="/api/query",route="local",status="200"} 1.0' in text
+        assert 'lazyhippo_requests_total{endpoint="/api/query",route="local",status="400"} 1.0' in text
+        assert 'lazyhippo_request_seconds_bucket{endpoint="/api/query",le="0.5",route="local"}' in text
+        spec = httpx.get(f"{url}/openapi.json").json()
+        assert {"/api/query", "/api/kg/qa", "/api/kg/hybrid", "/api/kg/create", "/api/runs/{run_id}", "/health",
+                "/metrics"} <= set(spec["paths"])
+        assert httpx.get(f"{url}/docs").status_code == 200
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    ({"question": "   "}, 400, "question is empty"),
+    ({"question": "x" * 2001}, 413, "limit is 2000"),
+    ({"question": SUCCESSOR_Q, "route": "fastest"}, 400, "unknown route 'fastest'"),
+    ({"question": SUCCESSOR_Q, "namespace": "nowhere"}, 404, "unknown namespace 'nowhere' (known: default)"),
+    ({"question": SUCCESSOR_Q, "top_k": 500}, 400, "top_k 500 is over the limit 50"),
+    ({"question": SUCCESSOR_Q, "budget": 10**6}, 400, "budget 1000000 is over the limit 32000"),
+    ({"question": SUCCESSOR_Q, "budget": 0}, 422, "budget"),
+    ({"question": 42}, 422, "question"),
+    ({"route": "local"}, 422, "question"),
+])
+def test_bad_input_gets_a_clear_4xx(pool, body, status, needle):
+    with running(pool) as url:
+        r = httpx.post(f"{url}/api/query", json=body, timeout=30)
+        assert r.status_code == status and needle in r.text and "Traceback" not in r.text
+
+
+def test_oversized_body_and_bad_json_are_refused(pool):
+    with running(pool, limits=Limits(max_body_bytes=1000)) as url:
+        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "history": [{"role": "user", "content": "y" * 2000}]})
+        assert r.status_code == 413 and "over 1000 bytes" in r.text
+        r = httpx.post(f"{url}/api/query", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 422 and "Traceback" not in r.text
+
+
+def test_a_failing_backend_gives_503_without_internals(pool, monkeypatch):
+    def down(texts):
+        raise ConnectionError("embedding service at 10.0.0.7 refused the connection")
+
+    with running(pool) as url:
+        monkeypatch.setattr(pool.embedder.inner, "embed", down)
+        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"}, timeout=30)
+        assert r.status_code == 503 and r.json() == {"error": "query backend unavailable (ConnectionError); retry later"}
+        monkeypatch.undo()
+        assert httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"}, timeout=30).status_code == 200
+
+
+def test_api_key_auth(pool, monkeypatch):
+    with running(pool, api_key="s3cret-key") as url:
+        body = {"question": SUCCESSOR_Q, "route": "local"}
+        assert httpx.post(f"{url}/api/query", json=body).status_code == 401
+        assert httpx.post(f"{url}/api/query", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.post(f"{url}/api/query", json=body, headers={"Authorization": "Bearer s3cret-key"}, timeout=30).status_code == 200
+        assert httpx.post(f"{url}/api/query", json=body, headers={"X-API-Key": "s3cret-key"}, timeout=30).status_code == 200
+        for path in ("/metrics", "/api/namespaces", "/api/runs/abc"):
+            assert httpx.get(f"{url}{path}").status_code == 401
+        assert httpx.post(f"{url}/api/kg/create", json={"path": "/tmp"}).status_code == 401
+        assert httpx.get(f"{url}/health").status_code == 200
+    monkeypatch.delenv("LAZYHIPPO_API_KEY", raising=False)
+    assert api_key_for("127.0.0.1") is None and api_key_for("localhost") is None
+    with pytest.raises(ValueError, match="LAZYHIPPO_API_KEY"):
+        api_key_for("0.0.0.0")
+    monkeypatch.setenv("LAZYHIPPO_API_KEY", "k")
+    assert api_key_for("0.0.0.0") == "k"
+
+
+def test_kg_create_launches_the_dagster_index_job(pool, tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLE_CORPUS, src)
+    (src / "barrow.txt").write_text(NEW_DOC)
+    with running(pool) as url:
+        assert httpx.post(f"{url}/api/kg/create", json={"path": str(tmp_path / "missing")}).status_code == 400
+        assert httpx.post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "../x"}).status_code == 400
+        assert httpx.get(f"{url}/api/runs/no-such-run").status_code == 404
+        r = httpx.post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "lights"})
+        assert r.status_code == 202
+        run_id = r.json()["run_id"]
+        deadline, status = time.time() + 300, None
+        while time.time() < deadline:
+            status = httpx.get(f"{url}/api/runs/{run_id}").json()
+            if status["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+                break
+            time.sleep(1)
+        assert status["status"] == "SUCCESS" and status["job"] == "index"
+        deadline = time.time() + 30
+        while "lights" not in httpx.get(f"{url}/api/namespaces").json()["namespaces"]:
+            assert time.time() < deadline
+            time.sleep(0.2)
+        r = httpx.post(f"{url}/api/query", json={"question": NEW_Q, "namespace": "lights", "route": "local"}, timeout=30)
+        assert r.status_code == 200 and "Quillon Barrow" in r.json()["answer"]
+
+
+def test_index_swaps_atomically_under_load(pool, home, tmp_path):
+    """Clients query without pause while another process re-indexes the namespace with one more document: no
+    request fails, answers come from the old index until the swap and from the new one after it."""
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLE_CORPUS, src)
+    (src / "barrow.txt").write_text(NEW_DOC)
+    results: list[tuple[float, int, bool]] = []
+    stop = threading.Event()
+
+    def client():
+        with httpx.Client(timeout=60) as c:
+            while not stop.is_set():
+                r = c.post(f"{url}/api/query", json={"question": NEW_Q, "route": "local", "top_k": 3})
+                found = r.status_code == 200 and any(x["title"] == "barrow" or "Quillon" in x["text"] for x in r.json()["context"])
+                results.append((time.time(), r.status_code, found))
+
+    with running(pool) as url:
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        code = ("from pathlib import Path; from lazyhippo.config import Settings; from lazyhippo.index import run_index; "
+                f"run_index(Settings(home=Path({str(home)!r}), source={str(src)!r}))")
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True, timeout=600)
+        deadline = time.time() + 60
+        while not (results and results[-1][2]):
+            assert time.time() < deadline, "the new index was never swapped in"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert [s for _, s, _ in results if s != 200] == []
+    first_new = next(i for i, (_, _, found) in enumerate(results) if found)
+    assert first_new > 0 and all(found for _, _, found in results[first_new + 8:])
+    assert pool.swaps >= 1
+
+
+def test_serve_command_on_loopback_with_an_api_key(home, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LAZYHIPPO_API_KEY": "cli-key", "DAGSTER_HOME": str(tmp_path / "d")}
+    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import app; app()", "serve", "--home", str(home),
+                             "--port", str(port)], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.time() < deadline and proc.poll() is None, proc.stdout.read().decode() if proc.poll() is not None else "timeout"
+                time.sleep(0.5)
+        assert httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q}).status_code == 401
+        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q}, headers={"X-API-Key": "cli-key"}, timeout=30)
+        assert r.status_code == 200 and r.json()["citations"]
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    env.pop("LAZYHIPPO_API_KEY")
+    out = subprocess.run([sys.executable, "-c", "from pipelines.cli import app; app()", "serve", "--home", str(home),
+                          "--host", "0.0.0.0"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "LAZYHIPPO_API_KEY" in out.stderr
+
+
+def test_load_generator_counts_requests_and_errors(pool):
+    from lazyhippo.bench_serve import run_load
+
+    with running(pool) as url:
+        good = run_load(url, [SUCCESSOR_Q, NEW_Q], "local", clients=2, seconds=1.0, warmup=1)
+        bad = run_load(url, [SUCCESSOR_Q], "fastest", clients=2, seconds=0.5, warmup=0)
+        paced = run_load(url, [SUCCESSOR_Q], "local", clients=2, seconds=1.0, warmup=0, rate=10)
+    assert good.requests > 0 and good.errors == 0 and good.p50_ms > 0 and good.p99_ms >= good.p95_ms >= good.p50_ms
+    assert bad.requests > 0 and bad.errors == bad.requests and "HTTP 400" in bad.error_samples[0]
+    assert paced.errors == 0 and paced.requests <= 10
