@@ -29,7 +29,8 @@ def _home(home: Optional[Path]) -> Path:
     return (home or Path(".lazyhippo")).resolve()
 
 
-def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespace: str | None = None):
+def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespace: str | None = None,
+         workers: int = 1):
     from .runner import execute, run_config
 
     tag = {"lazyhippo/cli_run": uuid.uuid4().hex}
@@ -40,7 +41,7 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
         def on_step(step: str, done: int, total: int) -> None:
             bar.update(task, total=total, completed=done, description=f"{job}: {step} done")
 
-        result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace)
+        result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace, workers=workers)
     if not result.success:
         root = None
         for event in result.all_events:
@@ -67,7 +68,9 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
           knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
           knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
-          community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]")) -> None:
+          community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]"),
+          workers: int = typer.Option(1, min=1, help="Worker processes: >1 runs the multiprocess executor, "
+                                                     "extraction batches in parallel (docs/scale-out.md).")) -> None:
     """Materialize every indexing asset through Dagster, with a progress display (unset options: lazyhippo.config.Settings)."""
     root = _home(home)
     source = (path or SAMPLE_CORPUS).resolve()
@@ -79,7 +82,7 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
                       "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
                       "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
-    }, namespace=namespace)
+    }, namespace=namespace, workers=workers)
     status(home=root, namespace=namespace, as_json=False)
 
 
@@ -154,6 +157,38 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
                                  "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}},
          namespace=namespace)
     status(home=root, namespace=namespace, as_json=False)
+
+
+@app.command("export")
+def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md | parquet"),
+               tables: str = typer.Option("entities,relations,chunks", help="Comma-separated tables."),
+               out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default ./export-<namespace>)."),
+               batch_rows: int = typer.Option(5000, min=1, help="Rows per streamed batch (bounds memory)."),
+               home: Optional[Path] = HomeOpt, namespace: str = NsOpt) -> None:
+    """Write tables of one namespace as files, streamed in batches: one file per table (one sheet per table in
+    lazyhippo.xlsx)."""
+    from lazyhippo.export import check_request, export_tables
+    from lazyhippo.warehouse import connect
+
+    names = [t.strip() for t in tables.split(",") if t.strip()]
+    try:
+        check_request(fmt, names)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    settings = Settings.from_env(home=_home(home), namespace=namespace)
+    if not counts(settings)["chunks"]:
+        console.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
+        raise typer.Exit(2)
+    target = (out or Path(f"export-{namespace}")).resolve()
+    with connect(settings, read_only=True) as con:
+        try:
+            done = export_tables(con, namespace, fmt, names, target, batch_rows)
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+    for e in done:
+        console.print(f"{e.table}: {e.rows} rows -> {e.path}")
 
 
 @app.command()
@@ -261,6 +296,28 @@ def bench_query(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
         table.add_row(route, *(f"{r[c]:.2f}" for c in cols), str(r["n"]))
     Console().print(table)
     print(json.dumps({"graph_store": graph_store, **{f"{route}_{c}": round(r[c], 2) for route, r in result.items() for c in cols}}))
+
+
+@bench.command("index")
+def bench_index(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="JSONL corpus {id,title,text}."),
+                workers: int = typer.Option(2, min=2, help="Worker processes of the parallel run (against 1)."),
+                limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
+                workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first).")) -> None:
+    """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
+    to date after one changed and after one deleted document."""
+    from .bench_index import run_index_bench
+
+    if not corpus.is_file():
+        console.print(f"[red]error:[/red] corpus {corpus} does not exist")
+        raise typer.Exit(2)
+    result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+    table = Table(title=f"index on {corpus.name}: {result['documents']} documents")
+    for c in ("run", "seconds", "per-document stages s"):
+        table.add_column(c, justify="left" if c == "run" else "right")
+    for key in ("full_1", f"full_{workers}", "changed_one", "deleted_one"):
+        table.add_row(key, str(result[key]["seconds"]), str(result[key]["per_document_seconds"]))
+    Console().print(table)
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
 
 
 @bench.command("serve")

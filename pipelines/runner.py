@@ -36,9 +36,10 @@ def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> Non
 
 
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, int, int], None] | None = None,
-            tags: dict | None = None, namespace: str | None = None) -> dg.ExecuteInProcessResult:
-    """Run `job_name` (on the `namespace` partition for the indexing jobs); `on_step(step, done, total)` is
-    called as steps finish (drives the progress display)."""
+            tags: dict | None = None, namespace: str | None = None, workers: int = 1):
+    """Run `job_name` (on the `namespace` partition for the indexing jobs; with `workers` > 1 the index job runs
+    on the multiprocess executor); `on_step(step, done, total)` is called as steps finish (drives the progress
+    display)."""
     from .definitions import defs
 
     instance = instance_for(home)
@@ -49,8 +50,11 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, int
 
     def target() -> None:
         try:
-            result["value"] = job.execute_in_process(run_config=config, instance=instance, tags=tags, raise_on_error=False,
-                                                    partition_key=namespace)
+            if workers > 1:
+                result["value"] = execute_parallel(home, config, workers, namespace or "default", tags)
+            else:
+                result["value"] = job.execute_in_process(run_config=config, instance=instance, tags=tags,
+                                                        raise_on_error=False, partition_key=namespace)
         except BaseException as exc:  # surfaced in the calling thread
             result["error"] = exc
 
