@@ -7,6 +7,10 @@ CREATE TABLE IF NOT EXISTS documents (
 CREATE TABLE IF NOT EXISTS deleted_documents (
   namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, source VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
   deleted_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (namespace, doc_id));
+-- Entity merges (`lazyhippo merge`) by normalized name, folded in after every rebuild of the graph tables.
+CREATE TABLE IF NOT EXISTS entity_merges (
+  namespace VARCHAR NOT NULL, source_norm VARCHAR NOT NULL, target_norm VARCHAR NOT NULL, strategy VARCHAR NOT NULL,
+  seq BIGINT NOT NULL, merged_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (namespace, seq, source_norm));
 CREATE TABLE IF NOT EXISTS document_errors (
   namespace VARCHAR NOT NULL, source VARCHAR NOT NULL, reason VARCHAR NOT NULL,
   PRIMARY KEY (namespace, source));

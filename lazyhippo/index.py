@@ -159,8 +159,15 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
 
 
 def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
-    """The SQL models, in dependency order: the kept entities filter relations, mentions and facts."""
-    return {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
+    """The SQL models, in dependency order (the kept entities filter relations, mentions and facts), then the
+    recorded entity merges folded in again."""
+    from .merge import apply_merges
+
+    out = {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
+    merged = apply_merges(con, settings.namespace)
+    if merged:
+        out.update({t: count(con, t, settings.namespace) for t in ("entities", "relations", "mentions")})
+    return {**out, "merged_entities": merged}
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:

@@ -101,3 +101,16 @@ def delete_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
     deleted = remove_documents(settings, con, refs, store, objects)
     return {"deleted": deleted.figures(),
             **{stage: run_stage(stage, settings, con, store, objects, run_id=run_id) for stage in GRAPH_STAGES}}
+
+
+def merge_entities(settings: Settings, con: duckdb.DuckDBPyConnection, sources: list[str], target: str,
+                   strategy: str, store: GraphStore, objects: ObjectStore, run_id: str = "merge") -> dict:
+    """Library entry point: record the merge, switch the served graph in one transaction (Neo4j), then rebuild
+    every graph-wide stage, which folds the merge into the tables and resyncs."""
+    from .index import GRAPH_STAGES, run_stage
+    from .merge import merge_on_neo4j, record_merge
+
+    merge = record_merge(con, settings.namespace, sources, target, strategy)
+    served = merge_on_neo4j(store, settings.namespace, merge) if store.name == "neo4j" else {}
+    return {"merge": merge, "served": served,
+            **{stage: run_stage(stage, settings, con, store, objects, run_id=run_id) for stage in GRAPH_STAGES}}

@@ -159,6 +159,38 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     status(home=root, namespace=namespace, as_json=False)
 
 
+@app.command()
+def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names or ids as in the entities table)."),
+          into: str = typer.Option(..., "--into", help="The entity that remains."),
+          strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest"),
+          home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
+          graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
+          object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
+    """Merge entities into one (relations redirected, self-loops dropped, duplicates combined); recorded, so every
+    later index applies it again; the graph-wide assets are rebuilt through Dagster."""
+    from lazyhippo.graphstore import open_graph_store
+    from lazyhippo.merge import merge_on_neo4j, record_merge
+    from lazyhippo.warehouse import connect
+
+    root = _home(home)
+    settings = Settings.from_env(home=root, namespace=namespace, graph_store=graph_store)
+    store = open_graph_store(settings.graph_store)
+    try:
+        with connect(settings) as con:
+            done = record_merge(con, namespace, sources, into, strategy)
+        if store.name == "neo4j":
+            merge_on_neo4j(store, namespace, done)
+    except ValueError as exc:  # unknown entity, bad strategy
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    finally:
+        store.close()
+    console.print(f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}")
+    _run("rebuild_graph", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
+                                 "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}},
+         namespace=namespace)
+
+
 @app.command("export")
 def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md | parquet"),
                tables: str = typer.Option("entities,relations,chunks", help="Comma-separated tables."),
