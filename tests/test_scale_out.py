@@ -13,6 +13,7 @@ from lazyhippo.objectstore import LocalObjectStore
 from lazyhippo.parts import collect_parts, extract_batch, plan_batches
 from lazyhippo.warehouse import connect
 from pipelines.runner import execute_parallel, run_config
+from tests.services_fixtures import minio_store, namespaces  # noqa: F401 - fixtures
 from tests.test_lifecycle import CountingExtractor, graph_snapshot
 
 EXTRACTED = ("extracted_entities", "extracted_relations", "extracted_facts")
@@ -105,3 +106,18 @@ def test_delete_drops_the_extraction_part_so_a_re_added_document_is_extracted_ag
     with connect(settings) as con:
         assert con.execute("SELECT count(*) FROM extracted_entities WHERE chunk_id IN "
                            "(SELECT chunk_id FROM chunks WHERE doc_id = ?)", [doc]).fetchone()[0] > 0
+
+
+@pytest.mark.services
+def test_parts_through_minio_give_the_same_rows(tmp_path, minio_store, namespaces, library_index):  # noqa: F811
+    ns = namespaces("parts")
+    settings = Settings(home=tmp_path / "h", namespace=ns, source=str(SAMPLE_CORPUS))
+    with connect(settings) as con:
+        ingest_documents(settings, con)
+        build_chunks(settings, con)
+        batches, _ = plan_batches(settings, con, minio_store, "r1", batch_chunks=4)
+        stats = [extract_batch(settings, minio_store, b.key) for b in batches]
+        collect_parts(settings, con, minio_store, batches, stats)
+    assert len(minio_store.list(f"{ns}/parts/extractions/")) == 8 and not minio_store.list(f"{ns}/work/")
+    ours, theirs = extracted(settings), extracted(library_index)
+    assert ours == theirs
