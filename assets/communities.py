@@ -4,7 +4,7 @@ from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, figures, table
+from .metadata import OWNERS, table
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["relations", "knn_edges"], group_name="graph", kinds={"duckdb", "igraph", "neo4j"}, owners=OWNERS,
@@ -13,8 +13,8 @@ def communities(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -
     settings = lazyhippo.settings()
     with lazyhippo.warehouse() as con:
         stats = run_stage("communities", settings, con, graph_store.store)
-    dist = stats.pop("size_distribution")
     return dg.MaterializeResult(metadata={
-        **figures(stats), "dagster/row_count": stats["communities"], "graph_store": graph_store.resolved_kind,
-        "size_distribution": table([(f"{k}+" if k == 50 else str(k), v) for k, v in dist.items()], ["size", "communities"]),
+        **stats.figures(), "dagster/row_count": stats.communities, "graph_store": graph_store.resolved_kind,
+        "size_distribution": table([(f"{k}+" if k == 50 else str(k), v) for k, v in stats.size_distribution.items()],
+                                   ["size", "communities"]),
     })

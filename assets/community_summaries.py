@@ -4,7 +4,7 @@ from resources import GraphStoreResource, LazyhippoResource
 from lazyhippo.index import run_stage
 
 from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, figures, table
+from .metadata import OWNERS, table
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["communities"], group_name="graph", kinds={"duckdb", "neo4j"}, owners=OWNERS,
@@ -14,6 +14,6 @@ def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoR
     settings = lazyhippo.settings()
     with lazyhippo.warehouse() as con:
         stats = run_stage("community_summaries", settings, con, graph_store.store, run_id=context.run.run_id)
-    rows = [(p["community_id"], p["size"], p["title"], p["summary"]) for p in stats.pop("preview")]
-    return dg.MaterializeResult(metadata={**figures(stats), "dagster/row_count": stats["summaries"],
+    rows = [(p["community_id"], p["size"], p["title"], p["summary"]) for p in stats.preview]
+    return dg.MaterializeResult(metadata={**stats.figures(), "dagster/row_count": stats.summaries,
                                           "largest_communities": table(rows, ["community", "size", "title", "summary"])})

@@ -4,7 +4,7 @@ from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, figures, preview, table
+from .metadata import OWNERS, preview, table
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, group_name="per_document", kinds={"duckdb", "neo4j"}, owners=OWNERS,
@@ -15,11 +15,10 @@ def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, g
         stats = run_stage("documents", settings, con, graph_store.store)
         rows = preview(con, "SELECT doc_id, title, kind, source, n_chars FROM documents WHERE namespace = ? ORDER BY source LIMIT 20",
                        [settings.namespace], ["doc_id", "title", "kind", "source", "chars"])
-    errors = stats.pop("errors")
-    for err in errors:
+    for err in stats.errors:
         context.log.warning(f"skipped {err.source}: {err.reason}")
     return dg.MaterializeResult(metadata={
-        **figures(stats), "dagster/row_count": stats["documents"], "namespace": settings.namespace,
-        "source": settings.source, "skipped_files": len(errors), "preview": rows,
-        "skipped": table([(e.source, e.reason) for e in errors], ["file", "reason"]),
+        **stats.figures(), "dagster/row_count": stats.documents, "namespace": settings.namespace,
+        "source": settings.source, "skipped_files": len(stats.errors), "preview": rows,
+        "skipped": table([(e.source, e.reason) for e in stats.errors], ["file", "reason"]),
     })

@@ -4,7 +4,7 @@ from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, figures
+from .metadata import OWNERS
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["chunks", "entities", "facts"], group_name="graph", kinds={"duckdb", "numpy"}, owners=OWNERS,
@@ -12,4 +12,4 @@ from .metadata import OWNERS, figures
 def embeddings(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     with lazyhippo.warehouse() as con:
         stats = run_stage("embeddings", lazyhippo.settings(), con, graph_store.store)
-    return dg.MaterializeResult(metadata={**figures(stats), "dagster/row_count": stats["chunks"] + stats["entities"] + stats["facts"]})
+    return dg.MaterializeResult(metadata={**stats.figures(), "dagster/row_count": stats.chunks + stats.entities + stats.facts})

@@ -4,7 +4,7 @@ from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, figures, preview
+from .metadata import OWNERS, preview
 
 _KINDS = {"duckdb", "sql", "neo4j"}
 
@@ -31,8 +31,8 @@ def entity_graph_tables(lazyhippo: LazyhippoResource, graph_store: GraphStoreRes
                        "JOIN entities a ON a.namespace = r.namespace AND a.entity_id = r.source_id "
                        "JOIN entities b ON b.namespace = r.namespace AND b.entity_id = r.target_id "
                        "WHERE r.namespace = ? ORDER BY r.weight DESC, 1, 2 LIMIT 15", ns, ["source", "target", "weight", "description"])
-    synced = figures({"graph_store": counts.get("synced", {})})
-    yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts["entities"], "top_entities": top, **synced})
-    yield dg.MaterializeResult(asset_key="relations", metadata={"dagster/row_count": counts["relations"], "strongest": rels})
-    yield dg.MaterializeResult(asset_key="mentions", metadata={"dagster/row_count": counts["mentions"]})
-    yield dg.MaterializeResult(asset_key="facts", metadata={"dagster/row_count": counts["facts"]})
+    synced = {k: v for k, v in counts.figures().items() if k.startswith("graph_store_")}
+    yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts.entities, "top_entities": top, **synced})
+    yield dg.MaterializeResult(asset_key="relations", metadata={"dagster/row_count": counts.relations, "strongest": rels})
+    yield dg.MaterializeResult(asset_key="mentions", metadata={"dagster/row_count": counts.mentions})
+    yield dg.MaterializeResult(asset_key="facts", metadata={"dagster/row_count": counts.facts})

@@ -4,7 +4,7 @@ from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, figures, preview
+from .metadata import OWNERS, preview
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["embeddings"], group_name="graph", kinds={"duckdb", "faiss", "neo4j"}, owners=OWNERS,
@@ -18,5 +18,5 @@ def knn_edges(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> 
                        "JOIN entities b ON b.namespace = k.namespace AND b.entity_id = k.target_id "
                        "WHERE k.namespace = ? ORDER BY k.score DESC, 1, 2 LIMIT 15", [settings.namespace],
                        ["entity", "similar to", "cosine"])
-    return dg.MaterializeResult(metadata={**figures(stats), "dagster/row_count": stats["edges"],
+    return dg.MaterializeResult(metadata={**stats.figures(), "dagster/row_count": stats.edges,
                                           "graph_store": graph_store.resolved_kind, "most_similar": rows})

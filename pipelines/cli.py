@@ -29,6 +29,21 @@ def _home(home: Optional[Path]) -> Path:
     return (home or Path(".lazyhippo")).resolve()
 
 
+def root_cause(result) -> str | None:
+    """Why the run stopped, from the first failure event (step or resource init): the innermost lazyhippo
+    error of its cause chain (it names the endpoint, file or option), else the innermost cause."""
+    for event in result.all_events:
+        error = getattr(event.event_specific_data, "error", None)
+        if error is None:
+            continue
+        chain = [error]
+        while chain[-1].cause is not None:  # Dagster wraps the exception that stopped the run
+            chain.append(chain[-1].cause)
+        ours = [e for e in chain if e.message.startswith("lazyhippo.")]
+        return (ours[-1] if ours else chain[-1]).message.strip().split("\n")[0]
+    return None
+
+
 def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespace: str | None = None,
          workers: int = 1):
     from .runner import execute, run_config
@@ -43,16 +58,12 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
 
         result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace, workers=workers)
     if not result.success:
-        root = None
         for event in result.all_events:
             if event.is_step_failure:
-                error = event.step_failure_data.error
-                console.print(f"[red]{event.step_key} failed:[/red] {error.message.strip()}")
-                while error.cause is not None:  # Dagster wraps the exception that stopped the step
-                    error = error.cause
-                root = error
-        if root is not None:
-            console.print(f"[red]root cause:[/red] {root.message.strip()}")
+                console.print(f"[red]{event.step_key} failed:[/red] {event.step_failure_data.error.message.strip()}")
+        cause = root_cause(result)
+        if cause:
+            console.print(f"[red]root cause:[/red] {cause}")
         raise typer.Exit(1)
     console.print(f"run {result.run_id} succeeded (visible in `dagster dev`, DAGSTER_HOME={os.environ['DAGSTER_HOME']})")
     return result
@@ -64,6 +75,7 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
           object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio"),
           extractor: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EXTRACTOR", help="nlp | llm"),
+          embedder: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EMBEDDER", help="static-minilm | minilm | openai [static-minilm]"),
           chunk_size: Optional[int] = typer.Option(None, help="Tokens per chunk [256]."),
           chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
           knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
@@ -79,7 +91,7 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
         raise typer.Exit(2)
     _run("index", root, {
         "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
-                      "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
+                      "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
                       "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
     }, namespace=namespace, workers=workers)
@@ -279,34 +291,70 @@ def _progress_bar():
     return bar, update
 
 
+def _dataset_run(name: str, embedder: str, workdir: Path) -> tuple[Path, Path, Path]:
+    """(corpus, questions, workspace) of a shared set by name; one workspace per set and embedder profile."""
+    from lazyhippo.bench import dataset_files
+    from lazyhippo.embedding import PROFILES
+
+    if embedder not in PROFILES:
+        raise typer.BadParameter(f"unknown embedder {embedder!r} (expected one of {', '.join(PROFILES)})", param_hint="--embedder")
+    try:
+        corpus, questions = dataset_files(name, SHARED_WIKI.parent)
+    except (ValueError, FileNotFoundError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
+    return corpus, questions, workdir / (name if embedder == "static-minilm" else f"{name}-{embedder}")
+
+
 @bench.command("retrieval")
-def bench_retrieval(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="JSONL corpus {id,title,text}."),
-                    questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json", help='[{"question","supporting_titles"}]'),
+def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | all: a shared set by name "
+                                                                  "(overrides --corpus/--questions)."),
+                    corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="JSONL corpus {id,title,text}."),
+                    questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json",
+                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}]'),
                     route: str = typer.Option("local"), k: int = typer.Option(8),
+                    embedder: str = typer.Option("static-minilm", envvar="LAZYHIPPO_EMBEDDER", help="static-minilm | minilm | openai"),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here.")) -> None:
-    """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run."""
-    from lazyhippo.bench import headline, run_retrieval_bench
+    """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
+    passage id when the questions carry `supporting_ids`."""
+    from lazyhippo.bench import DATASETS, headline, run_retrieval_bench, summary_row
 
-    bar, update = _progress_bar()
-    with bar:
-        result = run_retrieval_bench(corpus, questions, workdir, route=route, k=k, progress=update)
-    table = Table(title=f"retrieval on {corpus.name}: {result['questions']} questions, index {result['index_seconds']:.1f}s"
-                        + (" (reused)" if result["reused"] else ""))
-    cols = ["method", "recall_at_2", "recall_at_5", "all_supporting_at_8", "latency_p50_ms", "latency_p95_ms"]
-    for c in cols:
-        table.add_column(c, justify="left" if c == "method" else "right")
-    for m in result["methods"].values():
-        table.add_row(*(str(m[c]) for c in cols))
-    Console().print(table)
+    names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
+    runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
+    settings = Settings(embedder=embedder)
+    results = {}
+    for name, corpus_file, questions_file, wd in runs:
+        bar, update = _progress_bar()
+        with bar:
+            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update, settings=settings)
+        results[name] = result
+        table = Table(title=f"retrieval on {name}: {result['questions']} questions, scored by {result['scored_by']}, "
+                            f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
+        cols = ["method", "recall_at_2", "recall_at_5", "all_supporting_at_8", "latency_p50_ms", "latency_p95_ms"]
+        for c in cols:
+            table.add_column(c, justify="left" if c == "method" else "right")
+        for m in result["methods"].values():
+            table.add_row(*(str(m[c]) for c in cols))
+        Console().print(table)
+    if len(results) > 1:
+        rows = [summary_row(n, r) for n, r in results.items()]
+        table = Table(title=f"summary: route {route}, top {k}, embedder {embedder}")
+        for c in rows[0]:
+            table.add_column(c, justify="left" if c == "dataset" else "right")
+        for r in rows:
+            table.add_row(*(str(v) for v in r.values()))
+        Console().print(table)
     if json_out:
-        json_out.write_text(json.dumps(result, indent=1))
-    print(json.dumps(headline(result)))
+        json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
+    for name, result in results.items():
+        print(json.dumps({"dataset": name, **headline(result)}))
 
 
 @bench.command("query")
-def bench_query(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
+def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique (overrides --corpus/--questions)."),
+                corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
                 questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json"),
+                embedder: str = typer.Option("static-minilm", envvar="LAZYHIPPO_EMBEDDER", help="static-minilm | minilm | openai"),
                 routes: str = typer.Option("local,global,drift,hybrid"),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench")),
                 graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is loaded into it first)"),
@@ -315,9 +363,11 @@ def bench_query(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
     extractive answer (answer_*)."""
     from lazyhippo.bench import ensure_index, run_latency_bench
 
+    if dataset:
+        corpus, questions, workdir = _dataset_run(dataset, embedder, workdir)
     bar, update = _progress_bar()
     with bar:
-        settings, info = ensure_index(corpus, workdir, update)
+        settings, info = ensure_index(corpus, workdir, update, Settings(embedder=embedder))
         result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
     table = Table(title=f"query latency on {corpus.name} ({graph_store} store)")
     cols = ("p50_ms", "p95_ms", "answer_p50_ms", "answer_p95_ms")

@@ -46,18 +46,22 @@ class LazyhippoResource(dg.ConfigurableResource):
     noise_share_max: float = 0.25
     theme_coverage_min: float = 0.9
     recall_at_5_min: float = 0.6
-
+    _settings: Optional[Settings] = PrivateAttr(default=None)
     # the run's namespace partition (assets are partitioned by namespace); None outside partitioned runs
     _partition: Optional[str] = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._settings = None  # filled once per run, on first use
         run = context.run
         self._partition = run.tags.get(PARTITION_TAG) if run is not None else None
 
     def settings(self) -> Settings:
-        """The partition key, when the run has one, is the namespace: one knowledge base per partition."""
-        fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
-        return Settings.from_env(**{**fields, "namespace": self._partition or self.namespace})
+        """The run's Settings: filled once (environment, then this resource's config) and reused by every asset.
+        The partition key, when the run has one, is the namespace: one knowledge base per partition."""
+        if self._settings is None:
+            fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
+            self._settings = Settings.from_env(**{**fields, "namespace": self._partition or self.namespace})
+        return self._settings
 
     @contextmanager
     def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:

@@ -90,8 +90,8 @@ def test_exact_knn_gives_identical_edges(runs: Runs, neo4j_store):
 @pytest.mark.services
 def test_communities_have_comparable_modularity(runs: Runs):
     emb, neo = runs.emb_out["communities"], runs.neo_out["communities"]
-    assert abs(emb["modularity"] - neo["modularity"]) <= 0.1, (emb["modularity"], neo["modularity"])
-    assert neo["modularity"] > 0.2
+    assert abs(emb.modularity - neo.modularity) <= 0.1, (emb.modularity, neo.modularity)
+    assert neo.modularity > 0.2
     # GDS's reported modularity is the usual weighted modularity: igraph agrees on the same partition
     with connect(runs.neo) as con:
         nodes, edges = entity_graph(con, runs.neo.namespace)
@@ -99,7 +99,7 @@ def test_communities_have_comparable_modularity(runs: Runs):
                                   [runs.neo.namespace]).fetchall())
     g = graph._igraph(nodes, edges)
     labels = {c: i for i, c in enumerate(sorted(set(member.values())))}
-    assert g.modularity([labels[member[n]] for n in nodes], weights="weight") == pytest.approx(neo["modularity"], abs=1e-6)
+    assert g.modularity([labels[member[n]] for n in nodes], weights="weight") == pytest.approx(neo.modularity, abs=1e-6)
 
 
 @pytest.mark.services

@@ -1,4 +1,5 @@
-"""Issue 5: metric functions on hand-made rankings, and `lazyhippo bench retrieval` end to end on a slice."""
+"""Issues 5 and 10: metric functions on hand-made rankings, `lazyhippo bench retrieval` end to end on a slice,
+scoring by passage id when titles repeat, and shared sets by name."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from lazyhippo.bench import all_supporting_at_k, distinct, percentile_ms, recall_at_k
+from lazyhippo.bench import all_supporting_at_k, dataset_files, distinct, gold_key, passage_id, percentile_ms, recall_at_k
 from pipelines.cli import app
 
 
@@ -54,3 +55,43 @@ def test_bench_retrieval_end_to_end_on_a_slice(wiki_slice, tmp_path):
     assert result["methods"]["local"]["recall_at_5"] >= 0.7  # gold passages are findable in a small slice
     again = CliRunner().invoke(app, args)
     assert json.loads(again.stdout.strip().splitlines()[-1])["reused_index"] is True
+
+
+def test_gold_by_id_when_every_question_has_ids():
+    by_id = [{"supporting_titles": ["T"], "supporting_ids": ["a"]}, {"supporting_titles": ["U"], "supporting_ids": ["b"]}]
+    assert gold_key(by_id) == "supporting_ids"
+    assert gold_key(by_id + [{"supporting_titles": ["V"]}]) == "supporting_titles"
+    assert passage_id("corpus.jsonl#musique-00017") == "musique-00017"
+    assert passage_id("notes/a.md") == "notes/a.md"
+
+
+def test_unknown_dataset_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="unknown dataset 'squad'"):
+        dataset_files("squad", tmp_path)
+    with pytest.raises(FileNotFoundError, match="musique"):
+        dataset_files("musique", tmp_path)
+    out = CliRunner().invoke(app, ["bench", "retrieval", "--dataset", "squad", "--workdir", str(tmp_path)])
+    assert out.exit_code == 2 and "unknown dataset" in out.output
+
+
+def test_bench_scores_by_passage_id_when_titles_repeat(tmp_path):
+    """Two passages share a title; only one is gold. Scoring by title would credit the wrong one."""
+    rows = [{"id": "p1", "title": "Springfield", "text": "Springfield in Illinois is the state capital, home of Abraham Lincoln."},
+            {"id": "p2", "title": "Springfield", "text": "Springfield in Massachusetts is where basketball was invented by James Naismith."},
+            *({"id": f"x{i}", "title": f"Town {i}", "text": f"Town {i} is a small village known for its mill and river."}
+              for i in range(20))]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    questions = [{"question": "Who invented basketball in Springfield?", "supporting_titles": ["Springfield"],
+                  "supporting_ids": ["p2"]}]
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    args = ["bench", "retrieval", "--corpus", str(tmp_path / "corpus.jsonl"), "--questions", str(tmp_path / "q.json"),
+            "--workdir", str(tmp_path / "ws"), "--json", str(tmp_path / "out.json")]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["scored_by"] == "supporting_ids"
+    for method, rows_ in result["per_question"].items():
+        retrieved = rows_[0]["retrieved"]
+        assert all(r in {"p1", "p2"} or r.startswith("x") for r in retrieved), method
+        assert rows_[0]["recall_at_2"] == float("p2" in retrieved[:2]), method
+    assert result["methods"]["bm25"]["recall_at_2"] == 1.0  # "basketball" only occurs in p2

@@ -32,6 +32,7 @@ def test_index_then_query_from_the_cli_records_runs(tmp_path, monkeypatch):
     runs = {r.job_name: r for r in instance.get_runs()}
     assert runs["index"].status == dg.DagsterRunStatus.SUCCESS
     assert runs["query"].status == dg.DagsterRunStatus.SUCCESS
+    assert runs["query"].tags["lazyhippo/answer"] == data["answer"][:500]  # the answer heads the run page
     mats = instance.fetch_materializations(dg.AssetKey("entities"), limit=1).records
     assert mats and mats[0].asset_materialization.metadata["dagster/row_count"].value > 0
 
@@ -45,3 +46,15 @@ def test_query_without_index_fails_clearly(tmp_path, monkeypatch):
 def test_index_of_missing_path_fails_clearly(tmp_path):
     out = CliRunner().invoke(app, ["index", str(tmp_path / "nope"), "--home", str(tmp_path / "h")])
     assert out.exit_code == 2 and "does not exist" in " ".join(out.output.split())
+
+
+def test_neo4j_down_fails_fast_with_the_root_cause_last(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.setenv("NEO4J_URI", "bolt://127.0.0.1:9")
+    monkeypatch.setenv("NEO4J_PASSWORD", "not-logged-secret")
+    out = CliRunner().invoke(app, ["index", "--home", str(tmp_path / "h"), "--graph-store", "neo4j"])
+    text = " ".join(out.output.split())
+    assert out.exit_code == 1
+    assert text[text.rindex("root cause:"):].startswith("root cause: lazyhippo.neo4j_store.client.Neo4jStoreError: "
+                                                         "Neo4j at bolt://127.0.0.1:9: server unreachable")
+    assert "not-logged-secret" not in out.output

@@ -140,7 +140,7 @@ def test_bad_files_are_reported_by_name_and_skipped(tmp_path):
     assert "PDF" in reasons["broken.pdf"]
     assert "too large" in reasons["huge.txt"]
     assert "JSONL" in reasons["rows.jsonl:2"]
-    assert out["documents"]["documents"] == 2
+    assert out["documents"].documents == 2
     # a file that breaks later keeps its indexed version: nothing already indexed is lost
     (src / "good.txt").write_bytes(b"\xff\xfe broken now")
     run_index(s)

@@ -111,7 +111,7 @@ def test_reindex_keeps_deleted_documents_out_until_their_content_changes(tmp_pat
     with connect(settings) as con:
         delete_documents(settings, con, [doc], EmbeddedGraphStore(), LocalObjectStore(settings.export_dir))
     out = run_index(settings)
-    assert out["documents"]["skipped_deleted"] == 1
+    assert out["documents"].skipped_deleted == 1
     with connect(settings) as con:
         assert not con.execute("SELECT 1 FROM documents WHERE doc_id = ?", [doc]).fetchall()
     path = tmp_path / "c" / "corran_shipping.txt"

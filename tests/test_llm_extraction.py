@@ -45,9 +45,9 @@ def test_llm_extractor_retries_records_failures_and_uses_cache(tmp_path, corpus,
         s = Settings.from_env(home=tmp_path / "home", source=str(corpus), extractor="llm", llm_model="fake-model")
         out = run_index(s)
         ex = out["extractions"]
-        assert ex["computed"] == 1 and ex["failed"] == 1
+        assert ex.computed == 1 and ex.failed == 1
         assert attempts == {"founding": 2, "poison": 3}
-        assert "malformed" in next(iter(ex["failures"].values()))
+        assert "malformed" in next(iter(ex.failures.values()))
         with connect(s, read_only=True) as con:
             names = {n for (n,) in con.execute("SELECT name FROM entities WHERE namespace = 'default'").fetchall()}
             usage = con.execute("SELECT sum(prompt_tokens) FROM token_usage WHERE stage = 'extractions'").fetchone()[0]
@@ -59,5 +59,5 @@ def test_llm_extractor_retries_records_failures_and_uses_cache(tmp_path, corpus,
         calls = sum(p.startswith("You extract") for p in server.prompts)
         again = run_index(s)
         # the cached chunk is not sent again; only the failed chunk is retried
-        assert again["extractions"]["cached"] == 1
+        assert again["extractions"].cached == 1
         assert sum(p.startswith("You extract") for p in server.prompts) == calls + 3

@@ -41,6 +41,8 @@ def test_theme_coverage_and_retrieval_floor():
     ok = retrieval_outcome([("q", ["A", "B", "C"], ["A", "C"])], floor=0.9)
     assert ok.passed and ok.figures["recall_at_5"] == 1.0
     assert not retrieval_outcome([("q", ["X", "Y"], ["A", "C"])], floor=0.5).passed
+    by_id = retrieval_outcome([("q", ["m-2", "m-7", "m-1"], ["m-1", "m-2"])], floor=0.9)  # ids: titles may repeat
+    assert by_id.passed and by_id.figures["recall_at_2"] == 0.5 and by_id.figures["all_supporting_at_8"] == 1.0
 
 
 def test_checks_pass_on_the_sample_index(sample_settings):

@@ -3,6 +3,7 @@ backend, Dagster index runs launched over HTTP, and the warm index swapped under
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -26,6 +27,9 @@ REPO = Path(__file__).resolve().parent.parent
 SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
 NEW_DOC = "Quillon Barrow was a lighthouse keeper at Skerry Point who invented the brass fog whistle in 1921."
 NEW_Q = "Who invented the brass fog whistle?"
+TIMEOUT = 120  # generous: the machine is shared, and an in-process index run competes for the interpreter
+get = functools.partial(httpx.get, timeout=TIMEOUT)
+post = functools.partial(httpx.post, timeout=TIMEOUT)
 
 
 @contextmanager
@@ -66,7 +70,7 @@ def pool(home):
 
 def test_query_endpoints_give_the_json_of_lazyhippo_query(pool, home):
     with running(pool) as url:
-        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local", "top_k": 5}, timeout=30)
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local", "top_k": 5})
         assert r.status_code == 200
         data = r.json()
         engine = answer_question(Settings(home=home), SUCCESSOR_Q, route="local", top_k=5).to_dict()
@@ -74,12 +78,12 @@ def test_query_endpoints_give_the_json_of_lazyhippo_query(pool, home):
         assert data["answer"] == engine["answer"] and data["citations"] == engine["citations"]
         assert any(c["title"] == "Tomas Reyes" for c in data["citations"])
         for path, route in (("/api/kg/qa", "global"), ("/api/kg/hybrid", "hybrid")):
-            r = httpx.post(f"{url}{path}", json={"question": "What are the main themes of this collection?"}, timeout=30)
+            r = post(f"{url}{path}", json={"question": "What are the main themes of this collection?"})
             assert r.status_code == 200 and r.json()["route"] == route and r.json()["citations"]
-        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "multi_hop", "budget": 2000}, timeout=30)
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "multi_hop", "budget": 2000})
         assert r.status_code == 200 and r.json()["route"] == "multi_hop" and r.json()["context_tokens"] <= 2000
         assert r.json()["diagnostics"]["subgraph_nodes"] > 0
-        follow = httpx.post(f"{url}/api/query", timeout=30, json={
+        follow = post(f"{url}/api/query", json={
             "question": "Who succeeded her as director?", "route": "local",
             "history": [{"role": "user", "content": "Who founded the Marlow Observatory?"},
                         {"role": "assistant", "content": "Ada Fenwick founded it."}]})
@@ -89,19 +93,19 @@ def test_query_endpoints_give_the_json_of_lazyhippo_query(pool, home):
 
 def test_health_metrics_namespaces_and_docs(pool):
     with running(pool) as url:
-        health = httpx.get(f"{url}/health").json()
+        health = get(f"{url}/health").json()
         assert health["status"] == "ok" and health["namespaces"] == ["default"] and health["warm"]["default"]["chunks"] > 0
-        assert httpx.get(f"{url}/api/namespaces").json() == {"namespaces": ["default"]}
-        httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"}, timeout=30)
-        httpx.post(f"{url}/api/query", json={"question": "", "route": "local"})
-        text = httpx.get(f"{url}/metrics").text
+        assert get(f"{url}/api/namespaces").json() == {"namespaces": ["default"]}
+        post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"})
+        post(f"{url}/api/query", json={"question": "", "route": "local"})
+        text = get(f"{url}/metrics").text
         assert 'lazyhippo_requests_total{endpoint="/api/query",route="local",status="200"} 1.0' in text
         assert 'lazyhippo_requests_total{endpoint="/api/query",route="local",status="400"} 1.0' in text
         assert 'lazyhippo_request_seconds_bucket{endpoint="/api/query",le="0.5",route="local"}' in text
-        spec = httpx.get(f"{url}/openapi.json").json()
+        spec = get(f"{url}/openapi.json").json()
         assert {"/api/query", "/api/kg/qa", "/api/kg/hybrid", "/api/kg/create", "/api/runs/{run_id}", "/health",
                 "/metrics"} <= set(spec["paths"])
-        assert httpx.get(f"{url}/docs").status_code == 200
+        assert get(f"{url}/docs").status_code == 200
 
 
 @pytest.mark.parametrize("body, status, needle", [
@@ -117,16 +121,19 @@ def test_health_metrics_namespaces_and_docs(pool):
 ])
 def test_bad_input_gets_a_clear_4xx(pool, body, status, needle):
     with running(pool) as url:
-        r = httpx.post(f"{url}/api/query", json=body, timeout=30)
+        r = post(f"{url}/api/query", json=body)
         assert r.status_code == status and needle in r.text and "Traceback" not in r.text
 
 
 def test_oversized_body_and_bad_json_are_refused(pool):
     with running(pool, limits=Limits(max_body_bytes=1000)) as url:
-        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "history": [{"role": "user", "content": "y" * 2000}]})
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "history": [{"role": "user", "content": "y" * 2000}]})
         assert r.status_code == 413 and "over 1000 bytes" in r.text
-        r = httpx.post(f"{url}/api/query", content=b"{not json", headers={"content-type": "application/json"})
+        r = post(f"{url}/api/query", content=b"{not json", headers={"content-type": "application/json"})
         assert r.status_code == 422 and "Traceback" not in r.text
+        chunked = (part for part in [b'{"question": "', b"y" * 5000, b'"}'])  # no Content-Length: refused unread
+        r = post(f"{url}/api/query", content=chunked, headers={"content-type": "application/json"})
+        assert r.status_code == 411 and "Content-Length" in r.text
 
 
 def test_a_failing_backend_gives_503_without_internals(pool, monkeypatch):
@@ -135,23 +142,23 @@ def test_a_failing_backend_gives_503_without_internals(pool, monkeypatch):
 
     with running(pool) as url:
         monkeypatch.setattr(pool.embedder.inner, "embed", down)
-        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"}, timeout=30)
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"})
         assert r.status_code == 503 and r.json() == {"error": "query backend unavailable (ConnectionError); retry later"}
         monkeypatch.undo()
-        assert httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"}, timeout=30).status_code == 200
+        assert post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"}).status_code == 200
 
 
 def test_api_key_auth(pool, monkeypatch):
     with running(pool, api_key="s3cret-key") as url:
         body = {"question": SUCCESSOR_Q, "route": "local"}
-        assert httpx.post(f"{url}/api/query", json=body).status_code == 401
-        assert httpx.post(f"{url}/api/query", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert httpx.post(f"{url}/api/query", json=body, headers={"Authorization": "Bearer s3cret-key"}, timeout=30).status_code == 200
-        assert httpx.post(f"{url}/api/query", json=body, headers={"X-API-Key": "s3cret-key"}, timeout=30).status_code == 200
+        assert post(f"{url}/api/query", json=body).status_code == 401
+        assert post(f"{url}/api/query", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert post(f"{url}/api/query", json=body, headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
+        assert post(f"{url}/api/query", json=body, headers={"X-API-Key": "s3cret-key"}).status_code == 200
         for path in ("/metrics", "/api/namespaces", "/api/runs/abc"):
-            assert httpx.get(f"{url}{path}").status_code == 401
-        assert httpx.post(f"{url}/api/kg/create", json={"path": "/tmp"}).status_code == 401
-        assert httpx.get(f"{url}/health").status_code == 200
+            assert get(f"{url}{path}").status_code == 401
+        assert post(f"{url}/api/kg/create", json={"path": "/tmp"}).status_code == 401
+        assert get(f"{url}/health").status_code == 200
     monkeypatch.delenv("LAZYHIPPO_API_KEY", raising=False)
     assert api_key_for("127.0.0.1") is None and api_key_for("localhost") is None
     with pytest.raises(ValueError, match="LAZYHIPPO_API_KEY"):
@@ -166,24 +173,24 @@ def test_kg_create_launches_the_dagster_index_job(pool, tmp_path, monkeypatch):
     shutil.copytree(SAMPLE_CORPUS, src)
     (src / "barrow.txt").write_text(NEW_DOC)
     with running(pool) as url:
-        assert httpx.post(f"{url}/api/kg/create", json={"path": str(tmp_path / "missing")}).status_code == 400
-        assert httpx.post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "../x"}).status_code == 400
-        assert httpx.get(f"{url}/api/runs/no-such-run").status_code == 404
-        r = httpx.post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "lights"})
+        assert post(f"{url}/api/kg/create", json={"path": str(tmp_path / "missing")}).status_code == 400
+        assert post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "../x"}).status_code == 400
+        assert get(f"{url}/api/runs/no-such-run").status_code == 404
+        r = post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "lights"})
         assert r.status_code == 202
         run_id = r.json()["run_id"]
         deadline, status = time.time() + 300, None
         while time.time() < deadline:
-            status = httpx.get(f"{url}/api/runs/{run_id}").json()
+            status = get(f"{url}/api/runs/{run_id}").json()
             if status["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
                 break
             time.sleep(1)
         assert status["status"] == "SUCCESS" and status["job"] == "index"
         deadline = time.time() + 30
-        while "lights" not in httpx.get(f"{url}/api/namespaces").json()["namespaces"]:
+        while "lights" not in get(f"{url}/api/namespaces").json()["namespaces"]:
             assert time.time() < deadline
             time.sleep(0.2)
-        r = httpx.post(f"{url}/api/query", json={"question": NEW_Q, "namespace": "lights", "route": "local"}, timeout=30)
+        r = post(f"{url}/api/query", json={"question": NEW_Q, "namespace": "lights", "route": "local"})
         assert r.status_code == 200 and "Quillon Barrow" in r.json()["answer"]
 
 
@@ -197,7 +204,7 @@ def test_index_swaps_atomically_under_load(pool, home, tmp_path):
     stop = threading.Event()
 
     def client():
-        with httpx.Client(timeout=60) as c:
+        with httpx.Client(timeout=TIMEOUT) as c:
             while not stop.is_set():
                 r = c.post(f"{url}/api/query", json={"question": NEW_Q, "route": "local", "top_k": 3})
                 found = r.status_code == 200 and any(x["title"] == "barrow" or "Quillon" in x["text"] for x in r.json()["context"])
@@ -237,13 +244,13 @@ def test_serve_command_on_loopback_with_an_api_key(home, tmp_path):
         url, deadline = f"http://127.0.0.1:{port}", time.time() + 120
         while True:
             try:
-                if httpx.get(f"{url}/health").status_code == 200:
+                if get(f"{url}/health").status_code == 200:
                     break
             except httpx.TransportError:
                 assert time.time() < deadline and proc.poll() is None, proc.stdout.read().decode() if proc.poll() is not None else "timeout"
                 time.sleep(0.5)
-        assert httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q}).status_code == 401
-        r = httpx.post(f"{url}/api/query", json={"question": SUCCESSOR_Q}, headers={"X-API-Key": "cli-key"}, timeout=30)
+        assert post(f"{url}/api/query", json={"question": SUCCESSOR_Q}).status_code == 401
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q}, headers={"X-API-Key": "cli-key"})
         assert r.status_code == 200 and r.json()["citations"]
     finally:
         proc.terminate()

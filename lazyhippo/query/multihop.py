@@ -8,9 +8,10 @@ mass cannot leak to parts of the graph the question has no path to within `max_h
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from .config import MultiHopParams
-from .ppr import personalized_pagerank, transition_matrix
+from .ppr import personalized_pagerank
 
 
 class SubgraphPPR:
@@ -33,13 +34,17 @@ class SubgraphPPR:
         seen = np.zeros(adj.shape[0], dtype=bool)
         seen[start] = True
         frontier = start
+        size = int(seen.sum())
         for _ in range(self.params.max_hops):
             frontier = frontier[expandable[frontier]]
-            if not len(frontier) or seen.sum() >= self.params.max_nodes:
+            if not len(frontier) or size >= self.params.max_nodes:
                 break
-            reached = np.unique(adj[frontier].indices)
-            frontier = reached[~seen[reached]]
-            seen[frontier] = True
+            reached = np.zeros_like(seen)
+            reached[adj[frontier].indices] = True
+            reached &= ~seen
+            frontier = np.flatnonzero(reached)
+            seen |= reached
+            size += len(frontier)
         return np.flatnonzero(seen)
 
     def run(self, index, personalization, damping, tol, max_iter):
@@ -51,7 +56,17 @@ class SubgraphPPR:
         self.subgraph_nodes = int(len(nodes))
         out = np.zeros(len(p))
         if len(nodes):
-            sub = index.graph.adjacency[nodes][:, nodes]
-            trans, dangling = transition_matrix(sub)
+            trans, dangling = _transition(index.graph.adjacency[nodes][:, nodes].tocsr())
             out[nodes] = personalized_pagerank(trans, p[nodes], damping, tol, max_iter, dangling=dangling).scores
         return out
+
+
+def _transition(sub: sp.csr_matrix) -> tuple[sp.csc_matrix, np.ndarray]:
+    """`ppr.transition_matrix` for a per-query subgraph, without its sparse products: rows scaled in place to
+    sum to 1, the transpose taken as CSC (no copy), which multiplies a vector as well as CSR does."""
+    out_w = np.asarray(sub.sum(axis=1)).ravel()
+    dangling = out_w <= 0
+    inv = np.zeros_like(out_w)
+    inv[~dangling] = 1.0 / out_w[~dangling]
+    sub.data *= np.repeat(inv, np.diff(sub.indptr))
+    return sub.T, dangling
