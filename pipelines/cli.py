@@ -396,7 +396,7 @@ def bench_index(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="
     table = Table(title=f"index on {corpus.name}: {result['documents']} documents")
     for c in ("run", "seconds", "per-document stages s"):
         table.add_column(c, justify="left" if c == "run" else "right")
-    for key in ("full_1", f"full_{workers}", "changed_one", "deleted_one"):
+    for key in ("full_1", f"full_{workers}", "full_in_process", "changed_one", "deleted_one"):
         table.add_row(key, str(result[key]["seconds"]), str(result[key]["per_document_seconds"]))
     Console().print(table)
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
