@@ -142,14 +142,11 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
 
 
-@app.command()
-def delete(documents: list[str] = typer.Argument(..., help="doc_id or source path (as in the documents table) of each document."),
-           home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-           graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
-           object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
-    """Remove documents (chunks, mentions, facts) and rebuild the graph from the cached extractions of the rest."""
+def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Optional[str], object_store: Optional[str],
+                       edit) -> None:
+    """Apply `edit(settings, con, store, objects) -> message` to the index (a ValueError is a clear error that
+    changes nothing), then rebuild the graph-wide assets through the Dagster `rebuild_graph` job."""
     from lazyhippo.graphstore import open_graph_store
-    from lazyhippo.lifecycle import UnknownDocumentError, remove_documents
     from lazyhippo.objectstore import open_object_store
     from lazyhippo.warehouse import connect
 
@@ -158,17 +155,32 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     store = open_graph_store(settings.graph_store)
     try:
         with connect(settings) as con:
-            deleted = remove_documents(settings, con, documents, store, open_object_store(settings.object_store, settings))
-    except UnknownDocumentError as exc:
+            message = edit(settings, con, store, open_object_store(settings.object_store, settings))
+    except ValueError as exc:  # unknown document or entity, bad strategy
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
     finally:
         store.close()
-    console.print(f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}")
+    console.print(message)
     _run("rebuild_graph", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
                                  "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}},
          namespace=namespace)
     status(home=root, namespace=namespace, as_json=False)
+
+
+@app.command()
+def delete(documents: list[str] = typer.Argument(..., help="doc_id or source path (as in the documents table) of each document."),
+           home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
+           graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
+           object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
+    """Remove documents (chunks, mentions, facts) and rebuild the graph from the cached extractions of the rest."""
+    from lazyhippo.lifecycle import remove_documents
+
+    def edit(settings, con, store, objects) -> str:
+        deleted = remove_documents(settings, con, documents, store, objects)
+        return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
+
+    _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
 
 
 @app.command()
@@ -180,27 +192,15 @@ def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names
           object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
     """Merge entities into one (relations redirected, self-loops dropped, duplicates combined); recorded, so every
     later index applies it again; the graph-wide assets are rebuilt through Dagster."""
-    from lazyhippo.graphstore import open_graph_store
     from lazyhippo.merge import merge_on_neo4j, record_merge
-    from lazyhippo.warehouse import connect
 
-    root = _home(home)
-    settings = Settings.from_env(home=root, namespace=namespace, graph_store=graph_store)
-    store = open_graph_store(settings.graph_store)
-    try:
-        with connect(settings) as con:
-            done = record_merge(con, namespace, sources, into, strategy)
+    def edit(settings, con, store, objects) -> str:
+        done = record_merge(con, namespace, sources, into, strategy)
         if store.name == "neo4j":
             merge_on_neo4j(store, namespace, done)
-    except ValueError as exc:  # unknown entity, bad strategy
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2)
-    finally:
-        store.close()
-    console.print(f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}")
-    _run("rebuild_graph", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
-                                 "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}},
-         namespace=namespace)
+        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}"
+
+    _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
 
 
 @app.command("export")
