@@ -33,10 +33,9 @@ def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoReso
                                cursor=state.encode())
     context.log.info(change.summary())
     ns = settings.namespace
-    new_partition = not context.instance.has_dynamic_partition(namespaces.name, ns)
     return dg.SensorResult(
         run_requests=[dg.RunRequest(run_key=state.run_key(change), partition_key=ns, tags={
             "lazyhippo/change": change.summary(), "lazyhippo/added": str(len(change.added)),
             "lazyhippo/changed": str(len(change.changed)), "lazyhippo/removed": str(len(change.removed))})],
-        dynamic_partitions_requests=[namespaces.build_add_request([ns])] if new_partition else [],
+        dynamic_partitions_requests=[namespaces.build_add_request([ns])],  # adding an existing one is a no-op
         cursor=state.encode())
