@@ -199,7 +199,7 @@ class ExtractionCache:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._con = sqlite3.connect(str(path))
+        self._con = sqlite3.connect(str(path), timeout=60)  # parallel extraction steps share it: wait, never fail
         self._con.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, payload TEXT NOT NULL)")
 
     @staticmethod
