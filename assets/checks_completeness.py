@@ -10,6 +10,7 @@ from typing import Iterator
 import dagster as dg
 
 from lazyhippo import audit
+from lazyhippo.warehouse import read_vectors
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._partitions import WAREHOUSE_TAGS
@@ -33,10 +34,13 @@ def graph_not_empty(lazyhippo: LazyhippoResource, graph_store: GraphStoreResourc
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="knn_edges", blocking=True,
-                description="KNN is enabled (knn_top_k > 0) but no SEMANTICALLY_SIMILAR edge was written.")
+                description="KNN is enabled and some pair of entities reaches the cutoff, but no SEMANTICALLY_SIMILAR edge was written.")
 def knn_edges_present(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
+    settings = lazyhippo.settings()
+    with lazyhippo.warehouse() as con:
+        best = audit.best_pair_similarity(read_vectors(con, settings.namespace, "entity")[1])
     with _facts(lazyhippo, graph_store) as facts:
-        return check_result(audit.check_knn_edges(facts, lazyhippo.settings().knn_top_k))
+        return check_result(audit.check_knn_edges(facts, settings.knn_top_k, settings.knn_cutoff, best))
 
 
 @dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="knn_edges", blocking=True, description="Every KNN edge joins two entities of the namespace.")

@@ -16,9 +16,10 @@ def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, g
         rows = preview(con, "SELECT doc_id, title, kind, source, n_chars FROM documents WHERE namespace = ? ORDER BY source LIMIT 20",
                        [settings.namespace], ["doc_id", "title", "kind", "source", "chars"])
     for err in stats.errors:
-        context.log.warning(f"skipped {err.source}: {err.reason}")
+        context.log.warning(f"{err.source}: {err.reason}")
     return dg.MaterializeResult(metadata={
         **stats.figures(), "dagster/row_count": stats.documents, "namespace": settings.namespace,
-        "source": settings.source, "skipped_files": len(stats.errors), "preview": rows,
-        "skipped": table([(e.source, e.reason) for e in stats.errors], ["file", "reason"]),
+        "source": settings.source, "input_problems": len(stats.errors), "preview": rows,
+        "input_problems_list": table([(e.source, e.reason) for e in stats.errors],
+                                     ["file or row", "problem (skipped or cut)"]),
     })

@@ -52,6 +52,8 @@ CREATE TABLE IF NOT EXISTS facts (
 CREATE TABLE IF NOT EXISTS embeddings (
   namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL,
   model VARCHAR NOT NULL, vector FLOAT[] NOT NULL, PRIMARY KEY (namespace, kind, item_id));
+-- the hash of the text a vector was computed from: a changed text is embedded again (older files lack it)
+ALTER TABLE embeddings ADD COLUMN IF NOT EXISTS text_hash VARCHAR;
 CREATE TABLE IF NOT EXISTS knn_edges (
   namespace VARCHAR NOT NULL, source_id VARCHAR NOT NULL, target_id VARCHAR NOT NULL,
   score DOUBLE NOT NULL, rank INTEGER NOT NULL, PRIMARY KEY (namespace, source_id, target_id));
@@ -67,6 +69,8 @@ CREATE TABLE IF NOT EXISTS community_summaries (
 CREATE TABLE IF NOT EXISTS token_usage (
   namespace VARCHAR NOT NULL, run_id VARCHAR, stage VARCHAR NOT NULL, model VARCHAR,
   prompt_tokens BIGINT, completion_tokens BIGINT, recorded_at TIMESTAMP DEFAULT current_timestamp);
--- Entity name normalization (case, punctuation, whitespace) and the ids derived from it.
-CREATE OR REPLACE MACRO lh_norm(s) AS lower(trim(regexp_replace(regexp_replace(s, '[^\w\s]', ' ', 'g'), '\s+', ' ', 'g')));
-CREATE OR REPLACE MACRO lh_entity_id(s) AS 'e_' || substr(sha256(lh_norm(s)), 1, 16);
+-- Entity name normalization is the Python function lazyhippo.names.norm_key, registered on every connection
+-- as lh_norm (Unicode-aware, one definition for SQL, Neo4j and queries), with the temporary macro lh_entity_id;
+-- drop the ASCII-only macros that older warehouse files persisted.
+DROP MACRO IF EXISTS lh_entity_id;
+DROP MACRO IF EXISTS lh_norm;

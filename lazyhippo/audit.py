@@ -169,12 +169,33 @@ def check_not_empty(facts: GraphFacts) -> CheckResult:
                        {"chunks": chunks, "entities": entities, "store": facts.store})
 
 
-def check_knn_edges(facts: GraphFacts, knn_top_k: int) -> CheckResult:
+def best_pair_similarity(vectors, sample: int = 2000) -> float:
+    """The highest cosine between two different entities: exact up to `sample` entities, else over an even
+    sample of them (a lower bound, enough to know that edges were due)."""
+    import numpy as np
+
+    if len(vectors) < 2:
+        return -1.0
+    v = np.asarray(vectors, dtype=np.float32)[np.linspace(0, len(vectors) - 1, min(sample, len(vectors))).astype(int)]
+    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    sims = v @ v.T
+    np.fill_diagonal(sims, -np.inf)
+    return float(sims.max())
+
+
+def check_knn_edges(facts: GraphFacts, knn_top_k: int, cutoff: float | None = None,
+                    best_pair: float | None = None) -> CheckResult:
+    """Edges are due only when KNN is on and some pair of entities reaches the cutoff: a small corpus whose
+    entities are all unlike each other rightly has none."""
     entities, edges = facts.entity_count(), facts.knn_edge_count()
-    enabled = knn_top_k > 0 and entities >= 2
-    return CheckResult("knn_edges_present", (not enabled) or edges > 0,
-                       "SEMANTICALLY_SIMILAR edges exist when KNN is enabled (knn_top_k > 0)",
-                       {"knn_edges": edges, "entities": entities, "knn_top_k": knn_top_k, "store": facts.store})
+    reachable = cutoff is None or best_pair is None or best_pair >= cutoff
+    due = knn_top_k > 0 and entities >= 2 and reachable
+    figures = {"knn_edges": edges, "entities": entities, "knn_top_k": knn_top_k, "store": facts.store}
+    if best_pair is not None:
+        figures.update(best_pair_similarity=round(best_pair, 4), cutoff=cutoff)
+    return CheckResult("knn_edges_present", (not due) or edges > 0,
+                       "SEMANTICALLY_SIMILAR edges exist when KNN is enabled and a pair of entities reaches the cutoff",
+                       figures)
 
 
 def check_entity_communities(facts: GraphFacts) -> CheckResult:

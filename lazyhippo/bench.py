@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .config import Settings
+from .embedding import embedding_model_name
 
 Ranker = Callable[[str], list[str]]  # question -> ranked passage keys (ids when gold is by id, else titles)
 
@@ -106,7 +107,8 @@ def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings 
 
     settings = (settings or Settings.from_env()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
     stamp_file = workdir / "bench_corpus.json"
-    stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items() if k != "home"}}
+    stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items() if k != "home"},
+             "embedding_model": embedding_model_name(settings.embedder, settings.embedding_model)}
     if stamp_file.exists():
         old = json.loads(stamp_file.read_text())
         if {k: old.get(k) for k in stamp} == stamp:
@@ -180,12 +182,13 @@ def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route
 
 
 def summary_row(name: str, result: dict) -> dict:
-    """One line of the all-datasets table: the route's three figures, the baselines' recall@5, index time."""
+    """One line of the all-datasets table (short keys, to fit a terminal): the route's three figures, the
+    baselines' recall@5, the route's p50 latency and the index time."""
     m, route = result["methods"], result["route"]
-    return {"dataset": name, "recall_at_2": m[route]["recall_at_2"], "recall_at_5": m[route]["recall_at_5"],
-            "all_supporting_at_8": m[route]["all_supporting_at_8"], "bm25_recall_at_5": m["bm25"]["recall_at_5"],
-            "dense_recall_at_5": m["dense"]["recall_at_5"], "p50_ms": m[route]["latency_p50_ms"],
-            "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"]}
+    return {"set": name, "r@2": round(m[route]["recall_at_2"], 3), "r@5": round(m[route]["recall_at_5"], 3),
+            "all@8": round(m[route]["all_supporting_at_8"], 3), "bm25 r@5": round(m["bm25"]["recall_at_5"], 3),
+            "dense r@5": round(m["dense"]["recall_at_5"], 3), "p50 ms": round(m[route]["latency_p50_ms"], 1),
+            "index s": round(result["index_seconds"], 1), "reused": result["reused"]}
 
 
 def headline(result: dict) -> dict:

@@ -8,6 +8,7 @@ with `.with_(...)`, and the result is passed down to every stage.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,19 @@ SAMPLE_CORPUS = REPO_ROOT / "sample_corpus"
 GraphStoreKind = Literal["embedded", "neo4j"]
 ObjectStoreKind = Literal["local", "minio"]
 LlmKind = Literal["none", "openai"]
+
+MIN_CHUNK_TOKENS = 16  # below this a chunk cannot hold a sentence
+NAMESPACE_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def check_namespace(namespace: str) -> str:
+    """One rule for every store (warehouse rows, snapshot file, object keys, Neo4j): 1-64 letters, digits,
+    '_' or '-', starting with a letter or digit. No '/', '.', or spaces, so keys stay inside the namespace."""
+    if not isinstance(namespace, str) or not NAMESPACE_RULE.fullmatch(namespace):
+        raise ValueError(f"invalid namespace {namespace!r}: use 1-64 letters, digits, '_' or '-', "
+                         "starting with a letter or digit")
+    return namespace
+
 
 # Settings field -> environment variable read by `from_env`
 ENV = {"home": "LAZYHIPPO_HOME", "namespace": "LAZYHIPPO_NAMESPACE", "source": "LAZYHIPPO_SOURCE",
@@ -54,6 +68,12 @@ class Settings:
         if "llm" not in env and (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")):
             env["llm"] = "openai"
         return cls().with_(**env).with_(**overrides)
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)  # before any stage or store sees it
+        if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:
+            raise ValueError(f"chunk_size {self.chunk_size} / chunk_overlap {self.chunk_overlap}: need chunk_size >= "
+                             f"{MIN_CHUNK_TOKENS} and 0 <= chunk_overlap < chunk_size")
 
     def with_(self, **changes) -> "Settings":
         known = {f.name for f in fields(self)}

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 SUPPORTED = {".txt", ".md", ".pdf", ".jsonl"}
+MAX_WORD_CHARS = 1000  # a run without whitespace longer than this is an encoded blob or garbage, not text
+_JUNK = re.compile(r"\S{%d,}" % (MAX_WORD_CHARS + 1))
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,13 @@ class Document:
 
 @dataclass(frozen=True)
 class ReadError:
-    source: str
+    source: str  # the file, or the row/part of it (file:line) the reason is about
     reason: str
+    file: str = ""  # the file it belongs to (its earlier documents are kept when the file fails)
+
+    def __post_init__(self) -> None:
+        if not self.file:
+            object.__setattr__(self, "file", self.source)
 
 
 def sha(text: str, n: int = 16) -> str:
@@ -53,7 +62,7 @@ def _decode(path: Path, data: bytes) -> str:
     if b"\x00" in data[:8192]:
         raise ValueError("binary content (NUL bytes), not text")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark is not text
     except UnicodeDecodeError as exc:
         raise ValueError(f"not valid UTF-8 (byte {exc.start})") from None
 
@@ -75,80 +84,152 @@ def _markdown_sections(text: str) -> tuple[str | None, list[Section]]:
 
 
 def _read_pdf(path: Path) -> tuple[str | None, list[Section]]:
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    """Any failure of the parser on a malformed file (bad filters, encryption, broken xref, recursion) is that
+    file's error: untrusted input must never stop the folder."""
+    import logging
 
+    from pypdf import PdfReader
+
+    logging.getLogger("pypdf").setLevel(logging.ERROR)  # its repair warnings are noise; the failure is reported
     try:
         reader = PdfReader(str(path))
+        if reader.is_encrypted:
+            raise ValueError("encrypted PDF")
         pages = [Section((p.extract_text() or "").strip(), None, i + 1) for i, p in enumerate(reader.pages)]
         title = (reader.metadata or {}).get("/Title") if reader.metadata else None
-    except (PdfReadError, ValueError, KeyError, OSError) as exc:
-        raise ValueError(f"unparsable PDF ({exc})") from None
-    return title, pages
+    except Exception as exc:  # noqa: BLE001 - a per-file boundary around a third-party parser
+        raise ValueError(f"unparsable PDF ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+    return (str(title) if title else None), pages
 
 
 def read_path(path: Path, root: Path, max_bytes: int) -> Iterator[Document | ReadError]:
     """Yield documents of one file; a bad file yields one ReadError and never raises."""
     rel = path.relative_to(root).as_posix() if path != root else path.name
     try:
-        size = path.stat().st_size
-        if size == 0:
-            raise ValueError("empty file")
-        if size > max_bytes:
-            raise ValueError(f"too large ({size} bytes > max_file_bytes {max_bytes})")
-        suffix = path.suffix.lower()
-        if suffix == ".pdf":
-            title, sections = _read_pdf(path)
-            if not any(s.text for s in sections):
-                raise ValueError("PDF has no extractable text")
-            yield _make(rel, title or path.stem, "pdf", sections)
-            return
-        text = _decode(path, path.read_bytes())
-        if not text.strip():
-            raise ValueError("empty file (whitespace only)")
-        if suffix == ".jsonl":
-            yield from _read_jsonl(rel, text)
-        elif suffix == ".md":
-            title, sections = _markdown_sections(text)
-            yield _make(rel, title or path.stem, "md", sections)
-        else:
-            yield _make(rel, path.stem.replace("_", " ").title(), "txt", [Section(text.strip())])
+        for item in _read_file(path, rel, max_bytes):
+            yield from _without_junk(item, rel) if isinstance(item, Document) else (item,)
     except (ValueError, OSError) as exc:
         yield ReadError(rel, str(exc))
 
 
+def _read_file(path: Path, rel: str, max_bytes: int) -> Iterator[Document | ReadError]:
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError("empty file")
+    if size > max_bytes:
+        raise ValueError(f"too large ({size} bytes > max_file_bytes {max_bytes})")
+    suffix = path.suffix.lower()
+    if suffix == ".pdf":
+        title, sections = _read_pdf(path)
+        if not any(s.text for s in sections):
+            raise ValueError("PDF has no extractable text")
+        yield _make(rel, title or path.stem, "pdf", sections)
+        return
+    text = _decode(path, path.read_bytes())
+    if not text.strip():
+        raise ValueError("empty file (whitespace only)")
+    if suffix == ".jsonl":
+        yield from _read_jsonl(rel, text)
+    elif suffix == ".md":
+        title, sections = _markdown_sections(text)
+        yield _make(rel, title or path.stem, "md", sections)
+    else:
+        yield _make(rel, path.stem.replace("_", " ").title(), "txt", [Section(text.strip())])
+
+
+def _without_junk(doc: Document, rel: str) -> Iterator[Document | ReadError]:
+    """Runs without whitespace longer than MAX_WORD_CHARS are cut out (they chunked into thousands of junk
+    chunks); the document keeps its text and the cut is reported under the document's source."""
+    runs = [len(m) for s in doc.sections for m in _JUNK.findall(s.text)]
+    if not runs:
+        yield doc
+        return
+    note = (f"dropped {len(runs)} run(s) of more than {MAX_WORD_CHARS} characters without whitespace "
+            f"(longest {max(runs):,}): not text")
+    cleaned = _make(doc.source, doc.title, doc.kind,
+                    [Section(_JUNK.sub(" ", s.text).strip(), s.heading, s.page) for s in doc.sections])
+    if cleaned.sections:
+        yield cleaned
+        yield ReadError(doc.source, note, rel)
+    else:
+        yield ReadError(doc.source, f"no text left: {note}", rel)
+
+
 def _read_jsonl(rel: str, text: str) -> Iterator[Document | ReadError]:
+    """One document per row {"id", "title", "text"}: a null or non-string text and a repeated id are errors
+    of that row (the first row with an id wins)."""
+    seen: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{rel}:{lineno}"
         try:
             row = json.loads(line)
-            body, title = str(row["text"]), str(row.get("title") or row.get("id"))
-            row_id = str(row.get("id", lineno))
+            body = row["text"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            yield ReadError(f"{rel}:{lineno}", f"bad JSONL row ({exc.__class__.__name__}: {exc})")
+            yield ReadError(where, f"bad JSONL row ({exc.__class__.__name__}: {exc})", rel)
             continue
+        if not isinstance(body, str):
+            yield ReadError(where, f"\"text\" is {'null' if body is None else type(body).__name__}, not a string", rel)
+            continue
+        row_id = str(row.get("id", lineno))
+        if row_id in seen:
+            yield ReadError(where, f"duplicate id {row_id!r} (first on line {seen[row_id]}): row skipped", rel)
+            continue
+        seen[row_id] = lineno
         if body.strip():
-            yield _make(f"{rel}#{row_id}", title, "jsonl", [Section(body.strip())])
+            yield _make(f"{rel}#{row_id}", str(row.get("title") or row_id), "jsonl", [Section(body.strip())])
         else:
-            yield ReadError(f"{rel}:{lineno}", "empty text")
+            yield ReadError(where, "empty text", rel)
+
+
+def scan_source(source: Path) -> tuple[list[Path], list[ReadError]]:
+    """The supported files under `source` (hidden ones skipped), and every symlink skipped with its reason:
+    links are never followed, so nothing outside the folder is read and loops cannot recurse."""
+    source = Path(source)
+    if source.is_file():
+        return [source], []
+    if not source.exists():
+        raise FileNotFoundError(f"source folder {source} does not exist")
+    root = source.resolve()
+    files: list[Path] = []
+    skipped: list[ReadError] = []
+    for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False: linked folders are not entered
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        base = Path(dirpath)
+        for name in sorted(dirnames + [f for f in filenames if not f.startswith(".")]):
+            path = base / name
+            if path.is_symlink():
+                if name in dirnames or path.suffix.lower() in SUPPORTED or not path.exists():
+                    skipped.append(ReadError(path.relative_to(root).as_posix(), _symlink_reason(path, root)))
+            elif name not in dirnames and path.suffix.lower() in SUPPORTED:
+                files.append(path)
+    return sorted(files), skipped
+
+
+def _symlink_reason(path: Path, root: Path) -> str:
+    try:
+        target = path.resolve(strict=True)
+    except FileNotFoundError:
+        return f"dangling symlink (to {os.readlink(path)}): skipped"
+    except (RuntimeError, OSError):
+        return "symlink loop: skipped"
+    if target != root and root not in target.parents:
+        return f"symlink to {target}, outside the source folder: not followed"
+    return f"symlink to {target.relative_to(root).as_posix() or '.'} inside the source folder: indexed under that path only"
 
 
 def iter_files(source: Path) -> list[Path]:
-    if source.is_file():
-        return [source]
-    if not source.exists():
-        raise FileNotFoundError(f"source folder {source} does not exist")
-    return sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED
-                  and not any(part.startswith(".") for part in p.relative_to(source).parts))
+    return scan_source(source)[0]
 
 
 def read_source(source: Path, max_bytes: int) -> tuple[list[Document], list[ReadError]]:
     source = source.resolve()
     root = source.parent if source.is_file() else source
+    files, skipped = scan_source(source)
     docs: dict[str, Document] = {}
-    errors: list[ReadError] = []
-    for path in iter_files(source):
+    errors: list[ReadError] = list(skipped)
+    for path in files:
         for item in read_path(path, root, max_bytes):
             if isinstance(item, ReadError):
                 errors.append(item)

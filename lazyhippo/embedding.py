@@ -58,22 +58,26 @@ def _encoder():
 
 def distill_static(encoder, pca_dims: int = 256, sif: float = 1e-4) -> np.ndarray:
     """One vector per vocabulary id: `[CLS] token [SEP]` mean-pooled, PCA, then SIF weights from the token's
-    rank (WordPiece vocabularies are roughly frequency-ordered), as model2vec distils."""
+    rank (WordPiece vocabularies are roughly frequency-ordered), as model2vec distils. Placeholder tokens
+    (`[unused12]`) are left out of the PCA fit and of the ranks, so "the" ranks where it belongs."""
     cls_id, sep_id = encoder.tokenizer.token_to_id("[CLS]"), encoder.tokenizer.token_to_id("[SEP]")
     n = encoder.tokenizer.get_vocab_size()
+    vocab = sorted(encoder.tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    real = np.array([not (t.startswith("[unused") and t.endswith("]")) for t, _ in vocab])
     vecs = encoder.mean_pooled([[cls_id, i, sep_id] for i in range(n)], batch_tokens=3 * 2048)
-    centered = vecs - vecs.mean(0)
-    evals, evecs = np.linalg.eigh(centered.T @ centered / max(n - 1, 1))
+    centered = vecs - vecs[real].mean(0)
+    evals, evecs = np.linalg.eigh(centered[real].T @ centered[real] / max(int(real.sum()) - 1, 1))
     reduced = centered @ evecs[:, np.argsort(evals)[::-1][:pca_dims]]
-    inv_rank = 1.0 / np.arange(2, n + 2)
-    proba = inv_rank / inv_rank.sum()
+    rank = np.cumsum(real) - 1 + np.where(real, 0, n)  # placeholders rank last (they never occur in text)
+    proba = 1.0 / (rank + 2.0)
+    proba /= proba[real].sum()
     return (reduced * (sif / (sif + proba))[:, None]).astype(np.float32)
 
 
 class StaticMiniLM:
     """Static vectors distilled from the packaged MiniLM (built once per machine, cached), run by model2vec."""
 
-    name = "static-minilm-256-np"
+    name = "static-minilm-256-v2"
 
     def __init__(self, cache_dir: Path | None = None):
         from model2vec import StaticModel
@@ -123,6 +127,14 @@ class OpenAIEmbedder:
             resp = self._client.embeddings.create(model=self.name, input=list(texts[i:i + self.batch]))
             rows += [d.embedding for d in resp.data]
         return _normalize(np.array(rows))
+
+
+def embedding_model_name(kind: str, model: str = "text-embedding-3-small") -> str:
+    """The name a profile stores with its vectors, without loading it (a new distillation gets a new name)."""
+    names = {"static-minilm": StaticMiniLM.name, "minilm": MiniLM.name, "openai": model}
+    if kind not in names:
+        raise ValueError(f"unknown embedder {kind!r} (expected one of {', '.join(PROFILES)})")
+    return names[kind]
 
 
 @lru_cache(maxsize=4)

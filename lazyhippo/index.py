@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from .chunking import Chunk, chunk_document
 from .config import Settings
-from .documents import Document, Section, read_source
+from .documents import Document, Section, read_source, sha
 from .embedding import get_embedder
 from .extraction import Extraction, ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
 from .graphstore import GraphStore
@@ -29,7 +29,7 @@ from .objectstore import ObjectStore
 from .stage_results import (ChunksResult, CommunitiesResult, DocumentsResult, EmbeddingsResult, ExportsResult,
                             ExtractionsResult, GraphTablesResult, KnnResult, StageResult, SummariesResult)
 from .summaries import summarize_extractive, summarize_llm
-from .warehouse import count, read_vectors, replace_rows, run_sql_model
+from .warehouse import count, read_vectors, replace_rows, run_sql_model, transaction
 
 Progress = Callable[[str, int, int], None]
 EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges",
@@ -52,8 +52,11 @@ def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | N
 def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> DocumentsResult:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept."""
     docs, errors = read_source(Path(settings.source), settings.max_file_bytes)
+    if not docs and not errors:  # a wrong or emptied path must not wipe the namespace
+        raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
+                         "(removing every document of a namespace is an explicit delete)")
     ns = settings.namespace
-    failed_files = {e.source.split(":")[0].split("#")[0] for e in errors}
+    failed_files = {e.file for e in errors}
     cols = ("doc_id", "source", "title", "kind", "content_hash", "n_chars", "sections")
     rows = [{"doc_id": d.doc_id, "source": d.source, "title": d.title, "kind": d.kind,
              "content_hash": d.content_hash, "n_chars": len(d.text),
@@ -63,7 +66,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> Docu
     previous = [dict(zip(cols, r)) for r in con.execute(
         f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
     before = {r["doc_id"]: r["content_hash"] for r in previous}
-    kept = [r for r in previous if r["source"].split("#")[0] in failed_files and r["doc_id"] not in ids]
+    kept = [r for r in previous if r["doc_id"] not in ids and _from_files(r["source"], failed_files)]
     rows += kept
     replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
@@ -72,6 +75,12 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> Docu
     return DocumentsResult(documents=len(rows), errors=errors, changed=changed,
                            removed=len(set(before) - {r["doc_id"] for r in rows}), kept_after_error=len(kept),
                            skipped_deleted=len(skipped_deleted))
+
+
+def _from_files(source: str, files: set[str]) -> bool:
+    """Whether a document came from one of `files` (a file itself, or a JSONL row `file#id`): no splitting, so a
+    ':' or '#' in a file name cannot detach a document from its file."""
+    return source in files or any(source[:i] in files for i, ch in enumerate(source) if ch == "#")
 
 
 def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Document]:
@@ -177,31 +186,35 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> Gr
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
-    """Embed only items without a vector from this model: re-runs reuse stored vectors."""
+    """Embed items whose stored vector came from another model or another text (keyed by the text's hash, so a
+    changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind."""
     ns = settings.namespace
-    have = dict(con.execute("SELECT item_id, model FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall())
-    ids_now = {i for i, _ in items}
-    todo = [(i, t) for i, t in items if have.get(i) != embedder.name]
-    stale = [i for i in have if i not in ids_now]
-    if stale:
-        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))", [ns, kind, stale])
-    if todo:
-        vectors = embedder.embed([t for _, t in todo])
-        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
-                    [ns, kind, [i for i, _ in todo]])
-        _append_vectors(con, ns, kind, [i for i, _ in todo], vectors, embedder.name)
+    have = {i: (m, h) for i, m, h in con.execute(
+        "SELECT item_id, model, text_hash FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall()}
+    hashes = {i: sha(t, 32) for i, t in items}
+    todo = [(i, t) for i, t in items if have.get(i) != (embedder.name, hashes[i])]
+    stale = [i for i in have if i not in hashes] + [i for i, _ in todo if i in have]
+    vectors = embedder.embed([t for _, t in todo]) if todo else None
+    with transaction(con):
+        if stale:
+            con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
+                        [ns, kind, stale])
+        if todo:
+            _append_vectors(con, ns, kind, [i for i, _ in todo], vectors, embedder.name, [hashes[i] for i, _ in todo])
     return len(todo)
 
 
-def _append_vectors(con, ns, kind, ids, vectors, model):
+def _append_vectors(con, ns, kind, ids, vectors, model, text_hashes):
     import numpy as np
 
     table = pa.table({"namespace": [ns] * len(ids), "kind": [kind] * len(ids), "item_id": ids,
-                      "model": [model] * len(ids),
+                      "model": [model] * len(ids), "text_hash": text_hashes,
                       "vector": pa.array([v for v in np.asarray(vectors, dtype=np.float32)], pa.list_(pa.float32()))})
     con.register("_vecs", table)
-    con.execute("INSERT INTO embeddings SELECT * FROM _vecs")
-    con.unregister("_vecs")
+    try:
+        con.execute("INSERT INTO embeddings BY NAME SELECT * FROM _vecs")
+    finally:
+        con.unregister("_vecs")
 
 
 def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> EmbeddingsResult:
@@ -343,13 +356,13 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
     """Every stage in order, without Dagster: the library entry point (the bench uses it too)."""
     from .graphstore import EmbeddedGraphStore
     from .objectstore import LocalObjectStore
-    from .warehouse import connect
+    from .warehouse import WriterSession
 
     store = store or EmbeddedGraphStore()
     objects = objects or LocalObjectStore(settings.export_dir)
     out: dict = {}
     timings = out["seconds"] = {}
-    with connect(settings) as con:
+    with WriterSession(settings, run_id) as writer, writer.connect() as con:
         for i, name in enumerate(STAGE_NAMES):
             if progress:
                 progress("index", i, len(STAGE_NAMES))

@@ -15,6 +15,7 @@ import duckdb
 from .config import Settings
 from .graphstore import GraphStore
 from .objectstore import ObjectStore
+from .warehouse import transaction
 
 # per-document tables keyed by chunk, then by document (deleted in this order)
 CHUNK_TABLES = ("extracted_entities", "extracted_relations", "extracted_facts", "extraction_failures")
@@ -54,8 +55,7 @@ def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
     ns = settings.namespace
     found = resolve_documents(con, ns, list(dict.fromkeys(refs)))
     ids = sorted(found)
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         chunk_ids = [r[0] for r in con.execute("SELECT chunk_id FROM chunks WHERE namespace = ? AND doc_id IN (SELECT unnest(?))",
                                                [ns, ids]).fetchall()]
         for table in CHUNK_TABLES:
@@ -64,10 +64,6 @@ def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
             con.execute(f"DELETE FROM {table} WHERE namespace = ? AND doc_id IN (SELECT unnest(?))", [ns, ids])
         con.executemany("INSERT INTO deleted_documents (namespace, doc_id, source, content_hash) VALUES (?, ?, ?, ?)",
                         [(ns, d, *found[d]) for d in ids])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     if store is not None:
         for stage in ("documents", "chunks"):
             store.sync(con, ns, stage)

@@ -24,6 +24,7 @@ from .documents import sha
 from .extraction import Extraction, ExtractionCache, Extractor, extract_chunks
 from .index import load_chunks, make_extractor, model_usage, record_usage, store_extractions
 from .objectstore import ObjectStore
+from .warehouse import transaction
 
 RETRY = "retry:"
 PART_SCHEMA = pa.schema([("chunk_id", pa.string()), ("extraction", pa.string()), ("failure", pa.string())])
@@ -144,8 +145,7 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
         failures.update(part[2])
         held.append((ns, doc_id, part[0]))
     scope = [c.chunk_id for _, d, _ in held for c in by_doc[d]]
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         written = store_extractions(con, ns, results, failures, scope)
         gone = [r[0] for r in con.execute("SELECT doc_id FROM extraction_parts WHERE namespace = ? AND doc_id NOT IN "
                                           "(SELECT doc_id FROM chunks WHERE namespace = ?)", [ns, ns]).fetchall()]
@@ -153,10 +153,6 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
                     [ns, gone + [d for _, d, _ in held]])
         if held:
             con.executemany("INSERT INTO extraction_parts VALUES (?, ?, ?)", held)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     for doc_id in gone:
         objects.delete(part_key(ns, doc_id))
     for b in batches:

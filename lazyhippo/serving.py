@@ -22,6 +22,7 @@ from .embedding import get_embedder
 from .query import (DEFAULT_CONFIG, GraphIndex, QueryConfig, QueryResult, ScoredChunk, answer_question, load_index,
                     retrieve)
 from .query.loader import db_version
+from .warehouse import published_namespaces, snapshot_dir
 from .query.routes import check_route
 
 log = logging.getLogger(__name__)
@@ -105,13 +106,13 @@ class IndexPool:
 
     def _load(self, namespace: str) -> None:
         settings = self.settings.with_(namespace=namespace)
-        version = db_version(settings.db_path)
+        version = db_version(snapshot_dir(settings))
         index = load_index(settings, self.config.graph)
         self._warm[namespace] = Warm(settings, index, version)  # one reference assignment: the swap
 
     def refresh(self, force: bool = False) -> bool:
         """Reload every warm namespace if the warehouse changed (and settled); True if anything was swapped."""
-        db = Path(self.settings.db_path)
+        db = Path(snapshot_dir(self.settings))
         if not db.exists() or (self._holds and not force):
             return False
         version = db_version(db)
@@ -126,12 +127,12 @@ class IndexPool:
                 return False
         with self._lock:
             self._known = set(list_namespaces(self.settings))
-            self._version = version
             for ns in list(self._warm):
                 if ns in self._known:
                     self._load(ns)
                 else:
                     del self._warm[ns]
+            self._version = version  # only once every load succeeded: a failed refresh is retried next poll
             self._seen = None
             self.swaps += 1
         return True
@@ -146,13 +147,17 @@ class IndexPool:
         with self._lock:
             self._holds -= 1
         if not self._holds:
-            self.refresh(force=True)
+            try:
+                self.refresh(force=True)
+            except Exception:  # noqa: BLE001 - the poller retries; the old index keeps serving
+                log.warning("refresh after an index run failed; retrying in the background", exc_info=True)
 
     def start(self, preload: bool = True) -> "IndexPool":
         """Read the namespace list (and load every index when `preload`), then refresh in the background."""
-        if Path(self.settings.db_path).exists():
-            self._version = db_version(self.settings.db_path)
-            self._known = set(list_namespaces(self.settings))
+        known = list_namespaces(self.settings)  # (publishes a home indexed before snapshots existed)
+        if known:
+            self._version = db_version(snapshot_dir(self.settings))
+            self._known = set(known)
             if preload:
                 for ns in sorted(self._known):
                     self.get(ns)
@@ -178,8 +183,5 @@ class IndexPool:
 
 
 def list_namespaces(settings: Settings) -> list[str]:
-    """Namespaces that have chunks in the warehouse."""
-    from .warehouse import connect
-
-    with connect(settings, read_only=True) as con:
-        return [r[0] for r in con.execute("SELECT DISTINCT namespace FROM chunks ORDER BY 1").fetchall()]
+    """Namespaces with a published (complete) index."""
+    return published_namespaces(settings)

@@ -13,29 +13,30 @@ import ipaddress
 import json
 import logging
 import os
-import re
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Form, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field
 
+from lazyhippo.config import check_namespace as valid_namespace
 from lazyhippo.query import ROUTES
 from lazyhippo.serving import IndexPool, UnknownNamespace
 
 log = logging.getLogger("lazyhippo.api")
 API_KEY_ENV = "LAZYHIPPO_API_KEY"
-NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass(frozen=True)
 class Limits:
     max_body_bytes: int = 64 * 1024
+    max_upload_bytes: int = 50 * 1024 * 1024
     max_question_chars: int = 2000
     max_budget: int = 32000
     max_top_k: int = 50
@@ -106,10 +107,11 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
     async def observe(request: Request, call_next):
         t0 = time.perf_counter()
         size = request.headers.get("content-length")
+        limit = limits.max_upload_bytes if request.url.path == "/api/kg/upload" else limits.max_body_bytes
         if request.method == "POST" and size is None:  # a chunked body could not be limited before reading it
             response = JSONResponse({"error": "a Content-Length header is required"}, status_code=411)
-        elif size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
-            response = JSONResponse({"error": f"request body over {limits.max_body_bytes} bytes"}, status_code=413)
+        elif size is not None and (not size.isdigit() or int(size) > limit):
+            response = JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
         else:
             response = await call_next(request)
         route = request.scope.get("route")
@@ -175,7 +177,8 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
     @app.get("/health", tags=["operations"])
     def health() -> dict:
         """Liveness and the warm indexes (no auth)."""
-        return {"status": "ok", "namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps}
+        return {"status": "ok", "namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps,
+                "worker_pid": os.getpid()}
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     def prometheus(_: None = Depends(authorized)) -> PlainTextResponse:
@@ -201,28 +204,51 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
         """The hybrid route: dense, BM25 and graph channels fused."""
         return run_query(request, body.question, body.namespace, "hybrid", body.top_k, body.budget)
 
-    @app.post("/api/kg/create", tags=["knowledge graphs"], status_code=202)
-    def kg_create(body: CreateRequest, _: None = Depends(authorized)) -> dict:
-        """Launch the Dagster `index` job on a folder or file of the server; returns its run id at once."""
+    def check_namespace(namespace: str) -> None:
+        """The one namespace rule of every store (lazyhippo.config), as a 400."""
+        try:
+            valid_namespace(namespace)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+
+    def launch_index(source: Path, namespace: str, how: str) -> dict:
         from .runner import launch, run_config
 
-        source = Path(body.path).expanduser()
-        if not source.exists():
-            raise HTTPException(400, f"path {body.path!r} does not exist on the server")
-        if not NAMESPACE.fullmatch(body.namespace):
-            raise HTTPException(400, f"namespace {body.namespace!r} must be 1-64 letters, digits, '.', '_' or '-'")
         pool.begin_write()
 
         def done(run_id: str, ok: bool) -> None:
             pool.end_write()
-            log.info("index run %s for namespace %s ended (success=%s)", run_id, body.namespace, ok)
+            log.info("index run %s for namespace %s ended (success=%s)", run_id, namespace, ok)
 
-        config = run_config({"lazyhippo": {"home": str(home), "namespace": body.namespace,
-                                           "source": str(source.resolve())}})
-        run_id = launch("index", home, config, tags={"lazyhippo/api": "kg_create"}, on_done=done,
-                        namespace=body.namespace)
-        launched[run_id] = body.namespace
-        return {"run_id": run_id, "namespace": body.namespace, "status_url": f"/api/runs/{run_id}"}
+        config = run_config({"lazyhippo": {"home": str(home), "namespace": namespace, "source": str(source.resolve())}})
+        run_id = launch("index", home, config, tags={"lazyhippo/api": how}, on_done=done,
+                        namespace=namespace)
+        launched[run_id] = namespace
+        return {"run_id": run_id, "namespace": namespace, "status_url": f"/api/runs/{run_id}"}
+
+    @app.post("/api/kg/create", tags=["knowledge graphs"], status_code=202)
+    def kg_create(body: CreateRequest, _: None = Depends(authorized)) -> dict:
+        """Launch the Dagster `index` job on a folder or file of the server; returns its run id at once."""
+        source = Path(body.path).expanduser()
+        if not source.exists():
+            raise HTTPException(400, f"path {body.path!r} does not exist on the server")
+        check_namespace(body.namespace)
+        return launch_index(source, body.namespace, "kg_create")
+
+    @app.post("/api/kg/upload", tags=["knowledge graphs"], status_code=202)
+    def kg_upload(files: list[UploadFile], namespace: str = Form("default"), _: None = Depends(authorized)) -> dict:
+        """Index uploaded files (multipart, up to the upload limit in all): they are kept under the index folder
+        and become the namespace's source; launches the Dagster `index` job and returns its run id."""
+        check_namespace(namespace)
+        names = [Path(f.filename or "").name for f in files]
+        bad = [n for n in names if not n or n.startswith(".")]
+        if bad or len(set(names)) != len(names):
+            raise HTTPException(400, "every uploaded file needs a distinct name that does not start with '.'")
+        folder = home / "uploads" / namespace / uuid.uuid4().hex
+        folder.mkdir(parents=True)
+        for f, name in zip(files, names):
+            (folder / name).write_bytes(f.file.read())
+        return launch_index(folder, namespace, "kg_upload")
 
     @app.get("/api/runs/{run_id}", tags=["knowledge graphs"])
     def run(run_id: str, _: None = Depends(authorized)) -> dict:

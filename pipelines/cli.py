@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from lazyhippo.config import REPO_ROOT, SAMPLE_CORPUS, Settings
-from lazyhippo.warehouse import TABLES, counts
+from lazyhippo.warehouse import TABLES, IndexIncomplete, counts, index_notice
+
+from .options import OptionError, check_index_options, check_namespace_option, check_query_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
@@ -27,6 +30,24 @@ NsOpt = typer.Option("default", "--namespace", "-n", envvar="LAZYHIPPO_NAMESPACE
 
 def _home(home: Optional[Path]) -> Path:
     return (home or Path(".lazyhippo")).resolve()
+
+
+def _checked(check, *args, **kwargs) -> None:
+    """Options are validated before any run: a bad value is one line and exit code 2."""
+    try:
+        check(*args, **kwargs)
+    except OptionError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _terminal() -> Console:
+    """A console on a duplicate of the real stderr: Dagster redirects fds 1 and 2 into its compute logs while a
+    step runs, which froze a display drawn on them."""
+    try:
+        return Console(file=os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1), stderr=True)
+    except (AttributeError, OSError, ValueError):  # no real stderr (tests): draw on the usual one
+        return console
 
 
 def root_cause(result) -> str | None:
@@ -49,12 +70,16 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
     from .runner import execute, run_config
 
     tag = {"lazyhippo/cli_run": uuid.uuid4().hex}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bar:
-        task = bar.add_task(f"{job}: starting", total=None)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=_terminal(), transient=False) as bar:
+        tasks: dict[str, int] = {}
 
-        def on_step(step: str, done: int, total: int) -> None:
-            bar.update(task, total=total, completed=done, description=f"{job}: {step} done")
+        def on_step(step: str, state: str) -> None:
+            if step not in tasks:
+                tasks[step] = bar.add_task(f"{job}: {step}", total=None)
+            if state != "started":
+                bar.update(tasks[step], total=1, completed=1, description=f"{job}: {step} {state}")
+                bar.stop_task(tasks[step])
 
         result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace, workers=workers)
     if not result.success:
@@ -67,6 +92,18 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
         raise typer.Exit(1)
     console.print(f"run {result.run_id} succeeded (visible in `dagster dev`, DAGSTER_HOME={os.environ['DAGSTER_HOME']})")
     return result
+
+
+def _notice(settings: Settings) -> None:
+    """Say when the latest index run of the namespace is unfinished, failed or was killed; stop when nothing
+    complete exists."""
+    try:
+        notice = index_notice(settings)
+    except IndexIncomplete as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if notice:
+        console.print(f"[yellow]note:[/yellow] {notice}")
 
 
 @app.command()
@@ -86,9 +123,9 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     """Materialize every indexing asset through Dagster, with a progress display (unset options: lazyhippo.config.Settings)."""
     root = _home(home)
     source = (path or SAMPLE_CORPUS).resolve()
-    if not source.exists():
-        console.print(f"[red]error:[/red] {source} does not exist")
-        raise typer.Exit(2)
+    _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
+             knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
+             graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder)
     _run("index", root, {
         "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                       "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
@@ -101,8 +138,11 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
 @app.command()
 def status(home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
            as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON.")) -> None:
-    """Row counts per table for one namespace."""
-    figures = counts(Settings(home=_home(home), namespace=namespace))
+    """Row counts per table for one namespace (of its last complete index)."""
+    _checked(check_namespace_option, namespace)
+    settings = Settings(home=_home(home), namespace=namespace)
+    _notice(settings)
+    figures = counts(settings)
     if as_json:
         print(json.dumps(figures))
         return
@@ -123,7 +163,10 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
               graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j")) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
     root = _home(home)
-    if not counts(Settings(home=root, namespace=namespace))["chunks"]:
+    _checked(check_query_options, question, namespace, route=route, top_k=top_k, budget=budget, graph_store=graph_store)
+    settings = Settings(home=root, namespace=namespace)
+    _notice(settings)
+    if not counts(settings)["chunks"]:
         console.print(f"[red]error:[/red] namespace {namespace!r} in {root} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
     result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
@@ -148,13 +191,13 @@ def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Option
     changes nothing), then rebuild the graph-wide assets through the Dagster `rebuild_graph` job."""
     from lazyhippo.graphstore import open_graph_store
     from lazyhippo.objectstore import open_object_store
-    from lazyhippo.warehouse import connect
+    from lazyhippo.warehouse import WriterSession
 
     root = _home(home)
     settings = Settings.from_env(home=root, namespace=namespace, graph_store=graph_store, object_store=object_store)
     store = open_graph_store(settings.graph_store)
     try:
-        with connect(settings) as con:
+        with WriterSession(settings, f"cli-{uuid.uuid4().hex[:8]}") as writer, writer.connect() as con:
             message = edit(settings, con, store, open_object_store(settings.object_store, settings))
     except ValueError as exc:  # unknown document or entity, bad strategy
         console.print(f"[red]error:[/red] {exc}")
@@ -314,21 +357,24 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     route: str = typer.Option("local"), k: int = typer.Option(8),
                     embedder: str = typer.Option("static-minilm", envvar="LAZYHIPPO_EMBEDDER", help="static-minilm | minilm | openai"),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
-                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here.")) -> None:
+                    json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
+                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
     passage id when the questions carry `supporting_ids`."""
     from lazyhippo.bench import DATASETS, headline, run_retrieval_bench, summary_row
 
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
     runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
-    settings = Settings(embedder=embedder)
+    settings = Settings.from_env(embedder=embedder)
     results = {}
     for name, corpus_file, questions_file, wd in runs:
         bar, update = _progress_bar()
         with bar:
-            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update, settings=settings)
+            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
+                                         graph_store=graph_store, settings=settings)
         results[name] = result
-        table = Table(title=f"retrieval on {name}: {result['questions']} questions, scored by {result['scored_by']}, "
+        table = Table(title=f"retrieval on {name} ({graph_store} store): {result['questions']} questions, "
+                            f"scored by {result['scored_by']}, "
                             f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
         cols = ["method", "recall_at_2", "recall_at_5", "all_supporting_at_8", "latency_p50_ms", "latency_p95_ms"]
         for c in cols:
@@ -340,7 +386,7 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
         rows = [summary_row(n, r) for n, r in results.items()]
         table = Table(title=f"summary: route {route}, top {k}, embedder {embedder}")
         for c in rows[0]:
-            table.add_column(c, justify="left" if c == "dataset" else "right")
+            table.add_column(c, justify="left" if c == "set" else "right")
         for r in rows:
             table.add_row(*(str(v) for v in r.values()))
         Console().print(table)
@@ -431,18 +477,16 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
                                "--port", str(port), "--workers", str(workers)], stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 300
-        while True:
-            if server.poll() is not None:
-                console.print(f"[red]error:[/red] the server exited; its log: {log.name}")
+        deadline, ready = time.time() + 300, set()
+        while len(ready) < workers:  # every worker has loaded its indexes (fresh connections reach all of them)
+            if server.poll() is not None or time.time() > deadline:
+                console.print(f"[red]error:[/red] the server did not come up; its log: {log.name}")
                 raise typer.Exit(1)
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
+                ready.add(httpx.get(f"{url}/health", timeout=2).json()["worker_pid"])
             except httpx.TransportError:
-                if time.time() > deadline:
-                    raise typer.Exit(1)
-                time.sleep(0.5)
+                pass
+            time.sleep(0.2)
         reports = [run_load(url, asked, r, clients, seconds, headers, rate=rate) for r in routes.split(",")]
     finally:
         server.terminate()

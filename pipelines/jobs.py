@@ -1,19 +1,19 @@
 import dagster as dg
 
 from assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
-
 from resources import GraphStoreResource, LazyhippoResource
 
 # multiprocess unless configured otherwise: extraction batches run in parallel (`lazyhippo index --workers N`
 # sets max_concurrent; the CLI's default single-process run is in-process)
 index_job = dg.define_asset_job(
     "index", selection=dg.AssetSelection.all(), executor_def=dg.multi_or_in_process_executor,
+    tags={"lazyhippo/writer": "warehouse"},  # the run queue starts one at a time (see runner.INSTANCE_CONFIG)
     description="Index the source into the knowledge graph: documents to communities to Parquet exports.",
 )
 
 # the query-quality checks read questions beside the source, which a rebuild does not know: the audit runs alone
 rebuild_graph_job = dg.define_asset_job(
-    "rebuild_graph", executor_def=dg.in_process_executor,
+    "rebuild_graph", executor_def=dg.in_process_executor, tags={"lazyhippo/writer": "warehouse"},
     selection=dg.AssetSelection.groups("graph", "exports")
     - dg.AssetSelection.checks(context_quality_check, theme_coverage_check, retrieval_quality_check),
     description="Rebuild the graph-wide assets (entities onward) from the per-document tables: after `lazyhippo delete`.",
@@ -32,8 +32,12 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
                     graph_store: GraphStoreResource) -> dict:
     from assets.metadata import table
     from lazyhippo.query import answer_question as answer
+    from lazyhippo.warehouse import index_notice
 
     settings = lazyhippo.settings()
+    notice = index_notice(settings)  # raises when nothing complete exists; else says what is unfinished
+    if notice:
+        context.log.warning(notice)
     result = answer(settings, config.question, route=config.route, top_k=config.top_k, budget=config.budget,
                     ppr=graph_store.store.ppr_backend(settings.namespace))
     data = result.to_dict()
@@ -43,6 +47,7 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
                                                    "lazyhippo/route": data["route"]})
     context.add_output_metadata({
         "answer": dg.MetadataValue.text(data["answer"]), "question": config.question, "route": data["route"],
+        "index_notice": notice or "complete",
         "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
         "chosen_chunks": table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
                                 for i, c in enumerate(data["context"])], ["#", "title", "chunk", "score", "tokens"]),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -15,8 +15,46 @@ def instance_for(home: Path) -> dg.DagsterInstance:
     """DAGSTER_HOME defaults to <index home>/dagster: `dagster dev` started from the repo sees the same runs."""
     dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str((home / "dagster").resolve())))
     dagster_home.mkdir(parents=True, exist_ok=True)
-    (dagster_home / "dagster.yaml").touch()  # an explicit (empty) config: default local storage, no warning
+    config = dagster_home / "dagster.yaml"
+    if not config.exists() or not config.read_text().strip():
+        config.write_text(INSTANCE_CONFIG)
     return dg.DagsterInstance.get()
+
+
+# Runs launched from the UI: the daemon marks a run whose worker died as failed (run monitoring), and the
+# queue starts one index run per home at a time (the CLI's in-process runs wait on the warehouse lock instead).
+INSTANCE_CONFIG = """\
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 30
+  max_resume_run_attempts: 0
+concurrency:
+  runs:
+    tag_concurrency_limits:
+      - key: lazyhippo/writer
+        limit: 1
+"""
+STEP_EVENTS = {dg.DagsterEventType.STEP_START: "started", dg.DagsterEventType.STEP_SUCCESS: "done",
+               dg.DagsterEventType.STEP_FAILURE: "failed", dg.DagsterEventType.STEP_SKIPPED: "skipped"}
+
+
+def fail_dead_runs(instance: dg.DagsterInstance) -> list[str]:
+    """CLI runs whose process is gone (kill -9) but still show STARTED: mark them failed, at the next launch."""
+    from lazyhippo.warehouse import process_alive
+
+    dead = []
+    for run in instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING],
+                                               tags={"lazyhippo/host": socket.gethostname()})):
+        pid = int(run.tags.get("lazyhippo/pid", "0") or 0)
+        if pid and not process_alive(pid, run.tags["lazyhippo/host"]):
+            instance.report_run_failed(run, f"process {pid} that ran it is gone (killed?): marked failed at the next launch")
+            dead.append(run.run_id)
+    return dead
+
+
+def _process_tags() -> dict[str, str]:
+    """Which process runs an in-process run: `fail_dead_runs` checks it is still alive."""
+    return {"lazyhippo/pid": str(os.getpid()), "lazyhippo/host": socket.gethostname()}
 
 
 def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
@@ -35,15 +73,16 @@ def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> Non
         instance.add_dynamic_partitions(namespaces.name, [namespace])
 
 
-def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, int, int], None] | None = None,
+def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,
             tags: dict | None = None, namespace: str | None = None, workers: int = 1):
     """Run `job_name` (on the `namespace` partition for the indexing jobs; with `workers` > 1 the index job runs
-    on the multiprocess executor); `on_step(step, done, total)` is called as steps finish (drives the progress
-    display)."""
+    on the multiprocess executor); `on_step(step, state)` is called live as steps start and end."""
     from .definitions import defs
 
     instance = instance_for(home)
+    fail_dead_runs(instance)
     job = defs.resolve_job_def(job_name)
+    tags = {**(tags or {}), **_process_tags()}
     if namespace is not None:
         add_namespace_partition(instance, namespace)
     result: dict = {}
@@ -60,15 +99,16 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, int
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    total = len(job.graph.node_defs)
-    seen: set[str] = set()
+    cursor: str | None = None
     while True:
         thread.join(0.5)
-        run = next(iter(instance.get_runs(dg.RunsFilter(tags=tags), limit=1)), None) if on_step and tags else None
-        for rec in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_SUCCESS) if run else []:
-            if rec.dagster_event.step_key not in seen:
-                seen.add(rec.dagster_event.step_key)
-                on_step(rec.dagster_event.step_key, len(seen), total)
+        run = next(iter(instance.get_runs(dg.RunsFilter(tags=tags), limit=1)), None) if on_step else None
+        if run is not None:
+            conn = instance.get_records_for_run(run.run_id, cursor=cursor, of_type=set(STEP_EVENTS))
+            cursor = conn.cursor
+            for rec in conn.records:
+                event = rec.event_log_entry.dagster_event
+                on_step(event.step_key, STEP_EVENTS[event.event_type])
         if not thread.is_alive():
             break
     if "error" in result:
@@ -104,8 +144,10 @@ def launch(job_name: str, home: Path, config: dict, tags: dict | None = None,
     from .definitions import defs
 
     instance = instance_for(home)
+    fail_dead_runs(instance)
     job = defs.resolve_job_def(job_name)
     run_id = str(uuid.uuid4())
+    tags = {**(tags or {}), **_process_tags()}
     if namespace is not None:
         add_namespace_partition(instance, namespace)
 

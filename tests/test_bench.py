@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from lazyhippo.bench import all_supporting_at_k, dataset_files, distinct, gold_key, passage_id, percentile_ms, recall_at_k
 from pipelines.cli import app
+from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 
 def test_metrics_on_hand_made_rankings():
@@ -95,3 +96,48 @@ def test_bench_scores_by_passage_id_when_titles_repeat(tmp_path):
         assert all(r in {"p1", "p2"} or r.startswith("x") for r in retrieved), method
         assert rows_[0]["recall_at_2"] == float("p2" in retrieved[:2]), method
     assert result["methods"]["bm25"]["recall_at_2"] == 1.0  # "basketball" only occurs in p2
+
+
+@pytest.mark.services
+def test_bench_retrieval_on_neo4j_ranks_like_the_embedded_store(wiki_slice, tmp_path, monkeypatch, neo4j_store,
+                                                               namespaces):  # noqa: F811
+    """`bench retrieval --graph-store neo4j` pushes the index to the server and ranks through it: the same
+    passages, in the same order, as the embedded store on the same index."""
+    monkeypatch.setenv("LAZYHIPPO_NAMESPACE", namespaces("bench"))
+    args = ["bench", "retrieval", "--corpus", str(wiki_slice / "corpus.jsonl"), "--questions",
+            str(wiki_slice / "questions.json"), "--workdir", str(tmp_path / "ws")]
+    results = {}
+    for store in ("embedded", "neo4j"):
+        out = CliRunner().invoke(app, [*args, "--graph-store", store, "--json", str(tmp_path / f"{store}.json")])
+        assert out.exit_code == 0, out.output
+        results[store] = json.loads((tmp_path / f"{store}.json").read_text())
+    emb, neo = results["embedded"], results["neo4j"]
+    assert neo["graph_store"] == "neo4j" and neo["reused"] is True
+    assert [r["retrieved"] for r in neo["per_question"]["local"]] == [r["retrieved"] for r in emb["per_question"]["local"]]
+    for k in ("recall_at_2", "recall_at_5", "all_supporting_at_8"):
+        assert neo["methods"]["local"][k] == emb["methods"]["local"][k]
+
+
+def test_summary_row_has_the_route_baselines_and_index_time():
+    from lazyhippo.bench import summary_row
+
+    m = lambda r2, r5, a8: {"recall_at_2": r2, "recall_at_5": r5, "all_supporting_at_8": a8, "latency_p50_ms": 4.04}  # noqa: E731
+    result = {"route": "local", "index_seconds": 12.34, "reused": True,
+              "methods": {"local": m(0.5, 0.75, 0.5), "bm25": m(0.1, 0.4, 0.0), "dense": m(0.2, 0.3, 0.0)}}
+    assert summary_row("musique", result) == {"set": "musique", "r@2": 0.5, "r@5": 0.75, "all@8": 0.5, "bm25 r@5": 0.4,
+                                              "dense r@5": 0.3, "p50 ms": 4.0, "index s": 12.3, "reused": True}
+
+
+def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, monkeypatch):
+    """Same corpus and settings but a new distillation (new model name): the stamp no longer matches."""
+    import lazyhippo.bench as bench
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "title": "A", "text": "Alpha beta gamma."}) + "\n")
+    (tmp_path / "ws").mkdir()
+    calls = []
+    monkeypatch.setattr("lazyhippo.index.run_index", lambda settings, **kw: calls.append(settings))
+    bench.ensure_index(corpus, tmp_path / "ws")
+    assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 1
+    monkeypatch.setattr(bench, "embedding_model_name", lambda kind, model="": "static-minilm-256-v3")
+    assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is False and len(calls) == 2

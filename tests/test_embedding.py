@@ -45,3 +45,35 @@ def test_unknown_profile_names_the_choices():
     with pytest.raises(ValueError, match="unknown embedder 'bge'.*static-minilm, minilm, openai"):
         get_embedder("bge")
     assert PROFILES[0] == "static-minilm"
+
+
+def test_settings_profile_reaches_the_index_and_the_query(tmp_path):
+    """`Settings(embedder="minilm")` embeds with the transformer at index time, and queries use it too."""
+    import json
+
+    from lazyhippo.config import Settings
+    from lazyhippo.index import run_index
+    from lazyhippo.query import retrieve
+    from lazyhippo.warehouse import connect
+
+    rows = [{"id": "a", "title": "Marlow Observatory", "text": "Ada Fenwick founded the Marlow Observatory in 1881."},
+            {"id": "b", "title": "River Sell", "text": "The River Sell floods the valley every spring."},
+            {"id": "c", "title": "Tomas Reyes", "text": "Tomas Reyes succeeded Ada Fenwick as director of the observatory."}]
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    settings = Settings(home=tmp_path / "home", source=str(tmp_path / "c.jsonl"), embedder="minilm")
+    run_index(settings)
+    with connect(settings, read_only=True) as con:
+        models = dict(con.execute("SELECT kind, any_value(model) FROM embeddings GROUP BY kind").fetchall())
+        dims = {len(v) for (v,) in con.execute("SELECT vector FROM embeddings").fetchall()}
+    assert models["chunk"] == models["entity"] == models["fact"] == "minilm-l6-mean" and dims == {384}
+    top = retrieve(settings, "When does the river flood?", route="hybrid", top_k=1)
+    assert top[0].title == "River Sell"
+
+
+def test_cli_rejects_an_unknown_profile(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipelines.cli import app
+
+    out = CliRunner().invoke(app, ["bench", "retrieval", "--dataset", "musique", "--embedder", "bge", "--workdir", str(tmp_path)])
+    assert out.exit_code == 2 and "unknown embedder 'bge'" in out.output

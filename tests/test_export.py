@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from lazyhippo.config import Settings
 from lazyhippo.export import FORMATS
-from lazyhippo.warehouse import connect
+from lazyhippo.warehouse import WriterSession, connect
 from pipelines.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ from pathlib import Path
 import pyarrow as pa
 from lazyhippo.config import Settings
 from lazyhippo.export import export_tables
-from lazyhippo.warehouse import connect
+from lazyhippo.warehouse import WriterSession, connect
 settings = Settings(home=Path(sys.argv[1]), namespace="big")
 tracemalloc.start()
 with connect(settings, read_only=True) as con:
@@ -75,7 +75,7 @@ print(json.dumps({"rows": done[0].rows, "python_peak": tracemalloc.get_traced_me
 def big_graph(tmp_path_factory) -> Path:
     """50,000 entities with 1 KB descriptions: ~55 MB of rows."""
     home = tmp_path_factory.mktemp("big")
-    with connect(Settings(home=home, namespace="big")) as con:
+    with WriterSession(Settings(home=home, namespace="big"), "fixture") as writer, writer.connect() as con:  # published
         con.execute("INSERT INTO entities SELECT 'big', 'e_' || i, 'Entity ' || i, 'entity ' || i, 'CONCEPT', "
                     "repeat(chr(97 + (i % 26)::INTEGER), 1000), 1, 1 FROM range(50000) t(i)")
     return home

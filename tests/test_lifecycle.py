@@ -131,17 +131,17 @@ def test_delete_of_an_unknown_document_names_it_and_changes_nothing(sample_setti
 def test_one_changed_file_re_extracts_that_document_only(tmp_path):
     settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")))
     run_index(settings)
+    doc = doc_id_of(settings, "tomas_reyes.txt")  # the path names the document: the same id after the edit
     with connect(settings) as con:
-        rows_before = {t: sorted(con.execute(f"SELECT * FROM {t} WHERE doc_id <> ?", [doc_id_of(settings, "tomas_reyes.txt")]).fetchall(), key=repr)
+        rows_before = {t: sorted(con.execute(f"SELECT * FROM {t} WHERE doc_id <> ?", [doc]).fetchall(), key=repr)
                        for t in ("documents", "chunks")}
         extracted_before = sorted(con.execute(
             "SELECT * FROM extracted_entities WHERE chunk_id NOT IN (SELECT chunk_id FROM chunks WHERE doc_id = ?)",
-            [doc_id_of(settings, "tomas_reyes.txt")]).fetchall(), key=repr)
+            [doc]).fetchall(), key=repr)
     path = tmp_path / "c" / "tomas_reyes.txt"
     path.write_text(path.read_text().replace("Reyes", "Reyes-Ortega", 1))
     counting = CountingExtractor()
     run_index(settings, extractor=counting)
-    doc = doc_id_of(settings, "tomas_reyes.txt")
     with connect(settings) as con:
         doc_chunks = {r[0] for r in con.execute("SELECT chunk_id FROM chunks WHERE doc_id = ?", [doc]).fetchall()}
         assert counting.seen and set(counting.seen) <= doc_chunks

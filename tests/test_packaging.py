@@ -37,11 +37,12 @@ def test_the_sensor_watches_the_source_the_job_indexes(tmp_path):
     from resources import LazyhippoResource
 
     (tmp_path / "a.md").write_text("# A\n\nAda Fenwick founded the observatory.\n")
-    context = dg.build_sensor_context(resources={"lazyhippo": LazyhippoResource(source=str(tmp_path))})
-    request = source_changed(context).run_requests[0]
+    # the resource has a run lifecycle (the index run's writer session), so its context is opened with `with`
+    with dg.build_sensor_context(resources={"lazyhippo": LazyhippoResource(source=str(tmp_path))}) as context:
+        request = source_changed(context).run_requests[0]
     assert isinstance(request, dg.RunRequest) and request.run_key
-    missing = dg.build_sensor_context(resources={"lazyhippo": LazyhippoResource(source=str(tmp_path / "none"))})
-    assert "does not exist" in source_changed(missing).skip_message
+    with dg.build_sensor_context(resources={"lazyhippo": LazyhippoResource(source=str(tmp_path / "none"))}) as missing:
+        assert "does not exist" in source_changed(missing).skip_message
 
 
 def test_credentials_come_from_the_environment_or_the_services_file(monkeypatch, tmp_path):

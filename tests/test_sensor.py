@@ -25,8 +25,9 @@ class Ticks:
 
     def tick(self):
         """The run request, or the skip reason; partitions requested are added to the instance."""
-        ctx = dg.build_sensor_context(cursor=self.cursor, resources={"lazyhippo": self.resource}, instance=self.instance)
-        out = source_changed(ctx)
+        with dg.build_sensor_context(cursor=self.cursor, resources={"lazyhippo": self.resource},
+                                     instance=self.instance) as ctx:
+            out = source_changed(ctx)
         self.cursor = out.cursor
         for req in out.dynamic_partitions_requests or []:
             self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))

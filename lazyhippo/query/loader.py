@@ -108,6 +108,7 @@ class Graph:
     params: GraphParams
     transition32: sp.csr_matrix       # float32 copy: halves the memory traffic of PPR
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
+    degree: np.ndarray                # weighted degree per node (adjacency row sums; the graph is symmetric)
 
 
 @dataclass(frozen=True)
@@ -310,7 +311,7 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     return Graph(adjacency=adjacency, transition=transition, dangling=dangling,
                  node_ids=list(entities.ids) + list(chunks.ids),
                  node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunks.ids)}}, params=params,
-                 transition32=t32, matvec32=parallel_matvec(t32))
+                 transition32=t32, matvec32=parallel_matvec(t32), degree=np.asarray(adjacency.sum(axis=1)).ravel())
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
@@ -378,17 +379,19 @@ def db_version(db_path: Path) -> tuple[int, int]:
 
 def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIndex:
     """The cached GraphIndex of `settings`' namespace; built on first use and after the db file changes."""
+    from ..warehouse import read_path
+
     params = params or GraphParams()
-    db_path = Path(settings.db_path).resolve()
-    if not db_path.exists():
-        raise FileNotFoundError(f"no warehouse at {db_path}: build an index first")
+    db_path = read_path(settings)
+    if db_path is None:
+        raise FileNotFoundError(f"no complete index of namespace {settings.namespace!r} in {settings.home}: build an index first")
     key = (str(db_path), settings.namespace, db_version(db_path), params)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-        idx = _build_with_retry(settings, str(db_path), params)
+        idx = _build(settings, str(db_path), params)
         stale = [k for k in _CACHE if k[:2] == key[:2]]
         for k in stale:
             del _CACHE[k]
@@ -398,21 +401,12 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
         return idx
 
 
-def _build_with_retry(settings: Settings, db_path: str, params: GraphParams, attempts: int = 5) -> GraphIndex:
-    """A writer (an index run) holds DuckDB's file lock: wait for it a little instead of failing at once."""
-    import duckdb
-
+def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
+    """Readers open the published snapshot, which no writer ever holds: no waiting needed."""
     from ..warehouse import connect
 
-    for attempt in range(attempts):
-        try:
-            with connect(settings, read_only=True) as con:
-                return build_index(con, settings.namespace, db_path, params)
-        except duckdb.IOException:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
+    with connect(settings, read_only=True) as con:
+        return build_index(con, settings.namespace, db_path, params)
 
 
 def clear_cache() -> None:

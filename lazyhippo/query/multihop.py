@@ -8,7 +8,6 @@ mass cannot leak to parts of the graph the question has no path to within `max_h
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
 
 from .config import MultiHopParams
 from .ppr import personalized_pagerank
@@ -16,14 +15,14 @@ from .ppr import personalized_pagerank
 
 class SubgraphPPR:
     """PPRBackend over the subgraph reached from the seed entities (hub entities are reached, not expanded).
-    One instance per query: it records the size of the subgraph it used."""
+    One instance per query: it records the subgraph it used."""
 
     name = "multi-hop-subgraph"
 
     def __init__(self, params: MultiHopParams, hub_df_share: float):
         self.params = params
         self.hub_df_share = hub_df_share
-        self.subgraph_nodes = 0
+        self.nodes = np.zeros(0, dtype=np.int64)   # the subgraph of the last run
 
     def expand(self, index, start: np.ndarray) -> np.ndarray:
         """Node indices within `max_hops` of `start`, breadth-first, sorted."""
@@ -52,21 +51,31 @@ class SubgraphPPR:
         start = np.flatnonzero(p[:index.n_entities] > 0)
         if not len(start):  # nothing linked to an entity: expand from the passage seeds instead
             start = np.flatnonzero(p > 0)
-        nodes = self.expand(index, start)
-        self.subgraph_nodes = int(len(nodes))
-        out = np.zeros(len(p))
-        if len(nodes):
-            trans, dangling = _transition(index.graph.adjacency[nodes][:, nodes].tocsr())
-            out[nodes] = personalized_pagerank(trans, p[nodes], damping, tol, max_iter, dangling=dangling).scores
-        return out
+        nodes = self.nodes = self.expand(index, start)
+        inside = np.zeros(len(p), dtype=bool)
+        inside[nodes] = True
+        if not len(nodes):
+            return np.zeros(len(p))
+        transition, dangling, matvec = subgraph_walk(index.graph, inside)
+        return personalized_pagerank(transition, p * inside, damping, tol, max_iter, dangling=dangling,
+                                     matvec=matvec).scores
 
 
-def _transition(sub: sp.csr_matrix) -> tuple[sp.csc_matrix, np.ndarray]:
-    """`ppr.transition_matrix` for a per-query subgraph, without its sparse products: rows scaled in place to
-    sum to 1, the transpose taken as CSC (no copy), which multiplies a vector as well as CSR does."""
-    out_w = np.asarray(sub.sum(axis=1)).ravel()
-    dangling = out_w <= 0
-    inv = np.zeros_like(out_w)
-    inv[~dangling] = 1.0 / out_w[~dangling]
-    sub.data *= np.repeat(inv, np.diff(sub.indptr))
-    return sub.T, dangling
+def subgraph_walk(graph, inside: np.ndarray):
+    """The random walk confined to the nodes marked `inside`, without building the subgraph: for the symmetric
+    adjacency A, a step of the subgraph's walk is `mask * A (x / deg_S)`, with deg_S the degree counted inside
+    the subgraph, and `A y` is the index's precomputed transition applied to `y * degree`. Returns what
+    `personalized_pagerank` takes: a matrix (for its shape), the subgraph's dangling nodes and the step."""
+    mv = graph.matvec32 or graph.transition32.dot
+    mask = inside.astype(np.float32)
+    full = graph.degree.astype(np.float32)
+    deg = mv(mask * full) * mask
+    dangling = inside & (deg <= 0)
+    inv = np.zeros_like(deg)
+    inv[deg > 0] = 1.0 / deg[deg > 0]
+    scale = inv * full
+
+    def step(x: np.ndarray) -> np.ndarray:
+        return mask * mv(x * scale)
+
+    return graph.transition32, dangling, step

@@ -75,10 +75,14 @@ class HttpReranker:
 
 
 class CrossEncoderReranker:
-    """A sentence-transformers CrossEncoder from a local path (no download at run time)."""
+    """A sentence-transformers CrossEncoder from a local path (no download at run time). Optional: needs the
+    `rerank` extra (`pip install -e ".[rerank]"`), which brings torch; the default install leaves it out."""
 
     def __init__(self, model_path: str, batch_size: int = 32, max_length: int = 512, device: str = "cpu"):
-        from sentence_transformers import CrossEncoder
+        try:
+            from sentence_transformers import CrossEncoder
+        except ImportError as exc:
+            raise RuntimeError('the cross-encoder reranker needs the optional extra: pip install -e ".[rerank]"') from exc
 
         self.name = f"cross-encoder:{model_path}"
         self._model = CrossEncoder(model_path, max_length=max_length, device=device, local_files_only=True)

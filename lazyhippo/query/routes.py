@@ -215,7 +215,10 @@ def retrieve_multi_hop(req: RouteRequest) -> RouteResult:
     in memory: a store-side PPR backend does not apply)."""
     backend = SubgraphPPR(req.cfg.multi_hop, req.cfg.local.hub_df_share)
     chunks, diag = retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, backend, route="multi_hop")
-    return RouteResult(chunks, {**diag, "max_hops": req.cfg.multi_hop.max_hops, "subgraph_nodes": backend.subgraph_nodes})
+    inside = np.zeros(len(req.idx.graph.node_ids), dtype=bool)
+    inside[backend.nodes] = True  # the dense tiebreak scores every passage: keep the subgraph's only
+    chunks = [c for c in chunks if inside[req.idx.chunks.pos[c.chunk_id] + req.idx.n_entities]]
+    return RouteResult(chunks, {**diag, "max_hops": req.cfg.multi_hop.max_hops, "subgraph_nodes": len(backend.nodes)})
 
 
 Route = Callable[[RouteRequest], RouteResult]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-import unicodedata
-from functools import lru_cache
+
+from ..names import name_tokens, norm_key, strip_accents  # noqa: F401  (re-exported for the query engine)
 
 # English function words plus the question words that never name anything.
 STOPWORDS = frozenset("""
@@ -20,29 +20,9 @@ QUESTION_WORDS = frozenset("who whom whose what when where which why how".split(
 _WORD = re.compile(r"[^\W_]+")
 
 
-_COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
-
-
-def strip_accents(text: str) -> str:
-    if text.isascii():
-        return text
-    return _COMBINING.sub("", unicodedata.normalize("NFKD", text))
-
-
 def fold(text: str) -> str:
     """Lower case without accents (NFKD, combining marks dropped)."""
     return strip_accents(text).lower()
-
-
-def name_tokens(text: str) -> list[str]:
-    """Word tokens with their case kept (accents dropped): punctuation and underscores separate words."""
-    return _WORD.findall(strip_accents(text))
-
-
-@lru_cache(maxsize=500_000)
-def norm_key(name: str) -> str:
-    """Normalized lookup key of a name: folded, punctuation to spaces, single spaces."""
-    return " ".join(t.lower() for t in name_tokens(name))
 
 
 def tokens(text: str) -> list[str]:

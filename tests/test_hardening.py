@@ -1,0 +1,155 @@
+"""Issue 9 (6, 10, 12, 14, 16): one Unicode name normalization, options checked before a run, vectors that
+match their text, one namespace rule, live progress."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.embedding import get_embedder
+from lazyhippo.index import build_graph_tables, run_index
+from lazyhippo.names import norm_key
+from lazyhippo.objectstore import LocalObjectStore
+from lazyhippo.warehouse import connect, replace_rows
+from pipelines.cli import app
+from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
+
+NAMES = ["Anna Müller", "Anna Mäller", "Émile Zola", "Emile Zola", "Лев Толстой", "Фёдор Достоевский",
+         "北京大学", "鲁迅", "Straße"]
+
+
+def _multilingual(settings: Settings) -> dict[str, tuple[str, str]]:
+    """Extracted names in German, French, Russian and Chinese, each mentioned twice, related in a ring."""
+    ns = settings.namespace
+    ents = [{"namespace": ns, "chunk_id": f"c{i % 2}", "name": n, "type": "PERSON", "description": ""}
+            for n in NAMES for i in range(2)]
+    rels = [{"namespace": ns, "chunk_id": "c0", "source": a, "target": b, "description": "", "weight": 1.0}
+            for a, b in zip(NAMES, NAMES[1:] + NAMES[:1])]
+    with connect(settings) as con:
+        replace_rows(con, "extracted_entities", ns, pa.Table.from_pylist(ents))
+        replace_rows(con, "extracted_relations", ns, pa.Table.from_pylist(rels))
+        build_graph_tables(settings, con)
+        return {name: (eid, norm) for eid, name, norm in
+                con.execute("SELECT entity_id, name, norm_name FROM entities WHERE namespace = ?", [ns]).fetchall()}
+
+
+def test_names_normalize_unicode_aware_in_one_place(tmp_path):
+    found = _multilingual(Settings(home=tmp_path))
+    by_norm = {norm: eid for eid, norm in found.values()}
+    assert norm_key("Anna Müller") != norm_key("Anna Mäller")
+    assert {"anna muller", "anna maller", "emile zola", "лев толстой", "фёдор достоевский", "北京大学", "鲁迅",
+            "strasse"} == set(by_norm)  # Cyrillic and CJK kept; 'Émile'/'Emile' one entity
+    for eid, norm in found.values():  # the SQL ids are the Python normalization's
+        assert eid == "e_" + hashlib.sha256(norm.encode()).hexdigest()[:16]
+    assert all(norm_key(name) == norm for name, (_, norm) in found.items())
+
+
+@pytest.mark.services
+def test_neo4j_gets_the_same_entities_as_the_embedded_store(tmp_path, neo4j_store, namespaces):  # noqa: F811
+    settings = Settings(home=tmp_path, namespace=namespaces("unicode"))
+    found = _multilingual(settings)
+    with connect(settings) as con:
+        neo4j_store.sync(con, settings.namespace, "entities")
+    rows = neo4j_store.query("MATCH (e:Entity {namespace: $ns}) RETURN e.id AS id, e.norm_name AS norm",
+                             {"ns": settings.namespace})
+    assert {(r["id"], r["norm"]) for r in rows} == set(found.values())
+
+
+def test_every_vector_matches_its_current_text(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rows = [{"id": "r1", "title": "Old Title", "text": "Ada Fenwick directed the Marlow Observatory in Cresswell."},
+            {"id": "r2", "title": "Second", "text": "Tomas Reyes succeeded Ada Fenwick as director."}]
+    (src / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    settings = Settings(home=tmp_path / "home", source=str(src))
+    run_index(settings)
+    rows[0]["title"] = "New Title"
+    (src / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    run_index(settings)
+    embedder = get_embedder(settings.embedder, settings.embedding_model)
+    with connect(settings) as con:
+        texts = dict(con.execute("SELECT chunk_id, title || E'\\n' || text FROM chunks").fetchall())
+        texts |= {c: f"{t}\n{s}" for c, t, s in con.execute("SELECT community_id, title, summary FROM community_summaries").fetchall()}
+        stored = con.execute("SELECT item_id, vector FROM embeddings WHERE kind IN ('chunk', 'community')").fetchall()
+    assert any("New Title" in t for t in texts.values())
+    ids = [i for i, _ in stored]
+    expected = embedder.embed([texts[i] for i in ids])
+    assert np.allclose(np.array([v for _, v in stored], dtype=np.float32), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("namespace", ["attacker/../victim", ".", "", "a b", "x" * 65, "..", "ns/"])
+def test_a_bad_namespace_is_refused_once_up_front(tmp_path, namespace):
+    with pytest.raises(ValueError, match="invalid namespace"):
+        Settings(home=tmp_path, namespace=namespace)
+    out = CliRunner().invoke(app, ["index", str(SAMPLE_CORPUS), "--home", str(tmp_path), "-n", namespace])
+    assert out.exit_code == 2 and "invalid namespace" in out.output and "Traceback" not in out.output
+    assert not (tmp_path / "warehouse.duckdb").exists() and not LocalObjectStore(tmp_path / "objects").list()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["index", "--chunk-size", "0"], "--chunk-size must be at least"),
+    (["index", "--chunk-size", "-5"], "--chunk-size must be at least"),
+    (["index", "--chunk-overlap", "300"], "--chunk-overlap (300) must be smaller"),
+    (["index", "--knn-top-k", "-1"], "--knn-top-k must be at least 0"),
+    (["index", "--knn-cutoff", "2"], "--knn-cutoff is a cosine"),
+    (["index", "--graph-store", "bogus"], "--graph-store 'bogus' is not one of"),
+    (["index", "--object-store", "s4"], "--object-store 's4' is not one of"),
+    (["index", "--extractor", "magic"], "--extractor 'magic' is not one of"),
+    (["index", "--embedder", "word2vec"], "--embedder 'word2vec' is not one of"),
+    (["index", "--community-algorithm", "kmeans"], "--community-algorithm 'kmeans' is not one of"),
+    (["query", "", "--route", "local"], "the question is empty"),
+    (["query", "   ", "--route", "local"], "the question is empty"),
+    (["query", "Who?", "--route", "bogus"], "--route 'bogus' is not one of"),
+    (["query", "Who?", "--top-k", "0"], "--top-k must be at least 1"),
+    (["query", "Who?", "--budget", "-10"], "--budget must be at least"),
+    (["query", "Who?", "--graph-store", "bogus"], "--graph-store 'bogus' is not one of"),
+])
+def test_every_option_is_checked_before_a_run_with_one_line(tmp_path, monkeypatch, args, message):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    out = CliRunner().invoke(app, args + ["--home", str(tmp_path / "home")])
+    assert out.exit_code == 2, out.output
+    assert message in " ".join(out.output.split()) and len(out.output.strip().splitlines()) <= 2
+    assert not (tmp_path / "dagster").exists()  # no run was launched
+
+
+def test_an_empty_folder_is_refused_by_the_cli(tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = CliRunner().invoke(app, ["index", str(tmp_path / "empty"), "--home", str(tmp_path / "home")])
+    assert out.exit_code == 2 and "holds no readable" in " ".join(out.output.split())
+
+
+def test_progress_is_reported_live_per_step(tmp_path, monkeypatch):
+    """Steps are reported as they start and finish while the run goes on, not only at its end."""
+    from pipelines.runner import execute, run_config
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    seen: list[tuple[str, str]] = []
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("Ada Fenwick directed the Marlow Observatory. Tomas Reyes succeeded her.")
+    result = execute("index", tmp_path / "home", run_config({
+        "lazyhippo": {"home": str(tmp_path / "home"), "source": str(src)}}), lambda s, st: seen.append((s, st)),
+        tags={"lazyhippo/cli_run": "progress-test"})
+    assert result.success
+    steps = [s for s, st in seen if st == "done"]
+    assert {"documents", "chunks", "extractions", "exports"} <= set(steps)
+    for step in ("documents", "extractions", "exports"):
+        assert seen.index((step, "started")) < seen.index((step, "done"))
+    assert seen.index(("extractions", "started")) < seen.index(("embeddings", "started"))
+
+
+def test_a_run_launched_outside_the_cli_refuses_bad_settings_before_any_stage(tmp_path):
+    from pipelines.definitions import defs
+    from pipelines.runner import run_config
+
+    for bad in ({"chunk_size": 0}, {"namespace": "../victim"}):
+        result = defs.resolve_job_def("index").execute_in_process(raise_on_error=False, run_config=run_config({
+            "lazyhippo": {"home": str(tmp_path / "home"), "source": str(SAMPLE_CORPUS), **bad}}))
+        assert not result.success
+        assert not result.get_step_success_events() and not (tmp_path / "home" / "warehouse.duckdb").exists()
