@@ -54,3 +54,13 @@ def check_result(res, tables: dict | None = None,
         metadata["failing"] = table([(e,) for e in res.examples[:200]], ["failing"])
     return dg.AssetCheckResult(passed=res.passed, description=res.description, metadata={**metadata, **(tables or {})},
                                severity=severity)
+
+
+def llm_usage(rows: list[dict]) -> dict:
+    """Token usage of a stage or a question (one row per operation and model) as a table, plus totals."""
+    if not rows:
+        return {}
+    cols = ["operation", "model", "calls", "prompt_tokens", "completion_tokens"]
+    return {"llm_usage": table([[r.get(c) for c in cols] for r in rows], cols),
+            "llm_prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+            "llm_completion_tokens": sum(r["completion_tokens"] for r in rows)}

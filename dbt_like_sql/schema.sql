@@ -66,6 +66,10 @@ CREATE TABLE IF NOT EXISTS communities (
 CREATE TABLE IF NOT EXISTS community_summaries (
   namespace VARCHAR NOT NULL, community_id VARCHAR NOT NULL, title VARCHAR NOT NULL,
   summary VARCHAR NOT NULL, hub_entities VARCHAR[] NOT NULL, PRIMARY KEY (namespace, community_id));
+CREATE TABLE IF NOT EXISTS community_reports (
+  namespace VARCHAR NOT NULL, community_id VARCHAR NOT NULL, title VARCHAR NOT NULL,
+  summary VARCHAR NOT NULL, rating DOUBLE NOT NULL, rating_reason VARCHAR, findings VARCHAR NOT NULL,
+  questions VARCHAR[] NOT NULL, model VARCHAR, PRIMARY KEY (namespace, community_id));
 CREATE TABLE IF NOT EXISTS token_usage (
   namespace VARCHAR NOT NULL, run_id VARCHAR, stage VARCHAR NOT NULL, model VARCHAR,
   prompt_tokens BIGINT, completion_tokens BIGINT, recorded_at TIMESTAMP DEFAULT current_timestamp);

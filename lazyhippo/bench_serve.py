@@ -3,9 +3,11 @@ and every request's latency and status is kept (QPS, p50/p95/p99 and errors per 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Sequence
 
 import httpx
@@ -25,6 +27,7 @@ class LoadReport:
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    server_cpu_ms_per_query: float | None  # CPU the server spent per answered query (capacity = cores / this)
     error_samples: list[str]
 
     def to_dict(self) -> dict:
@@ -32,11 +35,14 @@ class LoadReport:
 
 
 def run_load(base_url: str, questions: Sequence[str], route: str, clients: int = 8, seconds: float = 30.0,
-             headers: dict | None = None, warmup: int = 5, rate: float = 0.0) -> LoadReport:
+             headers: dict | None = None, warmup: int = 5, rate: float = 0.0,
+             server_pid: int | None = None) -> LoadReport:
     """`clients` threads, each with its own connection, POST /api/query in a loop for `seconds`; client i starts
     at question i, so the clients do not ask the same question at the same time. With `rate` > 0 the clients
     together send `rate` queries/s on a fixed schedule and latency counts from the scheduled send time (a slow
-    server is not hidden by clients waiting for it)."""
+    server is not hidden by clients waiting for it). With `server_pid`, the CPU time of the server's process
+    tree during the timed part is divided by the requests: a figure that does not depend on how busy the
+    machine is."""
     if not questions:
         raise ValueError("no questions to send")
     lat: list[float] = []
@@ -84,9 +90,35 @@ def run_load(base_url: str, questions: Sequence[str], route: str, clients: int =
     t0 = begin[0] = time.perf_counter()
     deadline[0] = t0 + seconds
     start.wait()
+    cpu0 = tree_cpu_seconds(server_pid) if server_pid else None
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
+    cpu1 = tree_cpu_seconds(server_pid) if cpu0 is not None else None
+    cpu_ms = round((cpu1 - cpu0) * 1000 / len(lat), 2) if cpu1 is not None and lat else None
     return LoadReport(route, clients, rate, round(elapsed, 2), len(lat), failed[0], round(len(lat) / elapsed, 2),
                       round(percentile_ms(lat, 50), 2), round(percentile_ms(lat, 95), 2), round(percentile_ms(lat, 99), 2),
-                      errors[:5])
+                      cpu_ms, errors[:5])
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` and its descendants (Linux /proc; None elsewhere)."""
+    proc = Path("/proc")
+    if not (proc / str(pid)).exists():
+        return None
+    parent, cpu = {}, {}
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(d.name)] = int(fields[1])
+        cpu[int(d.name)] = int(fields[11]) + int(fields[12])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(cpu.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")

@@ -91,12 +91,11 @@ class BertEncoder:
         order = np.argsort([len(s) for s in ids], kind="stable")
         start = 0
         while start < len(order):
-            longest = len(ids[order[min(len(order) - 1, start)]])
             end = start + 1
             while end < len(order) and (end - start + 1) * len(ids[order[end]]) <= batch_tokens:
                 end += 1
             rows = order[start:end]
-            n = max(len(ids[r]) for r in rows) or longest
+            n = max(1, max(len(ids[r]) for r in rows))
             arr = np.zeros((len(rows), n), dtype=np.int64)
             mask = np.zeros((len(rows), n), dtype=np.float32)
             for j, r in enumerate(rows):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from pathlib import Path
 from typing import Literal
 
@@ -17,8 +18,19 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
 SAMPLE_CORPUS = REPO_ROOT / "sample_corpus"
 
-GraphStoreKind = Literal["embedded", "neo4j"]
-ObjectStoreKind = Literal["local", "minio"]
+
+class GraphStoreKind(str, Enum):
+    """The graph stores: a typed choice (bad values fail in config validation, before a run starts)."""
+
+    embedded = "embedded"
+    neo4j = "neo4j"
+
+
+class ObjectStoreKind(str, Enum):
+    local = "local"
+    minio = "minio"
+
+
 LlmKind = Literal["none", "openai"]
 
 MIN_CHUNK_TOKENS = 16  # below this a chunk cannot hold a sentence
@@ -57,8 +69,8 @@ class Settings:
     knn_top_k: int = 10
     knn_cutoff: float = 0.60
     community_algorithm: str = "leiden"  # or "louvain"
-    graph_store: GraphStoreKind = "embedded"
-    object_store: ObjectStoreKind = "local"
+    graph_store: str = "embedded"   # a GraphStoreKind value
+    object_store: str = "local"     # an ObjectStoreKind value
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

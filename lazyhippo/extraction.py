@@ -6,20 +6,17 @@ unchanged text calls nothing and a deleted document's entities can be rebuilt fr
 
 from __future__ import annotations
 
-import json
 import re
-import sqlite3
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from itertools import combinations
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
-from tenacity import retry, retry_if_exception_type, stop_after_attempt
-
 from .chunking import Chunk, split_sentences
 from .documents import sha
-from .llm import LLM
+from .kvcache import JsonCache
+from .llm import LLM, LLMError
 
 SKIP_NER = {"CARDINAL", "ORDINAL", "QUANTITY", "PERCENT", "MONEY", "TIME", "DATE"}
 _PRONOUNS = {"he", "she", "it", "they", "we", "i", "you", "him", "her", "them", "his", "its", "their",
@@ -31,7 +28,7 @@ class Extraction:
     entities: list[dict] = field(default_factory=list)   # name, type, description
     relations: list[dict] = field(default_factory=list)  # source, target, description, weight
     facts: list[dict] = field(default_factory=list)      # text, names
-    usage: dict = field(default_factory=dict)            # model, prompt_tokens, completion_tokens
+    usage: dict = field(default_factory=dict)            # kept for cached payloads written before usage moved to the meter
 
 
 class Extractor(Protocol):
@@ -130,98 +127,90 @@ class NlpExtractor:
         return out
 
 
-class LlmJsonError(ValueError):
-    pass
+def _strings(*names: str, max_length: int = 160) -> dict:
+    return {n: {"type": "string", "maxLength": max_length} for n in names}
 
 
-def parse_llm_extraction(text: str) -> Extraction:
-    """Validate the model's JSON; anything malformed raises LlmJsonError so the call is retried."""
-    text = text.strip()
-    text = re.sub(r"^```(?:json)?|```$", "", text).strip()
-    try:
-        data = json.loads(text)
-        ents = [{"name": str(e["name"]), "type": str(e.get("type") or "OTHER"),
-                 "description": str(e.get("description") or "")} for e in data["entities"]]
-        rels = [{"source": str(r["source"]), "target": str(r["target"]),
-                 "description": str(r.get("description") or ""), "weight": float(r.get("weight") or 1.0)}
-                for r in data.get("relations", [])]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise LlmJsonError(f"malformed extraction JSON: {exc}") from None
+def extraction_schema(max_entities: int = 8, max_relations: int = 6) -> dict:
+    """Bounded lists and strings: a small model at temperature 0 otherwise repeats itself until max_tokens."""
+    return {
+        "type": "object", "required": ["entities", "relations"],
+        "properties": {
+            "entities": {"type": "array", "maxItems": max_entities, "items": {
+                "type": "object", "required": ["name", "type", "description"],
+                "properties": {**_strings("name", "type", max_length=60), **_strings("description")}}},
+            "relations": {"type": "array", "maxItems": max_relations, "items": {
+                "type": "object", "required": ["source", "target", "description", "weight"],
+                "properties": {**_strings("source", "target", max_length=60), **_strings("description"),
+                               "weight": {"type": "number"}}}},
+        },
+    }
+
+
+def extraction_from_json(data: dict, passage: str = "") -> Extraction:
+    """Validate the model's object (KeyError/TypeError/ValueError when malformed, so the call is retried).
+    With `passage`, entities whose name is not in the passage are dropped: the prompt asks for names as
+    written, and a small model otherwise copies the prompt's example."""
+    ents = [{"name": _clean(str(e["name"])), "type": str(e.get("type") or "OTHER").upper()[:20],
+             "description": str(e.get("description") or "")} for e in data["entities"]]
+    low = passage.lower()
+    ents = [e for e in ents if _keep(e["name"]) and (not passage or e["name"].lower() in low)]
+    rels = [{"source": _clean(str(r["source"])), "target": _clean(str(r["target"])),
+             "description": str(r.get("description") or ""), "weight": min(max(float(r.get("weight") or 1.0), 0.1), 10.0)}
+            for r in data.get("relations", [])]
     names = {e["name"].lower() for e in ents}
-    rels = [r for r in rels if r["source"].lower() in names and r["target"].lower() in names]
+    rels = [r for r in rels if r["source"].lower() in names and r["target"].lower() in names
+            and r["source"].lower() != r["target"].lower()]
     facts = [{"text": r["description"], "names": [r["source"], r["target"]]} for r in rels if r["description"]]
     return Extraction(entities=ents, relations=rels, facts=facts)
 
 
 class LlmExtractor:
-    """Structured-JSON extraction through an OpenAI-compatible LLM; prompt lives in prompts/extract.txt."""
+    """Structured-JSON extraction through the LLM client (JSON schema where the server supports it, the
+    tolerant parser otherwise); malformed output is retried, then recorded as failed for that chunk.
+    Endpoint errors (down, wrong model) are not per-chunk failures: they stop the run."""
 
     name = "llm"
+    batch = 16  # chunks per cache write: a stopped run loses at most one batch of work
 
-    def __init__(self, llm: LLM, attempts: int = 3):
+    def __init__(self, llm: LLM, attempts: int = 3, max_tokens: int = 600, max_entities: int = 8,
+                 max_relations: int = 6):
         self.llm = llm
+        self.schema = extraction_schema(max_entities, max_relations)
         self.model = llm.model
         self.template = (Path(__file__).parent / "prompts" / "extract.txt").read_text()
         self.prompt_version = "llm-" + sha(self.template, 8)
         self.attempts = attempts
+        self.max_tokens = max_tokens
 
     def _one(self, chunk: Chunk) -> Extraction:
-        usage = {"model": self.model, "prompt_tokens": 0, "completion_tokens": 0}
-
-        @retry(stop=stop_after_attempt(self.attempts), retry=retry_if_exception_type(LlmJsonError), reraise=True)
-        def call() -> Extraction:
-            comp = self.llm.complete(self.template.format(title=chunk.title, text=chunk.text), json_mode=True)
-            usage["prompt_tokens"] += comp.prompt_tokens
-            usage["completion_tokens"] += comp.completion_tokens
-            return parse_llm_extraction(comp.text)
-
-        result = call()
+        prompt = self.template.format(title=chunk.title, text=chunk.text)
+        result, _ = self.llm.complete_json(
+            prompt, self.schema, operation="extraction", max_tokens=self.max_tokens, attempts=self.attempts,
+            validate=lambda d: extraction_from_json(d, f"{chunk.title}\n{chunk.text}"))
         ent_title = _clean(chunk.title)
         if ent_title.lower() not in {e["name"].lower() for e in result.entities}:
             result.entities.append({"name": ent_title, "type": "TITLE", "description": chunk.text[:300]})
         result.relations += [{"source": ent_title, "target": e["name"], "description": e["description"], "weight": 0.5}
                              for e in result.entities if e["name"].lower() != ent_title.lower()]
-        result.usage = usage
         return result
 
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
-        out: list[Extraction | Exception] = []
-        for chunk in chunks:
-            try:
-                out.append(self._one(chunk))
-            except Exception as exc:  # recorded as a failed chunk; the run goes on
-                out.append(exc)
-        return out
+        return self.llm.map(self._one, list(chunks))
 
 
-class ExtractionCache:
-    """SQLite key-value store of extractions, shared by all namespaces (keys are content-addressed)."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._con = sqlite3.connect(str(path), timeout=60)  # parallel extraction steps share it: wait, never fail
-        self._con.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, payload TEXT NOT NULL)")
+class ExtractionCache(JsonCache):
+    """Extractions by chunk content, title, extractor, model and prompt version (shared by all namespaces)."""
 
     @staticmethod
     def key(chunk: Chunk, extractor: Extractor) -> str:
         return sha(f"{chunk.content_hash}|{chunk.title}|{extractor.name}|{extractor.model}|{extractor.prompt_version}", 40)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, Extraction]:
-        keys = list(keys)
-        found: dict[str, Extraction] = {}
-        for i in range(0, len(keys), 500):
-            part = keys[i:i + 500]
-            rows = self._con.execute(f"SELECT key, payload FROM cache WHERE key IN ({','.join('?' * len(part))})", part)
-            found.update({k: Extraction(**json.loads(p)) for k, p in rows})
-        return found
+        return {k: Extraction(**v) for k, v in super().get_many(keys).items()}
 
     def put_many(self, items: dict[str, Extraction]) -> None:
-        self._con.executemany("INSERT OR REPLACE INTO cache VALUES (?, ?)",
-                              [(k, json.dumps(asdict(v))) for k, v in items.items()])
-        self._con.commit()
-
-    def close(self) -> None:
-        self._con.close()
+        super().put_many({k: asdict(v) for k, v in items.items()})
 
 
 @dataclass
@@ -234,6 +223,10 @@ class ExtractionRun:
 
 def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: ExtractionCache,
                    batch: int = 256, progress=None) -> ExtractionRun:
+    """Cache hits first, then the rest in batches; each batch's results are cached before the next one.
+    An LLMError (endpoint down, wrong model) re-raises after caching what its batch finished, so a re-run
+    calls the model only for what is missing."""
+    batch = getattr(extractor, "batch", batch)
     keys = {c.chunk_id: ExtractionCache.key(c, extractor) for c in chunks}
     hits = cache.get_many(keys.values())
     results = {cid: hits[k] for cid, k in keys.items() if k in hits}
@@ -242,13 +235,18 @@ def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: Extract
     for i in range(0, len(todo), batch):
         part = todo[i:i + batch]
         fresh = {}
+        fatal = None
         for chunk, res in zip(part, extractor.extract(part)):
-            if isinstance(res, Exception):
+            if isinstance(res, LLMError):
+                fatal = fatal or res
+            elif isinstance(res, Exception):
                 failures[chunk.chunk_id] = f"{type(res).__name__}: {res}"
             else:
                 results[chunk.chunk_id] = res
                 fresh[keys[chunk.chunk_id]] = res
         cache.put_many(fresh)
+        if fatal is not None:
+            raise fatal
         if progress:
             progress(min(i + batch, len(todo)), len(todo))
     return ExtractionRun(results, failures, cached=len(hits), computed=len(todo) - len(failures))

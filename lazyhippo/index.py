@@ -26,27 +26,35 @@ from .graphstore import GraphStore
 from .lifecycle import skip_deleted
 from .llm import OpenAIChat, configured_llm
 from .objectstore import ObjectStore
+from .reports import build_community_reports, summarize_graph_descriptions
 from .stage_results import (ChunksResult, CommunitiesResult, DocumentsResult, EmbeddingsResult, ExportsResult,
                             ExtractionsResult, GraphTablesResult, KnnResult, StageResult, SummariesResult)
-from .summaries import summarize_extractive, summarize_llm
+from .summaries import summarize_extractive
 from .warehouse import count, read_vectors, replace_rows, run_sql_model, transaction
 
 Progress = Callable[[str, int, int], None]
 EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges",
-                 "entity_scores", "communities", "community_summaries")
+                 "entity_scores", "communities", "community_summaries", "community_reports")
 
 
 def _ns(table: pa.Table, namespace: str) -> pa.Table:
     return table.append_column("namespace", pa.array([namespace] * table.num_rows, pa.string()))
 
 
-def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | None, stage: str, model: str | None,
-                 usage: Counter) -> None:
-    """One token_usage row per stage and run when a model was called (nothing for cache hits)."""
-    if usage:
+def resolve_llm(settings: Settings, llm="auto") -> OpenAIChat | None:
+    """`"auto"`: the LLM the settings choose (one client for the whole run), else None (offline)."""
+    return configured_llm(settings) if llm == "auto" else llm
+
+
+def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | None, llm, before: dict) -> list[dict]:
+    """Write what the LLM used since `before` (a meter snapshot) to token_usage, one row per operation
+    (nothing when no model was called, e.g. every item was cached)."""
+    rows = llm.meter.since(before) if llm is not None else []
+    for r in rows:
         con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    [namespace, run_id, stage, model, usage["prompt_tokens"], usage["completion_tokens"]])
+                    "VALUES (?, ?, ?, ?, ?, ?)", [namespace, run_id, r["operation"], r["model"], r["prompt_tokens"],
+                                                  r["completion_tokens"]])
+    return rows
 
 
 def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> DocumentsResult:
@@ -106,11 +114,14 @@ def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:
     return [Chunk(*r) for r in rows]
 
 
-def make_extractor(settings: Settings):
+def make_extractor(settings: Settings, llm=None):
     if settings.extractor == "nlp":
         return NlpExtractor(noun_phrases=settings.nlp_noun_phrases)
     if settings.extractor == "llm":
-        return LlmExtractor(configured_llm(settings) or OpenAIChat(settings.llm_model))
+        if llm is None:
+            raise ValueError("extractor 'llm' needs an LLM endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY) or "
+                             "LAZYHIPPO_LLM=openai, or use --extractor nlp")
+        return LlmExtractor(llm)
     raise ValueError(f"unknown extractor {settings.extractor!r} (expected 'nlp' or 'llm')")
 
 
@@ -145,19 +156,15 @@ def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str
             "facts": len(rows["extracted_facts"])}
 
 
-def model_usage(results: dict[str, Extraction]) -> Counter:
-    usage = Counter()
-    for ex in results.values():
-        if ex.usage:
-            usage["prompt_tokens"] += ex.usage.get("prompt_tokens", 0)
-            usage["completion_tokens"] += ex.usage.get("completion_tokens", 0)
-    return usage
-
-
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,
-                    progress: Progress | None = None, run_id: str | None = None) -> ExtractionsResult:
+                    progress: Progress | None = None, run_id: str | None = None, llm="auto") -> ExtractionsResult:
+    """Cached extraction of every chunk. An endpoint error stops the stage after caching what finished
+    (and recording the tokens spent): a re-run calls the model only for what is missing."""
     ns = settings.namespace
-    extractor = extractor or make_extractor(settings)
+    llm = resolve_llm(settings, llm) if settings.extractor == "llm" else None
+    extractor = extractor or make_extractor(settings, llm)
+    llm = getattr(extractor, "llm", None)
+    before = llm.meter.snapshot() if llm is not None else {}
     chunks = load_chunks(con, ns)
     cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")
     try:
@@ -165,24 +172,33 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
                              progress=(lambda i, n: progress("extractions", i, n)) if progress else None)
     finally:
         cache.close()
+        usage = record_usage(con, ns, run_id, llm, before)
     written = store_extractions(con, ns, run.results, run.failures)
-    # token usage is counted when a model was actually called, never for cache hits
-    usage = model_usage(run.results) if run.computed else Counter()
-    record_usage(con, ns, run_id, "extractions", extractor.model, usage)
     return ExtractionsResult(chunks=len(chunks), cached=run.cached, computed=run.computed, failed=len(run.failures),
-                             failures=run.failures, extractor=f"{extractor.name}:{extractor.model}", **written, **usage)
+                             failures=run.failures, extractor=f"{extractor.name}:{extractor.model}",
+                             **written, prompt_tokens=sum(u["prompt_tokens"] for u in usage),
+                             completion_tokens=sum(u["completion_tokens"] for u in usage), llm_usage=usage)
 
 
-def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection) -> GraphTablesResult:
-    """The SQL models, in dependency order (the kept entities filter relations, mentions and facts), then the
-    recorded entity merges folded in again."""
+def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=None,
+                       run_id: str | None = None) -> GraphTablesResult:
+    """The SQL models, in dependency order: the kept entities filter relations, mentions and facts. With an
+    LLM, long entity and relation descriptions are then summarized (map-reduce, cached)."""
     from .merge import apply_merges
 
     for m in ("entities", "relations", "mentions", "facts"):
         run_sql_model(con, m, settings.namespace)
-    merged = apply_merges(con, settings.namespace)
-    return GraphTablesResult(**{t: count(con, t, settings.namespace) for t in ("entities", "relations", "mentions", "facts")},
-                             merged_entities=merged)
+    merged = apply_merges(con, settings.namespace)  # recorded entity merges, folded in again
+    counts = {t: count(con, t, settings.namespace) for t in ("entities", "relations", "mentions", "facts")}
+    counts["merged_entities"] = merged
+    if llm is None:
+        return GraphTablesResult(**counts)
+    before = llm.meter.snapshot()
+    try:
+        summarized = summarize_graph_descriptions(settings, con, llm)
+    finally:
+        usage = record_usage(con, settings.namespace, run_id, llm, before)
+    return GraphTablesResult(**counts, **summarized, llm_usage=usage)
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
@@ -266,7 +282,10 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
                              size_distribution=dict(sorted(dist.items())))
 
 
-def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None) -> SummariesResult:
+def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None,
+                              llm=None) -> SummariesResult:
+    """Extractive summaries for every community; with an LLM, communities with a report take its title
+    and summary, and the report with its questions is what gets embedded for the global route."""
     ns = settings.namespace
     rows = con.execute("""
         SELECT s.community_id, e.name, e.description, s.pagerank, e.degree
@@ -275,21 +294,27 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
     members: dict[str, list[dict]] = defaultdict(list)
     for c, name, desc, pr, deg in rows:
         members[c].append({"name": name, "description": desc or "", "score": pr * 1000 + deg})
-    llm = configured_llm(settings)
-    summaries, usage = [], Counter()
-    for c, ms in members.items():
-        s = summarize_extractive(c, ms)
-        if llm is not None and len(ms) > 1:
-            s, comp = summarize_llm(llm, s)
-            usage["prompt_tokens"] += comp.prompt_tokens
-            usage["completion_tokens"] += comp.completion_tokens
-        summaries.append(s)
+    summaries = [summarize_extractive(c, ms) for c, ms in members.items()]
+    texts = {s.community_id: f"{s.title}\n{s.summary}" for s in summaries}
+    reports, report_stats, usage = [], {}, []
+    if llm is not None:
+        before = llm.meter.snapshot()
+        try:
+            reports, report_stats = build_community_reports(settings, con, llm)
+        finally:
+            usage = record_usage(con, ns, run_id, llm, before)
+        by_id = {r.community_id: r for r in reports}
+        summaries = [replace(s, title=by_id[s.community_id].title, summary=by_id[s.community_id].summary)
+                     if s.community_id in by_id else s for s in summaries]
+        texts.update({r.community_id: r.text() for r in reports})
+    else:
+        replace_rows(con, "community_reports", ns, None)
     replace_rows(con, "community_summaries", ns, _ns(pa.Table.from_pylist([s.__dict__ for s in summaries]), ns) if summaries else None)
-    record_usage(con, ns, run_id, "community_summaries", llm.model if llm else None, usage)
     embedder = get_embedder(settings.embedder, settings.embedding_model)
-    embedded = _embed_missing(con, settings, "community", [(s.community_id, f"{s.title}\n{s.summary}") for s in summaries], embedder)
+    embedded = _embed_missing(con, settings, "community", list(texts.items()), embedder)
     biggest = sorted(summaries, key=lambda s: -len(members[s.community_id]))[:5]
     return SummariesResult(summaries=len(summaries), embedded=embedded, llm=llm.model if llm else "extractive",
+                           llm_usage=usage, **report_stats,
                            preview=[{"community_id": s.community_id, "size": len(members[s.community_id]),
                                      "title": s.title, "summary": s.summary[:200]} for s in biggest])
 
@@ -316,17 +341,17 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
 
 
 def _stages(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore | None,
-            progress: Progress | None, run_id: str, extractor=None) -> dict[str, Callable[[], StageResult]]:
+            progress: Progress | None, run_id: str, llm=None, extractor=None) -> dict[str, Callable[[], StageResult]]:
     """Every indexing stage by the name of the asset it materializes, in dependency order."""
     return {
         "documents": lambda: ingest_documents(settings, con),
         "chunks": lambda: build_chunks(settings, con),
-        "extractions": lambda: run_extractions(settings, con, extractor, progress=progress, run_id=run_id),
-        "entities": lambda: build_graph_tables(settings, con),   # with relations, mentions, facts
+        "extractions": lambda: run_extractions(settings, con, extractor, progress=progress, run_id=run_id, llm=llm),
+        "entities": lambda: build_graph_tables(settings, con, llm, run_id),   # with relations, mentions, facts
         "embeddings": lambda: build_embeddings(settings, con),
         "knn_edges": lambda: build_knn_edges(settings, con, store),
         "communities": lambda: build_communities(settings, con, store),
-        "community_summaries": lambda: build_community_summaries(settings, con, run_id),
+        "community_summaries": lambda: build_community_summaries(settings, con, run_id, llm),
         "exports": lambda: export_parquet(settings, con, objects, run_id),
     }
 
@@ -338,10 +363,10 @@ GRAPH_STAGES = STAGE_NAMES[STAGE_NAMES.index("entities"):]  # rebuilt from the p
 
 def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
               objects: ObjectStore | None = None, progress: Progress | None = None,
-              run_id: str = "library", extractor=None) -> StageResult:
+              run_id: str = "library", llm=None, extractor=None) -> StageResult:
     """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
     cannot leave the served graph stale. The sync's figures come back as `synced`."""
-    result = _stages(settings, con, store, objects, progress, run_id, extractor)[asset]()
+    result = _stages(settings, con, store, objects, progress, run_id, llm, extractor)[asset]()
     return replace(result, synced=store.sync(con, settings.namespace, asset))
 
 
@@ -352,14 +377,16 @@ def sync_all(store: GraphStore, con: duckdb.DuckDBPyConnection, namespace: str) 
 
 
 def run_index(settings: Settings, store: GraphStore | None = None, objects: ObjectStore | None = None,
-              progress: Progress | None = None, run_id: str = "library", extractor=None) -> dict:
-    """Every stage in order, without Dagster: the library entry point (the bench uses it too)."""
+              progress: Progress | None = None, run_id: str = "library", llm="auto", extractor=None) -> dict:
+    """Every stage in order, without Dagster: the library entry point (the bench uses it too). `llm`:
+    "auto" (the LLM the settings choose, else offline), None (offline) or a client."""
     from .graphstore import EmbeddedGraphStore
     from .objectstore import LocalObjectStore
     from .warehouse import WriterSession
 
     store = store or EmbeddedGraphStore()
     objects = objects or LocalObjectStore(settings.export_dir)
+    llm = resolve_llm(settings, llm)
     out: dict = {}
     timings = out["seconds"] = {}
     with WriterSession(settings, run_id) as writer, writer.connect() as con:
@@ -367,7 +394,7 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
             if progress:
                 progress("index", i, len(STAGE_NAMES))
             t0 = time.perf_counter()
-            out[name] = run_stage(name, settings, con, store, objects, progress, run_id, extractor)
+            out[name] = run_stage(name, settings, con, store, objects, progress, run_id, llm, extractor)
             timings[name] = round(time.perf_counter() - t0, 2)
         if progress:
             progress("index", len(STAGE_NAMES), len(STAGE_NAMES))

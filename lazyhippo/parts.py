@@ -22,7 +22,7 @@ from .chunking import Chunk
 from .config import Settings
 from .documents import sha
 from .extraction import Extraction, ExtractionCache, Extractor, extract_chunks
-from .index import load_chunks, make_extractor, model_usage, record_usage, store_extractions
+from .index import load_chunks, make_extractor, record_usage, resolve_llm, store_extractions
 from .objectstore import ObjectStore
 from .warehouse import transaction
 
@@ -35,6 +35,10 @@ class Batch:
     key: str                  # object key of the batch's chunks
     name: str                 # short name, usable as a Dagster mapping key
     doc_ids: tuple[str, ...]
+
+
+def _extractor(settings: Settings) -> Extractor:
+    return make_extractor(settings, resolve_llm(settings) if settings.extractor == "llm" else None)
 
 
 def part_key(namespace: str, doc_id: str) -> str:
@@ -57,7 +61,7 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
                  batch_chunks: int = 400, extractor: Extractor | None = None) -> tuple[list[Batch], dict]:
     """Batches of the documents whose held extraction is missing or stale, about `batch_chunks` chunks each."""
     ns = settings.namespace
-    extractor = extractor or make_extractor(settings)
+    extractor = extractor or _extractor(settings)
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in load_chunks(con, ns):
         by_doc[c.doc_id].append(c)
@@ -95,7 +99,7 @@ def _read_part(objects: ObjectStore, key: str) -> tuple[str, dict[str, Extractio
 def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extractor: Extractor | None = None) -> dict:
     """Extract one batch and write one part per document; a part already holding this signature is kept."""
     ns = settings.namespace
-    extractor = extractor or make_extractor(settings)
+    extractor = extractor or _extractor(settings)
     chunks = [Chunk(**r) for r in pq.read_table(io.BytesIO(objects.get(batch_key))).to_pylist()]
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in chunks:
@@ -107,11 +111,14 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
             kept += 1
         else:
             todo += doc_chunks
+    llm = getattr(extractor, "llm", None)
+    before = llm.meter.snapshot() if llm is not None else {}
     cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")  # a local accelerator; parts are shared
     try:
         run = extract_chunks(todo, extractor, cache)
     finally:
         cache.close()
+    usage = llm.meter.since(before) if llm is not None else []  # recorded by collect_parts, with the warehouse
     for doc_id in {c.doc_id for c in todo}:
         rows = [{"chunk_id": c.chunk_id,
                  "extraction": json.dumps(asdict(run.results[c.chunk_id])) if c.chunk_id in run.results else None,
@@ -120,16 +127,15 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
         failed = any(r["failure"] for r in rows)  # held as such, but planned again next run: failures are retried
         objects.put(part_key(ns, doc_id), _parquet(pa.Table.from_pylist(rows, PART_SCHEMA),
                                                    {"signature": RETRY + sig if failed else sig}))
-    usage = model_usage(run.results) if run.computed else Counter()
     return {"documents": len(by_doc), "parts_kept": kept, "chunks": len(chunks), "cached": run.cached,
-            "computed": run.computed, "failed": len(run.failures), **usage}
+            "computed": run.computed, "failed": len(run.failures), "llm_usage": usage}
 
 
 def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, batches: list[Batch],
                   stats: list[dict], run_id: str | None = None) -> dict:
     """Load the parts of the batches' documents into the warehouse; drop parts of documents that are gone."""
     ns = settings.namespace
-    extractor = make_extractor(settings)
+    extractor = _extractor(settings)
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in load_chunks(con, ns):
         by_doc[c.doc_id].append(c)
@@ -160,8 +166,11 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
     totals = Counter()
     for s in stats:
         totals.update({k: v for k, v in s.items() if isinstance(v, int)})
-    record_usage(con, ns, run_id, "extractions", extractor.model,
-                 Counter({k: totals[k] for k in ("prompt_tokens", "completion_tokens") if totals[k]}))
+    for s in stats:  # the batches' token usage, one token_usage row per operation
+        for u in s.get("llm_usage", []):
+            con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", [ns, run_id, u["operation"], u["model"], u["prompt_tokens"],
+                                                      u["completion_tokens"]])
     n_chunks = sum(len(v) for v in by_doc.values())
     # cached: chunks whose held extraction was reused, from a part, the local cache, or the warehouse itself
     return {"documents_extracted": len(held), "documents_removed": len(gone), "chunks": n_chunks,

@@ -11,6 +11,7 @@ from .documents import ReadError
 @dataclass(frozen=True, kw_only=True)
 class StageResult:
     synced: dict = field(default_factory=dict)   # what the graph store's sync of this asset reported
+    llm_usage: list[dict] = field(default_factory=list)  # LLM calls and tokens per operation and model
 
     def figures(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -58,6 +59,8 @@ class GraphTablesResult(StageResult):
     mentions: int
     facts: int
     merged_entities: int = 0   # recorded merges folded in (`lazyhippo merge`)
+    entities_summarized: int = 0    # descriptions map-reduced by the LLM
+    relations_summarized: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +98,10 @@ class SummariesResult(StageResult):
     summaries: int
     embedded: int
     llm: str
+    reports: int = 0                # community reports written by the LLM (cached ones included)
+    report_failures: int = 0
+    report_cached: int = 0
+    report_errors: dict[str, str] = field(default_factory=dict)   # community id -> reason
     preview: list[dict] = field(default_factory=list)   # the largest communities: id, size, title, summary
 
 

@@ -1,10 +1,14 @@
-"""Community summaries: extractive offline (hub entities and their descriptions); LLM when configured."""
+"""Community summaries (extractive offline: hub entities and their descriptions) and the LLM's
+description map-reduce for entities and relations."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from .llm import LLM
+from .documents import sha
+from .kvcache import JsonCache
+from .tokens import count_tokens, encoding
 
 
 @dataclass(frozen=True)
@@ -35,15 +39,61 @@ def summarize_extractive(community_id: str, members: list[dict], max_hubs: int =
     return CommunitySummary(community_id, title, summary, [m["name"] for m in hubs])
 
 
-def summarize_llm(llm: LLM, base: CommunitySummary) -> tuple[CommunitySummary, object]:
-    prompt = (f"Write a short title (one line) and a 3-sentence summary of this group of related entities.\n"
-              f"Entities: {', '.join(base.hub_entities)}\nEvidence: {base.summary}\n"
-              f"Answer as: TITLE: ...\\nSUMMARY: ...")
-    comp = llm.complete(prompt)
-    title, summary = base.title, base.summary
-    for line in comp.text.splitlines():
-        if line.upper().startswith("TITLE:"):
-            title = line.split(":", 1)[1].strip() or title
-        elif line.upper().startswith("SUMMARY:"):
-            summary = line.split(":", 1)[1].strip() or summary
-    return CommunitySummary(base.community_id, title, summary, base.hub_entities), comp
+DESCRIPTION_PROMPT = (
+    "Merge these descriptions of {kind} \"{name}\" into one concise description (at most {words} words) that "
+    "keeps every distinct fact and resolves contradictions. Reply with the description only.\n\n{items}")
+DESCRIPTION_VERSION = "desc-" + sha(DESCRIPTION_PROMPT, 8)
+
+
+@dataclass(frozen=True)
+class DescriptionParams:
+    join_tokens: int = 200        # at or under this many tokens (all descriptions together) they are joined
+    join_count: int = 3           # ... or when there are at most this many
+    batch_tokens: int = 1200      # one summarization call reads at most this many tokens of descriptions
+    max_depth: int = 3            # reduce rounds; past it the joined text is cut to join_tokens
+    words: int = 80
+
+
+def summarize_descriptions(llm, kind: str, name: str, descriptions: list[str], cache: JsonCache,
+                           p: DescriptionParams = DescriptionParams()) -> str:
+    """Map-reduce over one entity's (or relation's) descriptions: joined when short, else summarized in
+    batches that fit `batch_tokens`, the summaries summarized again, at most `max_depth` rounds. Every call
+    is cached by (model, prompt version, name, inputs), so a re-run calls nothing."""
+    items = list(dict.fromkeys(d.strip() for d in descriptions if d and d.strip()))
+    for depth in range(p.max_depth + 1):
+        joined = " | ".join(items)
+        if len(items) <= 1 or (count_tokens(joined) <= p.join_tokens and len(items) <= p.join_count):
+            return joined
+        if depth == p.max_depth:
+            break
+        items = [_summarize_batch(llm, kind, name, batch, cache, p) for batch in _batches(items, p.batch_tokens)]
+    ids = encoding().encode_ordinary(" | ".join(items))
+    return encoding().decode(ids[:p.join_tokens])
+
+
+def _batches(items: list[str], limit: int) -> list[list[str]]:
+    out: list[list[str]] = [[]]
+    used = 0
+    for it in items:
+        n = count_tokens(it)
+        if out[-1] and used + n > limit:
+            out.append([])
+            used = 0
+        out[-1].append(it)
+        used += n
+    return out
+
+
+def _summarize_batch(llm, kind: str, name: str, batch: list[str], cache: JsonCache, p: DescriptionParams) -> str:
+    if len(batch) == 1:
+        return batch[0]
+    key = sha(f"{llm.model}|{DESCRIPTION_VERSION}|{kind}|{name}|{json.dumps(batch)}", 40)
+    hit = cache.get(key)
+    if hit is not None:
+        return str(hit)
+    prompt = DESCRIPTION_PROMPT.format(kind=kind, name=name, words=p.words,
+                                       items="\n".join(f"- {d}" for d in batch))
+    text = llm.complete(prompt, max_tokens=p.words * 3, operation="summarization").text.strip()
+    text = text or " | ".join(batch)
+    cache.put(key, text)
+    return text

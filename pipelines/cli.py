@@ -21,6 +21,8 @@ from lazyhippo.warehouse import TABLES, IndexIncomplete, counts, index_notice
 
 from .options import OptionError, check_index_options, check_namespace_option, check_query_options
 
+from .chat import chat, print_usage, run_usage
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console(stderr=True)
 
@@ -126,13 +128,14 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
              graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder)
-    _run("index", root, {
+    result = _run("index", root, {
         "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                       "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
                       "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
     }, namespace=namespace, workers=workers)
     status(home=root, namespace=namespace, as_json=False)
+    print_usage(run_usage(Settings(home=root, namespace=namespace), result.run_id), Console())
 
 
 @app.command()
@@ -183,6 +186,10 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         where = " ".join(x for x in (f"§ {cite['section']}" if cite.get("section") else "",
                                      f"p. {cite['page']}" if cite.get("page") else "") if x)
         out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
+    print_usage(data["usage"], out)
+
+
+app.command("chat")(chat)
 
 
 def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Optional[str], object_store: Optional[str],
@@ -311,8 +318,8 @@ def mcp_cmd(home: Optional[Path] = HomeOpt) -> None:
 
 @app.command(context_settings={"allow_extra_args": True})
 def services(action: str = typer.Argument(..., help="install | start | stop | status"),
-             service: Optional[str] = typer.Argument(None, help="neo4j | minio (default both)")) -> None:
-    """Install/start/stop the Neo4j+GDS and MinIO servers on loopback (scripts/services.sh)."""
+             service: Optional[str] = typer.Argument(None, help="neo4j | minio | llm (default all)")) -> None:
+    """Install/start/stop the Neo4j+GDS, MinIO and llama.cpp (llm) servers on loopback (scripts/services.sh)."""
     cmd = ["bash", str(REPO_ROOT / "scripts" / "services.sh"), action] + ([service] if service else [])
     raise typer.Exit(subprocess.call(cmd))
 
@@ -487,14 +494,15 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        reports = [run_load(url, asked, r, clients, seconds, headers, rate=rate) for r in routes.split(",")]
+        reports = [run_load(url, asked, r, clients, seconds, headers, rate=rate, server_pid=server.pid)
+                   for r in routes.split(",")]
     finally:
         server.terminate()
         server.wait(30)
         log.close()
     table = Table(title=f"lazyhippo serve under load: {clients} clients, {len(asked)} questions from {questions.name}, "
                         f"{workers} worker(s), " + (f"{rate:g} queries/s offered" if rate else "closed loop"))
-    cols = ("requests", "errors", "qps", "p50_ms", "p95_ms", "p99_ms")
+    cols = ("requests", "errors", "qps", "p50_ms", "p95_ms", "p99_ms", "server_cpu_ms_per_query")
     table.add_column("route")
     for c in cols:
         table.add_column(c, justify="right")

@@ -1,7 +1,7 @@
 import dagster as dg
 
 from assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
-from resources import GraphStoreResource, LazyhippoResource
+from resources import GraphStoreResource, LazyhippoResource, LLMResource
 
 # multiprocess unless configured otherwise: extraction batches run in parallel (`lazyhippo index --workers N`
 # sets max_concurrent; the CLI's default single-process run is in-process)
@@ -20,17 +20,24 @@ rebuild_graph_job = dg.define_asset_job(
 )
 
 
+class Turn(dg.Config):
+    role: str  # "user" or "assistant"
+    content: str
+
+
 class QueryConfig(dg.Config):
     question: str
     route: str = "auto"
     top_k: int = 8
     budget: int = 32000
+    history: list[Turn] = []      # earlier turns of a conversation, oldest first
+    history_budget: int = 2000    # tokens of history sent along (the newest turns that fit)
 
 
 @dg.op(description="Retrieve, assemble a cited context within the token budget, and answer.")
 def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhippo: LazyhippoResource,
-                    graph_store: GraphStoreResource) -> dict:
-    from assets.metadata import table
+                    graph_store: GraphStoreResource, llm: LLMResource) -> dict:
+    from assets.metadata import llm_usage, table
     from lazyhippo.query import answer_question as answer
     from lazyhippo.warehouse import index_notice
 
@@ -39,7 +46,8 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
     if notice:
         context.log.warning(notice)
     result = answer(settings, config.question, route=config.route, top_k=config.top_k, budget=config.budget,
-                    ppr=graph_store.store.ppr_backend(settings.namespace))
+                    ppr=graph_store.store.ppr_backend(settings.namespace), llm=llm.client(settings),
+                    history=[t.model_dump() for t in config.history], history_budget=config.history_budget)
     data = result.to_dict()
     # the answer heads the run page (run tags), not only the step's output event
     context.instance.add_run_tags(context.run_id, {"lazyhippo/question": config.question[:500],
@@ -52,6 +60,8 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
         "chosen_chunks": table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
                                 for i, c in enumerate(data["context"])], ["#", "title", "chunk", "score", "tokens"]),
         **{f"timing_{k}": round(v, 2) for k, v in data.get("timings", {}).items()},
+        "history_turns": len(data["history"]), **llm_usage(data["usage"]),
+        **({"citations_removed": data["diagnostics"]["citations_removed"]} if "citations_removed" in data["diagnostics"] else {}),
     })
     return data
 

@@ -14,7 +14,7 @@ import dagster as dg
 import duckdb
 from pydantic import PrivateAttr
 
-from lazyhippo.config import Settings
+from lazyhippo.config import GraphStoreKind, ObjectStoreKind, Settings
 from lazyhippo.graphstore import GraphStore, open_graph_store
 from lazyhippo.objectstore import ObjectStore, open_object_store
 from lazyhippo.warehouse import WriterSession
@@ -88,7 +88,7 @@ class GraphStoreResource(dg.ConfigurableResource):
     """`embedded` (DuckDB + in-process algorithms) or `neo4j` (Bolt + GDS): one store per run.
     Unset: LAZYHIPPO_GRAPH_STORE, NEO4J_URI / NEO4J_USER / NEO4J_PASSWORD, else the services credentials file."""
 
-    kind: Optional[str] = None   # "embedded" | "neo4j" (lazyhippo.config.GraphStoreKind)
+    kind: Optional[GraphStoreKind] = None
     neo4j_uri: Optional[str] = None
     neo4j_user: Optional[str] = None
     neo4j_password: Optional[str] = None
@@ -96,7 +96,7 @@ class GraphStoreResource(dg.ConfigurableResource):
 
     @property
     def resolved_kind(self) -> str:
-        return self.kind or Settings.from_env().graph_store
+        return GraphStoreKind(self.kind or Settings.from_env().graph_store).value
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._store = open_graph_store(self.resolved_kind, uri=self.neo4j_uri, user=self.neo4j_user,
@@ -120,7 +120,7 @@ class ObjectStoreResource(dg.ConfigurableResource):
     Unset: LAZYHIPPO_OBJECT_STORE, MINIO_ENDPOINT / MINIO_BUCKET / MINIO_ROOT_USER / MINIO_ROOT_PASSWORD,
     else the services credentials file."""
 
-    kind: Optional[str] = None   # "local" | "minio" (lazyhippo.config.ObjectStoreKind)
+    kind: Optional[ObjectStoreKind] = None
     root: Optional[str] = None
     endpoint: Optional[str] = None
     bucket: Optional[str] = None
@@ -128,8 +128,37 @@ class ObjectStoreResource(dg.ConfigurableResource):
     secret_key: Optional[str] = None
 
     def open(self, settings: Settings) -> ObjectStore:
-        return open_object_store(self.kind or settings.object_store, settings, root=self.root, endpoint=self.endpoint,
+        return open_object_store(ObjectStoreKind(self.kind or settings.object_store).value, settings, root=self.root, endpoint=self.endpoint,
                                  bucket=self.bucket, access_key=self.access_key, secret_key=self.secret_key)
+
+
+class LLMResource(dg.ConfigurableResource):
+    """The OpenAI-compatible endpoint `settings.llm` selects (base URL, key and model from the environment
+    unless set here). One client (retry policy, concurrency bound, token meter) per run; None when the
+    settings choose no LLM, which keeps every stage offline."""
+
+    base_url: Optional[str] = None
+    api_key: Optional[str] = None
+    model: Optional[str] = None
+    timeout: float = 120.0
+    max_retries: int = 4
+    concurrency: int = 2
+    _clients: dict = PrivateAttr(default_factory=dict)
+
+    def client(self, settings: Settings):
+        from dataclasses import replace
+
+        from lazyhippo.llm import LLMConfig, OpenAIChat
+
+        if settings.llm != "openai":
+            return None
+        model = self.model or settings.llm_model
+        if model not in self._clients:
+            cfg = LLMConfig.from_env(model, timeout=self.timeout, max_retries=self.max_retries,
+                                     concurrency=self.concurrency)
+            cfg = replace(cfg, **{k: v for k, v in (("base_url", self.base_url), ("api_key", self.api_key)) if v})
+            self._clients[model] = OpenAIChat(cfg)
+        return self._clients[model]
 
 
 def _run_failed(context: dg.InitResourceContext) -> bool:
@@ -139,4 +168,5 @@ def _run_failed(context: dg.InitResourceContext) -> bool:
 
 
 def default_resources() -> dict:
-    return {"lazyhippo": LazyhippoResource(), "graph_store": GraphStoreResource(), "object_store": ObjectStoreResource()}
+    return {"lazyhippo": LazyhippoResource(), "graph_store": GraphStoreResource(), "object_store": ObjectStoreResource(),
+            "llm": LLMResource()}

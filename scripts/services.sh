@@ -34,6 +34,7 @@
 #   LAZYHIPPO_LLM_CTX / LAZYHIPPO_LLM_PARALLEL / LAZYHIPPO_LLM_THREADS  context (shared by the
 #                            slots), parallel slots, compute threads          [8192 / 2 / 1]
 #   LAZYHIPPO_LLM_PYTHON     python (>= 3.10) that creates the server's venv   [python3]
+#   LAZYHIPPO_LLM_CHAT_TEMPLATE  Jinja chat template file     [scripts/services/gemma3-chat-template.jinja]
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -637,7 +638,8 @@ start_llm() {
     (
         export LAZYHIPPO_LLM_MODEL_PATH="$LLM_MODEL" LAZYHIPPO_LLM_PORT="$LLM_PORT" LAZYHIPPO_LLM_ALIAS="$LLM_ALIAS" \
             LAZYHIPPO_LLM_CTX="${LAZYHIPPO_LLM_CTX:-8192}" LAZYHIPPO_LLM_PARALLEL="${LAZYHIPPO_LLM_PARALLEL:-2}" \
-            LAZYHIPPO_LLM_THREADS="${LAZYHIPPO_LLM_THREADS:-1}"
+            LAZYHIPPO_LLM_THREADS="${LAZYHIPPO_LLM_THREADS:-1}" \
+            LAZYHIPPO_LLM_CHAT_TEMPLATE="${LAZYHIPPO_LLM_CHAT_TEMPLATE:-$HELPERS/gemma3-chat-template.jinja}"
         launch "$LLM_PID_FILE" "$LLM_LOG" "$LLM_VENV/bin/python" "$HELPERS/llm_server.py"
     )
     wait_llm

@@ -69,3 +69,21 @@ def namespaces():
         return ns
 
     return new
+
+
+LLM_BASE_URL = os.environ.get("LAZYHIPPO_TEST_LLM_BASE_URL",
+                              f"http://127.0.0.1:{os.environ.get('LAZYHIPPO_LLM_PORT', '8088')}/v1")
+LLM_MODEL = os.environ.get("LAZYHIPPO_LLM_ALIAS", "gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def llm_server() -> tuple[str, str]:
+    """(base URL, model) of the llama.cpp server that `scripts/services.sh start llm` runs on loopback."""
+    from lazyhippo.llm import LLMConfig, LLMError, OpenAIChat
+
+    client = OpenAIChat(LLMConfig(LLM_MODEL, base_url=LLM_BASE_URL, api_key="none", timeout=10, max_retries=0))
+    try:
+        client.check()
+    except LLMError as exc:
+        unavailable(f"LLM server not usable at {LLM_BASE_URL}: {exc}")
+    return LLM_BASE_URL, LLM_MODEL

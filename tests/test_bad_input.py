@@ -18,7 +18,7 @@ from lazyhippo.warehouse import connect, counts
 BAD_PDFS = Path(__file__).resolve().parent.parent.parent / "shared" / "badinput" / "pdfs"
 
 
-def _ingest(settings: Settings) -> dict:
+def _ingest(settings: Settings):
     with connect(settings) as con:
         return ingest_documents(settings, con)
 
@@ -79,9 +79,9 @@ def test_a_long_run_without_spaces_is_cut_and_reported(tmp_path):
     (src / "blob.txt").write_text("The Orrery of Vell was built in 1820.\n" + "x" * 5_000_000 + "\nIt still turns.\n")
     settings = Settings(home=tmp_path / "home", source=str(src))
     out = _ingest(settings)
-    assert out["documents"] == 1
+    assert out.documents == 1
     with connect(settings) as con:
-        chunks = build_chunks(settings, con)["chunks"]
+        chunks = build_chunks(settings, con).chunks
     assert chunks == 1  # was 2,926 junk chunks for a 5 MB line
     reason = _errors(settings)["blob.txt"]
     assert f"more than {MAX_WORD_CHARS} characters without whitespace" in reason and "5,000,000" in reason
@@ -116,7 +116,7 @@ def test_a_file_with_a_colon_in_its_name_keeps_its_indexed_version_when_it_break
     _ingest(settings)
     (src / "notes: part 1.txt").write_bytes(b"\x00\x01binary now")
     out = _ingest(settings)
-    assert out["kept_after_error"] == 1
+    assert out.kept_after_error == 1
     with connect(settings) as con:
         sources = sorted(r[0] for r in con.execute("SELECT source FROM documents").fetchall())
     assert sources == ["notes: part 1.txt", "other.txt"]

@@ -51,7 +51,7 @@ def test_a_reader_holding_the_index_never_breaks_the_next_run(indexed, tmp_path)
     try:
         shutil.copy(SAMPLE_CORPUS / "marlow_observatory.md", Path(indexed.source))
         out = run_index(indexed)  # failed on DuckDB's file lock while the reader held it
-        assert out["documents"]["documents"] == 3
+        assert out["documents"].documents == 3
     finally:
         reader.kill()
         reader.wait()
@@ -94,7 +94,7 @@ def test_a_second_run_in_the_same_home_waits_instead_of_failing(indexed, tmp_pat
     assert time.monotonic() - t0 >= 1.0 and waits and "waiting" in waits[0]
     writer.wait()
     out = run_index(other)
-    assert out["documents"]["documents"] == 1 and counts(other)["documents"] == 1
+    assert out["documents"].documents == 1 and counts(other)["documents"] == 1
 
 
 def test_replacing_rows_is_all_or_nothing(indexed):

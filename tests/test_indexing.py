@@ -20,7 +20,7 @@ from lazyhippo.objectstore import LocalObjectStore
 from lazyhippo.tokens import count_tokens
 from lazyhippo.warehouse import connect
 from pipelines.definitions import all_assets, defs
-from resources import GraphStoreResource, LazyhippoResource, ObjectStoreResource
+from resources import GraphStoreResource, LazyhippoResource, LLMResource, ObjectStoreResource
 
 EXPECTED_ASSETS = {"documents", "chunks", "extractions", "entities", "relations", "mentions", "facts", "embeddings",
                    "knn_edges", "communities", "community_summaries", "exports"}
@@ -37,7 +37,8 @@ def _materialize(home: Path, source: Path, namespace: str = "default") -> dg.Exe
     instance.add_dynamic_partitions("namespaces", [namespace])
     return dg.materialize(all_assets, instance=instance, partition_key=namespace, resources={
         "lazyhippo": LazyhippoResource(home=str(home), source=str(source)),
-        "graph_store": GraphStoreResource(kind="embedded"), "object_store": ObjectStoreResource(kind="local")})
+        "graph_store": GraphStoreResource(kind="embedded"), "object_store": ObjectStoreResource(kind="local"),
+        "llm": LLMResource()})
 
 
 def test_definitions_load_with_every_stage():
@@ -117,7 +118,8 @@ def test_exports_read_back_with_polars_and_match_duckdb(sample_settings):
         for table in EXPORT_TABLES:
             exported = pl.read_parquet(io.BytesIO(store.get(f"default/tables/{table}.parquet")))
             expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").pl()
-            assert exported.height == expected.height > 0, table
+            offline_empty = table == "community_reports"  # reports need an LLM; offline the table is empty
+            assert exported.height == expected.height and (expected.height > 0 or offline_empty), table
             assert exported.equals(expected), table
 
 

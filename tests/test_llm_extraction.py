@@ -18,6 +18,14 @@ GOOD = {"entities": [{"name": "Ada Fenwick", "type": "PERSON", "description": "A
                        "weight": 3}]}
 
 
+REPORT = {"title": "Founders of the observatory", "summary": "Ada Fenwick founded the Marlow Observatory.",
+          "rating": 12, "rating_reason": "Central to the corpus.", "questions": ["Who?", "What?", "When?"],
+          "findings": [{"summary": "A founding", "explanation": "Ada Fenwick founded it.", "entities": ["Ada Fenwick"],
+                        "chunks": [1, 7]},
+                       {"summary": "Uncited", "explanation": "Cites nothing that exists.", "entities": ["Nobody"],
+                        "chunks": [9]}]}
+
+
 @pytest.fixture
 def corpus(tmp_path):
     src = tmp_path / "src"
@@ -31,8 +39,10 @@ def test_llm_extractor_retries_records_failures_and_uses_cache(tmp_path, corpus,
     attempts: dict[str, int] = {}
 
     def reply(prompt: str) -> str:
+        if prompt.startswith("You write a report"):
+            return json.dumps(REPORT)
         if not prompt.startswith("You extract a knowledge graph"):
-            return "TITLE: Founders of the observatory\nSUMMARY: Ada Fenwick founded the Marlow Observatory."
+            return "A merged description."
         key = "poison" if "broken answer" in prompt else "founding"
         attempts[key] = attempts.get(key, 0) + 1
         if key == "poison":
@@ -50,12 +60,17 @@ def test_llm_extractor_retries_records_failures_and_uses_cache(tmp_path, corpus,
         assert "malformed" in next(iter(ex.failures.values()))
         with connect(s, read_only=True) as con:
             names = {n for (n,) in con.execute("SELECT name FROM entities WHERE namespace = 'default'").fetchall()}
-            usage = con.execute("SELECT sum(prompt_tokens) FROM token_usage WHERE stage = 'extractions'").fetchone()[0]
+            usage = con.execute("SELECT sum(prompt_tokens) FROM token_usage WHERE stage = 'extraction'").fetchone()[0]
             failed = con.execute("SELECT count(*) FROM extraction_failures").fetchone()[0]
             titles = {t for (t,) in con.execute("SELECT title FROM community_summaries").fetchall()}
         assert {"Ada Fenwick", "Marlow Observatory", "Founding"} <= names  # the title is an entity too
-        assert usage == 200 and failed == 1
-        assert "Founders of the observatory" in titles  # LLM summaries when an endpoint is configured
+        assert usage == 500 and failed == 1  # every call is counted, the failed attempts too
+        assert "Founders of the observatory" in titles  # the report's title when an endpoint is configured
+        with connect(s, read_only=True) as con:
+            rating, findings = con.execute("SELECT rating, findings FROM community_reports").fetchone()
+        findings = json.loads(findings)
+        assert rating == 10.0 and len(findings) == 1  # clamped to 0-10; the finding citing nothing real dropped
+        assert findings[0]["entities"] == ["Ada Fenwick"] and len(findings[0]["chunk_ids"]) == 1
         calls = sum(p.startswith("You extract") for p in server.prompts)
         again = run_index(s)
         # the cached chunk is not sent again; only the failed chunk is retried

@@ -93,3 +93,15 @@ def test_non_editable_install_finds_its_package_data(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith(str(site))
+
+
+def test_store_kinds_are_a_typed_choice():
+    from pydantic import ValidationError
+
+    from resources import GraphStoreResource, ObjectStoreResource
+
+    assert GraphStoreResource(kind="neo4j").resolved_kind == "neo4j"
+    with pytest.raises(ValidationError, match="embedded"):
+        GraphStoreResource(kind="neo5j")
+    with pytest.raises(ValidationError, match="minio"):
+        ObjectStoreResource(kind="s3")

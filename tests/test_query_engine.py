@@ -493,8 +493,8 @@ class _FakeLLM:
     def __init__(self):
         self.prompts: list[str] = []
 
-    def complete(self, prompt, *, json_mode=False):
-        self.prompts.append(prompt)
+    def complete(self, prompt, **kw):
+        self.prompts.append(prompt[-1]["content"] if isinstance(prompt, list) else prompt)
         return Completion("Tomas Reyes succeeded Ada Fenwick in 1959 [1][2]. Unsupported claim [99].", self.model, 10, 5)
 
 
@@ -504,6 +504,7 @@ def test_llm_answer_is_cited_and_retrieval_makes_no_llm_call(qsettings, route):
     res = answer_question(qsettings, SUCCESSOR_Q, route=route, llm=llm)
     assert len(llm.prompts) == 1  # only the synthesis: local and hybrid retrieval never call the LLM
     assert res.llm == "fake-llm" and [c["n"] for c in res.citations] == [1, 2]
+    assert "[99]" not in res.answer and res.diagnostics["citations_removed"] == 1  # not in the context: removed
     assert "[1]" in llm.prompts[0] and SUCCESSOR_Q in llm.prompts[0]
 
 

@@ -290,13 +290,15 @@ def test_load_generator_counts_requests_and_errors(pool):
 
 def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
     import lazyhippo.serving as serving
+    from lazyhippo.warehouse import snapshot_dir, snapshot_path
 
     pool = IndexPool(Settings(home=home), settle_seconds=0.0).start()
     pool.stop()  # no poller: refresh by hand
     old = pool.get("default").index
-    db = home / "warehouse.duckdb"
-    st = os.stat(db)
-    os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    # a publish replaces the snapshot file, which changes it and its folder (the pool watches the folder)
+    for db in (snapshot_path(Settings(home=home)), snapshot_dir(Settings(home=home))):
+        st = os.stat(db)
+        os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     real = serving.load_index
 
     def locked(*args, **kwargs):

@@ -29,7 +29,7 @@ class ServedEdges:
     entity_types: dict[str, str]
     relations: list[tuple[str, str, float | None]]
     synonyms: list[tuple[str, str, float]]
-    mentions: list[tuple[str, str, int, bool]]   # chunk id, entity id, count, is_title
+    mentions: list[tuple[str, str, int]]   # chunk id, entity id, count
 
 
 def read_served_edges(client: Neo4jClient, namespace: str, version: str) -> ServedEdges:
@@ -41,24 +41,24 @@ def read_served_edges(client: Neo4jClient, namespace: str, version: str) -> Serv
     syn = client.query("MATCH (a:Entity {namespace: $ns})-[r:SEMANTICALLY_SIMILAR]->(b:Entity {namespace: $ns}) "
                        "RETURN collect(a.id) AS s, collect(b.id) AS t, collect(r.score) AS w", ns, raw=True)[0]
     men = client.query("MATCH (c:Chunk {namespace: $ns})-[r:MENTIONS]->(e:Entity {namespace: $ns}) "
-                       "RETURN collect(c.id) AS c, collect(e.id) AS e, collect(r.count) AS n, collect(r.is_title) AS t",
-                       ns, raw=True)[0]
+                       "RETURN collect(c.id) AS c, collect(e.id) AS e, collect(r.count) AS n", ns, raw=True)[0]
     return ServedEdges(version, dict(zip(types["ids"], types["types"])),
                        list(zip(rel["s"], rel["t"], rel["w"])), list(zip(syn["s"], syn["t"], syn["w"])),
-                       list(zip(men["c"], men["e"], men["n"], men["t"])))
+                       list(zip(men["c"], men["e"], men["n"])))
 
 
 def served_adjacency(edges: ServedEdges, index, params: GraphParams) -> sp.csr_matrix:
     """`edges` as the adjacency over `index`'s node order (entities, then chunks); nodes the index does not
-    know are left out, as the loader leaves out rows without an entity."""
+    know are left out, as the loader leaves out rows without an entity. Which entity a passage's title names
+    is derived from names and titles the way the loader derives it (`index.mentions.title_entity`), so the
+    title edges are the same on both stores."""
     epos, cpos = index.entities.pos, index.chunks.pos
     n_e, n_p = len(index.entities.ids), len(index.chunks.ids)
-    kept = [(cpos[c], epos[e], float(n), bool(t)) for c, e, n, t in edges.mentions if c in cpos and e in epos]
-    rows, cols, counts, title = (np.asarray(x) for x in zip(*kept)) if kept else ([], [], [], [])
+    kept = [(cpos[c], epos[e], float(n)) for c, e, n in edges.mentions if c in cpos and e in epos]
+    rows, cols, counts = (np.asarray(x) for x in zip(*kept)) if kept else ([], [], [])
     # one (chunk, entity) entry per mention row, in canonical order, as the loader's count matrix has it
     counts_m = sp.coo_matrix((np.asarray(counts, dtype=np.float32), (rows, cols)), shape=(n_p, n_e)).tocsr().tocoo()
-    title_m = sp.coo_matrix((np.asarray(title, dtype=np.float32), (rows, cols)), shape=(n_p, n_e)).tocsr()
-    is_title = np.asarray(title_m[counts_m.row, counts_m.col]).ravel() > 0
+    is_title = index.mentions.title_entity[counts_m.row] == counts_m.col
     return passage_adjacency(
         params, n_e, n_p, [edges.entity_types.get(e, "") for e in index.entities.ids],
         ((epos.get(a), epos.get(b), w) for a, b, w in edges.relations),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from .loader import GraphIndex, load_index
 from .rerank import RerankStage
 from .routes import RouteRequest, RouteResult, check_route, classify_query, run_route
 from .text import sentences, strip_heading, tokens
+from ..tokens import count_tokens
 from .types import PreparedQuery, ScoredChunk
 
 NO_ANSWER = "No relevant information was found in the index."
@@ -40,18 +41,21 @@ class QueryResult:
     budget: int
     llm: str | None = None              # model that wrote the answer (None: extractive)
     diagnostics: dict = field(default_factory=dict)
+    usage: list[dict] = field(default_factory=list)  # LLM tokens per operation for this question
+    history: list[dict] = field(default_factory=list)  # the turns that were sent along (after the budget)
 
     @property
     def context_text(self) -> str:
         return render_context(self.context)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["context"] = [c.to_dict() for c in self.context]
-        return json.loads(json.dumps(d, default=_jsonable))
+        """Plain JSON types, dataclasses as dicts of their fields (one pass: no deep copy before encoding)."""
+        return json.loads(json.dumps(self, default=_jsonable))
 
 
 def _jsonable(o):
+    if is_dataclass(o) and not isinstance(o, type):
+        return {f.name: getattr(o, f.name) for f in fields(o)}
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     if isinstance(o, np.ndarray):
@@ -89,13 +93,16 @@ def retrieve(settings: Settings, question: str, route: str = "local", top_k: int
 
 def answer_question(settings: Settings, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
                     *, config: QueryConfig | None = None, reranker: RerankStage | None = None, llm="auto", ppr=None,
-                    embedder=None, index: GraphIndex | None = None) -> QueryResult:
+                    embedder=None, index: GraphIndex | None = None, history: list[dict] | None = None,
+                    history_budget: int = 2000) -> QueryResult:
     """Answer `question` from the index of `settings`: route -> (rerank) -> context assembly -> answer.
 
     `llm="auto"` uses the configured OpenAI-compatible endpoint if any (else extractive); pass None to
     force the offline answer or an LLM object to use it. `reranker` is a RerankStage (breaker included).
     `ppr` is a PPRBackend (or function) replacing the embedded power iteration, e.g. Neo4j GDS. `index` is
     an already loaded index (a server's warm one, kept for the whole call even if a newer one is swapped in).
+    `history`: earlier turns ({"role": "user"|"assistant", "content"}), newest last; the newest that fit
+    `history_budget` tokens are sent to the LLM and make a follow-up question standalone for retrieval.
     """
     cfg = config or DEFAULT_CONFIG
     t = {}
@@ -104,10 +111,15 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     t["load_ms"] = (time.perf_counter() - t0) * 1000
     emb = _embedder(settings, embedder)
     model = _resolve_llm(settings, llm)
+    before = model.meter.snapshot() if hasattr(model, "meter") else {}
+    turns = bound_history(history or [], history_budget)
+    search = standalone_question(question, turns, model)
     t1 = time.perf_counter()
     candidates = max(top_k * 3, cfg.candidates)
-    used_route, kind, out = _retrieve(idx, question, route, candidates, cfg, emb, ppr, model)
+    used_route, kind, out = _retrieve(idx, search, route, candidates, cfg, emb, ppr, model)
     chunks, diag, evidence = out.chunks, out.diagnostics, out.evidence
+    if search != question:
+        diag["search_question"] = search
     t["retrieve_ms"] = (time.perf_counter() - t1) * 1000
     for c in chunks:
         c.channels.setdefault("retrieval", c.score)
@@ -125,12 +137,10 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     if not context:
         answer, cited = NO_ANSWER, []
     elif model is not None:
-        try:
-            answer, cited = _llm_answer(model, question, context, evidence if used_route == "global" else [])
-            llm_name = model.model
-        except Exception as exc:  # noqa: BLE001 - the offline answer is the fallback
-            diag["llm_error"] = f"{type(exc).__name__}: {exc}"[:300]
-            answer, cited = extractive_answer(question, context, emb, cfg.answer_sentences)
+        answer, cited, llm_diag = llm_answer(model, question, context, evidence if used_route == "global" else [],
+                                             idx, turns)
+        diag.update(llm_diag)
+        llm_name = model.model
     elif used_route == "global" and evidence:
         answer, cited = community_answer(question, context, evidence, emb, idx)
     else:
@@ -143,7 +153,8 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
         diag["warning"] = f"index embedded with {idx.embedding_model}, queries with {emb.name}"
     return QueryResult(question=question, route=used_route, query_type=kind, answer=answer, citations=citations,
                        context=context, timings={k: round(v, 3) for k, v in t.items()},
-                       context_tokens=stats["tokens"], budget=budget, llm=llm_name, diagnostics=diag)
+                       context_tokens=stats["tokens"], budget=budget, llm=llm_name, diagnostics=diag,
+                       usage=model.meter.since(before) if hasattr(model, "meter") else [], history=turns)
 
 
 def _neighbour_fn(idx: GraphIndex):
@@ -231,32 +242,105 @@ def _anchored(sentence: str, title: str) -> str:
     return f"{title}: {sentence}" if _PRONOUN_START.match(sentence) and title else sentence
 
 
-_CITE = re.compile(r"\[(\d+)\]")
+_CITE_RUN = re.compile(r"( ?)((?:\[\d+(?:\s*,\s*\d+)*\])+)")
+ANSWER_SYSTEM = ("You answer questions from a numbered context. Cite every claim with its source number in brackets, "
+                 "like [1] or [2][3], and only numbers that appear in the context. If the context does not "
+                 "contain the answer, say so.")
+MAP_SCHEMA = {"type": "object", "required": ["answer", "score"],
+              "properties": {"answer": {"type": "string", "maxLength": 600}, "score": {"type": "integer"}}}
 
 
-def _llm_answer(llm, question: str, context: list[ContextChunk], evidence: list[CommunityEvidence]
-                ) -> tuple[str, list[int]]:
+def bound_history(history: list[dict], budget: int) -> list[dict]:
+    """The newest turns whose tokens fit the budget, oldest first; malformed turns are an error."""
+    kept, used = [], 0
+    for turn in reversed(history):
+        if turn.get("role") not in ("user", "assistant") or not isinstance(turn.get("content"), str):
+            raise ValueError(f"history turns need role 'user' or 'assistant' and string content, got {turn!r}")
+        used += count_tokens(turn["content"])
+        if used > budget:
+            break
+        kept.append({"role": turn["role"], "content": turn["content"]})
+    return kept[::-1]
+
+
+def standalone_question(question: str, turns: list[dict], llm) -> str:
+    """A follow-up ("and where was she born?") made self-contained for retrieval: rewritten by the LLM,
+    offline the previous user question is prepended."""
+    previous = [t["content"] for t in turns if t["role"] == "user"]
+    if not previous:
+        return question
+    if llm is None:
+        return f"{previous[-1]} {question}"
+    convo = "\n".join(f"{t['role']}: {t['content'][:500]}" for t in turns[-6:])
+    comp = llm.complete("Rewrite the last question so it can be understood without the conversation (resolve "
+                        "pronouns and references). Reply with the question only.\n\n"
+                        f"Conversation:\n{convo}\n\nLast question: {question}", max_tokens=80, operation="chat")
+    line = comp.text.strip().splitlines()[0].strip() if comp.text.strip() else ""
+    return line if 3 <= len(line) <= 400 else f"{previous[-1]} {question}"
+
+
+def check_citations(text: str, valid: set[int]) -> tuple[str, list[int], int]:
+    """Keep citations of context chunks, remove every other [n] (counted): an answer never points at
+    something the reader cannot see. A run like " [7][2]" or " [3, 9]" is rewritten as a whole."""
+    cited: list[int] = []
+    removed = 0
+
+    def repl(m: re.Match) -> str:
+        nonlocal removed
+        good = []
+        for n in map(int, re.findall(r"\d+", m.group(2))):
+            if n in valid:
+                if n not in good:
+                    good.append(n)
+                if n not in cited:
+                    cited.append(n)
+            else:
+                removed += 1
+        return (m.group(1) + "".join(f"[{n}]" for n in good)) if good else ""
+
+    return _CITE_RUN.sub(repl, text).strip(), cited, removed
+
+
+def global_map(llm, question: str, context: list[ContextChunk], evidence: list[CommunityEvidence], idx: GraphIndex,
+               min_score: int = 20) -> list[tuple[int, str]]:
+    """Map: one partial answer per community with a 0-100 helpfulness score, from its report points and
+    its chunks in the context (cited by their numbers); irrelevant ones (score < min_score) are dropped."""
+    by_id = {c.chunk_id: c for c in context}
+
+    def one(ev: CommunityEvidence) -> tuple[int, str]:
+        ctx = [by_id[cid] for cid in ev.chunk_ids(idx) if cid in by_id]
+        prompt = ("Using only this community's material, answer the question in at most 3 sentences, citing "
+                  "passage numbers like [1]. Then score from 0 to 100 how helpful your answer is (0 if the "
+                  "material holds nothing relevant).\n"
+                  f"Question: {question}\nCommunity: {ev.title}\nSummary: {' '.join(ev.summary_points)}\n"
+                  f"Passages:\n{render_context(ctx) if ctx else '-'}")
+        data, _ = llm.complete_json(prompt, MAP_SCHEMA, operation="answer", max_tokens=300,
+                                    validate=lambda d: (int(d["score"]), str(d["answer"]).strip()))
+        return data
+
+    results = llm.map(one, evidence[:5])
+    fatal = next((r for r in results if isinstance(r, Exception) and not isinstance(r, ValueError)), None)
+    if fatal is not None:
+        raise fatal
+    kept = [r for r in results if not isinstance(r, Exception) and r[0] >= min_score and r[1]]
+    return sorted(kept, key=lambda r: -r[0])
+
+
+def llm_answer(llm, question: str, context: list[ContextChunk], evidence: list[CommunityEvidence], idx: GraphIndex,
+               history: list[dict]) -> tuple[str, list[int], dict]:
+    """The cited answer: the context (and, on the global route, the mapped partial answers) as the last
+    user turn after the conversation so far; citations outside the context are removed and counted."""
+    diag: dict = {}
     partial = ""
-    if evidence:  # global route: map each community to a partial answer, reduce with the cited context
-        notes = []
-        for ev in evidence[:5]:
-            comp = llm.complete(
-                "From this community of related entities, state what is relevant to the question in at most 3 "
-                "sentences, or reply NOTHING if it holds nothing relevant.\n"
-                f"Question: {question}\nCommunity: {ev.title}\nHubs: {', '.join(ev.hubs)}\n"
-                f"Summary points: {' '.join(ev.summary_points)}")
-            if comp.text.strip() and "NOTHING" not in comp.text.upper()[:20]:
-                notes.append(f"- {ev.title}: {comp.text.strip()}")
-        partial = ("Partial answers from related communities:\n" + "\n".join(notes) + "\n\n") if notes else ""
-    prompt = ("Answer the question using only the numbered context. Cite every claim with its source number in "
-              "brackets, like [1] or [2][3]. If the context does not contain the answer, say so.\n\n"
-              f"{partial}Context:\n{render_context(context)}\n\nQuestion: {question}\nAnswer:")
-    comp = llm.complete(prompt)
-    text = comp.text.strip()
-    valid = {c.n for c in context}
-    cited = []
-    for m in _CITE.finditer(text):
-        n = int(m.group(1))
-        if n in valid and n not in cited:
-            cited.append(n)
-    return text, cited
+    if evidence:
+        notes = global_map(llm, question, context, evidence, idx)
+        diag["global_map"] = {"communities": len(evidence[:5]), "kept": len(notes)}
+        if notes:
+            partial = "Partial answers from related communities (best first):\n" + "\n".join(
+                f"- ({score}) {text}" for score, text in notes) + "\n\n"
+    prompt = f"{partial}Context:\n{render_context(context)}\n\nQuestion: {question}\nAnswer:"
+    messages = [{"role": "system", "content": ANSWER_SYSTEM}, *history, {"role": "user", "content": prompt}]
+    comp = llm.complete(messages, max_tokens=300, operation="answer")
+    text, cited, removed = check_citations(comp.text.strip(), {c.n for c in context})
+    diag["citations_removed"] = removed
+    return text or NO_ANSWER, cited, diag

@@ -2,7 +2,7 @@
 
 Runs inside the services venv (.services/llm/venv), never the project's. The server lives in this process
 (xllamacpp embeds llama.cpp's C++ server); SIGTERM/SIGINT stop it. Everything comes from the environment
-that services.sh sets: model path, port, alias, context, slots and threads. Nothing is downloaded.
+that services.sh sets: model path, port, alias, context, slots, threads and chat template. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ def main() -> int:
     threads = int(env["LAZYHIPPO_LLM_THREADS"])
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
+    # The GGUF carries no chat template, and llama.cpp's fallback (ChatML) makes Gemma emit "<|im_end|>" as
+    # text until max_tokens: use Gemma's turn format (system folded into the first user turn).
+    params.chat_template = open(env["LAZYHIPPO_LLM_CHAT_TEMPLATE"], encoding="utf-8").read()
     params.ui = False
     params.offline = True
     params.cache_ram_mib = 256

@@ -1,0 +1,45 @@
+"""A small content-addressed SQLite store of JSON payloads: LLM results are cached by what produced them."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Iterable
+
+
+class JsonCache:
+    """key -> JSON payload. Keys hash the inputs, model and prompt version, so they are shared by all
+    namespaces and a changed prompt or model simply misses."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._con = sqlite3.connect(str(path), check_same_thread=False)
+        self._lock = threading.Lock()
+        self._con.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, payload TEXT NOT NULL)")
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, object]:
+        keys = list(keys)
+        found: dict[str, object] = {}
+        with self._lock:
+            for i in range(0, len(keys), 500):
+                part = keys[i:i + 500]
+                rows = self._con.execute(f"SELECT key, payload FROM cache WHERE key IN ({','.join('?' * len(part))})", part)
+                found.update({k: json.loads(p) for k, p in rows})
+        return found
+
+    def get(self, key: str):
+        return self.get_many([key]).get(key)
+
+    def put_many(self, items: dict[str, object]) -> None:
+        with self._lock:
+            self._con.executemany("INSERT OR REPLACE INTO cache VALUES (?, ?)",
+                                  [(k, json.dumps(v)) for k, v in items.items()])
+            self._con.commit()
+
+    def put(self, key: str, value: object) -> None:
+        self.put_many({key: value})
+
+    def close(self) -> None:
+        self._con.close()
