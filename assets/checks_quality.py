@@ -11,6 +11,7 @@ import dagster as dg
 from lazyhippo.quality import context_quality, probe_questions, retrieval_outcome, source_file, themes_outcome
 from resources import GraphStoreResource, LazyhippoResource
 
+from ._partitions import WAREHOUSE_TAGS
 from .metadata import check_result, table
 
 
@@ -28,7 +29,7 @@ def _result(outcome, tables: dict) -> dg.AssetCheckResult:
     return check_result(outcome, tables, dg.AssetCheckSeverity.WARN)
 
 
-@dg.asset_check(asset="community_summaries", blocking=False,
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="Assembled contexts on a fixed query set: no duplicate chunk, within budget, few noise chunks, cited.")
 def context_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     from lazyhippo.query import answer_question
@@ -42,7 +43,7 @@ def context_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreR
     return _result(outcome, {"queries_run": table(rows, ["question", "route", "chunks", "tokens", "citations"])})
 
 
-@dg.asset_check(asset="community_summaries", blocking=False,
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="Global questions (themes.json beside the source): share of expected themes in the context.")
 def theme_coverage_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     from lazyhippo.query import answer_question
@@ -62,7 +63,7 @@ def theme_coverage_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreRe
                               ["question", "coverage", "missing themes"])})
 
 
-@dg.asset_check(asset="community_summaries", blocking=False,
+@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="recall@5 of the local route on questions.json (or questions_dev.json) beside the source, "
                             "by passage id when the questions carry supporting_ids, against a floor.")
 def retrieval_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:

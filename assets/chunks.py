@@ -3,10 +3,11 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
+from ._partitions import WAREHOUSE_TAGS, namespaces
 from .metadata import OWNERS, preview
 
 
-@dg.asset(deps=["documents"], group_name="per_document", kinds={"duckdb", "neo4j"}, owners=OWNERS,
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["documents"], group_name="per_document", kinds={"duckdb", "neo4j"}, owners=OWNERS,
           description="Token-aware chunks (tiktoken) with citation metadata.")
 def chunks(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()

@@ -3,10 +3,11 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
+from ._partitions import WAREHOUSE_TAGS, namespaces
 from .metadata import OWNERS, table
 
 
-@dg.asset(deps=["relations", "knn_edges"], group_name="graph", kinds={"duckdb", "igraph", "neo4j"}, owners=OWNERS,
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["relations", "knn_edges"], group_name="graph", kinds={"duckdb", "igraph", "neo4j"}, owners=OWNERS,
           description="Leiden/Louvain communities over relations + KNN edges; every entity gets a community_id and a PageRank.")
 def communities(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()

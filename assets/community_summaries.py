@@ -3,10 +3,11 @@ import dagster as dg
 from resources import GraphStoreResource, LazyhippoResource, LLMResource
 from lazyhippo.index import run_stage
 
+from ._partitions import WAREHOUSE_TAGS, namespaces
 from .metadata import OWNERS, llm_usage, table
 
 
-@dg.asset(deps=["communities"], group_name="graph", kinds={"duckdb", "neo4j"}, owners=OWNERS,
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["communities"], group_name="graph", kinds={"duckdb", "neo4j"}, owners=OWNERS,
           description="Per community: title, summary and hub entities (extractive offline); with an LLM, GraphRAG-style reports\n(rating, cited findings, 3 questions). Embedded.")
 def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
                         graph_store: GraphStoreResource, llm: LLMResource) -> dg.MaterializeResult:

@@ -3,12 +3,13 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource, LLMResource
 
+from ._partitions import WAREHOUSE_TAGS, namespaces
 from .metadata import OWNERS, llm_usage, preview
 
 _KINDS = {"duckdb", "sql", "neo4j"}
 
 
-@dg.multi_asset(
+@dg.multi_asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS,
     specs=[dg.AssetSpec("entities", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
                         description="Entities deduplicated by normalized name (dbt_like_sql/entities.sql)."),
            dg.AssetSpec("relations", deps=["extractions"], kinds=_KINDS, owners=OWNERS,

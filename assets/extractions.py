@@ -1,29 +1,60 @@
+"""Extractions fan out: one mapped step per batch of out-of-date documents, each writing per-document Parquet
+parts through the object store, so the multiprocess (or a Kubernetes/Celery) executor extracts in parallel and
+no worker needs a file local to another (lazyhippo/parts.py)."""
+
 import dagster as dg
 
-from lazyhippo.index import run_stage
-from resources import GraphStoreResource, LazyhippoResource, LLMResource
+from lazyhippo.parts import Batch, collect_parts, extract_batch, plan_batches
+from resources import LazyhippoResource, ObjectStoreResource
 
-from .metadata import OWNERS, llm_usage, table
+from ._partitions import WAREHOUSE_TAGS, namespaces
+from .metadata import OWNERS, figures, table
 
 
-@dg.asset(deps=["chunks"], group_name="per_document", kinds={"duckdb", "spacy"}, owners=OWNERS,
-          description="Entities, relations and facts per chunk; cached by (chunk hash, extractor, model, prompt version).")
-def extractions(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
-                graph_store: GraphStoreResource, llm: LLMResource) -> dg.MaterializeResult:
+class ExtractionBatchConfig(dg.Config):
+    batch_chunks: int = 400  # chunks per mapped step: smaller batches spread over more workers
+
+
+@dg.op(tags=WAREHOUSE_TAGS, ins={"start": dg.In(dg.Nothing)}, out=dg.DynamicOut(dict), description="Documents whose extraction is missing or stale, in batches (objects).")
+def plan_extraction_batches(context: dg.OpExecutionContext, config: ExtractionBatchConfig,
+                            lazyhippo: LazyhippoResource, object_store: ObjectStoreResource):
     settings = lazyhippo.settings()
-    last = [0]
-
-    def progress(stage: str, done: int, total: int) -> None:
-        if done - last[0] >= 1000 or done == total:
-            last[0] = done
-            context.log.info(f"{stage}: {done}/{total} chunks extracted")
-
     with lazyhippo.warehouse() as con:
-        stats = run_stage("extractions", settings, con, graph_store.store, progress=progress, run_id=context.run.run_id,
-                          llm=llm.client(settings))
-    for cid, reason in list(stats.failures.items())[:20]:
-        context.log.warning(f"extraction failed for chunk {cid}: {reason}")
-    return dg.MaterializeResult(metadata={
-        **stats.figures(), "dagster/row_count": stats.raw_entities,
-        "failed_chunks": table(list(stats.failures.items())[:50], ["chunk_id", "reason"]), **llm_usage(stats.llm_usage),
+        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks)
+    context.log.info(f"{figures['documents_to_extract']} of {figures['documents']} documents to extract "
+                     f"in {figures['batches']} batches")
+    for b in batches or [Batch("", "none", ())]:  # one (empty) step keeps the collect step running
+        yield dg.DynamicOutput({"key": b.key, "name": b.name, "doc_ids": list(b.doc_ids)}, mapping_key=b.name)
+
+
+@dg.op(description="Extract one batch; one Parquet part per document through the object store.")
+def extract_documents(context: dg.OpExecutionContext, batch: dict, lazyhippo: LazyhippoResource,
+                      object_store: ObjectStoreResource) -> dict:
+    if not batch["key"]:
+        return {}
+    settings = lazyhippo.settings()
+    stats = extract_batch(settings, object_store.open(settings), batch["key"])
+    context.log.info(f"batch {batch['name']}: {stats['documents']} documents, {stats['computed']} chunks extracted, "
+                     f"{stats['cached']} cached, {stats['parts_kept']} parts kept")
+    return {**stats, "batch": batch}
+
+
+@dg.op(tags=WAREHOUSE_TAGS, out=dg.Out(dg.Nothing), description="Load the new parts into the warehouse's extracted_* tables.")
+def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], lazyhippo: LazyhippoResource,
+                          object_store: ObjectStoreResource) -> None:
+    settings = lazyhippo.settings()
+    batches = [Batch(s["batch"]["key"], s["batch"]["name"], tuple(s["batch"]["doc_ids"])) for s in stats if s]
+    with lazyhippo.warehouse() as con:
+        out = collect_parts(settings, con, object_store.open(settings), batches, stats, context.run_id)
+    context.add_output_metadata({
+        **figures(out), "dagster/row_count": out["raw_entities"], "batches": len(batches),
+        "per_batch": table([(s["batch"]["name"], s["documents"], s["computed"], s["cached"], s["failed"])
+                               for s in stats if s], ["batch", "documents", "extracted", "cached", "failed"]),
     })
+
+
+@dg.graph_asset(partitions_def=namespaces, group_name="per_document", kinds={"duckdb", "spacy", "parquet"}, owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
+                description="Entities, relations and facts per chunk, extracted in parallel batches; per-document "
+                            "parts in the object store; cached by (chunk hash, extractor, model, prompt version).")
+def extractions(chunks):
+    return load_extraction_parts(plan_extraction_batches(start=chunks).map(extract_documents).collect())

@@ -3,10 +3,11 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
+from ._partitions import WAREHOUSE_TAGS, namespaces
 from .metadata import OWNERS, preview
 
 
-@dg.asset(deps=["embeddings"], group_name="graph", kinds={"duckdb", "faiss", "neo4j"}, owners=OWNERS,
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["embeddings"], group_name="graph", kinds={"duckdb", "faiss", "neo4j"}, owners=OWNERS,
           description="SEMANTICALLY_SIMILAR edges: top-k cosine neighbours per entity above a cutoff.")
 def knn_edges(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()

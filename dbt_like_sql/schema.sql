@@ -3,6 +3,14 @@ CREATE TABLE IF NOT EXISTS documents (
   namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, source VARCHAR NOT NULL, title VARCHAR,
   kind VARCHAR, content_hash VARCHAR NOT NULL, n_chars BIGINT, sections VARCHAR NOT NULL,
   PRIMARY KEY (namespace, doc_id));
+-- Documents removed by `lazyhippo delete`: skipped by later ingests while their content is unchanged.
+CREATE TABLE IF NOT EXISTS deleted_documents (
+  namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, source VARCHAR NOT NULL, content_hash VARCHAR NOT NULL,
+  deleted_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (namespace, doc_id));
+-- Entity merges (`lazyhippo merge`) by normalized name, folded in after every rebuild of the graph tables.
+CREATE TABLE IF NOT EXISTS entity_merges (
+  namespace VARCHAR NOT NULL, source_norm VARCHAR NOT NULL, target_norm VARCHAR NOT NULL, strategy VARCHAR NOT NULL,
+  seq BIGINT NOT NULL, merged_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (namespace, seq, source_norm));
 CREATE TABLE IF NOT EXISTS document_errors (
   namespace VARCHAR NOT NULL, source VARCHAR NOT NULL, reason VARCHAR NOT NULL,
   PRIMARY KEY (namespace, source));
@@ -17,6 +25,10 @@ CREATE TABLE IF NOT EXISTS extracted_entities (
 CREATE TABLE IF NOT EXISTS extracted_relations (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, source VARCHAR NOT NULL,
   target VARCHAR NOT NULL, description VARCHAR, weight DOUBLE);
+-- Which extraction of each document the warehouse holds (lazyhippo/parts.py): the signature of its chunks'
+-- cache keys, so a parallel run plans only the documents whose chunks or extractor changed.
+CREATE TABLE IF NOT EXISTS extraction_parts (
+  namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, signature VARCHAR NOT NULL, PRIMARY KEY (namespace, doc_id));
 CREATE TABLE IF NOT EXISTS extraction_failures (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, reason VARCHAR NOT NULL,
   PRIMARY KEY (namespace, chunk_id));

@@ -21,8 +21,9 @@ from .chunking import Chunk, chunk_document
 from .config import Settings
 from .documents import Document, Section, read_source, sha
 from .embedding import get_embedder
-from .extraction import ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
+from .extraction import Extraction, ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
 from .graphstore import GraphStore
+from .lifecycle import skip_deleted
 from .llm import OpenAIChat, configured_llm
 from .objectstore import ObjectStore
 from .reports import build_community_reports, summarize_graph_descriptions
@@ -68,6 +69,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> Docu
     rows = [{"doc_id": d.doc_id, "source": d.source, "title": d.title, "kind": d.kind,
              "content_hash": d.content_hash, "n_chars": len(d.text),
              "sections": json.dumps([s.__dict__ for s in d.sections])} for d in docs]
+    rows, skipped_deleted = skip_deleted(con, ns, rows)
     ids = {r["doc_id"] for r in rows}
     previous = [dict(zip(cols, r)) for r in con.execute(
         f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
@@ -79,7 +81,8 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> Docu
     replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
     return DocumentsResult(documents=len(rows), errors=errors, changed=changed,
-                           removed=len(set(before) - {r["doc_id"] for r in rows}), kept_after_error=len(kept))
+                           removed=len(set(before) - {r["doc_id"] for r in rows}), kept_after_error=len(kept),
+                           skipped_deleted=len(skipped_deleted))
 
 
 def _from_files(source: str, files: set[str]) -> bool:
@@ -122,6 +125,37 @@ def make_extractor(settings: Settings, llm=None):
     raise ValueError(f"unknown extractor {settings.extractor!r} (expected 'nlp' or 'llm')")
 
 
+EXTRACTION_SCHEMAS = {
+    "extracted_entities": pa.schema([("chunk_id", pa.string()), ("name", pa.string()), ("type", pa.string()),
+                                     ("description", pa.string())]),
+    "extracted_relations": pa.schema([("chunk_id", pa.string()), ("source", pa.string()), ("target", pa.string()),
+                                      ("description", pa.string()), ("weight", pa.float64())]),
+    "extracted_facts": pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("text", pa.string()),
+                                  ("names", pa.list_(pa.string()))]),
+    "extraction_failures": pa.schema([("chunk_id", pa.string()), ("reason", pa.string())]),
+}
+
+
+def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+                      failures: dict[str, str], scope: list[str] | None = None) -> dict:
+    """Write the extracted_* rows of `results` (chunk_id -> extraction): the namespace's rows, or only those of
+    the chunks in `scope`; rows of chunks no longer in `chunks` go either way."""
+    rows: dict[str, list[dict]] = {t: [] for t in EXTRACTION_SCHEMAS}
+    for cid, ex in results.items():
+        rows["extracted_entities"] += [{"chunk_id": cid, **e} for e in ex.entities]
+        rows["extracted_relations"] += [{"chunk_id": cid, **r} for r in ex.relations]
+        rows["extracted_facts"] += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]}
+                                    for i, f in enumerate(ex.facts)]
+    rows["extraction_failures"] = [{"chunk_id": c, "reason": r} for c, r in failures.items()]
+    where, params = ("AND chunk_id IN (SELECT unnest(?))", [scope]) if scope is not None else ("", [])
+    for table, schema in EXTRACTION_SCHEMAS.items():
+        replace_rows(con, table, ns, _ns(pa.Table.from_pylist(rows[table], schema), ns), where, params)
+        con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
+                    "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
+    return {"raw_entities": len(rows["extracted_entities"]), "raw_relations": len(rows["extracted_relations"]),
+            "facts": len(rows["extracted_facts"])}
+
+
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,
                     progress: Progress | None = None, run_id: str | None = None, llm="auto") -> ExtractionsResult:
     """Cached extraction of every chunk. An endpoint error stops the stage after caching what finished
@@ -139,24 +173,10 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
     finally:
         cache.close()
         usage = record_usage(con, ns, run_id, llm, before)
-    ents, rels, facts = [], [], []
-    for cid, ex in run.results.items():
-        ents += [{"chunk_id": cid, **e} for e in ex.entities]
-        rels += [{"chunk_id": cid, **r} for r in ex.relations]
-        facts += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]} for i, f in enumerate(ex.facts)]
-    schema_e = pa.schema([("chunk_id", pa.string()), ("name", pa.string()), ("type", pa.string()), ("description", pa.string())])
-    schema_r = pa.schema([("chunk_id", pa.string()), ("source", pa.string()), ("target", pa.string()),
-                          ("description", pa.string()), ("weight", pa.float64())])
-    schema_f = pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("text", pa.string()), ("names", pa.list_(pa.string()))])
-    replace_rows(con, "extracted_entities", ns, _ns(pa.Table.from_pylist(ents, schema_e), ns))
-    replace_rows(con, "extracted_relations", ns, _ns(pa.Table.from_pylist(rels, schema_r), ns))
-    replace_rows(con, "extracted_facts", ns, _ns(pa.Table.from_pylist(facts, schema_f), ns))
-    fail_rows = [{"chunk_id": c, "reason": r} for c, r in run.failures.items()]
-    replace_rows(con, "extraction_failures", ns, _ns(pa.Table.from_pylist(fail_rows), ns) if fail_rows else None)
+    written = store_extractions(con, ns, run.results, run.failures)
     return ExtractionsResult(chunks=len(chunks), cached=run.cached, computed=run.computed, failed=len(run.failures),
                              failures=run.failures, extractor=f"{extractor.name}:{extractor.model}",
-                             raw_entities=len(ents), raw_relations=len(rels), facts=len(facts),
-                             prompt_tokens=sum(u["prompt_tokens"] for u in usage),
+                             **written, prompt_tokens=sum(u["prompt_tokens"] for u in usage),
                              completion_tokens=sum(u["completion_tokens"] for u in usage), llm_usage=usage)
 
 
@@ -164,7 +184,13 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
                        run_id: str | None = None) -> GraphTablesResult:
     """The SQL models, in dependency order: the kept entities filter relations, mentions and facts. With an
     LLM, long entity and relation descriptions are then summarized (map-reduce, cached)."""
-    counts = {m: run_sql_model(con, m, settings.namespace) for m in ("entities", "relations", "mentions", "facts")}
+    from .merge import apply_merges
+
+    for m in ("entities", "relations", "mentions", "facts"):
+        run_sql_model(con, m, settings.namespace)
+    merged = apply_merges(con, settings.namespace)  # recorded entity merges, folded in again
+    counts = {t: count(con, t, settings.namespace) for t in ("entities", "relations", "mentions", "facts")}
+    counts["merged_entities"] = merged
     if llm is None:
         return GraphTablesResult(**counts)
     before = llm.meter.snapshot()
@@ -315,12 +341,12 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
 
 
 def _stages(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore | None,
-            progress: Progress | None, run_id: str, llm=None) -> dict[str, Callable[[], StageResult]]:
+            progress: Progress | None, run_id: str, llm=None, extractor=None) -> dict[str, Callable[[], StageResult]]:
     """Every indexing stage by the name of the asset it materializes, in dependency order."""
     return {
         "documents": lambda: ingest_documents(settings, con),
         "chunks": lambda: build_chunks(settings, con),
-        "extractions": lambda: run_extractions(settings, con, progress=progress, run_id=run_id, llm=llm),
+        "extractions": lambda: run_extractions(settings, con, extractor, progress=progress, run_id=run_id, llm=llm),
         "entities": lambda: build_graph_tables(settings, con, llm, run_id),   # with relations, mentions, facts
         "embeddings": lambda: build_embeddings(settings, con),
         "knn_edges": lambda: build_knn_edges(settings, con, store),
@@ -332,14 +358,15 @@ def _stages(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStor
 
 STAGE_NAMES = ("documents", "chunks", "extractions", "entities", "embeddings", "knn_edges", "communities",
                "community_summaries", "exports")
+GRAPH_STAGES = STAGE_NAMES[STAGE_NAMES.index("entities"):]  # rebuilt from the per-document tables (index, delete)
 
 
 def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
               objects: ObjectStore | None = None, progress: Progress | None = None,
-              run_id: str = "library", llm=None) -> StageResult:
+              run_id: str = "library", llm=None, extractor=None) -> StageResult:
     """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
     cannot leave the served graph stale. The sync's figures come back as `synced`."""
-    result = _stages(settings, con, store, objects, progress, run_id, llm)[asset]()
+    result = _stages(settings, con, store, objects, progress, run_id, llm, extractor)[asset]()
     return replace(result, synced=store.sync(con, settings.namespace, asset))
 
 
@@ -350,7 +377,7 @@ def sync_all(store: GraphStore, con: duckdb.DuckDBPyConnection, namespace: str) 
 
 
 def run_index(settings: Settings, store: GraphStore | None = None, objects: ObjectStore | None = None,
-              progress: Progress | None = None, run_id: str = "library", llm="auto") -> dict:
+              progress: Progress | None = None, run_id: str = "library", llm="auto", extractor=None) -> dict:
     """Every stage in order, without Dagster: the library entry point (the bench uses it too). `llm`:
     "auto" (the LLM the settings choose, else offline), None (offline) or a client."""
     from .graphstore import EmbeddedGraphStore
@@ -367,7 +394,7 @@ def run_index(settings: Settings, store: GraphStore | None = None, objects: Obje
             if progress:
                 progress("index", i, len(STAGE_NAMES))
             t0 = time.perf_counter()
-            out[name] = run_stage(name, settings, con, store, objects, progress, run_id, llm)
+            out[name] = run_stage(name, settings, con, store, objects, progress, run_id, llm, extractor)
             timings[name] = round(time.perf_counter() - t0, 2)
         if progress:
             progress("index", len(STAGE_NAMES), len(STAGE_NAMES))

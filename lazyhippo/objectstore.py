@@ -16,6 +16,8 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str = "") -> list[str]: ...
 
+    def delete(self, key: str) -> None: ...
+
     @property
     def uri(self) -> str: ...
 
@@ -53,6 +55,9 @@ class LocalObjectStore:
 
     def get(self, key: str) -> bytes:
         return self._path(key).read_bytes()
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.exists():

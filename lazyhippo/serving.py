@@ -3,10 +3,11 @@ swapped atomically when the warehouse changes.
 
 A query takes the namespace's current `Warm` entry and keeps it for its whole run, so a query in flight
 finishes on the index it started with while a refresher thread builds the newer one off the request path.
-The warehouse counts as changed when its file's modification time moved and then stayed put for
-`settle_seconds` (an index run writes in bursts; the pool does not read a half-written index between them);
-`begin_write()`/`end_write()` stop refreshing while this process itself writes (an index run the server
-launched), then force one.
+Indexes are read from the published snapshots (`published/<namespace>.duckdb`, replaced atomically at the
+end of a complete index run; see `lazyhippo.warehouse`): a run under way is never read half-written and the
+server never holds a lock a run needs. The snapshot folder's modification time is the version; a change is
+reloaded once it has stayed put for `settle_seconds`. `begin_write()`/`end_write()` bracket an index run this
+process launched: no polling meanwhile, one forced refresh right after it.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ class DocumentsResult(StageResult):
     changed: int
     removed: int
     kept_after_error: int
+    skipped_deleted: int = 0   # deleted by `lazyhippo delete`, unchanged since: kept out
     errors: list[ReadError] = field(default_factory=list)
 
 
@@ -57,6 +58,7 @@ class GraphTablesResult(StageResult):
     relations: int
     mentions: int
     facts: int
+    merged_entities: int = 0   # recorded merges folded in (`lazyhippo merge`)
     entities_summarized: int = 0    # descriptions map-reduced by the LLM
     relations_summarized: int = 0
 

@@ -32,7 +32,7 @@ from .config import Settings
 from .names import norm_key
 
 TABLES = (
-    "documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
+    "documents", "deleted_documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
     "extracted_facts", "extraction_failures", "entities", "relations", "mentions", "facts",
     "embeddings", "knn_edges", "entity_scores", "communities", "community_summaries", "community_reports", "token_usage",
 )
@@ -105,20 +105,27 @@ def connect(settings: Settings, read_only: bool = False) -> Iterator[duckdb.Duck
         con.close()
 
 
+_IN_TRANSACTION: set[int] = set()  # ids of connections inside transaction()
+
+
 @contextmanager
 def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
-    """All or nothing; inside an open transaction it simply joins it."""
-    try:
-        con.begin()
-    except duckdb.TransactionException:  # already in one: the outer transaction commits
+    """All or nothing; inside an open transaction() it simply joins it (tracked here: in DuckDB a second BEGIN
+    fails and aborts the open transaction)."""
+    if id(con) in _IN_TRANSACTION:
         yield con
         return
+    con.begin()
+    _IN_TRANSACTION.add(id(con))
     try:
         yield con
     except BaseException:
         con.rollback()
         raise
-    con.commit()
+    else:
+        con.commit()
+    finally:
+        _IN_TRANSACTION.discard(id(con))
 
 
 def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, rows: pa.Table | None,

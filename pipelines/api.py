@@ -221,7 +221,8 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
             log.info("index run %s for namespace %s ended (success=%s)", run_id, namespace, ok)
 
         config = run_config({"lazyhippo": {"home": str(home), "namespace": namespace, "source": str(source.resolve())}})
-        run_id = launch("index", home, config, tags={"lazyhippo/api": how}, on_done=done)
+        run_id = launch("index", home, config, tags={"lazyhippo/api": how}, on_done=done,
+                        namespace=namespace)
         launched[run_id] = namespace
         return {"run_id": run_id, "namespace": namespace, "status_url": f"/api/runs/{run_id}"}
 

@@ -67,7 +67,8 @@ def root_cause(result) -> str | None:
     return None
 
 
-def _run(job: str, home: Path, resources: dict, ops: dict | None = None):
+def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespace: str | None = None,
+         workers: int = 1):
     from .runner import execute, run_config
 
     tag = {"lazyhippo/cli_run": uuid.uuid4().hex}
@@ -82,7 +83,7 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None):
                 bar.update(tasks[step], total=1, completed=1, description=f"{job}: {step} {state}")
                 bar.stop_task(tasks[step])
 
-        result = execute(job, home, run_config(resources, ops), on_step, tags=tag)
+        result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace, workers=workers)
     if not result.success:
         for event in result.all_events:
             if event.is_step_failure:
@@ -118,7 +119,9 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
           knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
           knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
-          community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]")) -> None:
+          community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]"),
+          workers: int = typer.Option(1, min=1, help="Worker processes: >1 runs the multiprocess executor, "
+                                                     "extraction batches in parallel (docs/scale-out.md).")) -> None:
     """Materialize every indexing asset through Dagster, with a progress display (unset options: lazyhippo.config.Settings)."""
     root = _home(home)
     source = (path or SAMPLE_CORPUS).resolve()
@@ -130,7 +133,7 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
                       "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
                       "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
-    })
+    }, namespace=namespace, workers=workers)
     status(home=root, namespace=namespace, as_json=False)
     print_usage(run_usage(Settings(home=root, namespace=namespace), result.run_id), Console())
 
@@ -187,6 +190,99 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
 
 
 app.command("chat")(chat)
+
+
+def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Optional[str], object_store: Optional[str],
+                       edit) -> None:
+    """Apply `edit(settings, con, store, objects) -> message` to the index (a ValueError is a clear error that
+    changes nothing), then rebuild the graph-wide assets through the Dagster `rebuild_graph` job."""
+    from lazyhippo.graphstore import open_graph_store
+    from lazyhippo.objectstore import open_object_store
+    from lazyhippo.warehouse import WriterSession
+
+    root = _home(home)
+    settings = Settings.from_env(home=root, namespace=namespace, graph_store=graph_store, object_store=object_store)
+    store = open_graph_store(settings.graph_store)
+    try:
+        with WriterSession(settings, f"cli-{uuid.uuid4().hex[:8]}") as writer, writer.connect() as con:
+            message = edit(settings, con, store, open_object_store(settings.object_store, settings))
+    except ValueError as exc:  # unknown document or entity, bad strategy
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    finally:
+        store.close()
+    console.print(message)
+    _run("rebuild_graph", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
+                                 "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}},
+         namespace=namespace)
+    status(home=root, namespace=namespace, as_json=False)
+
+
+@app.command()
+def delete(documents: list[str] = typer.Argument(..., help="doc_id or source path (as in the documents table) of each document."),
+           home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
+           graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
+           object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
+    """Remove documents (chunks, mentions, facts) and rebuild the graph from the cached extractions of the rest."""
+    from lazyhippo.lifecycle import remove_documents
+
+    def edit(settings, con, store, objects) -> str:
+        deleted = remove_documents(settings, con, documents, store, objects)
+        return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
+
+    _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
+
+
+@app.command()
+def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names or ids as in the entities table)."),
+          into: str = typer.Option(..., "--into", help="The entity that remains."),
+          strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest"),
+          home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
+          graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
+          object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
+    """Merge entities into one (relations redirected, self-loops dropped, duplicates combined); recorded, so every
+    later index applies it again; the graph-wide assets are rebuilt through Dagster."""
+    from lazyhippo.merge import merge_on_neo4j, record_merge
+
+    def edit(settings, con, store, objects) -> str:
+        done = record_merge(con, namespace, sources, into, strategy)
+        if store.name == "neo4j":
+            merge_on_neo4j(store, namespace, done)
+        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}"
+
+    _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
+
+
+@app.command("export")
+def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md | parquet"),
+               tables: str = typer.Option("entities,relations,chunks", help="Comma-separated tables."),
+               out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default ./export-<namespace>)."),
+               batch_rows: int = typer.Option(5000, min=1, help="Rows per streamed batch (bounds memory)."),
+               home: Optional[Path] = HomeOpt, namespace: str = NsOpt) -> None:
+    """Write tables of one namespace as files, streamed in batches: one file per table (one sheet per table in
+    lazyhippo.xlsx)."""
+    from lazyhippo.export import check_request, export_tables
+    from lazyhippo.warehouse import connect
+
+    names = [t.strip() for t in tables.split(",") if t.strip()]
+    try:
+        check_request(fmt, names)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    settings = Settings.from_env(home=_home(home), namespace=namespace)
+    if not counts(settings)["chunks"]:
+        console.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
+        raise typer.Exit(2)
+    target = (out or Path(f"export-{namespace}")).resolve()
+    with connect(settings, read_only=True) as con:
+        try:
+            done = export_tables(con, namespace, fmt, names, target, batch_rows)
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+    for e in done:
+        console.print(f"{e.table}: {e.rows} rows -> {e.path}")
 
 
 @app.command()
@@ -335,6 +431,28 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
         table.add_row(route, *(f"{r[c]:.2f}" for c in cols), str(r["n"]))
     Console().print(table)
     print(json.dumps({"graph_store": graph_store, **{f"{route}_{c}": round(r[c], 2) for route, r in result.items() for c in cols}}))
+
+
+@bench.command("index")
+def bench_index(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="JSONL corpus {id,title,text}."),
+                workers: int = typer.Option(2, min=2, help="Worker processes of the parallel run (against 1)."),
+                limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
+                workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first).")) -> None:
+    """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
+    to date after one changed and after one deleted document."""
+    from .bench_index import run_index_bench
+
+    if not corpus.is_file():
+        console.print(f"[red]error:[/red] corpus {corpus} does not exist")
+        raise typer.Exit(2)
+    result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+    table = Table(title=f"index on {corpus.name}: {result['documents']} documents")
+    for c in ("run", "seconds", "per-document stages s"):
+        table.add_column(c, justify="left" if c == "run" else "right")
+    for key in ("full_1", f"full_{workers}", "full_in_process", "changed_one", "deleted_one"):
+        table.add_row(key, str(result[key]["seconds"]), str(result[key]["per_document_seconds"]))
+    Console().print(table)
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
 
 
 @bench.command("serve")

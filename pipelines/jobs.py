@@ -1,11 +1,22 @@
 import dagster as dg
 
+from assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
 from resources import GraphStoreResource, LazyhippoResource, LLMResource
 
+# multiprocess unless configured otherwise: extraction batches run in parallel (`lazyhippo index --workers N`
+# sets max_concurrent; the CLI's default single-process run is in-process)
 index_job = dg.define_asset_job(
-    "index", selection=dg.AssetSelection.all(), executor_def=dg.in_process_executor,
+    "index", selection=dg.AssetSelection.all(), executor_def=dg.multi_or_in_process_executor,
     tags={"lazyhippo/writer": "warehouse"},  # the run queue starts one at a time (see runner.INSTANCE_CONFIG)
     description="Index the source into the knowledge graph: documents to communities to Parquet exports.",
+)
+
+# the query-quality checks read questions beside the source, which a rebuild does not know: the audit runs alone
+rebuild_graph_job = dg.define_asset_job(
+    "rebuild_graph", executor_def=dg.in_process_executor, tags={"lazyhippo/writer": "warehouse"},
+    selection=dg.AssetSelection.groups("graph", "exports")
+    - dg.AssetSelection.checks(context_quality_check, theme_coverage_check, retrieval_quality_check),
+    description="Rebuild the graph-wide assets (entities onward) from the per-document tables: after `lazyhippo delete`.",
 )
 
 

@@ -9,6 +9,8 @@ from lazyhippo.config import MIN_CHUNK_TOKENS, GraphStoreKind, ObjectStoreKind, 
 from lazyhippo.documents import SUPPORTED, iter_files
 from lazyhippo.embedding import PROFILES as EMBEDDER_PROFILES
 
+GRAPH_STORES = tuple(k.value for k in GraphStoreKind)
+OBJECT_STORES = tuple(k.value for k in ObjectStoreKind)
 EXTRACTORS = ("nlp", "llm")
 COMMUNITY_ALGORITHMS = ("leiden", "louvain")
 
@@ -56,8 +58,8 @@ def check_index_options(source: Path, namespace: str, *, chunk_size: int | None,
     if knn_cutoff is not None and not -1.0 <= knn_cutoff <= 1.0:
         raise OptionError(f"--knn-cutoff is a cosine similarity in [-1, 1] (got {knn_cutoff:g})")
     _choice("--community-algorithm", community_algorithm, COMMUNITY_ALGORITHMS)
-    _choice("--graph-store", graph_store, [k.value for k in GraphStoreKind])
-    _choice("--object-store", object_store, [k.value for k in ObjectStoreKind])
+    _choice("--graph-store", graph_store, GRAPH_STORES)
+    _choice("--object-store", object_store, OBJECT_STORES)
     _choice("--extractor", extractor, EXTRACTORS)
     _choice("--embedder", embedder, EMBEDDER_PROFILES)
 
@@ -72,4 +74,4 @@ def check_query_options(question: str, namespace: str, *, route: str, top_k: int
     _choice("--route", route, ("auto", *ROUTES))
     _at_least("--top-k", top_k, 1)
     _at_least("--budget", budget, 64)
-    _choice("--graph-store", graph_store, [k.value for k in GraphStoreKind])
+    _choice("--graph-store", graph_store, GRAPH_STORES)

@@ -66,20 +66,34 @@ def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
     return cfg
 
 
+def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> None:
+    from assets._partitions import namespaces
+
+    if not instance.has_dynamic_partition(namespaces.name, namespace):
+        instance.add_dynamic_partitions(namespaces.name, [namespace])
+
+
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,
-            tags: dict | None = None) -> dg.ExecuteInProcessResult:
-    """Run `job_name` in this process; `on_step(step, state)` is called live as steps start and end."""
+            tags: dict | None = None, namespace: str | None = None, workers: int = 1):
+    """Run `job_name` (on the `namespace` partition for the indexing jobs; with `workers` > 1 the index job runs
+    on the multiprocess executor); `on_step(step, state)` is called live as steps start and end."""
     from .definitions import defs
 
     instance = instance_for(home)
     fail_dead_runs(instance)
     job = defs.resolve_job_def(job_name)
     tags = {**(tags or {}), **_process_tags()}
+    if namespace is not None:
+        add_namespace_partition(instance, namespace)
     result: dict = {}
 
     def target() -> None:
         try:
-            result["value"] = job.execute_in_process(run_config=config, instance=instance, tags=tags, raise_on_error=False)
+            if workers > 1:
+                result["value"] = execute_parallel(home, config, workers, namespace or "default", tags)
+            else:
+                result["value"] = job.execute_in_process(run_config=config, instance=instance, tags=tags,
+                                                        raise_on_error=False, partition_key=namespace)
         except BaseException as exc:  # surfaced in the calling thread
             result["error"] = exc
 
@@ -102,10 +116,29 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
     return result["value"]
 
 
+def execute_parallel(home: Path, config: dict, workers: int, namespace: str,
+                     tags: dict | None = None) -> dg.ExecuteJobResult:
+    """Run the index job with the multiprocess executor (`workers` processes): extraction batches in parallel."""
+    from assets._partitions import WAREHOUSE_TAGS
+
+    from .definitions import index_job_def
+
+    instance = instance_for(home)
+    add_namespace_partition(instance, namespace)
+    # forkserver with the definitions preloaded: each step forks in milliseconds instead of importing everything
+    cfg = {**config, "execution": {"config": {"multiprocess": {
+        "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["pipelines.definitions"]}},
+        "tag_concurrency_limits": [{"key": key, "limit": 1} for key in WAREHOUSE_TAGS]}}}}
+    with dg.execute_job(dg.reconstructable(index_job_def), instance, run_config=cfg, raise_on_error=False,
+                        tags={**(tags or {}), "dagster/partition": namespace}) as result:
+        return result
+
+
 def launch(job_name: str, home: Path, config: dict, tags: dict | None = None,
-           on_done: Callable[[str, bool], None] | None = None) -> str:
-    """Start `job_name` in a background thread of this process and return its run id at once (the HTTP API's
-    `POST /api/kg/create`); `on_done(run_id, success)` is called when the run ends."""
+           on_done: Callable[[str, bool], None] | None = None, namespace: str | None = None) -> str:
+    """Start `job_name` (on the `namespace` partition for the indexing jobs) in a background thread of this
+    process and return its run id at once (the HTTP API's `POST /api/kg/create`); `on_done(run_id, success)` is
+    called when the run ends."""
     import uuid
 
     from .definitions import defs
@@ -115,12 +148,14 @@ def launch(job_name: str, home: Path, config: dict, tags: dict | None = None,
     job = defs.resolve_job_def(job_name)
     run_id = str(uuid.uuid4())
     tags = {**(tags or {}), **_process_tags()}
+    if namespace is not None:
+        add_namespace_partition(instance, namespace)
 
     def target() -> None:
         ok = False
         try:
             ok = job.execute_in_process(run_config=config, instance=instance, tags=tags, run_id=run_id,
-                                        raise_on_error=False).success
+                                        raise_on_error=False, partition_key=namespace).success
         finally:
             if on_done:
                 on_done(run_id, ok)

@@ -1,30 +1,41 @@
-"""Reindex when the source folder changes: the cursor is a fingerprint of (path, size, mtime) of its files."""
+"""Reindex when documents under the source change: the engine (lazyhippo.changes) diffs the folder against the
+cursor, file stats first and content hashes of the files that moved; the run key names the change."""
 
-import hashlib
-import json
 from pathlib import Path
 
 import dagster as dg
+import duckdb
 
-from lazyhippo.documents import iter_files
+from assets._partitions import namespaces
+from lazyhippo.changes import SourceState, indexed_state, scan_source
 from resources import LazyhippoResource
 
 from .jobs import index_job
 
 
-def source_fingerprint(source: Path) -> str:
-    entries = [(p.as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in iter_files(source)]
-    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
-
-
 @dg.sensor(job=index_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
-           description="Reindex when files under the configured source are added, changed or deleted.")
+           description="Index the documents added or changed under the source, and drop the removed ones.")
 def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoResource):
-    source = Path(lazyhippo.settings().source)  # the folder the index job reads, from the same settings
+    settings = lazyhippo.settings()
+    source = Path(settings.source)  # the folder the index job reads, from the same settings
     if not source.exists():
         return dg.SkipReason(f"source {source} does not exist")
-    fingerprint = source_fingerprint(source)
-    if fingerprint == context.cursor:
-        return dg.SkipReason("no change in the source")
-    context.update_cursor(fingerprint)
-    return dg.RunRequest(run_key=fingerprint)
+    previous = SourceState.decode(context.cursor)
+    if previous is None:
+        try:
+            previous = indexed_state(settings)
+        except duckdb.Error as exc:
+            return dg.SkipReason(f"the index of namespace {settings.namespace!r} is busy or unreadable, next tick retries ({exc})")
+    state, change = scan_source(source, settings.max_file_bytes, previous)
+    if change.empty:
+        n_docs = sum(len(f.docs) for f in state.files.values())
+        return dg.SensorResult(skip_reason=f"no change: {n_docs} documents in {len(state.files)} files as indexed",
+                               cursor=state.encode())
+    context.log.info(change.summary())
+    ns = settings.namespace
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(run_key=state.run_key(change), partition_key=ns, tags={
+            "lazyhippo/change": change.summary(), "lazyhippo/added": str(len(change.added)),
+            "lazyhippo/changed": str(len(change.changed)), "lazyhippo/removed": str(len(change.removed))})],
+        dynamic_partitions_requests=[namespaces.build_add_request([ns])],  # adding an existing one is a no-op
+        cursor=state.encode())

@@ -19,6 +19,8 @@ from lazyhippo.graphstore import GraphStore, open_graph_store
 from lazyhippo.objectstore import ObjectStore, open_object_store
 from lazyhippo.warehouse import WriterSession
 
+PARTITION_TAG = "dagster/partition"
+
 
 class LazyhippoResource(dg.ConfigurableResource):
     """Where the index lives, which knowledge base (namespace), and how each stage behaves.
@@ -45,15 +47,15 @@ class LazyhippoResource(dg.ConfigurableResource):
     theme_coverage_min: float = 0.9
     recall_at_5_min: float = 0.6
     _settings: Optional[Settings] = PrivateAttr(default=None)
-
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._settings = None  # filled once per run, on first use
+    # the run's namespace partition (assets are partitioned by namespace); None outside partitioned runs
+    _partition: Optional[str] = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
-        """The run's Settings: filled once (environment, then this resource's config) and reused by every asset."""
+        """The run's Settings: filled once (environment, then this resource's config) and reused by every asset.
+        The partition key, when the run has one, is the namespace: one knowledge base per partition."""
         if self._settings is None:
-            self._settings = Settings.from_env(**{k: getattr(self, k) for k in Settings.__dataclass_fields__
-                                                  if hasattr(self, k)})
+            fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
+            self._settings = Settings.from_env(**{**fields, "namespace": self._partition or self.namespace})
         return self._settings
 
     _writer: Optional[WriterSession] = PrivateAttr(default=None)
@@ -61,6 +63,8 @@ class LazyhippoResource(dg.ConfigurableResource):
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """One writer session per run: the first stage that writes waits for the home's lock, and the namespace
         is published for readers only when every step of the run succeeded (a query run never locks)."""
+        self._settings = None  # filled once per run, on first use, with the run's partition as namespace
+        self._partition = context.run.tags.get(PARTITION_TAG) if context.run is not None else None
         log = context.log.info if context.log else None
         self._writer = WriterSession(self.settings(), context.run.run_id if context.run else "adhoc", on_wait=log)
 

@@ -153,3 +153,18 @@ def test_a_run_launched_outside_the_cli_refuses_bad_settings_before_any_stage(tm
             "lazyhippo": {"home": str(tmp_path / "home"), "source": str(SAMPLE_CORPUS), **bad}}))
         assert not result.success
         assert not result.get_step_success_events() and not (tmp_path / "home" / "warehouse.duckdb").exists()
+
+
+def test_every_valid_choice_passes_the_option_checks():
+    from lazyhippo.embedding import PROFILES
+    from lazyhippo.query import ROUTES
+    from pipelines.options import check_index_options, check_query_options
+
+    for graph_store, object_store, extractor, embedder, algorithm in zip(
+            ("embedded", "neo4j", "neo4j"), ("local", "minio", "minio"), ("nlp", "llm", "llm"), PROFILES,
+            ("leiden", "louvain", "leiden")):
+        check_index_options(SAMPLE_CORPUS, "kb-1", chunk_size=64, chunk_overlap=8, knn_top_k=0, knn_cutoff=-0.5,
+                            community_algorithm=algorithm, graph_store=graph_store, object_store=object_store,
+                            extractor=extractor, embedder=embedder)
+    for route in ("auto", *ROUTES):
+        check_query_options("Who?", "kb-1", route=route, top_k=1, budget=64, graph_store="neo4j")

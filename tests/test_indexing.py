@@ -32,8 +32,11 @@ def _rows(settings: Settings, sql: str) -> list[tuple]:
 
 
 def _materialize(home: Path, source: Path, namespace: str = "default") -> dg.ExecuteInProcessResult:
-    return dg.materialize(all_assets, resources={
-        "lazyhippo": LazyhippoResource(home=str(home), source=str(source), namespace=namespace),
+    """The namespace is the run's partition (the resource's own namespace stays the default)."""
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("namespaces", [namespace])
+    return dg.materialize(all_assets, instance=instance, partition_key=namespace, resources={
+        "lazyhippo": LazyhippoResource(home=str(home), source=str(source)),
         "graph_store": GraphStoreResource(kind="embedded"), "object_store": ObjectStoreResource(kind="local"),
         "llm": LLMResource()})
 

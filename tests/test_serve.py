@@ -55,9 +55,7 @@ def running(pool: IndexPool, api_key: str | None = None, limits: Limits = Limits
 def home(sample_settings, tmp_path) -> Path:
     """A private copy of the indexed sample warehouse (tests here write to it)."""
     dest = tmp_path / "home"
-    dest.mkdir()
-    for f in Path(sample_settings.home).glob("warehouse.duckdb*"):
-        shutil.copy(f, dest / f.name)
+    shutil.copytree(sample_settings.home, dest, ignore=shutil.ignore_patterns("dagster", "*.lock"))
     return dest
 
 

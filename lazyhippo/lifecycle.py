@@ -1,0 +1,112 @@
+"""Document lifecycle: delete documents and rebuild the graph from what remains.
+
+The graph-wide tables are pure functions of the per-document tables (the SQL models read the cached
+extractions), so removing a document's rows and re-running the graph stages gives exactly the graph a fresh
+index of the remaining documents would: entities only it supported disappear, the others get their
+descriptions, weights and degrees rebuilt from the remaining chunks, and no extractor or LLM is called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+
+from .config import Settings
+from .graphstore import GraphStore
+from .objectstore import ObjectStore
+from .warehouse import transaction
+
+# per-document tables keyed by chunk, then by document (deleted in this order)
+CHUNK_TABLES = ("extracted_entities", "extracted_relations", "extracted_facts", "extraction_failures")
+
+
+class UnknownDocumentError(ValueError):
+    """A document id (or source path) that the namespace does not hold."""
+
+
+@dataclass(frozen=True)
+class Deleted:
+    doc_ids: tuple[str, ...]
+    sources: tuple[str, ...]
+    chunks: int
+
+    def figures(self) -> dict:
+        return {"documents": len(self.doc_ids), "chunks": self.chunks, "doc_ids": ", ".join(self.doc_ids)}
+
+
+def resolve_documents(con: duckdb.DuckDBPyConnection, namespace: str, refs: list[str]) -> dict[str, tuple[str, str]]:
+    """doc_id -> (source, content_hash) for refs naming a doc_id or a source path; unknown refs raise, naming them."""
+    rows = con.execute("SELECT doc_id, source, content_hash FROM documents WHERE namespace = $1 "
+                       "AND (doc_id IN (SELECT unnest($2)) OR source IN (SELECT unnest($2)))", [namespace, refs]).fetchall()
+    found = {doc_id: (source, h) for doc_id, source, h in rows}
+    missing = [r for r in refs if r not in found and r not in {s for s, _ in found.values()}]
+    if missing:
+        raise UnknownDocumentError(f"namespace {namespace!r} holds no document {', '.join(map(repr, missing))} "
+                                   "(give a doc_id or a source path as listed in the documents table)")
+    return found
+
+
+def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: list[str],
+                     store: GraphStore | None = None, objects: ObjectStore | None = None) -> Deleted:
+    """Remove the documents, their chunks and extractions (and extraction parts) in one transaction, and
+    remember them as deleted (a later ingest skips them while their content is unchanged). The graph stages
+    must run afterwards."""
+    ns = settings.namespace
+    found = resolve_documents(con, ns, list(dict.fromkeys(refs)))
+    ids = sorted(found)
+    with transaction(con):
+        chunk_ids = [r[0] for r in con.execute("SELECT chunk_id FROM chunks WHERE namespace = ? AND doc_id IN (SELECT unnest(?))",
+                                               [ns, ids]).fetchall()]
+        for table in CHUNK_TABLES:
+            con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id IN (SELECT unnest(?))", [ns, chunk_ids])
+        for table in ("chunks", "documents", "deleted_documents", "extraction_parts"):
+            con.execute(f"DELETE FROM {table} WHERE namespace = ? AND doc_id IN (SELECT unnest(?))", [ns, ids])
+        con.executemany("INSERT INTO deleted_documents (namespace, doc_id, source, content_hash) VALUES (?, ?, ?, ?)",
+                        [(ns, d, *found[d]) for d in ids])
+    if store is not None:
+        for stage in ("documents", "chunks"):
+            store.sync(con, ns, stage)
+    if objects is not None:
+        from .parts import part_key  # parts builds on index, which reads skip_deleted from here
+
+        for doc_id in ids:
+            objects.delete(part_key(ns, doc_id))
+    return Deleted(tuple(ids), tuple(found[d][0] for d in ids), len(chunk_ids))
+
+
+def skip_deleted(con: duckdb.DuckDBPyConnection, namespace: str, rows: list[dict]) -> tuple[list[dict], list[str]]:
+    """Drop ingested rows deleted earlier with the same content; a changed or vanished document is forgotten
+    as deleted (it comes back when its content changes or it reappears)."""
+    deleted = dict(con.execute("SELECT doc_id, content_hash FROM deleted_documents WHERE namespace = ?", [namespace]).fetchall())
+    if not deleted:
+        return rows, []
+    kept = [r for r in rows if deleted.get(r["doc_id"]) != r["content_hash"]]
+    skipped = sorted(r["doc_id"] for r in rows if deleted.get(r["doc_id"]) == r["content_hash"])
+    forget = sorted(set(deleted) - set(skipped))
+    if forget:
+        con.execute("DELETE FROM deleted_documents WHERE namespace = ? AND doc_id IN (SELECT unnest(?))", [namespace, forget])
+    return kept, skipped
+
+
+def delete_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: list[str], store: GraphStore,
+                     objects: ObjectStore, run_id: str = "delete") -> dict:
+    """Library entry point: remove the documents, then rebuild every graph-wide stage (and its sync and exports)."""
+    from .index import GRAPH_STAGES, run_stage
+
+    deleted = remove_documents(settings, con, refs, store, objects)
+    return {"deleted": deleted.figures(),
+            **{stage: run_stage(stage, settings, con, store, objects, run_id=run_id) for stage in GRAPH_STAGES}}
+
+
+def merge_entities(settings: Settings, con: duckdb.DuckDBPyConnection, sources: list[str], target: str,
+                   strategy: str, store: GraphStore, objects: ObjectStore, run_id: str = "merge") -> dict:
+    """Library entry point: record the merge, switch the served graph in one transaction (Neo4j), then rebuild
+    every graph-wide stage, which folds the merge into the tables and resyncs."""
+    from .index import GRAPH_STAGES, run_stage
+    from .merge import merge_on_neo4j, record_merge
+
+    merge = record_merge(con, settings.namespace, sources, target, strategy)
+    served = merge_on_neo4j(store, settings.namespace, merge) if store.name == "neo4j" else {}
+    return {"merge": merge, "served": served,
+            **{stage: run_stage(stage, settings, con, store, objects, run_id=run_id) for stage in GRAPH_STAGES}}

@@ -1,0 +1,78 @@
+"""`lazyhippo bench index`: the index job with 1 and with N worker processes, then the time to bring the index
+up to date after one changed and after one deleted document. Runs through Dagster (the code path users run)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+import dagster as dg
+
+from .runner import execute, execute_parallel, instance_for, run_config
+
+PER_DOCUMENT_STEPS = ("documents", "chunks", "extractions.")
+
+
+def _step_spans(instance: dg.DagsterInstance, run_id: str) -> dict[str, tuple[float, float]]:
+    starts = {r.dagster_event.step_key: r.timestamp for r in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)}
+    ends = {r.dagster_event.step_key: r.timestamp for r in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_SUCCESS)}
+    return {k: (starts[k], ends[k]) for k in starts if k in ends}
+
+
+def _timed_index(home: Path, source: Path, workers: int | None, namespace: str = "bench") -> dict:
+    """Wall time of the whole run and of its per-document steps (first start to last end); `workers` None is
+    the CLI's default in-process run, a number the multiprocess executor with that many processes."""
+    config = run_config({"lazyhippo": {"home": str(home), "source": str(source)}})
+    tags = {"lazyhippo/bench": f"index-{workers or 'in-process'}"}
+    t0 = time.perf_counter()
+    result = (execute("index", home, config, tags=tags, namespace=namespace) if workers is None
+              else execute_parallel(home, config, workers, namespace, tags))
+    seconds = time.perf_counter() - t0
+    if not result.success:
+        raise RuntimeError(f"bench index run {result.run_id} failed (see `dagster dev`)")
+    spans = [v for k, v in _step_spans(instance_for(home), result.run_id).items() if k.startswith(PER_DOCUMENT_STEPS)]
+    per_doc = max(e for _, e in spans) - min(s for s, _ in spans)
+    return {"seconds": round(seconds, 2), "per_document_seconds": round(per_doc, 2), "run_id": result.run_id}
+
+
+def _rewrite_jsonl(path: Path, edit: Callable[[list[dict]], list[dict]]) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in edit(rows)))
+    tmp.replace(path)
+
+
+def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | None = None,
+                    progress: Callable[[str], None] = print) -> dict:
+    """Each full index starts from an empty home (no extraction cache). 1 vs N processes both run on the
+    multiprocess executor (like for like); updates run in-process, as `lazyhippo index` does."""
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    source = workdir / "source"
+    source.mkdir(parents=True)
+    lines = [line for line in corpus.read_text().splitlines() if line.strip()][:limit]
+    data = source / corpus.name
+    data.write_text("\n".join(lines) + "\n")
+    out: dict = {"corpus": str(corpus), "documents": len(lines), "workers": workers}
+    for n in (1, workers):
+        progress(f"full index with {n} worker process(es)")
+        out[f"full_{n}"] = _timed_index(workdir / f"home_{n}", source, n)
+    progress("full index in-process (the CLI default)")
+    out["full_in_process"] = _timed_index(workdir / "home_in_process", source, None)
+    home = workdir / "home_in_process"
+    progress("one changed document")
+    _rewrite_jsonl(data, lambda rows: [{**r, "text": r["text"] + " (revised)"} if i == 0 else r for i, r in enumerate(rows)])
+    out["changed_one"] = _timed_index(home, source, None)
+    progress("one deleted document")
+    _rewrite_jsonl(data, lambda rows: rows[1:])
+    out["deleted_one"] = _timed_index(home, source, None)
+    full, par = out["full_1"], out[f"full_{workers}"]
+    out["speedup_total"] = round(full["seconds"] / par["seconds"], 2)
+    out["speedup_per_document"] = round(full["per_document_seconds"] / par["per_document_seconds"], 2)
+    base = out["full_in_process"]["seconds"]
+    out["changed_share_of_full"] = round(out["changed_one"]["seconds"] / base, 3)
+    out["deleted_share_of_full"] = round(out["deleted_one"]["seconds"] / base, 3)
+    return out

@@ -1,0 +1,123 @@
+"""Issue 11: extraction fans out in batches over worker processes, through per-document parts in the object store."""
+
+from __future__ import annotations
+
+import shutil
+
+import dagster as dg
+import pytest
+
+from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.index import build_chunks, ingest_documents, run_index
+from lazyhippo.objectstore import LocalObjectStore
+from lazyhippo.parts import collect_parts, extract_batch, plan_batches
+from lazyhippo.warehouse import connect
+from pipelines.runner import execute_parallel, run_config
+from tests.services_fixtures import minio_store, namespaces  # noqa: F401 - fixtures
+from tests.test_lifecycle import CountingExtractor, graph_snapshot
+
+EXTRACTED = ("extracted_entities", "extracted_relations", "extracted_facts")
+
+
+def extracted(settings: Settings) -> dict[str, list]:
+    with connect(settings) as con:
+        return {t: sorted(con.execute(f"SELECT * EXCLUDE (namespace) FROM {t} WHERE namespace = ?",
+                                      [settings.namespace]).fetchall(), key=repr) for t in EXTRACTED}
+
+
+@pytest.fixture(scope="module")
+def library_index(tmp_path_factory):
+    settings = Settings(home=tmp_path_factory.mktemp("library"), source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    return settings
+
+
+def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, monkeypatch, library_index):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    home = tmp_path / "idx"
+    cfg = run_config({"lazyhippo": {"home": str(home), "source": str(SAMPLE_CORPUS)},
+                      "object_store": {"kind": "local", "root": str(tmp_path / "shared")}})
+    cfg["ops"] = {"extractions": {"ops": {"plan_extraction_batches": {"config": {"batch_chunks": 3}}}}}
+    result = execute_parallel(home, cfg, workers=2, namespace="kb")
+    assert result.success
+    instance = dg.DagsterInstance.get()
+    starts = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.STEP_START)
+    batch_steps = {e.dagster_event.step_key: e.dagster_event.pid for e in starts if "extract_documents[" in e.dagster_event.step_key}
+    assert len(batch_steps) >= 3 and len(set(batch_steps.values())) >= 2  # every step in its own process
+    kb = Settings(home=home, namespace="kb")
+    assert extracted(kb) == extracted(library_index)  # the same rows as the in-process library path
+    assert graph_snapshot(kb) == graph_snapshot(library_index)
+    assert len(list((tmp_path / "shared" / "kb" / "parts" / "extractions").glob("*.parquet"))) == 8
+    assert not list((tmp_path / "shared" / "kb").glob("work/*/*.parquet"))  # batch objects cleaned up
+    runs = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "kb"}))
+    assert runs and runs[0].status == dg.DagsterRunStatus.SUCCESS
+
+
+def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_path, library_index):
+    corpus = shutil.copytree(SAMPLE_CORPUS, tmp_path / "c")
+    settings = Settings(home=tmp_path / "h", source=str(corpus))
+    objects = LocalObjectStore(tmp_path / "shared")
+    with connect(settings) as con:
+        ingest_documents(settings, con)
+        build_chunks(settings, con)
+        batches, figures = plan_batches(settings, con, objects, "run1", batch_chunks=3)
+    assert figures["documents_to_extract"] == 8 and len(batches) >= 3
+    first = CountingExtractor()
+    extract_batch(settings, objects, batches[0].key, first)  # ... and the run dies here
+    done = set(first.seen)
+    shutil.rmtree(settings.cache_dir)  # the next run lands on another machine: no local cache to help
+    again = CountingExtractor()
+    with connect(settings) as con:
+        batches2, _ = plan_batches(settings, con, objects, "run2", batch_chunks=3)
+        stats = [extract_batch(settings, objects, b.key, again) for b in batches2]
+        out = collect_parts(settings, con, objects, batches2, stats)
+    assert done and not done & set(again.seen)  # the finished batch's parts were kept
+    assert out["documents_extracted"] == 8 and sum(s["parts_kept"] for s in stats) == len(batches[0].doc_ids)
+    assert extracted(settings) == extracted(library_index)
+    with connect(settings) as con:
+        batches3, figures3 = plan_batches(settings, con, objects, "run3")
+    assert not batches3 and figures3["documents_unchanged"] == 8
+
+
+def test_delete_drops_the_extraction_part_so_a_re_added_document_is_extracted_again(tmp_path):
+    from lazyhippo.graphstore import EmbeddedGraphStore
+    from lazyhippo.lifecycle import delete_documents
+    from lazyhippo.parts import part_key
+
+    settings = Settings(home=tmp_path / "h", source=str(shutil.copytree(SAMPLE_CORPUS, tmp_path / "c")))
+    objects = LocalObjectStore(tmp_path / "shared")
+
+    def index_by_parts() -> dict:
+        with connect(settings) as con:
+            ingest_documents(settings, con)
+            build_chunks(settings, con)
+            batches, _ = plan_batches(settings, con, objects, "r")
+            return collect_parts(settings, con, objects, batches, [extract_batch(settings, objects, b.key) for b in batches])
+
+    index_by_parts()
+    with connect(settings) as con:
+        doc = con.execute("SELECT doc_id FROM documents WHERE source = 'tomas_reyes.txt'").fetchone()[0]
+        delete_documents(settings, con, [doc], EmbeddedGraphStore(), objects)
+    assert not (tmp_path / "shared" / part_key("default", doc)).exists()
+    with connect(settings) as con:
+        con.execute("DELETE FROM deleted_documents")  # forget the deletion: the next ingest reads the file again
+    out = index_by_parts()
+    assert out["documents_extracted"] == 1
+    with connect(settings) as con:
+        assert con.execute("SELECT count(*) FROM extracted_entities WHERE chunk_id IN "
+                           "(SELECT chunk_id FROM chunks WHERE doc_id = ?)", [doc]).fetchone()[0] > 0
+
+
+@pytest.mark.services
+def test_parts_through_minio_give_the_same_rows(tmp_path, minio_store, namespaces, library_index):  # noqa: F811
+    ns = namespaces("parts")
+    settings = Settings(home=tmp_path / "h", namespace=ns, source=str(SAMPLE_CORPUS))
+    with connect(settings) as con:
+        ingest_documents(settings, con)
+        build_chunks(settings, con)
+        batches, _ = plan_batches(settings, con, minio_store, "r1", batch_chunks=4)
+        stats = [extract_batch(settings, minio_store, b.key) for b in batches]
+        collect_parts(settings, con, minio_store, batches, stats)
+    assert len(minio_store.list(f"{ns}/parts/extractions/")) == 8 and not minio_store.list(f"{ns}/work/")
+    ours, theirs = extracted(settings), extracted(library_index)
+    assert ours == theirs
