@@ -145,13 +145,21 @@ def test_progress_is_reported_live_per_step(tmp_path, monkeypatch):
 
 
 def test_a_run_launched_outside_the_cli_refuses_bad_settings_before_any_stage(tmp_path):
-    from pipelines.definitions import defs
-    from pipelines.runner import run_config
+    import dagster as dg
 
+    from pipelines.definitions import defs
+    from pipelines.runner import add_namespace_partition, run_config
+
+    instance = dg.DagsterInstance.ephemeral()
+    add_namespace_partition(instance, "default")
     for bad in ({"chunk_size": 0}, {"namespace": "../victim"}):
-        result = defs.resolve_job_def("index").execute_in_process(raise_on_error=False, run_config=run_config({
-            "lazyhippo": {"home": str(tmp_path / "home"), "source": str(SAMPLE_CORPUS), **bad}}))
+        result = defs.resolve_job_def("index").execute_in_process(
+            raise_on_error=False, instance=instance, partition_key="default", run_config=run_config({
+                "lazyhippo": {"home": str(tmp_path / "home"), "source": str(SAMPLE_CORPUS), **bad}}))
         assert not result.success
+        errors = " ".join(e.event_specific_data.error.to_string() for e in result.all_events
+                          if e.is_failure and getattr(e.event_specific_data, "error", None))
+        assert "chunk" in errors or "namespace" in errors, errors
         assert not result.get_step_success_events() and not (tmp_path / "home" / "warehouse.duckdb").exists()
 
 
