@@ -148,13 +148,14 @@ def test_a_run_launched_outside_the_cli_refuses_bad_settings_before_any_stage(tm
     import dagster as dg
 
     from pipelines.definitions import defs
-    from pipelines.runner import add_namespace_partition, run_config
+    from pipelines.runner import run_config
 
     instance = dg.DagsterInstance.ephemeral()
-    add_namespace_partition(instance, "default")
     for bad in ({"chunk_size": 0}, {"namespace": "../victim"}):
+        namespace = bad.get("namespace", "default")  # the run's partition is its namespace
+        instance.add_dynamic_partitions("namespaces", [namespace])  # as the UI could
         result = defs.resolve_job_def("index").execute_in_process(
-            raise_on_error=False, instance=instance, partition_key="default", run_config=run_config({
+            raise_on_error=False, instance=instance, partition_key=namespace, run_config=run_config({
                 "lazyhippo": {"home": str(tmp_path / "home"), "source": str(SAMPLE_CORPUS), **bad}}))
         assert not result.success
         errors = " ".join(e.event_specific_data.error.to_string() for e in result.all_events
