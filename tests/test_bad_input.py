@@ -130,9 +130,11 @@ def test_a_two_document_corpus_indexes_fully_through_dagster(tmp_path):
     src.mkdir()
     (src / "kettle.txt").write_text("Brenna Holt repaired the copper kettle in Dunmore.")
     (src / "comet.txt").write_text("The astronomer Ivo Sandberg sighted a comet over Tallinn in 1881.")
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("namespaces", ["default"])  # the index job is partitioned by namespace
     result = defs.resolve_job_def("index").execute_in_process(raise_on_error=False, run_config=run_config({
         "lazyhippo": {"home": str(tmp_path / "home"), "source": str(src), "namespace": "default"},
-        "graph_store": {"kind": "embedded"}, "object_store": {"kind": "local"}}))
+        "graph_store": {"kind": "embedded"}, "object_store": {"kind": "local"}}), instance=instance, partition_key="default")
     failed = [e.step_key for e in result.all_events if e.is_step_failure]
     assert result.success, failed
     settings = Settings(home=tmp_path / "home")
