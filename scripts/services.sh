@@ -492,24 +492,29 @@ install_minio() {
 
 minio_ready() { curl -fsS -m 3 -o /dev/null "http://127.0.0.1:$MINIO_PORT/minio/health/ready" 2>/dev/null; }
 
-minio_fail() {
-    log "minio: $1"
-    show_log_tail "$MINIO_LOG"
-    die "minio did not become ready (log: $MINIO_LOG)"
-}
-
-wait_minio() {
-    local deadline=$((SECONDS + TIMEOUT))
+# wait_http NAME PID_FILE PROCESS_PATTERN LOG READY_FN URL: poll READY_FN until it answers, failing with the
+# log tail when the process dies or TIMEOUT passes (MinIO and the llm server; Neo4j logs in over Bolt instead).
+wait_http() {
+    local name=$1 pid_file=$2 pattern=$3 logfile=$4 ready=$5 url=$6 deadline=$((SECONDS + TIMEOUT)) why
     while :; do
-        pid_alive "$MINIO_PID_FILE" "minio server" >/dev/null || minio_fail "process exited during startup"
-        if minio_ready; then
-            log "minio: ready (http://127.0.0.1:$MINIO_PORT)"
+        if ! pid_alive "$pid_file" "$pattern" >/dev/null; then
+            why="process exited during startup"
+        elif "$ready"; then
+            log "$name: ready ($url)"
             return 0
+        elif ((SECONDS >= deadline)); then
+            why="not ready after ${TIMEOUT}s"
+        else
+            sleep 1
+            continue
         fi
-        ((SECONDS < deadline)) || minio_fail "not ready after ${TIMEOUT}s"
-        sleep 1
+        log "$name: $why"
+        show_log_tail "$logfile"
+        die "$name did not become ready (log: $logfile)"
     done
 }
+
+wait_minio() { wait_http minio "$MINIO_PID_FILE" "minio server" "$MINIO_LOG" minio_ready "http://127.0.0.1:$MINIO_PORT"; }
 
 start_minio() {
     command -v curl >/dev/null 2>&1 || die "curl not found (needed for the MinIO health check; apt-get install curl)"
@@ -599,23 +604,8 @@ install_llm() {
 
 llm_ready() { curl -fsS -m 3 -o /dev/null "http://127.0.0.1:$LLM_PORT/health" 2>/dev/null; }
 
-llm_fail() {
-    log "llm: $1"
-    show_log_tail "$LLM_LOG"
-    die "llm did not become ready (log: $LLM_LOG)"
-}
-
 wait_llm() {
-    local deadline=$((SECONDS + TIMEOUT))
-    while :; do
-        pid_alive "$LLM_PID_FILE" llm_server.py >/dev/null || llm_fail "process exited during startup"
-        if llm_ready; then
-            log "llm: ready (http://127.0.0.1:$LLM_PORT/v1, model $LLM_ALIAS)"
-            return 0
-        fi
-        ((SECONDS < deadline)) || llm_fail "not ready after ${TIMEOUT}s"
-        sleep 1
-    done
+    wait_http llm "$LLM_PID_FILE" llm_server.py "$LLM_LOG" llm_ready "http://127.0.0.1:$LLM_PORT/v1, model $LLM_ALIAS"
 }
 
 start_llm() {
