@@ -85,22 +85,28 @@ Reply with one JSON object:
 """
 REPORT_VERSION = "report-" + sha(REPORT_PROMPT, 8)
 def _text(max_length: int) -> dict:
-    return {"type": "string", "maxLength": max_length}
+    return {"type": "string", "minLength": 1, "maxLength": max_length}
 
 
-# Bounded everywhere, so a reply always fits max_tokens (a small model otherwise repeats itself).
-REPORT_SCHEMA = {
-    "type": "object", "required": ["title", "summary", "rating", "rating_reason", "findings", "questions"],
-    "properties": {
-        "title": _text(80), "summary": _text(400), "rating": {"type": "number"}, "rating_reason": _text(160),
-        "findings": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
-            "type": "object", "required": ["summary", "explanation", "entities", "chunks"],
-            "properties": {"summary": _text(120), "explanation": _text(240),
-                           "entities": {"type": "array", "maxItems": 4, "items": _text(60)},
-                           "chunks": {"type": "array", "maxItems": 3, "items": {"type": "integer"}}}}},
-        "questions": {"type": "array", "minItems": 3, "maxItems": 3, "items": _text(120)},
-    },
-}
+def report_schema(entity_names: list[str], n_chunks: int) -> dict:
+    """The reply's JSON schema for one community. Bounded everywhere, so a reply always fits max_tokens
+    (a small model otherwise repeats itself); a finding's citations are enums of this community's entity
+    names and passage numbers, so constrained decoding cannot cite anything that does not exist."""
+    entities = {"type": "array", "minItems": 1, "maxItems": 4, "items": {"enum": entity_names}} if entity_names else \
+        {"type": "array", "maxItems": 0}
+    chunks = {"type": "array", "maxItems": 3, "items": {"enum": list(range(1, n_chunks + 1))}} if n_chunks else \
+        {"type": "array", "maxItems": 0}
+    return {
+        "type": "object", "required": ["title", "summary", "rating", "rating_reason", "findings", "questions"],
+        "properties": {
+            "title": _text(80), "summary": _text(400), "rating": {"type": "number"}, "rating_reason": _text(160),
+            "findings": {"type": "array", "minItems": 1, "maxItems": 3, "items": {
+                "type": "object", "required": ["summary", "explanation", "entities", "chunks"],
+                "properties": {"summary": _text(120), "explanation": _text(240),
+                               "entities": entities, "chunks": chunks}}},
+            "questions": {"type": "array", "minItems": 3, "maxItems": 3, "items": _text(120)},
+        },
+    }
 
 
 @dataclass
@@ -129,6 +135,9 @@ class CommunityInput:
 
     def key(self, model: str) -> str:
         return sha(f"{model}|{REPORT_VERSION}|{json.dumps(asdict(self), sort_keys=True)}", 40)
+
+    def schema(self) -> dict:
+        return report_schema(list(dict.fromkeys(n for n, _ in self.entities)), len(self.chunks))
 
     def prompt(self) -> str:
         return REPORT_PROMPT.format(
@@ -205,7 +214,7 @@ def build_community_reports(settings: Settings, con: duckdb.DuckDBPyConnection, 
             key = inp.key(llm.model)
             if key in hits:
                 return CommunityReport(**hits[key])
-            report, _ = llm.complete_json(inp.prompt(), REPORT_SCHEMA, operation="reports", max_tokens=max_tokens,
+            report, _ = llm.complete_json(inp.prompt(), inp.schema(), operation="reports", max_tokens=max_tokens,
                                           validate=inp.validate)
             report.model = llm.model
             cache.put(key, asdict(report))
