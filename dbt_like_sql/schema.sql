@@ -78,3 +78,8 @@ CREATE TABLE IF NOT EXISTS token_usage (
 -- drop the ASCII-only macros that older warehouse files persisted.
 DROP MACRO IF EXISTS lh_entity_id;
 DROP MACRO IF EXISTS lh_norm;
+-- Fingerprints of what a graph-wide stage last computed from (lazyhippo/incremental.py): an update recomputes
+-- only what its change touched.
+CREATE TABLE IF NOT EXISTS stage_inputs (
+  namespace VARCHAR NOT NULL, stage VARCHAR NOT NULL, item_id VARCHAR NOT NULL, fingerprint VARCHAR NOT NULL,
+  PRIMARY KEY (namespace, stage, item_id));

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -17,8 +17,10 @@ class KnnEdge:
     rank: int
 
 
-def knn_edges(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]:
-    """Top-k cosine neighbours per item above `cutoff` (vectors are L2-normalized), exact inner product."""
+def knn_edges(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
+              rows: Sequence[int] | None = None) -> list[KnnEdge]:
+    """Top-k cosine neighbours per item above `cutoff` (vectors are L2-normalized), exact inner product;
+    `rows`: the neighbours of these items only (indices into `ids`), searched over every item all the same."""
     import faiss
 
     if len(ids) < 2 or top_k <= 0:
@@ -27,16 +29,47 @@ def knn_edges(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) ->
     index = faiss.IndexFlatIP(x.shape[1])
     index.add(x)
     k = min(top_k + 1, len(ids))
-    scores, nbrs = index.search(x, k)
+    rows = list(range(len(ids))) if rows is None else list(rows)
+    if not rows:
+        return []
+    scores, nbrs = index.search(np.ascontiguousarray(x[rows]), k)
     edges: list[KnnEdge] = []
-    for i in range(len(ids)):
+    for q, i in enumerate(rows):
         rank = 0
-        for score, j in zip(scores[i], nbrs[i]):
+        for score, j in zip(scores[q], nbrs[q]):
             if j < 0 or j == i or score < cutoff or rank >= top_k:
                 continue
             rank += 1
             edges.append(KnnEdge(ids[i], ids[j], float(min(score, 1.0)), rank))
     return edges
+
+
+def knn_stale_sources(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float, changed: set[str],
+                      previous: dict[str, list[KnnEdge]]) -> list[int]:
+    """Indices of the items whose neighbour lists an exact search would now give differently, given the lists
+    of the previous search (`previous`, by source) and the items whose vector is new, changed or gone
+    (`changed`); `previous` holds every item of the previous search, with no edges where it had none.
+    Stale: the changed and new items themselves, items that had a changed or gone neighbour, and items that a
+    new vector would enter (it scores at least their k-th neighbour, or the cutoff while they have fewer than
+    k). Every other list stays exactly what a full search would give."""
+    fresh = [i for i, n in enumerate(ids) if n in changed or n not in previous]
+    stale = set(fresh)
+    for i, n in enumerate(ids):
+        if any(e.target in changed for e in previous.get(n, ())):
+            stale.add(i)
+    if fresh and len(ids) > 1:
+        x = np.asarray(vectors, dtype=np.float32)
+        best = np.full(len(ids), -np.inf, dtype=np.float32)
+        for start in range(0, len(fresh), 1024):
+            block = x[fresh[start:start + 1024]] @ x.T
+            block[np.arange(block.shape[0]), fresh[start:start + 1024]] = -np.inf  # not its own neighbour
+            best = np.maximum(best, block.max(axis=0))
+        for i, n in enumerate(ids):
+            edges = previous.get(n, ())
+            floor = cutoff if len(edges) < top_k else min(e.score for e in edges)
+            if best[i] >= floor - 1e-6:  # ties and rounding: search again rather than guess
+                stale.add(i)
+    return sorted(stale)
 
 
 @dataclass(frozen=True)

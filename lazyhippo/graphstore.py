@@ -17,6 +17,7 @@ from .graph import Communities, KnnEdge
 
 class GraphStore(Protocol):
     name: str
+    exact_knn: bool  # knn() is the exact search: an update may search only the entities it can change
 
     def sync(self, con: duckdb.DuckDBPyConnection, namespace: str, asset: str) -> dict:
         """Push the warehouse rows the asset `asset` produced to the store; returns figures for metadata."""
@@ -38,6 +39,7 @@ class GraphStore(Protocol):
 
 class EmbeddedGraphStore:
     name = "embedded"
+    exact_knn = True
 
     def sync(self, con, namespace, asset):
         return {}

@@ -246,15 +246,30 @@ def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> Embe
 
 
 def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> KnnResult:
-    ns = settings.namespace
+    """On a store with the exact search, only the entities whose neighbour lists can have changed since the
+    recorded search are searched again (incremental.plan_knn); the edges are those of a full search."""
+    from .graph import knn_edges, knn_stale_sources
+    from .incremental import knn_inputs, plan_knn, write_inputs
+
+    ns, k, cutoff = settings.namespace, settings.knn_top_k, settings.knn_cutoff
     ids, vectors = read_vectors(con, ns, "entity")
-    edges = store.knn(ns, ids, vectors, settings.knn_top_k, settings.knn_cutoff)
+    inputs = knn_inputs(con, ns, k, cutoff)
+    plan = plan_knn(con, ns, inputs) if store.exact_knn else None
+    if plan is None:
+        edges, redo = store.knn(ns, ids, vectors, k, cutoff), None
+    else:
+        rows = knn_stale_sources(ids, vectors, k, cutoff, plan.changed, plan.previous)
+        edges, redo = knn_edges(ids, vectors, k, cutoff, rows), [ids[i] for i in rows] + sorted(plan.changed)
     table = pa.Table.from_pylist([{"source_id": e.source, "target_id": e.target, "score": e.score, "rank": e.rank}
                                   for e in edges]) if edges else None
-    replace_rows(con, "knn_edges", ns, _ns(table, ns) if table else None)
-    scores = [e.score for e in edges]
-    return KnnResult(edges=len(edges), entities=len(ids), top_k=settings.knn_top_k, cutoff=settings.knn_cutoff,
-                     score_min=min(scores, default=0.0), score_mean=sum(scores) / len(scores) if scores else 0.0)
+    with transaction(con):
+        replace_rows(con, "knn_edges", ns, _ns(table, ns) if table else None,
+                     *(() if redo is None else ("AND source_id IN (SELECT unnest(?))", [redo])))
+        write_inputs(con, ns, "knn_edges", inputs if store.exact_knn else {})  # a heuristic search: no basis
+    n, low, mean = con.execute("SELECT count(*), coalesce(min(score), 0), coalesce(avg(score), 0) FROM knn_edges "
+                               "WHERE namespace = ?", [ns]).fetchone()
+    return KnnResult(edges=n, entities=len(ids), top_k=k, cutoff=cutoff, score_min=low, score_mean=mean,
+                     searched=len(ids) if redo is None else len(rows))
 
 
 def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], list[tuple[str, str, float]]]:

@@ -80,6 +80,7 @@ class KnnResult(StageResult):
     cutoff: float
     score_min: float
     score_mean: float
+    searched: int = 0   # entities whose neighbours were searched (all of them unless the update was incremental)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -35,6 +35,7 @@ TABLES = (
     "documents", "deleted_documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
     "extracted_facts", "extraction_failures", "entities", "relations", "mentions", "facts",
     "embeddings", "knn_edges", "entity_scores", "communities", "community_summaries", "community_reports", "token_usage",
+    "stage_inputs",
 )
 _LOCK = "warehouse.lock"
 _STATE = "index_state.json"

@@ -39,6 +39,7 @@ class Neo4jGraphStore:
         self.algorithms = Neo4jAlgorithms(self.client, options)
         self._sync = Neo4jSync(self.client)
         self._ppr: dict[str, Neo4jPPR] = {}
+        self.exact_knn = options.knn_engine == "exact"
 
     @classmethod
     def from_env(cls, connect_timeout: float | None = None, **options) -> "Neo4jGraphStore":

@@ -1,0 +1,97 @@
+"""What the graph-wide stages computed from last time, so an update recomputes only what its change touched.
+
+Each stage that can work incrementally records the fingerprints of its inputs (`stage_inputs`, per namespace,
+written in the same transaction as its output). The next run compares them with the current inputs:
+KNN searches again only the entities whose neighbour lists can have changed (`graph.knn_stale_sources`), and
+community detection is skipped when its graph is unchanged, or starts from the previous partition when a
+small share of the entities changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from .graph import KnnEdge
+
+PARAMS = "@params"  # the item holding a stage's parameters: when they change, the stage starts over
+
+
+def read_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str) -> dict[str, str]:
+    return dict(con.execute("SELECT item_id, fingerprint FROM stage_inputs WHERE namespace = ? AND stage = ?",
+                            [namespace, stage]).fetchall())
+
+
+def write_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str, inputs: dict[str, str]) -> None:
+    """Replace the stage's recorded inputs (call inside the transaction that writes its output)."""
+    con.execute("DELETE FROM stage_inputs WHERE namespace = ? AND stage = ?", [namespace, stage])
+    if inputs:
+        rows = pa.table({"namespace": [namespace] * len(inputs), "stage": [stage] * len(inputs),
+                         "item_id": list(inputs), "fingerprint": list(inputs.values())})
+        con.register("_inputs", rows)
+        try:
+            con.execute("INSERT INTO stage_inputs SELECT namespace, stage, item_id, fingerprint FROM _inputs")
+        finally:
+            con.unregister("_inputs")
+
+
+# ---- KNN ----
+
+def knn_inputs(con: duckdb.DuckDBPyConnection, namespace: str, top_k: int, cutoff: float) -> dict[str, str]:
+    """Entity id -> (model, text hash) of its vector, plus the search parameters."""
+    rows = con.execute("SELECT item_id, model || ':' || coalesce(text_hash, '') FROM embeddings "
+                       "WHERE namespace = ? AND kind = 'entity'", [namespace]).fetchall()
+    return {**dict(rows), PARAMS: f"{top_k}:{cutoff!r}"}
+
+
+@dataclass(frozen=True)
+class KnnPlan:
+    changed: set[str]                     # entities whose vector is new, changed or gone
+    previous: dict[str, list[KnnEdge]]    # every entity of the previous search -> its edges then
+
+
+def plan_knn(con: duckdb.DuckDBPyConnection, namespace: str, inputs: dict[str, str]) -> KnnPlan | None:
+    """What changed since the recorded search, or None when there is nothing to start from (first run, other
+    parameters): then every entity is searched."""
+    before = read_inputs(con, namespace, "knn_edges")
+    if not before or before.get(PARAMS) != inputs[PARAMS]:
+        return None
+    changed = {i for i in set(before) | set(inputs) if before.get(i) != inputs.get(i)} - {PARAMS}
+    previous: dict[str, list[KnnEdge]] = {i: [] for i in before if i != PARAMS}
+    for s, t, score, rank in con.execute("SELECT source_id, target_id, score, rank FROM knn_edges "
+                                         "WHERE namespace = ?", [namespace]).fetchall():
+        previous.setdefault(s, []).append(KnnEdge(s, t, score, rank))
+    return KnnPlan(changed, previous)
+
+
+# ---- communities ----
+
+def graph_fingerprint(node_ids: list[str], edges: dict[tuple[int, int], float], algorithm: str) -> str:
+    """Of the exact graph community detection and PageRank run on: equal fingerprints, equal results."""
+    h = hashlib.sha256(algorithm.encode())
+    h.update("\n".join(node_ids).encode())
+    if edges:
+        h.update(np.asarray(list(edges), dtype=np.int64).tobytes())
+        h.update(np.asarray(list(edges.values()), dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+RESEED_SHARE = 0.05  # above this share of entities added or removed, communities are detected from scratch
+
+
+def seed_membership(node_ids: list[str], previous: dict[str, str]) -> list[int] | None:
+    """The previous partition as an initial membership (new entities alone in a community), or None when
+    too much changed for it to be a good start."""
+    kept = sum(1 for n in node_ids if n in previous)
+    if not previous or len(node_ids) - kept + len(previous) - kept > RESEED_SHARE * max(len(node_ids), 1):
+        return None
+    labels: dict[str, int] = {}
+    out = []
+    for n in node_ids:
+        key = previous.get(n, f"new:{n}")
+        out.append(labels.setdefault(key, len(labels)))
+    return out

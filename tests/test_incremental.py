@@ -1,0 +1,80 @@
+"""Issue 11: graph-wide stages recompute only what an update touched, and give what a full recompute gives."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lazyhippo.config import Settings
+from lazyhippo.graph import knn_edges, knn_stale_sources
+from lazyhippo.graphstore import EmbeddedGraphStore
+from lazyhippo.index import run_index, run_stage
+from lazyhippo.warehouse import connect
+from tests.test_lifecycle import copy_corpus
+
+
+def unit(rows: np.ndarray) -> np.ndarray:
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def by_source(edges) -> dict:
+    out: dict = {}
+    for e in edges:
+        out.setdefault(e.source, []).append(e)
+    return out
+
+
+def as_rows(edges) -> list[tuple]:
+    return sorted((e.source, e.target, e.rank, round(e.score, 5)) for e in edges)
+
+
+def test_knn_searched_again_for_stale_sources_only_equals_a_full_search():
+    rng = np.random.default_rng(7)
+    # clustered vectors, so neighbour lists are dense above the cutoff and changes ripple into other lists
+    centres = rng.normal(size=(12, 24))
+    x = unit(centres[rng.integers(0, 12, 600)] + 0.35 * rng.normal(size=(600, 24)))
+    ids = [f"e{i:04d}" for i in range(600)]
+    top_k, cutoff = 6, 0.8
+    before = knn_edges(ids, x, top_k, cutoff)
+    previous = {i: [] for i in ids} | by_source(before)
+
+    gone = set(ids[10:20])
+    changed = set(ids[100:105])
+    vec = {i: v for i, v in zip(ids, x) if i not in gone}
+    for i in changed:  # moved next to another item: enters lists that did not hold it
+        vec[i] = unit((x[ids.index(i) + 300] + 0.01 * rng.normal(size=24))[None])[0]
+    for n in range(8):  # new items near existing ones
+        vec[f"e{n:04d}x"] = unit((x[200 + n] + 0.02 * rng.normal(size=24))[None])[0]
+    new_ids = sorted(vec)
+    new_x = np.stack([vec[i] for i in new_ids])
+    stale = knn_stale_sources(new_ids, new_x, top_k, cutoff, changed | gone | {i for i in new_ids if i.endswith("x")},
+                              previous)
+    assert 0 < len(stale) < len(new_ids) // 2, "a small change must leave most lists alone"
+    kept = [e for e in before if e.source in set(new_ids) - {new_ids[i] for i in stale}]
+    incremental = kept + knn_edges(new_ids, new_x, top_k, cutoff, stale)
+    full = knn_edges(new_ids, new_x, top_k, cutoff)
+    assert as_rows(incremental) == as_rows(full)
+    # and the reason it works is not that nothing changed: old lists differ from new ones
+    assert as_rows(before) != as_rows(full)
+
+
+def knn_table(settings: Settings) -> list[tuple]:
+    with connect(settings) as con:
+        return sorted(con.execute("SELECT source_id, target_id, rank, round(score, 5) FROM knn_edges WHERE namespace = ?",
+                                  [settings.namespace]).fetchall())
+
+
+def test_an_update_searches_few_entities_and_gives_the_edges_of_a_full_search(tmp_path):
+    settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")), knn_cutoff=0.5)
+    first = run_index(settings)
+    assert first["knn_edges"].searched == first["knn_edges"].entities  # nothing to start from
+    assert run_index(settings)["knn_edges"].searched == 0  # unchanged input: no search at all
+    path = tmp_path / "c" / "tomas_reyes.txt"
+    path.write_text(path.read_text() + "\nTomas Reyes later sailed with the Eastbridge Harbour Guild to Port Alder.\n")
+    out = run_index(settings)["knn_edges"]
+    assert 0 < out.searched < out.entities
+    incremental = knn_table(settings)
+    with connect(settings) as con:  # forget the recorded search: the next one is a full one
+        con.execute("DELETE FROM stage_inputs WHERE namespace = ?", [settings.namespace])
+        full = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
+    assert full.searched == full.entities
+    assert incremental == knn_table(settings) and incremental
