@@ -26,7 +26,9 @@ class GraphStore(Protocol):
     def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]: ...
 
     def communities(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
-                    algorithm: str) -> Communities: ...
+                    algorithm: str, initial: list[int] | None = None) -> Communities:
+        """`initial`: the previous partition (per node), which embedded Leiden refines; GDS starts over."""
+        ...
 
     def pagerank(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]]) -> dict[str, float]: ...
 
@@ -47,8 +49,8 @@ class EmbeddedGraphStore:
     def knn(self, namespace, ids, vectors, top_k, cutoff):
         return graph.knn_edges(ids, vectors, top_k, cutoff)
 
-    def communities(self, namespace, node_ids, edges, algorithm):
-        return graph.detect_communities(node_ids, edges, algorithm)
+    def communities(self, namespace, node_ids, edges, algorithm, initial=None):
+        return graph.detect_communities(node_ids, edges, algorithm, initial=initial)
 
     def pagerank(self, namespace, node_ids, edges):
         return graph.pagerank(node_ids, edges)

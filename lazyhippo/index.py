@@ -267,7 +267,7 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
                      *(() if redo is None else ("AND source_id IN (SELECT unnest(?))", [redo])))
         write_inputs(con, ns, "knn_edges", inputs if store.exact_knn else {})  # a heuristic search: no basis
     n, low, mean = con.execute("SELECT count(*), coalesce(min(score), 0), coalesce(avg(score), 0) FROM knn_edges "
-                               "WHERE namespace = ?", [ns]).fetchone()
+                               "WHERE namespace = ?", [ns]).fetchall()[0]
     return KnnResult(edges=n, entities=len(ids), top_k=k, cutoff=cutoff, score_min=low, score_mean=mean,
                      searched=len(ids) if redo is None else len(rows))
 
@@ -281,20 +281,39 @@ def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[s
 
 
 def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> CommunitiesResult:
-    ns = settings.namespace
+    """Skipped when the graph is the one the recorded run saw; after a small change Leiden starts from the
+    previous partition (incremental.seed_membership). PageRank is always that of the whole current graph."""
+    from .graph import merged_undirected
+    from .incremental import PARAMS, graph_fingerprint, read_inputs, seed_membership, write_inputs
+
+    ns, algorithm = settings.namespace, settings.community_algorithm
     nodes, edges = entity_graph(con, ns)
-    comm = store.communities(ns, nodes, edges, settings.community_algorithm)
+    fingerprint = graph_fingerprint(nodes, merged_undirected(nodes, edges), algorithm)
+    if read_inputs(con, ns, "communities").get(PARAMS) == fingerprint and count(con, "entity_scores", ns) == len(nodes):
+        return _communities_result(con, ns, algorithm, levels=0, reused=True)
+    previous = dict(con.execute("SELECT entity_id, community_id FROM entity_scores WHERE namespace = ?", [ns]).fetchall())
+    initial = seed_membership(nodes, previous) if algorithm == "leiden" else None
+    comm = store.communities(ns, nodes, edges, algorithm, initial)
     pr = store.pagerank(ns, nodes, edges)
     cid = {n: f"k_{m}" for n, m in comm.membership.items()}
-    replace_rows(con, "entity_scores", ns, _ns(pa.Table.from_pylist(
-        [{"entity_id": n, "community_id": cid[n], "pagerank": float(pr.get(n, 0.0))} for n in nodes]), ns) if nodes else None)
     sizes = Counter(cid.values())
-    replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(
-        [{"community_id": c, "level": 0, "size": s, "modularity": comm.modularity} for c, s in sizes.items()]), ns) if sizes else None)
-    dist = Counter(min(s, 50) for s in sizes.values())
-    return CommunitiesResult(communities=len(sizes), modularity=comm.modularity, algorithm=settings.community_algorithm,
-                             levels=comm.levels, largest=max(sizes.values(), default=0), singletons=dist.get(1, 0),
-                             size_distribution=dict(sorted(dist.items())))
+    with transaction(con):
+        replace_rows(con, "entity_scores", ns, _ns(pa.Table.from_pylist(
+            [{"entity_id": n, "community_id": cid[n], "pagerank": float(pr.get(n, 0.0))} for n in nodes]), ns) if nodes else None)
+        replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(
+            [{"community_id": c, "level": 0, "size": s, "modularity": comm.modularity} for c, s in sizes.items()]), ns) if sizes else None)
+        write_inputs(con, ns, "communities", {PARAMS: fingerprint})
+    return _communities_result(con, ns, algorithm, comm.levels, seeded=initial is not None)
+
+
+def _communities_result(con: duckdb.DuckDBPyConnection, ns: str, algorithm: str, levels: int, reused: bool = False,
+                        seeded: bool = False) -> CommunitiesResult:
+    sizes = [s for (s,) in con.execute("SELECT size FROM communities WHERE namespace = ?", [ns]).fetchall()]
+    modularity = con.execute("SELECT coalesce(max(modularity), 0) FROM communities WHERE namespace = ?", [ns]).fetchall()[0][0]
+    dist = Counter(min(s, 50) for s in sizes)
+    return CommunitiesResult(communities=len(sizes), modularity=modularity, algorithm=algorithm, levels=levels,
+                             largest=max(sizes, default=0), singletons=dist.get(1, 0),
+                             size_distribution=dict(sorted(dist.items())), reused=reused, seeded=seeded)
 
 
 def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None,

@@ -92,6 +92,8 @@ class CommunitiesResult(StageResult):
     largest: int
     singletons: int
     size_distribution: dict[int, int] = field(default_factory=dict)   # size (50 = 50+) -> communities
+    reused: bool = False   # the graph was unchanged: the recorded communities and PageRank stand
+    seeded: bool = False   # Leiden started from the previous partition (a small change)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from lazyhippo.config import Settings
-from lazyhippo.graph import knn_edges, knn_stale_sources
+from lazyhippo.graph import detect_communities, knn_edges, knn_stale_sources, pagerank
 from lazyhippo.graphstore import EmbeddedGraphStore
-from lazyhippo.index import run_index, run_stage
+from lazyhippo.index import entity_graph, run_index, run_stage
 from lazyhippo.warehouse import connect
 from tests.test_lifecycle import copy_corpus
 
@@ -57,10 +57,17 @@ def test_knn_searched_again_for_stale_sources_only_equals_a_full_search():
     assert as_rows(before) != as_rows(full)
 
 
-def knn_table(settings: Settings) -> list[tuple]:
+def connect_rows(settings: Settings, sql: str) -> list[tuple]:
     with connect(settings) as con:
-        return sorted(con.execute("SELECT source_id, target_id, rank, round(score, 5) FROM knn_edges WHERE namespace = ?",
-                                  [settings.namespace]).fetchall())
+        return sorted(con.execute(f"{sql} WHERE namespace = ?", [settings.namespace]).fetchall())
+
+
+def knn_table(settings: Settings) -> list[tuple]:
+    return connect_rows(settings, "SELECT source_id, target_id, rank, round(score, 5) FROM knn_edges")
+
+
+def scores(settings: Settings) -> list[tuple]:
+    return connect_rows(settings, "SELECT entity_id, community_id, pagerank FROM entity_scores")
 
 
 def test_an_update_searches_few_entities_and_gives_the_edges_of_a_full_search(tmp_path):
@@ -78,3 +85,27 @@ def test_an_update_searches_few_entities_and_gives_the_edges_of_a_full_search(tm
         full = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
     assert full.searched == full.entities
     assert incremental == knn_table(settings) and incremental
+
+
+def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_small_change(tmp_path):
+    settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")))
+    first = run_index(settings)["communities"]
+    assert not first.reused and not first.seeded
+    before = scores(settings)
+    again = run_index(settings)["communities"]
+    assert again.reused and scores(settings) == before
+    path = tmp_path / "c" / "tomas_reyes.txt"  # one new entity among ~150: the previous partition is a good start
+    path.write_text(path.read_text() + "\nTomas Reyes once visited Quillmore.\n")
+    out = run_index(settings)
+    assert out["entities"].entities > len(before)
+    update = out["communities"]
+    assert update.seeded and not update.reused
+    after = scores(settings)
+    with connect(settings) as con:
+        nodes, edges = entity_graph(con, settings.namespace)
+    assert [r[0] for r in after] == sorted(nodes)  # every entity has a community and a PageRank
+    fresh = detect_communities(nodes, edges, settings.community_algorithm)
+    assert update.modularity >= 0.97 * fresh.modularity
+    pr = pagerank(nodes, edges)
+    assert all(abs(p - pr[e]) < 1e-9 for e, _, p in after)  # PageRank is the whole current graph's
+
