@@ -1,10 +1,11 @@
 -- Entities deduplicated by normalized name. The most frequent surface form names the entity, a title
 -- anywhere makes it a TITLE entity, up to three distinct descriptions are merged. Noun-phrase concepts
 -- (type CONCEPT only) seen in a single chunk are pruned: they link nothing and would dominate the graph.
+-- Every model reads `lh_names` (each extracted name with its normalized key and entity id, built once per run).
 WITH raw AS (
-    SELECT lh_norm(name) AS norm_name, name, type, description, chunk_id
-    FROM extracted_entities
-    WHERE namespace = $namespace AND lh_norm(name) <> ''
+    SELECT k.norm_name, x.name, x.type, x.description, x.chunk_id
+    FROM extracted_entities x JOIN lh_names k ON k.name = x.name
+    WHERE x.namespace = $namespace AND k.norm_name <> ''
 ),
 forms AS (
     SELECT norm_name, name, count(*) AS n FROM raw GROUP BY norm_name, name
@@ -22,8 +23,9 @@ agg AS (
     HAVING NOT (bool_and(type = 'CONCEPT') AND count(DISTINCT chunk_id) < 2)
 ),
 pairs AS (
-    SELECT DISTINCT lh_norm(source) AS a, lh_norm(target) AS b
-    FROM extracted_relations WHERE namespace = $namespace
+    SELECT DISTINCT a.norm_name AS a, b.norm_name AS b
+    FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
+    WHERE r.namespace = $namespace
 ),
 deg AS (
     SELECT norm_name, count(DISTINCT other) AS degree FROM (

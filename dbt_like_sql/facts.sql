@@ -5,8 +5,9 @@ WITH named AS (
 ),
 linked AS (
     SELECT n.chunk_id, n.fact_idx, list(DISTINCT e.entity_id ORDER BY e.entity_id) AS entity_ids
-    FROM named n JOIN entities e ON e.namespace = $namespace AND e.entity_id = lh_entity_id(n.name)
-    WHERE lh_norm(n.name) <> ''
+    FROM named n JOIN lh_names k ON k.name = n.name
+    JOIN entities e ON e.namespace = $namespace AND e.entity_id = k.entity_id
+    WHERE k.norm_name <> ''
     GROUP BY n.chunk_id, n.fact_idx
 )
 SELECT

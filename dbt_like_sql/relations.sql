@@ -1,9 +1,9 @@
 -- Relations between kept entities: one undirected row per pair, weights summed over chunks, the strongest
 -- description kept. Reads `entities`.
 WITH raw AS (
-    SELECT lh_entity_id(source) AS s, lh_entity_id(target) AS t, description, weight, chunk_id
-    FROM extracted_relations
-    WHERE namespace = $namespace AND lh_norm(source) <> '' AND lh_norm(target) <> ''
+    SELECT a.entity_id AS s, b.entity_id AS t, r.description, r.weight, r.chunk_id
+    FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
+    WHERE r.namespace = $namespace AND a.norm_name <> '' AND b.norm_name <> ''
 ),
 kept AS (
     SELECT entity_id FROM entities WHERE namespace = $namespace

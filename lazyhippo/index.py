@@ -30,7 +30,7 @@ from .reports import build_community_reports, summarize_graph_descriptions
 from .stage_results import (ChunksResult, CommunitiesResult, DocumentsResult, EmbeddingsResult, ExportsResult,
                             ExtractionsResult, GraphTablesResult, KnnResult, StageResult, SummariesResult)
 from .summaries import summarize_extractive
-from .warehouse import count, read_vectors, replace_rows, run_sql_model, transaction
+from .warehouse import count, name_keys, read_vectors, replace_rows, run_sql_model, transaction
 
 Progress = Callable[[str, int, int], None]
 EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges",
@@ -186,6 +186,7 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
     LLM, long entity and relation descriptions are then summarized (map-reduce, cached)."""
     from .merge import apply_merges
 
+    name_keys(con, settings.namespace)
     for m in ("entities", "relations", "mentions", "facts"):
         run_sql_model(con, m, settings.namespace)
     merged = apply_merges(con, settings.namespace)  # recorded entity merges, folded in again

@@ -63,9 +63,14 @@ def published_namespaces(settings: Settings) -> list[str]:
     return sorted(p.stem for p in snapshot_dir(settings).glob("*.duckdb"))
 
 
+def _norm_keys(names: pa.Array) -> pa.Array:
+    """`lh_norm` over a whole vector of names at once (a per-row Python call costs more than the work)."""
+    return pa.array([None if n is None else norm_key(n) for n in names.to_pylist()], pa.string())
+
+
 def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    con.create_function("lh_norm", lambda s: norm_key(s), [duckdb.sqltype("VARCHAR")], duckdb.sqltype("VARCHAR"),
-                        side_effects=False)
+    con.create_function("lh_norm", _norm_keys, [duckdb.sqltype("VARCHAR")], duckdb.sqltype("VARCHAR"),
+                        type="arrow", side_effects=False)
     con.execute("CREATE OR REPLACE TEMP MACRO lh_entity_id(s) AS 'e_' || substr(sha256(lh_norm(s)), 1, 16)")
     return con
 
@@ -145,13 +150,42 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, row
     return rows.num_rows
 
 
+MODEL_KEYS = {"entities": ("entity_id",), "relations": ("relation_id",), "mentions": ("chunk_id", "entity_id"),
+              "facts": ("fact_id",)}
+
+
+def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
+    """The temporary table `lh_names` the SQL models join: every name the namespace's extractions use, with its
+    normalized key and entity id, so `lh_norm` (Python) runs once per distinct name, not once per row."""
+    con.execute("""CREATE OR REPLACE TEMP TABLE lh_names AS
+        SELECT name, norm_name, 'e_' || substr(sha256(norm_name), 1, 16) AS entity_id
+        FROM (SELECT name, lh_norm(name) AS norm_name FROM (
+            SELECT name FROM extracted_entities WHERE namespace = $ns
+            UNION SELECT source FROM extracted_relations WHERE namespace = $ns
+            UNION SELECT target FROM extracted_relations WHERE namespace = $ns
+            UNION SELECT unnest(names) FROM extracted_facts WHERE namespace = $ns))""", {"ns": namespace})
+    return con.execute("SELECT count(*) FROM lh_names").fetchall()[0][0]
+
+
 def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) -> int:
-    """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name."""
+    """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name.
+    Only rows that differ are deleted and inserted: an update that touches a few entities writes a few rows.
+    (The new rows go through Arrow: DuckDB 2.0 loses a large temporary table's rows filled inside a transaction.)"""
     sql = (SQL_DIR / f"{model}.sql").read_text()
+    cols = ", ".join(c[0] for c in con.execute(f"DESCRIBE {model}").fetchall())
+    key = MODEL_KEYS[model]
+    old = f"SELECT {cols} FROM {model} WHERE namespace = $namespace"
+    p = {"namespace": namespace}
     with transaction(con):
-        con.execute(f"DELETE FROM {model} WHERE namespace = $namespace", {"namespace": namespace})
-        con.execute(f"INSERT INTO {model} BY NAME ({sql})", {"namespace": namespace})
-    return count(con, model, namespace)
+        new = con.sql(f"SELECT {cols} FROM ({sql})", params=p).to_arrow_table()
+        con.register("lh_model", new)
+        try:
+            con.execute(f"DELETE FROM {model} t USING (SELECT {', '.join(key)} FROM ({old} EXCEPT SELECT * FROM lh_model)) d "
+                        f"WHERE t.namespace = $namespace AND {' AND '.join(f't.{k} = d.{k}' for k in key)}", p)
+            con.execute(f"INSERT INTO {model} ({cols}) SELECT * FROM lh_model EXCEPT {old}", p)
+        finally:
+            con.unregister("lh_model")
+    return new.num_rows
 
 
 def count(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> int:
