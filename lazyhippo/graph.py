@@ -79,13 +79,23 @@ class Communities:
     levels: int
 
 
+def positions(keys: Sequence[str], names: Sequence[str]) -> np.ndarray:
+    """Index of each name in `keys`, -1 where absent: one sorted search in numpy, no per-item Python lookups."""
+    if not len(keys) or not len(names):
+        return np.full(len(names), -1, dtype=np.int64)
+    k = np.asarray(keys, dtype=str)
+    order = np.argsort(k, kind="stable")
+    ordered = k[order]
+    q = np.asarray(names, dtype=str)
+    at = np.searchsorted(ordered, q).clip(0, len(k) - 1)
+    return np.where(ordered[at] == q, order[at], -1).astype(np.int64)
+
+
 def merged_undirected(node_ids: list[str], edges: Iterable[tuple[str, str, float]]) -> dict[tuple[int, int], float]:
     """The graph both stores run their algorithms on: undirected, self-loops and unknown ends dropped,
     parallel edges' weights summed; keys are (smaller, larger) node indices, in key order."""
-    index = {n: i for i, n in enumerate(node_ids)}
     sources, targets, weights = zip(*edges) if edges else ((), (), ())
-    a = np.fromiter((index.get(s, -1) for s in sources), np.int64, len(sources))
-    b = np.fromiter((index.get(t, -1) for t in targets), np.int64, len(targets))
+    a, b = positions(node_ids, sources), positions(node_ids, targets)
     keep = (a >= 0) & (b >= 0) & (a != b)
     lo, hi, w = np.minimum(a, b)[keep], np.maximum(a, b)[keep], np.asarray(weights, dtype=np.float64)[keep]
     keys, slot = np.unique(lo * max(len(node_ids), 1) + hi, return_inverse=True)

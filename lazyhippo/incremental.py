@@ -13,7 +13,6 @@ import hashlib
 from dataclasses import dataclass
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from .graph import KnnEdge
@@ -70,14 +69,16 @@ def plan_knn(con: duckdb.DuckDBPyConnection, namespace: str, inputs: dict[str, s
 
 # ---- communities ----
 
-def graph_fingerprint(node_ids: list[str], edges: dict[tuple[int, int], float], algorithm: str) -> str:
-    """Of the exact graph community detection and PageRank run on: equal fingerprints, equal results."""
-    h = hashlib.sha256(algorithm.encode())
-    h.update("\n".join(node_ids).encode())
-    if edges:
-        h.update(np.asarray(list(edges), dtype=np.int64).tobytes())
-        h.update(np.asarray(list(edges.values()), dtype=np.float64).tobytes())
-    return h.hexdigest()
+def graph_fingerprint(con: duckdb.DuckDBPyConnection, namespace: str, algorithm: str) -> str:
+    """Of the graph community detection and PageRank run on (entities, relations, KNN edges), computed in
+    SQL with order-independent sums of row hashes: equal fingerprints, equal results, nothing fetched."""
+    rows = con.execute("""
+        SELECT (SELECT count(*) || ':' || coalesce(sum(hash(entity_id)::HUGEINT), 0) FROM entities WHERE namespace = $ns),
+               (SELECT count(*) || ':' || coalesce(sum(hash(source_id, target_id, weight)::HUGEINT), 0)
+                FROM relations WHERE namespace = $ns),
+               (SELECT count(*) || ':' || coalesce(sum(hash(source_id, target_id, score)::HUGEINT), 0)
+                FROM knn_edges WHERE namespace = $ns)""", {"ns": namespace}).fetchall()
+    return hashlib.sha256(repr((algorithm, rows)).encode()).hexdigest()
 
 
 RESEED_SHARE = 0.05  # above this share of entities added or removed, communities are detected from scratch

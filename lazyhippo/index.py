@@ -99,12 +99,27 @@ def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Docum
 
 
 def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection) -> ChunksResult:
-    chunks = [c for d in load_documents(con, settings.namespace)
-              for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
+    """Chunk the documents that are new or changed since their chunks were made (recorded in stage_inputs);
+    the other documents keep their rows, and chunks of documents gone are dropped."""
+    from .incremental import read_inputs, write_inputs
+
+    ns = settings.namespace
+    docs = load_documents(con, ns)
+    inputs = {d.doc_id: sha(json.dumps([d.source, d.title, d.kind, d.content_hash, [s.__dict__ for s in d.sections],
+                                        settings.chunk_size, settings.chunk_overlap]), 32) for d in docs}
+    before = read_inputs(con, ns, "chunks")
+    chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ?", [ns]).fetchall()}
+    todo = [d for d in docs if before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked]
+    chunks = [c for d in todo for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
     table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
-    replace_rows(con, "chunks", settings.namespace, _ns(table, settings.namespace) if table else None)
-    tokens = [c.n_tokens for c in chunks]
-    return ChunksResult(chunks=len(chunks), tokens_total=sum(tokens), tokens_max=max(tokens, default=0))
+    with transaction(con):
+        replace_rows(con, "chunks", ns, _ns(table, ns) if table else None,
+                     "AND (doc_id IN (SELECT unnest(?)) OR doc_id NOT IN (SELECT doc_id FROM documents WHERE namespace = ?))",
+                     [[d.doc_id for d in todo], ns])
+        write_inputs(con, ns, "chunks", inputs)
+    n, total, most = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0), coalesce(max(n_tokens), 0) FROM chunks "
+                                 "WHERE namespace = ?", [ns]).fetchall()[0]
+    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=len(todo))
 
 
 def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:
@@ -284,14 +299,13 @@ def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[s
 def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> CommunitiesResult:
     """Skipped when the graph is the one the recorded run saw; after a small change Leiden starts from the
     previous partition (incremental.seed_membership). PageRank is always that of the whole current graph."""
-    from .graph import merged_undirected
     from .incremental import PARAMS, graph_fingerprint, read_inputs, seed_membership, write_inputs
 
     ns, algorithm = settings.namespace, settings.community_algorithm
-    nodes, edges = entity_graph(con, ns)
-    fingerprint = graph_fingerprint(nodes, merged_undirected(nodes, edges), algorithm)
-    if read_inputs(con, ns, "communities").get(PARAMS) == fingerprint and count(con, "entity_scores", ns) == len(nodes):
+    fingerprint = graph_fingerprint(con, ns, algorithm)
+    if read_inputs(con, ns, "communities").get(PARAMS) == fingerprint:
         return _communities_result(con, ns, algorithm, levels=0, reused=True)
+    nodes, edges = entity_graph(con, ns)
     previous = dict(con.execute("SELECT entity_id, community_id FROM entity_scores WHERE namespace = ?", [ns]).fetchall())
     initial = seed_membership(nodes, previous) if algorithm == "leiden" else None
     comm = store.communities(ns, nodes, edges, algorithm, initial)

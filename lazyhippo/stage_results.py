@@ -35,6 +35,7 @@ class ChunksResult(StageResult):
     chunks: int
     tokens_total: int
     tokens_max: int
+    rechunked_documents: int = 0   # new or changed since their chunks were made (the rest kept their rows)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -74,10 +74,14 @@ def test_an_update_searches_few_entities_and_gives_the_edges_of_a_full_search(tm
     settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")), knn_cutoff=0.5)
     first = run_index(settings)
     assert first["knn_edges"].searched == first["knn_edges"].entities  # nothing to start from
-    assert run_index(settings)["knn_edges"].searched == 0  # unchanged input: no search at all
+    again = run_index(settings)
+    assert again["knn_edges"].searched == 0 and again["chunks"].rechunked_documents == 0  # unchanged: no work
     path = tmp_path / "c" / "tomas_reyes.txt"
     path.write_text(path.read_text() + "\nTomas Reyes later sailed with the Eastbridge Harbour Guild to Port Alder.\n")
-    out = run_index(settings)["knn_edges"]
+    update = run_index(settings)
+    assert update["chunks"].rechunked_documents == 1
+    assert update["chunks"].tokens_total > again["chunks"].tokens_total  # the new sentence is in
+    out = update["knn_edges"]
     assert 0 < out.searched < out.entities
     incremental = knn_table(settings)
     with connect(settings) as con:  # forget the recorded search: the next one is a full one
