@@ -44,19 +44,23 @@ def knn_edges(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
     return edges
 
 
+@dataclass(frozen=True)
+class KnnBasis:
+    """What an update needs of the previous search: per item (all of them, edges or not) its number of
+    neighbours and the lowest score among them, and the items that had a changed or gone neighbour."""
+    lists: dict[str, tuple[int, float]]
+    lost_neighbour: set[str]
+
+
 def knn_stale_sources(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float, changed: set[str],
-                      previous: dict[str, list[KnnEdge]]) -> list[int]:
-    """Indices of the items whose neighbour lists an exact search would now give differently, given the lists
-    of the previous search (`previous`, by source) and the items whose vector is new, changed or gone
-    (`changed`); `previous` holds every item of the previous search, with no edges where it had none.
-    Stale: the changed and new items themselves, items that had a changed or gone neighbour, and items that a
-    new vector would enter (it scores at least their k-th neighbour, or the cutoff while they have fewer than
-    k). Every other list stays exactly what a full search would give."""
-    fresh = [i for i, n in enumerate(ids) if n in changed or n not in previous]
-    stale = set(fresh)
-    for i, n in enumerate(ids):
-        if any(e.target in changed for e in previous.get(n, ())):
-            stale.add(i)
+                      previous: KnnBasis) -> list[int]:
+    """Indices of the items whose neighbour lists an exact search would now give differently, given the
+    previous search and the items whose vector is new, changed or gone (`changed`): the changed and new items
+    themselves, items that had a changed or gone neighbour, and items that a new vector would enter (it
+    scores at least their k-th neighbour, or the cutoff while they have fewer than k). Every other list stays
+    exactly what a full search would give."""
+    fresh = [i for i, n in enumerate(ids) if n in changed or n not in previous.lists]
+    stale = set(fresh) | {i for i, n in enumerate(ids) if n in previous.lost_neighbour}
     if fresh and len(ids) > 1:
         x = np.asarray(vectors, dtype=np.float32)
         best = np.full(len(ids), -np.inf, dtype=np.float32)
@@ -64,11 +68,9 @@ def knn_stale_sources(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: f
             block = x[fresh[start:start + 1024]] @ x.T
             block[np.arange(block.shape[0]), fresh[start:start + 1024]] = -np.inf  # not its own neighbour
             best = np.maximum(best, block.max(axis=0))
-        for i, n in enumerate(ids):
-            edges = previous.get(n, ())
-            floor = cutoff if len(edges) < top_k else min(e.score for e in edges)
-            if best[i] >= floor - 1e-6:  # ties and rounding: search again rather than guess
-                stale.add(i)
+        floors = np.array([cutoff if n < top_k else low
+                           for n, low in (previous.lists.get(i, (0, 1.0)) for i in ids)], dtype=np.float32)
+        stale |= set(np.flatnonzero(best >= floors - 1e-6).tolist())  # ties and rounding: search again, not guess
     return sorted(stale)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import duckdb
 import pyarrow as pa
 
-from .graph import KnnEdge
+from .graph import KnnBasis
 
 PARAMS = "@params"  # the item holding a stage's parameters: when they change, the stage starts over
 
@@ -49,8 +49,8 @@ def knn_inputs(con: duckdb.DuckDBPyConnection, namespace: str, top_k: int, cutof
 
 @dataclass(frozen=True)
 class KnnPlan:
-    changed: set[str]                     # entities whose vector is new, changed or gone
-    previous: dict[str, list[KnnEdge]]    # every entity of the previous search -> its edges then
+    changed: set[str]     # entities whose vector is new, changed or gone
+    previous: KnnBasis    # the previous search, as much of it as an update needs
 
 
 def plan_knn(con: duckdb.DuckDBPyConnection, namespace: str, inputs: dict[str, str]) -> KnnPlan | None:
@@ -60,11 +60,12 @@ def plan_knn(con: duckdb.DuckDBPyConnection, namespace: str, inputs: dict[str, s
     if not before or before.get(PARAMS) != inputs[PARAMS]:
         return None
     changed = {i for i in set(before) | set(inputs) if before.get(i) != inputs.get(i)} - {PARAMS}
-    previous: dict[str, list[KnnEdge]] = {i: [] for i in before if i != PARAMS}
-    for s, t, score, rank in con.execute("SELECT source_id, target_id, score, rank FROM knn_edges "
-                                         "WHERE namespace = ?", [namespace]).fetchall():
-        previous.setdefault(s, []).append(KnnEdge(s, t, score, rank))
-    return KnnPlan(changed, previous)
+    lists = {i: (0, 1.0) for i in before if i != PARAMS}
+    lists.update({s: (n, low) for s, n, low in con.execute(
+        "SELECT source_id, count(*), min(score) FROM knn_edges WHERE namespace = ? GROUP BY source_id", [namespace]).fetchall()})
+    lost = {s for (s,) in con.execute("SELECT DISTINCT source_id FROM knn_edges WHERE namespace = ? AND target_id IN "
+                                      "(SELECT unnest(?))", [namespace, sorted(changed)]).fetchall()}
+    return KnnPlan(changed, KnnBasis(lists, lost))
 
 
 # ---- communities ----

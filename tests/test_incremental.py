@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from lazyhippo.config import Settings
-from lazyhippo.graph import detect_communities, knn_edges, knn_stale_sources, pagerank
+from lazyhippo.graph import KnnBasis, detect_communities, knn_edges, knn_stale_sources, pagerank
 from lazyhippo.graphstore import EmbeddedGraphStore
 from lazyhippo.index import entity_graph, run_index, run_stage
 from lazyhippo.warehouse import connect
@@ -16,11 +16,12 @@ def unit(rows: np.ndarray) -> np.ndarray:
     return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
 
 
-def by_source(edges) -> dict:
-    out: dict = {}
+def basis(items, edges, changed) -> KnnBasis:
+    """The previous search as the warehouse gives it to an update (incremental.plan_knn, in SQL)."""
+    lists = {i: (0, 1.0) for i in items}
     for e in edges:
-        out.setdefault(e.source, []).append(e)
-    return out
+        lists[e.source] = (lists[e.source][0] + 1, min(lists[e.source][1], e.score))
+    return KnnBasis(lists, {e.source for e in edges if e.target in changed})
 
 
 def as_rows(edges) -> list[tuple]:
@@ -35,7 +36,6 @@ def test_knn_searched_again_for_stale_sources_only_equals_a_full_search():
     ids = [f"e{i:04d}" for i in range(600)]
     top_k, cutoff = 6, 0.8
     before = knn_edges(ids, x, top_k, cutoff)
-    previous = {i: [] for i in ids} | by_source(before)
 
     gone = set(ids[10:20])
     changed = set(ids[100:105])
@@ -46,8 +46,8 @@ def test_knn_searched_again_for_stale_sources_only_equals_a_full_search():
         vec[f"e{n:04d}x"] = unit((x[200 + n] + 0.02 * rng.normal(size=24))[None])[0]
     new_ids = sorted(vec)
     new_x = np.stack([vec[i] for i in new_ids])
-    stale = knn_stale_sources(new_ids, new_x, top_k, cutoff, changed | gone | {i for i in new_ids if i.endswith("x")},
-                              previous)
+    moved = changed | gone | {i for i in new_ids if i.endswith("x")}
+    stale = knn_stale_sources(new_ids, new_x, top_k, cutoff, moved, basis(ids, before, moved))
     assert 0 < len(stale) < len(new_ids) // 2, "a small change must leave most lists alone"
     kept = [e for e in before if e.source in set(new_ids) - {new_ids[i] for i in stale}]
     incremental = kept + knn_edges(new_ids, new_x, top_k, cutoff, stale)
