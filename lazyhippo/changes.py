@@ -1,7 +1,7 @@
-"""What changed in a source folder since the last look, document by document (the source sensor's engine).
+"""What changed in a source since the last look, document by document (the source sensor's engine).
 
-Files are compared by (path, size, mtime); only files whose stat changed are read again, and their documents
-are compared by content hash. A change names the added, changed and removed documents with their hashes, so
+A folder's files are compared by (path, size, mtime), a bucket prefix's objects by (key, size, etag); only
+files or objects whose stamp changed are read again, and their documents are compared by content hash. A change names the added, changed and removed documents with their hashes, so
 a run key made from it identifies the change, never the folder's whole state.
 """
 
@@ -13,6 +13,7 @@ import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .config import Settings
 from .documents import ReadError, iter_files, read_path
@@ -23,7 +24,7 @@ HASH_CHARS = 12  # enough to tell two versions of one document apart, short enou
 @dataclass(frozen=True)
 class FileState:
     size: int
-    mtime_ns: int
+    stamp: int | str      # a file's mtime_ns, an object's etag
     docs: dict[str, str]  # doc_id -> content hash (prefix)
 
 
@@ -55,7 +56,7 @@ class SourceState:
     requested: int = 0
 
     def encode(self) -> str:
-        data = {"n": self.requested, "f": {p: [s.size, s.mtime_ns, s.docs] for p, s in self.files.items()}}
+        data = {"n": self.requested, "f": {p: [s.size, s.stamp, s.docs] for p, s in self.files.items()}}
         return base64.b64encode(zlib.compress(json.dumps(data, sort_keys=True).encode())).decode()
 
     @classmethod
@@ -63,7 +64,7 @@ class SourceState:
         if not cursor:
             return None
         data = json.loads(zlib.decompress(base64.b64decode(cursor)))
-        return cls({p: FileState(size, mtime, docs) for p, (size, mtime, docs) in data["f"].items()}, data["n"])
+        return cls({p: FileState(size, stamp, docs) for p, (size, stamp, docs) in data["f"].items()}, data["n"])
 
     @classmethod
     def from_index(cls, sources: list[tuple[str, str, str]]) -> "SourceState":
@@ -77,7 +78,7 @@ class SourceState:
         return f"change-{self.requested}-{change.digest()}"
 
 
-def _read_docs(path: Path, root: Path, max_bytes: int) -> dict[str, str] | None:
+def read_docs(path: Path, root: Path, max_bytes: int) -> dict[str, str] | None:
     """doc_id -> hash of one file, or None when the file cannot be read (its indexed version is kept)."""
     docs: dict[str, str] = {}
     rel = path.relative_to(root).as_posix()
@@ -91,24 +92,34 @@ def _read_docs(path: Path, root: Path, max_bytes: int) -> dict[str, str] | None:
 
 
 def scan_source(source: Path, max_bytes: int, previous: SourceState) -> tuple[SourceState, SourceChange]:
-    """The new state of `source` and the change from `previous`; unchanged stats mean unchanged files."""
+    """The new state of the folder (or file) `source` and the change from `previous`; unchanged stats mean
+    unchanged files."""
     source = source.resolve()
     root = source.parent if source.is_file() else source
+    stamps = {}
+    for path in iter_files(source):
+        stat = path.stat()
+        stamps[path.relative_to(root).as_posix()] = (stat.st_size, stat.st_mtime_ns)
+    return diff_source(stamps, lambda rel: read_docs(root / rel, root, max_bytes), previous)
+
+
+def diff_source(stamps: dict[str, tuple[int, int | str]], read: Callable[[str], dict[str, str] | None],
+                previous: SourceState) -> tuple[SourceState, SourceChange]:
+    """The new state and the change, given every file's (size, stamp) by relative name and a reader of one
+    file's documents (doc_id -> hash, None when unreadable: its last known state is kept)."""
     files: dict[str, FileState] = {}
     added, changed, touched = {}, {}, []
-    for path in iter_files(source):
-        rel = path.relative_to(root).as_posix()
-        stat = path.stat()
+    for rel, (size, stamp) in sorted(stamps.items()):
         old = previous.files.get(rel)
-        if old and (old.size, old.mtime_ns) == (stat.st_size, stat.st_mtime_ns):
+        if old and (old.size, old.stamp) == (size, stamp):
             files[rel] = old
             continue
-        docs = _read_docs(path, root, max_bytes)
+        docs = read(rel)
         if docs is None:
             if old:
                 files[rel] = old
             continue
-        files[rel] = FileState(stat.st_size, stat.st_mtime_ns, docs)
+        files[rel] = FileState(size, stamp, docs)
         before = old.docs if old else {}
         new = {d: h for d, h in docs.items() if d not in before}
         diff = {d: h for d, h in docs.items() if d in before and before[d] != h}

@@ -59,7 +59,9 @@ def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | N
 
 def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> DocumentsResult:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept."""
-    docs, errors = read_source(Path(settings.source), settings.max_file_bytes)
+    from .bucket_source import source_path
+
+    docs, errors = read_source(source_path(settings), settings.max_file_bytes)
     if not docs and not errors:  # a wrong or emptied path must not wipe the namespace
         raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
                          "(removing every document of a namespace is an explicit delete)")

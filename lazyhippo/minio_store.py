@@ -150,10 +150,14 @@ class MinioObjectStore:
                 resp.release_conn()
 
     def list(self, prefix: str = "") -> list[str]:
+        return sorted(self.stamps(prefix))
+
+    def stamps(self, prefix: str = "") -> dict[str, tuple[int, str]]:
+        """key -> (size, etag) of every object under `prefix`, from the listing alone (no request per object)."""
         self.ensure_bucket("listing", prefix + "*")
         try:
-            return sorted(o.object_name for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)
-                          if not o.is_dir)
+            return {o.object_name: (o.size, (o.etag or "").strip('"'))
+                    for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True) if not o.is_dir}
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "listing", prefix + "*") from exc
 

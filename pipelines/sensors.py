@@ -1,5 +1,6 @@
-"""Reindex when documents under the source change: the engine (lazyhippo.changes) diffs the folder against the
-cursor, file stats first and content hashes of the files that moved; the run key names the change."""
+"""Reindex when documents under the source change: the engine (lazyhippo.changes, lazyhippo.bucket_source)
+diffs the folder, or the MinIO/S3 bucket prefix (`s3://bucket/prefix`), against the cursor, file stats or object
+etags first and content hashes of what moved; the run key names the change."""
 
 from pathlib import Path
 
@@ -7,7 +8,9 @@ import dagster as dg
 import duckdb
 
 from assets._partitions import namespaces
+from lazyhippo.bucket_source import bucket_source, open_bucket, scan_bucket
 from lazyhippo.changes import SourceState, indexed_state, scan_source
+from lazyhippo.objectstore import ObjectStoreError
 from resources import LazyhippoResource
 
 from .jobs import index_job
@@ -17,8 +20,9 @@ from .jobs import index_job
            description="Index the documents added or changed under the source, and drop the removed ones.")
 def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoResource):
     settings = lazyhippo.settings()
-    source = Path(settings.source)  # the folder the index job reads, from the same settings
-    if not source.exists():
+    bucket = bucket_source(settings.source)  # the folder or bucket prefix the index job reads, same settings
+    source = Path(settings.source)
+    if bucket is None and not source.exists():
         return dg.SkipReason(f"source {source} does not exist")
     previous = SourceState.decode(context.cursor)
     if previous is None:
@@ -26,7 +30,13 @@ def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoReso
             previous = indexed_state(settings)
         except duckdb.Error as exc:
             return dg.SkipReason(f"the index of namespace {settings.namespace!r} is busy or unreadable, next tick retries ({exc})")
-    state, change = scan_source(source, settings.max_file_bytes, previous)
+    if bucket is None:
+        state, change = scan_source(source, settings.max_file_bytes, previous)
+    else:
+        try:
+            state, change = scan_bucket(open_bucket(bucket[0]), bucket[1], settings.max_file_bytes, previous)
+        except ObjectStoreError as exc:
+            return dg.SkipReason(f"source {settings.source} cannot be listed, next tick retries ({exc})")
     if change.empty:
         n_docs = sum(len(f.docs) for f in state.files.values())
         return dg.SensorResult(skip_reason=f"no change: {n_docs} documents in {len(state.files)} files as indexed",
