@@ -171,6 +171,9 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
             raise HTTPException(503, f"query backend unavailable ({type(exc).__name__}); retry later")
         data = result.to_dict()
         data["question"] = question
+        notice = pool.notice(namespace)
+        if notice:  # the latest index run is unfinished, failed or was killed: the answer is from an older index
+            data["notice"] = notice
         request.state.route = data["route"]
         return JSONResponse(data)  # already plain JSON types: skips FastAPI's slower generic encoder
 
