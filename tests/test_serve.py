@@ -309,3 +309,20 @@ def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
     monkeypatch.setattr(serving, "load_index", real)
     assert pool.refresh() is False and pool.refresh() is True  # seen once, then settled (settle 0 s): retried
     assert pool.get("default").index is not old and pool.swaps == 1
+
+
+def test_answers_say_when_the_latest_index_run_did_not_finish(pool, home):
+    """A run killed half-way leaves the last complete index served, and every answer says so (issue 9)."""
+    from lazyhippo.warehouse import _write_state
+
+    with running(pool) as url:
+        ok = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"})
+        assert ok.status_code == 200 and "notice" not in ok.json()
+        gone = subprocess.Popen(["true"])
+        gone.wait()  # a pid that no longer runs: the run's process was killed
+        _write_state(Settings(home=home), run_id="r-killed", status="running", pid=gone.pid,
+                     host=socket.gethostname(), started_at="2026-11-22T09:00:00")
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"})
+        assert r.status_code == 200 and r.json()["citations"]
+        assert "r-killed" in r.json()["notice"] and "did not finish" in r.json()["notice"]
+        assert "last complete index" in r.json()["notice"]

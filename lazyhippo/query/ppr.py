@@ -97,9 +97,10 @@ _POOL: ThreadPoolExecutor | None = None
 
 def parallel_matvec(matrix: sp.csr_matrix, threads: int | None = None, min_nnz: int = 200_000):
     """`p -> matrix @ p` split into row blocks run on a thread pool (scipy's sparse kernels release the
-    GIL); None when the matrix is small or one core is all there is."""
+    GIL); None when the matrix is small, one core is all there is, or `LAZYHIPPO_THREADS=1` (a server
+    worker, whose cores already run other queries)."""
     global _POOL
-    threads = threads or min(4, os.cpu_count() or 1)
+    threads = threads or int(os.environ.get("LAZYHIPPO_THREADS") or 0) or min(4, os.cpu_count() or 1)
     if threads < 2 or matrix.nnz < min_nnz:
         return None
     if _POOL is None:
