@@ -127,7 +127,7 @@ def execute_parallel(home: Path, config: dict, workers: int, namespace: str,
     add_namespace_partition(instance, namespace)
     # forkserver with the definitions preloaded: each step forks in milliseconds instead of importing everything
     cfg = {**config, "execution": {"config": {"multiprocess": {
-        "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["pipelines.definitions"]}},
+        "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["pipelines.definitions", "pipelines.worker_preload"]}},
         "tag_concurrency_limits": [{"key": key, "limit": 1} for key in WAREHOUSE_TAGS]}}}}
     with dg.execute_job(dg.reconstructable(index_job_def), instance, run_config=cfg, raise_on_error=False,
                         tags={**(tags or {}), "dagster/partition": namespace}) as result:
