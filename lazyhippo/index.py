@@ -305,8 +305,9 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
 
     ns, algorithm = settings.namespace, settings.community_algorithm
     fingerprint = graph_fingerprint(con, ns, algorithm)
-    if read_inputs(con, ns, "communities").get(PARAMS) == fingerprint:
-        return _communities_result(con, ns, algorithm, levels=0, reused=True)
+    recorded = read_inputs(con, ns, "communities")
+    if recorded.get(PARAMS) == fingerprint:
+        return _communities_result(con, ns, algorithm, int(recorded.get("levels", 1)), reused=True)
     nodes, edges = entity_graph(con, ns)
     previous = dict(con.execute("SELECT entity_id, community_id FROM entity_scores WHERE namespace = ?", [ns]).fetchall())
     initial = seed_membership(nodes, previous) if algorithm == "leiden" else None
@@ -319,7 +320,7 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
             [{"entity_id": n, "community_id": cid[n], "pagerank": float(pr.get(n, 0.0))} for n in nodes]), ns) if nodes else None)
         replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(
             [{"community_id": c, "level": 0, "size": s, "modularity": comm.modularity} for c, s in sizes.items()]), ns) if sizes else None)
-        write_inputs(con, ns, "communities", {PARAMS: fingerprint})
+        write_inputs(con, ns, "communities", {PARAMS: fingerprint, "levels": str(comm.levels)})
     return _communities_result(con, ns, algorithm, comm.levels, seeded=initial is not None)
 
 
