@@ -278,7 +278,8 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
     return Mentions(counts=counts, title_entity=title_entity, title_base_entity=title_base_entity, mass_share=mass_share)
 
 
-def _facts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int], dim: int) -> Facts:
+def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) -> Facts:
+    chunk_pos = chunks.pos
     fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns).to_pydict()
     ids, chunk, texts, f_rows, f_cols = [], [], [], [], []
     for fid, c, text, ents in zip(fa["fact_id"], fa["chunk_id"], fa["text"], fa["entity_ids"]):
@@ -292,7 +293,9 @@ def _facts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int],
     entities = sp.csr_matrix((np.ones(len(f_rows), dtype=np.float32), (f_rows, f_cols)), shape=(len(ids), len(entity_pos)))
     vecs, _ = _vectors(con, ns["ns"], "fact", {f: i for i, f in enumerate(ids)}, len(ids))
     return Facts(ids=ids, chunk=np.asarray(chunk, dtype=np.int64), texts=texts, entities=entities,
-                 by_entity=entities.T.tocsr(), vecs=_fit_dim(vecs, dim), lexical=Lexical.build(texts))
+                 by_entity=entities.T.tocsr(), vecs=_fit_dim(vecs, dim),
+                 # words by the passage title too: a sentence that opens "She ..." still matches its subject's name
+                 lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk, texts)]))
 
 
 def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matrix, scores: dict, dim: int) -> Communities:
@@ -346,7 +349,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     scores = _table(con, "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = $ns", ns).to_pydict()
     entities = _entities(con, ns, en, counts, scores, dim)
     mentions = _mentions(counts, chunks, entities)
-    facts = _facts(con, ns, chunks.pos, entity_pos, dim)
+    facts = _facts(con, ns, chunks, entity_pos, dim)
     communities = _communities(con, ns, entity_pos, counts, scores, dim)
     graph = _graph(con, ns, params, chunks, entities, mentions)
     seconds = time.perf_counter() - t0
