@@ -593,3 +593,26 @@ def test_facts_are_matched_by_their_words_as_well_as_by_embedding(qsettings):
     assert DEFAULT_CONFIG.local.fact_lexical > 0
     assert first_fact(DEFAULT_CONFIG.local).startswith("Today the Corran Shipping Company operates container ships")
     assert not first_fact(replace(DEFAULT_CONFIG.local, fact_lexical=0.0)).startswith("Today")
+
+
+def test_query_work_runs_on_one_blas_thread(qsettings, monkeypatch):
+    """A query's products are small: BLAS threads only fight over the cores (measured in `bench query`)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: BLAS runs one thread anyway")
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import lazyhippo.query.answer as answer_mod
+
+    seen = []
+    real = answer_mod._retrieve
+
+    def spy(*args, **kwargs):
+        seen.append({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(answer_mod, "_retrieve", spy)
+    with threadpool_limits(2, user_api="blas"):
+        retrieve(qsettings, "Who founded the Marlow Observatory?", route="local")
+        answer_mod.answer_question(qsettings, "Who founded the Marlow Observatory?", route="local", llm=None)
+        assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}  # restored after
+    assert seen == [{1}, {1}]
