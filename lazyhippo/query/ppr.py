@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -104,11 +105,11 @@ def one_blas_thread(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         global _BLAS
-        if _BLAS is None:
+        if _BLAS is None or _BLAS[0] != len(sys.modules):  # an import since may have loaded another BLAS
             from threadpoolctl import ThreadpoolController
 
-            _BLAS = ThreadpoolController()
-        with _BLAS.limit(limits=1, user_api="blas"):
+            _BLAS = (len(sys.modules), ThreadpoolController())
+        with _BLAS[1].limit(limits=1, user_api="blas"):
             return fn(*args, **kwargs)
     return wrapper
 
