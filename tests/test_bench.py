@@ -139,5 +139,5 @@ def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, m
     monkeypatch.setattr("lazyhippo.index.run_index", lambda settings, **kw: calls.append(settings))
     bench.ensure_index(corpus, tmp_path / "ws")
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 1
-    monkeypatch.setattr(bench, "embedding_model_name", lambda kind, model="": "static-minilm-256-v3")
+    monkeypatch.setattr(bench, "embedding_model_name", lambda kind, model="": "static-minilm-256-next")
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is False and len(calls) == 2

@@ -136,6 +136,7 @@ def test_multi_hop_runs_ppr_only_within_max_hops_of_the_linked_entities(qsetting
     assert wider.run(idx, p, 0.5, 1e-8, 200).astype(bool).sum() > len(one_hop) and len(wider.nodes) > len(one_hop)
     # the route ranks only passages inside the subgraph reached from the question's linked entities
     from lazyhippo.embedding import get_embedder
+    from lazyhippo.query.config import DEFAULT_CONFIG
     from lazyhippo.query.local import link_query
     from lazyhippo.query.types import PreparedQuery
 
@@ -571,3 +572,47 @@ def test_parallel_matvec_matches_the_plain_product_and_a_server_worker_turns_it_
     np.testing.assert_allclose(mv(x), m @ x, rtol=1e-5)
     monkeypatch.setenv("LAZYHIPPO_THREADS", "1")  # what `lazyhippo serve` sets for its workers
     assert parallel_matvec(m, min_nnz=1000) is None
+
+
+def test_facts_are_matched_by_their_words_as_well_as_by_embedding(qsettings):
+    """The static vectors blur a question onto the nearest topic; the fact's BM25 adds the words it shares
+    with the question ("operate", "ships", "today"), so the fact that answers comes first."""
+    from dataclasses import replace
+
+    from lazyhippo.embedding import get_embedder
+    from lazyhippo.query.config import DEFAULT_CONFIG
+    from lazyhippo.query.local import link_query
+    from lazyhippo.query.types import PreparedQuery
+
+    idx = load_index(qsettings)
+    q = PreparedQuery(idx, "Which ships does the company operate today?", get_embedder(qsettings.embedder))
+
+    def first_fact(p):
+        return next(link["fact"] for link in link_query(idx, q, p).links if "fact" in link)
+
+    assert DEFAULT_CONFIG.local.fact_lexical > 0
+    assert first_fact(DEFAULT_CONFIG.local).startswith("Today the Corran Shipping Company operates container ships")
+    assert not first_fact(replace(DEFAULT_CONFIG.local, fact_lexical=0.0)).startswith("Today")
+
+
+def test_query_work_runs_on_one_blas_thread(qsettings, monkeypatch):
+    """A query's products are small: BLAS threads only fight over the cores (measured in `bench query`)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: BLAS runs one thread anyway")
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import lazyhippo.query.answer as answer_mod
+
+    seen = []
+    real = answer_mod._retrieve
+
+    def spy(*args, **kwargs):
+        seen.append({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(answer_mod, "_retrieve", spy)
+    with threadpool_limits(2, user_api="blas"):
+        retrieve(qsettings, "Who founded the Marlow Observatory?", route="local")
+        answer_mod.answer_question(qsettings, "Who founded the Marlow Observatory?", route="local", llm=None)
+        assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}  # restored after
+    assert seen == [{1}, {1}]

@@ -19,6 +19,7 @@ from .communities import CommunityEvidence
 from .config import DEFAULT_CONFIG, QueryConfig
 from .context import ContextChunk, assemble_context, render_context
 from .loader import GraphIndex, load_index
+from .ppr import one_blas_thread
 from .rerank import RerankStage
 from .routes import RouteRequest, RouteResult, check_route, classify_query, run_route
 from .text import sentences, strip_heading, tokens
@@ -80,6 +81,7 @@ def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConf
     return used, req.kind, out
 
 
+@one_blas_thread
 def retrieve(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
              config: QueryConfig | None = None, ppr=None, embedder=None, llm=None,
              index: GraphIndex | None = None) -> list[ScoredChunk]:
@@ -91,6 +93,7 @@ def retrieve(settings: Settings, question: str, route: str = "local", top_k: int
     return out.chunks[:top_k]
 
 
+@one_blas_thread
 def answer_question(settings: Settings, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
                     *, config: QueryConfig | None = None, reranker: RerankStage | None = None, llm="auto", ppr=None,
                     embedder=None, index: GraphIndex | None = None, history: list[dict] | None = None,

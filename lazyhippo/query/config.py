@@ -25,6 +25,7 @@ class LocalParams:
     embed_weight: float = 0.5         # seed weight of embedding links (times cosine and IDF)
     fact_top_k: int = 3               # facts (sentences) matched to the query by embedding
     fact_min: float = 0.30
+    fact_lexical: float = 0.5         # + this * the fact's BM25 (max-normalized): names and rare words static vectors blur
     fact_candidates: int = 50         # facts considered by embedding before the seed boost
     fact_seed_boost: float = 3.0      # facts naming exactly linked entities: score * (1 + boost * affinity)
     fact_seed_entities: int = 8       # strongest exact seeds whose facts are considered

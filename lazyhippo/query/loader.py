@@ -82,6 +82,7 @@ class Facts:
     entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
     by_entity: sp.csr_matrix          # (n_entities, n_facts): the transpose, for "facts naming e"
     vecs: np.ndarray
+    lexical: "Lexical"                # BM25 over the fact texts
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,28 @@ class Graph:
 
 @dataclass(frozen=True)
 class Lexical:
+    """BM25 over one collection of texts (the chunks, the facts), by the query engine's folded tokens."""
+
     bm25: object | None
     vocab: dict[str, int]
+    size: int
+
+    @classmethod
+    def build(cls, docs: list[str]) -> "Lexical":
+        import bm25s
+
+        if not docs:
+            return cls(None, {}, 0)
+        retriever = bm25s.BM25()
+        retriever.index([tokens(d) or [""] for d in docs], show_progress=False)
+        return cls(retriever, dict(retriever.vocab_dict), len(docs))
+
+    def scores(self, keywords: list[str]) -> np.ndarray:
+        """One BM25 score per text (zeros when no keyword is in the vocabulary)."""
+        toks = [t for t in keywords if t in self.vocab]
+        if self.bm25 is None or not toks:
+            return np.zeros(self.size, dtype=np.float32)
+        return np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -257,7 +278,8 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
     return Mentions(counts=counts, title_entity=title_entity, title_base_entity=title_base_entity, mass_share=mass_share)
 
 
-def _facts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int], dim: int) -> Facts:
+def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) -> Facts:
+    chunk_pos = chunks.pos
     fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns).to_pydict()
     ids, chunk, texts, f_rows, f_cols = [], [], [], [], []
     for fid, c, text, ents in zip(fa["fact_id"], fa["chunk_id"], fa["text"], fa["entity_ids"]):
@@ -271,7 +293,9 @@ def _facts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int],
     entities = sp.csr_matrix((np.ones(len(f_rows), dtype=np.float32), (f_rows, f_cols)), shape=(len(ids), len(entity_pos)))
     vecs, _ = _vectors(con, ns["ns"], "fact", {f: i for i, f in enumerate(ids)}, len(ids))
     return Facts(ids=ids, chunk=np.asarray(chunk, dtype=np.int64), texts=texts, entities=entities,
-                 by_entity=entities.T.tocsr(), vecs=_fit_dim(vecs, dim))
+                 by_entity=entities.T.tocsr(), vecs=_fit_dim(vecs, dim),
+                 # words by the passage title too: a sentence that opens "She ..." still matches its subject's name
+                 lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk, texts)]))
 
 
 def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matrix, scores: dict, dim: int) -> Communities:
@@ -325,17 +349,17 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     scores = _table(con, "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = $ns", ns).to_pydict()
     entities = _entities(con, ns, en, counts, scores, dim)
     mentions = _mentions(counts, chunks, entities)
-    facts = _facts(con, ns, chunks.pos, entity_pos, dim)
+    facts = _facts(con, ns, chunks, entity_pos, dim)
     communities = _communities(con, ns, entity_pos, counts, scores, dim)
     graph = _graph(con, ns, params, chunks, entities, mentions)
-    bm25, vocab = _bm25([f"{t}\n{x}" for t, x in zip(chunks.titles, chunks.texts)])
     seconds = time.perf_counter() - t0
     stats = {"chunks": len(chunks.ids), "entities": len(entities.ids), "facts": len(facts.ids),
              "communities": len(communities.ids), "graph_nodes": len(graph.node_ids),
              "graph_edges": int(graph.adjacency.nnz), "load_seconds": round(seconds, 3)}
     return GraphIndex(namespace=namespace, db_path=db_path, loaded_at=time.time(), load_seconds=seconds, dim=dim,
                       embedding_model=model, chunks=chunks, entities=entities, mentions=mentions, facts=facts,
-                      communities=communities, graph=graph, lexical=Lexical(bm25, vocab), stats=stats)
+                      communities=communities, graph=graph,
+                      lexical=Lexical.build([f"{t}\n{x}" for t, x in zip(chunks.titles, chunks.texts)]), stats=stats)
 
 
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
@@ -350,17 +374,6 @@ def _named(names: dict[str, np.ndarray], title: str) -> np.ndarray | None:
 def _drop_article(title: str) -> str:
     parts = title.split(maxsplit=1)
     return parts[1] if len(parts) == 2 and parts[0].lower() in ("the", "a", "an") else title
-
-
-def _bm25(docs: list[str]):
-    import bm25s
-
-    toks = [tokens(d) or [""] for d in docs]
-    if not docs:
-        return None, {}
-    retriever = bm25s.BM25()
-    retriever.index(toks, show_progress=False)
-    return retriever, dict(retriever.vocab_dict)
 
 
 # ---------------------------------------------------------------- cache

@@ -142,6 +142,9 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
     # sentence that best matches the question's relation ("directed by", "married to", ...)
     if p.fact_top_k > 0 and len(idx.facts.ids) and p.fact_weight > 0:
         fs = idx.facts.vecs @ q.vec
+        if p.fact_lexical > 0:
+            lex = idx.facts.lexical.scores(q.keywords)
+            fs = fs + p.fact_lexical * lex / max(float(lex.max(initial=0.0)), 1e-9)
         cand = set(int(f) for f in top_indices(fs, p.fact_candidates))
         exact = dict(seeds.entities)
         affinity: dict[int, float] = {}

@@ -7,7 +7,9 @@ the query functions as `ppr=`: the routes only ever see a score per node index.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -93,6 +95,23 @@ class PPRBackend(Protocol):
 
 
 _POOL: ThreadPoolExecutor | None = None
+_BLAS = None
+
+
+def one_blas_thread(fn: Callable) -> Callable:
+    """Run `fn` with one BLAS thread: a query's products are small, and OpenBLAS's own threads spinning
+    against other processes made them several times slower (`lazyhippo bench query` on 2Wiki: local p50
+    20-30 ms with the default threads, 15 ms with one, in the same minute)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        global _BLAS
+        if _BLAS is None or _BLAS[0] != len(sys.modules):  # an import since may have loaded another BLAS
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS = (len(sys.modules), ThreadpoolController())
+        with _BLAS[1].limit(limits=1, user_api="blas"):
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 def parallel_matvec(matrix: sp.csr_matrix, threads: int | None = None, min_nnz: int = 200_000):

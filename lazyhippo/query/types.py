@@ -74,12 +74,7 @@ class PreparedQuery:
     @property
     def bm25(self) -> np.ndarray:
         if self._bm25 is None:
-            idx = self.idx
-            toks = [t for t in self.keywords if t in idx.lexical.vocab]
-            if idx.lexical.bm25 is None or not toks:
-                self._bm25 = np.zeros(idx.n_chunks, dtype=np.float32)
-            else:
-                self._bm25 = np.asarray(idx.lexical.bm25.get_scores(toks), dtype=np.float32)
+            self._bm25 = self.idx.lexical.scores(self.keywords)
         return self._bm25
 
 
