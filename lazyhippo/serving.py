@@ -12,6 +12,7 @@ process launched: no polling meanwhile, one forced refresh right after it.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -124,6 +125,11 @@ class IndexPool:
         version = db_version(snapshot_dir(settings))
         index = load_index(settings, self.config.graph)
         self._warm[namespace] = Warm(settings, index, version)  # one reference assignment: the swap
+        # the index is millions of long-lived objects: out of the cyclic collector's reach, a full collection
+        # no longer walks them all in the middle of some query (unfreeze first: a replaced index is freed)
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
     def refresh(self, force: bool = False) -> bool:
         """Reload every warm namespace if the warehouse changed (and settled); True if anything was swapped."""
@@ -184,6 +190,7 @@ class IndexPool:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        gc.unfreeze()  # the indexes are ordinary garbage again once the server stops
 
     def _poll(self) -> None:
         while not self._stop.wait(self.poll_seconds):

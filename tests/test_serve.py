@@ -326,3 +326,20 @@ def test_answers_say_when_the_latest_index_run_did_not_finish(pool, home):
         assert r.status_code == 200 and r.json()["citations"]
         assert "r-killed" in r.json()["notice"] and "did not finish" in r.json()["notice"]
         assert "last complete index" in r.json()["notice"]
+
+
+def test_a_loaded_index_is_kept_out_of_the_cyclic_collector(pool):
+    """Millions of long-lived index objects: a full collection walking them stalls whatever query is running."""
+    import gc
+    import weakref
+
+    gc.unfreeze()
+    pool.refresh(force=True)
+    warm = pool.get("default")
+    assert gc.get_freeze_count() > 0
+    old = weakref.ref(warm.index.entities)
+    del warm
+    pool.refresh(force=True)  # a swap unfreezes: the replaced index can be freed
+    gc.collect()
+    assert pool.get("default").index.entities is not None and gc.get_freeze_count() > 0
+    assert old() is None or old() is pool.get("default").index.entities
