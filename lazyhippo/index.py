@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from .chunking import Chunk, chunk_document
 from .config import Settings
 from .documents import Document, Section, read_source, sha
-from .embedding import get_embedder
+from .embedding import embedding_model_name, get_embedder
 from .extraction import Extraction, ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
 from .graphstore import GraphStore
 from .lifecycle import skip_deleted
@@ -257,9 +257,10 @@ def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> Embe
     chunks = con.execute("SELECT chunk_id, title || E'\\n' || text FROM chunks WHERE namespace = ?", [ns]).fetchall()
     entities = con.execute("SELECT entity_id, name FROM entities WHERE namespace = ?", [ns]).fetchall()
     facts = con.execute("SELECT fact_id, text FROM facts WHERE namespace = ?", [ns]).fetchall()
-    done = {kind: _embed_missing(con, settings, kind, items, embedder)
-            for kind, items in (("chunk", chunks), ("entity", entities), ("fact", facts))}
-    return EmbeddingsResult(model=embedder.name, chunks=len(chunks), entities=len(entities), facts=len(facts),
+    done = {kind: _embed_missing(con, settings, kind, items, by)
+            for kind, items, by in (("chunk", chunks, embedder.passages), ("entity", entities, embedder),
+                                    ("fact", facts, embedder))}
+    return EmbeddingsResult(model=embedding_model_name(settings.embedder, settings.embedding_model), chunks=len(chunks), entities=len(entities), facts=len(facts),
                             newly_embedded=sum(done.values()))
 
 

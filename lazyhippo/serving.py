@@ -39,10 +39,12 @@ class SerializedEmbedder:
     """One embedding call at a time: the Hugging Face tokenizer inside model2vec is not thread-safe ("Already
     borrowed" under concurrent queries); a query embeds in well under a millisecond, so the lock costs little."""
 
-    def __init__(self, embedder):
+    def __init__(self, embedder, lock: threading.Lock | None = None):
         self.inner = embedder
         self.name = getattr(embedder, "name", None)
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
+        passages = getattr(embedder, "passages", embedder)
+        self.passages = self if passages is embedder else SerializedEmbedder(passages, self._lock)
 
     def embed(self, texts):
         with self._lock:

@@ -6,17 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lazyhippo.embedding import PROFILES, MiniLM, _encoder, get_embedder
+from lazyhippo.embedding import PROFILES, MiniLM, _encoder, _normalize, get_embedder
 
 # sentence-transformers 5 (torch) on the same packaged weights, normalized, first 6 dimensions
 REFERENCE = {"Who directed the film Titanic?": [-0.05580, -0.01020, -0.00149, 0.09091, 0.00085, 0.04373],
              "lazyhippo": [-0.01501, 0.09305, 0.02844, 0.01208, -0.05938, -0.03646]}
 
 
-def test_minilm_profile_matches_sentence_transformers():
-    vecs = get_embedder("minilm").embed(list(REFERENCE))
+def test_onnx_graph_matches_sentence_transformers_and_int8_stays_close():
+    enc = _encoder()
+    exact = _normalize(enc.mean_pooled(enc.token_ids(list(REFERENCE))))
+    np.testing.assert_allclose(exact[:, :6], np.array(list(REFERENCE.values())), atol=2e-4)
+    vecs = get_embedder("minilm").embed(list(REFERENCE))  # the profile runs the int8 weights
     assert vecs.shape == (2, 384) and vecs.dtype == np.float32
-    np.testing.assert_allclose(vecs[:, :6], np.array(list(REFERENCE.values())), atol=2e-4)
+    assert (vecs * exact).sum(axis=1).min() > 0.97
 
 
 def test_batching_and_padding_do_not_change_vectors():
@@ -38,36 +41,47 @@ def test_static_profile_is_distilled_from_the_packaged_model():
     assert emb.name.startswith("static-minilm")
     assert emb.embed(["anything"]).shape == (1, 256)
     assert emb.embed([]).shape == (0, 256)
-    assert _encoder().tokenizer.get_vocab_size() == emb._model.embedding.shape[0]
+    assert _encoder().tokenizer.get_vocab_size() == emb.graph._model.embedding.shape[0]
+    assert emb.passages is emb.graph
 
 
 def test_unknown_profile_names_the_choices():
-    with pytest.raises(ValueError, match="unknown embedder 'bge'.*static-minilm, minilm, openai"):
+    with pytest.raises(ValueError, match="unknown embedder 'bge'.*static-minilm, minilm-passages, minilm, openai"):
         get_embedder("bge")
     assert PROFILES[0] == "static-minilm"
 
 
-def test_settings_profile_reaches_the_index_and_the_query(tmp_path):
-    """`Settings(embedder="minilm")` embeds with the transformer at index time, and queries use it too."""
+@pytest.mark.parametrize("profile,chunk_model,graph_model", [
+    ("minilm", "minilm-l6-mean-int8", "minilm-l6-mean-int8"),
+    ("minilm-passages", "minilm-l6-mean-int8", "static-minilm-256-v3")])
+def test_settings_profile_reaches_the_index_and_the_query(tmp_path, profile, chunk_model, graph_model):
+    """`Settings(embedder=...)` embeds passages and the graph with the profile's models at index time, and
+    queries use the same ones: the dense passage channel ranks the passage that answers first."""
     import json
 
     from lazyhippo.config import Settings
+    from lazyhippo.embedding import get_embedder
     from lazyhippo.index import run_index
     from lazyhippo.query import retrieve
+    from lazyhippo.query.loader import load_index
+    from lazyhippo.query.types import PreparedQuery
     from lazyhippo.warehouse import connect
 
     rows = [{"id": "a", "title": "Marlow Observatory", "text": "Ada Fenwick founded the Marlow Observatory in 1881."},
             {"id": "b", "title": "River Sell", "text": "The River Sell floods the valley every spring."},
             {"id": "c", "title": "Tomas Reyes", "text": "Tomas Reyes succeeded Ada Fenwick as director of the observatory."}]
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    settings = Settings(home=tmp_path / "home", source=str(tmp_path / "c.jsonl"), embedder="minilm")
+    settings = Settings(home=tmp_path / "home", source=str(tmp_path / "c.jsonl"), embedder=profile)
     run_index(settings)
     with connect(settings, read_only=True) as con:
         models = dict(con.execute("SELECT kind, any_value(model) FROM embeddings GROUP BY kind").fetchall())
-        dims = {len(v) for (v,) in con.execute("SELECT vector FROM embeddings").fetchall()}
-    assert models["chunk"] == models["entity"] == models["fact"] == "minilm-l6-mean" and dims == {384}
+    assert models["chunk"] == chunk_model and models["entity"] == models["fact"] == graph_model
+    idx = load_index(settings)
+    dense = PreparedQuery(idx, "When does the river flood?", get_embedder(profile)).dense
+    assert idx.chunks.titles[int(np.argmax(dense))] == "River Sell"
     top = retrieve(settings, "When does the river flood?", route="hybrid", top_k=1)
     assert top[0].title == "River Sell"
+    assert retrieve(settings, "Who succeeded Ada Fenwick?", route="local", top_k=1)[0].title == "Tomas Reyes"
 
 
 def test_cli_rejects_an_unknown_profile(tmp_path):

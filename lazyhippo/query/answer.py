@@ -152,8 +152,9 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     t["total_ms"] = (time.perf_counter() - t0) * 1000
     by_n = {c.n: c for c in context}
     citations = [by_n[n].citation for n in cited if n in by_n]
-    if idx.embedding_model and getattr(emb, "name", None) and idx.embedding_model != emb.name:
-        diag["warning"] = f"index embedded with {idx.embedding_model}, queries with {emb.name}"
+    passage_model = getattr(getattr(emb, "passages", emb), "name", None)
+    if idx.embedding_model and passage_model and idx.embedding_model != passage_model:
+        diag["warning"] = f"index embedded with {idx.embedding_model}, queries with {passage_model}"
     return QueryResult(question=question, route=used_route, query_type=kind, answer=answer, citations=citations,
                        context=context, timings={k: round(v, 3) for k, v in t.items()},
                        context_tokens=stats["tokens"], budget=budget, llm=llm_name, diagnostics=diag,

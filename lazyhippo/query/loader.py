@@ -144,8 +144,8 @@ class GraphIndex:
     db_path: str
     loaded_at: float
     load_seconds: float
-    dim: int
-    embedding_model: str | None
+    dim: int                          # of entity, fact and community vectors (chunk vectors: chunks.vecs)
+    embedding_model: str | None       # of the chunk vectors
     chunks: Chunks
     entities: Entities
     mentions: Mentions
@@ -198,6 +198,12 @@ def _vectors(con, ns: str, kind: str, order: dict[str, int], n: int) -> tuple[np
     keep = rows >= 0
     out[rows[keep]] = mat[keep]
     return out, tbl.column("model")[0].as_py()
+
+
+def _graph_dim(con, ns: dict) -> int:
+    """Dimension of the entity vectors (a profile may embed passages with another model than the graph)."""
+    dims = _table(con, "SELECT len(vector) FROM embeddings WHERE namespace = $ns AND kind = 'entity' LIMIT 1", ns)
+    return int(dims.column(0)[0].as_py()) if dims.num_rows else 0
 
 
 def _fit_dim(mat: np.ndarray, dim: int) -> np.ndarray:
@@ -342,7 +348,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     t0 = time.perf_counter()
     ns = {"ns": namespace}
     chunks, model = _chunks(con, ns)
-    dim = chunks.vecs.shape[1]
+    dim = _graph_dim(con, ns) or chunks.vecs.shape[1]
     en = _table(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns).to_pydict()
     entity_pos = {e: i for i, e in enumerate(en["entity_id"])}
     counts = _mention_counts(con, ns, chunks.pos, entity_pos)

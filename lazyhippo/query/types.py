@@ -52,10 +52,13 @@ class PreparedQuery:
         self._dense: np.ndarray | None = None
         self._bm25: np.ndarray | None = None
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        vecs = self.embedder.embed(texts)
-        if vecs.shape[1] != self.idx.dim:  # index built with another embedder: dense channels go blank
-            return np.zeros((len(texts), self.idx.dim), dtype=np.float32)
+    def embed(self, texts: list[str], passages: bool = False) -> np.ndarray:
+        """Vectors to match against entities, facts and communities (or, with `passages`, against chunks)."""
+        embedder, dim = (getattr(self.embedder, "passages", self.embedder), self.idx.chunks.vecs.shape[1]) if passages \
+            else (self.embedder, self.idx.dim)
+        vecs = embedder.embed(texts)
+        if vecs.shape[1] != dim:  # index built with another embedder: dense channels go blank
+            return np.zeros((len(texts), dim), dtype=np.float32)
         return np.asarray(vecs, dtype=np.float32)
 
     @property
@@ -68,7 +71,9 @@ class PreparedQuery:
     def dense(self) -> np.ndarray:
         """Cosine similarity of the question with every chunk."""
         if self._dense is None:
-            self._dense = self.idx.chunks.vecs @ self.vec if self.idx.n_chunks else np.zeros(0, dtype=np.float32)
+            same = getattr(self.embedder, "passages", self.embedder) is self.embedder
+            pvec = self.vec if same else self.embed([self.text], passages=True)[0]
+            self._dense = self.idx.chunks.vecs @ pvec if self.idx.n_chunks else np.zeros(0, dtype=np.float32)
         return self._dense
 
     @property

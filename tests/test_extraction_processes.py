@@ -1,0 +1,28 @@
+"""Offline extraction split over worker processes gives exactly what one process gives."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lazyhippo.chunking import Chunk
+from lazyhippo.extraction import NlpExtractor
+
+CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
+
+
+def _chunks(n: int) -> list[Chunk]:
+    texts = [p.read_text() for p in sorted(CORPUS.rglob("*.md"))] or ["Ada Lovelace worked with Charles Babbage."]
+    return [Chunk(chunk_id=f"c{i}", doc_id=f"d{i}", title=f"Doc {i % 7}", position=0, section=None, page=None,
+                  text=texts[i % len(texts)][:1500], content_hash=str(i), n_tokens=0) for i in range(n)]
+
+
+def test_extraction_over_processes_equals_one_process(monkeypatch):
+    chunks = _chunks(NlpExtractor.min_parallel + 10)
+    monkeypatch.setenv("LAZYHIPPO_THREADS", "1")
+    one = NlpExtractor().extract(chunks)
+    monkeypatch.setenv("LAZYHIPPO_THREADS", "2")
+    two = NlpExtractor().extract(chunks)
+    assert len(two) == len(chunks)
+    assert [json.dumps(x.__dict__, sort_keys=True) for x in two] == [json.dumps(x.__dict__, sort_keys=True) for x in one]
+    assert sum(len(x.entities) for x in one) > 0
