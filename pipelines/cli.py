@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from lazyhippo.config import REPO_ROOT, SAMPLE_CORPUS, Settings
+from lazyhippo.embedding import PROFILES
 from lazyhippo.warehouse import TABLES, IndexIncomplete, counts, index_notice
 
 from .options import OptionError, check_index_options, check_namespace_option, check_query_options
@@ -114,7 +115,7 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
           object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio"),
           extractor: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EXTRACTOR", help="nlp | llm"),
-          embedder: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EMBEDDER", help="static-minilm | minilm | openai [static-minilm]"),
+          embedder: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EMBEDDER", help=f"{' | '.join(PROFILES)} [{Settings().embedder}]"),
           chunk_size: Optional[int] = typer.Option(None, help="Tokens per chunk [256]."),
           chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
           knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
@@ -344,7 +345,6 @@ def _progress_bar():
 def _dataset_run(name: str, embedder: str, workdir: Path) -> tuple[Path, Path, Path]:
     """(corpus, questions, workspace) of a shared set by name; one workspace per set and embedder profile."""
     from lazyhippo.bench import dataset_files
-    from lazyhippo.embedding import PROFILES
 
     if embedder not in PROFILES:
         raise typer.BadParameter(f"unknown embedder {embedder!r} (expected one of {', '.join(PROFILES)})", param_hint="--embedder")
@@ -352,7 +352,7 @@ def _dataset_run(name: str, embedder: str, workdir: Path) -> tuple[Path, Path, P
         corpus, questions = dataset_files(name, SHARED_WIKI.parent)
     except (ValueError, FileNotFoundError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
-    return corpus, questions, workdir / (name if embedder == "static-minilm" else f"{name}-{embedder}")
+    return corpus, questions, workdir / (name if embedder == Settings().embedder else f"{name}-{embedder}")
 
 
 @bench.command("retrieval")
@@ -362,7 +362,7 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json",
                                                    help='[{"question","supporting_titles"[,"supporting_ids"]}]'),
                     route: str = typer.Option("local"), k: int = typer.Option(8),
-                    embedder: str = typer.Option("static-minilm", envvar="LAZYHIPPO_EMBEDDER", help="static-minilm | minilm | openai"),
+                    embedder: str = typer.Option(Settings().embedder, envvar="LAZYHIPPO_EMBEDDER", help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
                     graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)")) -> None:
@@ -407,7 +407,7 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
 def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique (overrides --corpus/--questions)."),
                 corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
                 questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json"),
-                embedder: str = typer.Option("static-minilm", envvar="LAZYHIPPO_EMBEDDER", help="static-minilm | minilm | openai"),
+                embedder: str = typer.Option(Settings().embedder, envvar="LAZYHIPPO_EMBEDDER", help=" | ".join(PROFILES)),
                 routes: str = typer.Option("local,global,drift,hybrid"),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench")),
                 graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is loaded into it first)"),

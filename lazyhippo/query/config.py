@@ -39,7 +39,6 @@ class LocalParams:
     title_base_factor: float = 1.0    # share of the mass of the title without its "(...)" qualifier
     hub_df_share: float = 0.05        # entities in more than this share of passages count as hubs (IDF floor)
     dense_tiebreak: float = 0.01      # chunk score += this * dense similarity (orders chunks the graph ties)
-    same_title_decay: float = 1.0     # each further chunk of an already ranked title scores this much less
 
 
 @dataclass(frozen=True)

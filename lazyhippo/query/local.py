@@ -230,21 +230,6 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
                    extra_seeds: dict[int, float] | None = None, route: str = "local") -> tuple[list[ScoredChunk], dict]:
     ls = local_scores(idx, q, p, ppr, extra_seeds)
     scores = ls.scores
-    top = [c for c in top_indices(scores, top_k) if scores[c] > 0] if p.same_title_decay >= 1 else \
-        diverse_top(scores, idx.chunks.titles, top_k, p.same_title_decay)
+    top = [c for c in top_indices(scores, top_k) if scores[c] > 0]
     dense = q.dense
     return [ScoredChunk.from_index(idx, int(c), scores[c], route, ppr=ls.ppr[c], dense=dense[c]) for c in top], ls.diagnostics
-
-
-def diverse_top(scores: np.ndarray, titles: list[str], k: int, decay: float, pool: int = 200) -> list[int]:
-    """Top `k` chunks, a chunk's score times `decay` for every chunk of its title ranked before it: several
-    passages of one document should not crowd out the other documents a multi-hop question needs."""
-    cand = [int(c) for c in top_indices(scores, max(pool, k)) if scores[c] > 0]
-    seen: dict[str, int] = {}
-    out: list[int] = []
-    while cand and len(out) < k:
-        best = max(range(len(cand)), key=lambda i: scores[cand[i]] * decay ** seen.get(titles[cand[i]], 0))
-        c = cand.pop(best)
-        out.append(c)
-        seen[titles[c]] = seen.get(titles[c], 0) + 1
-    return out
