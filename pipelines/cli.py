@@ -227,7 +227,15 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     from lazyhippo.lifecycle import remove_documents
 
     def edit(settings, con, store, objects) -> str:
+        from assets._partitions import documents as document_partitions, document_keys
+
+        from .runner import instance_for
+
         deleted = remove_documents(settings, con, documents, store, objects)
+        instance = instance_for(settings.home)
+        for key in document_keys(settings.namespace, deleted.doc_ids):  # the documents' Dagster partitions go too
+            if instance.has_dynamic_partition(document_partitions.name, key):
+                instance.delete_dynamic_partition(document_partitions.name, key)
         return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
 
     _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
