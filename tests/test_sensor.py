@@ -11,6 +11,7 @@ import pytest
 from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.documents import sha
 from lazyhippo.index import run_index
+from lazyhippo.warehouse import connect
 from pipelines.sensors import source_changed
 from resources import LazyhippoResource
 
@@ -115,3 +116,24 @@ def test_the_run_key_names_the_change_not_the_folder(tmp_path):
     state = SourceState(requested=3)
     assert state.run_key(a) != state.run_key(b) and state.run_key(a) != SourceState(requested=4).run_key(a)
     assert SourceState.decode(SourceState({}, 7).encode()).requested == 7
+
+
+def test_an_index_run_reconciles_the_namespace_document_partitions(tmp_path, monkeypatch):
+    """The nightly consistency pass (an index run) re-adds a lost partition and drops a stale one, and leaves
+    other namespaces' partitions alone."""
+    from pipelines.runner import execute, instance_for, run_config
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    home = tmp_path / "idx"
+    instance = instance_for(home)
+    instance.add_dynamic_partitions("documents", ["kb/d_gone", "other/d_kept"])
+    cfg = run_config({"lazyhippo": {"home": str(home), "source": str(SAMPLE_CORPUS)},
+                      "object_store": {"kind": "local", "root": str(tmp_path / "shared")}})
+    assert execute("index", home, cfg, namespace="kb").success
+    with connect(Settings(home=home, namespace="kb")) as con:
+        ids = {f"kb/{d}" for (d,) in con.execute("SELECT doc_id FROM documents WHERE namespace = 'kb'").fetchall()}
+    assert len(ids) == 8 and set(instance.get_dynamic_partitions("documents")) == ids | {"other/d_kept"}
+    lost = sorted(ids)[0]
+    instance.delete_dynamic_partition("documents", lost)
+    assert execute("index", home, cfg, namespace="kb").success
+    assert set(instance.get_dynamic_partitions("documents")) == ids | {"other/d_kept"}
