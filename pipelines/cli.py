@@ -464,6 +464,19 @@ def bench_index(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
 
 
+@bench.command("partitions")
+def bench_partitions(documents: int = typer.Option(400, min=1, help="Document partitions in the probe run."),
+                     project: int = typer.Option(6119, min=1, help="Documents of the full index to project for (2Wiki: 6119).")) -> None:
+    """The cost of one Dagster run over N document partitions on a local instance (assets doing nothing), and what
+    it projects for a full index with documents, chunks and extractions partitioned by document."""
+    from .bench_partitions import run_partition_bench
+
+    result = run_partition_bench(documents, project)
+    console.print(f"{documents} partitions x 2 assets: {result['seconds']} s, {result['ms_per_event']} ms per event; "
+                  f"{project} documents x 3 assets would spend ~{result['projected_index_event_seconds']} s recording events")
+    print(json.dumps(result))
+
+
 @bench.command("serve")
 def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seconds: float = typer.Option(30.0, help="Load time per route."),
                 routes: str = typer.Option("local", help="Comma-separated routes to load, one after the other."),
