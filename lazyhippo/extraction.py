@@ -116,8 +116,12 @@ def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str]
 
 
 def extract_processes() -> int:
-    """Processes for offline extraction: one per core (at most 4), or 1 where `LAZYHIPPO_THREADS=1` says this
-    process shares its cores already (a server, or a step of the multiprocess executor)."""
+    """Processes for offline extraction: one per core (at most 4); 1 in a child process (a step of the
+    multiprocess executor shares the cores with its siblings already) or where `LAZYHIPPO_THREADS=1`."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        return 1
     return int(os.environ.get("LAZYHIPPO_THREADS") or 0) or min(4, len(os.sched_getaffinity(0)))
 
 

@@ -1,14 +1,10 @@
 """Preloaded by the forkserver of `lazyhippo index --workers N` (runner.execute_parallel): the offline
 extractor's spaCy model is loaded once there, so every step process forked from it starts with the model in
-memory instead of loading its own (seconds per extraction batch). The steps already share the cores, so they
-run their query/extraction work on one thread and start no extraction processes of their own."""
-
-import os
+memory instead of loading its own (seconds per extraction batch)."""
 
 from lazyhippo.config import Settings
 from lazyhippo.index import make_extractor
 
-os.environ.setdefault("LAZYHIPPO_THREADS", "1")
 _settings = Settings.from_env()
 if _settings.extractor == "nlp":
     make_extractor(_settings).extract([])  # loads and caches the model (lazyhippo.extraction._spacy)

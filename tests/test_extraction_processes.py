@@ -26,3 +26,25 @@ def test_extraction_over_processes_equals_one_process(monkeypatch):
     assert len(two) == len(chunks)
     assert [json.dumps(x.__dict__, sort_keys=True) for x in two] == [json.dumps(x.__dict__, sort_keys=True) for x in one]
     assert sum(len(x.entities) for x in one) > 0
+
+
+def _processes_in_child(out):
+    from lazyhippo.extraction import extract_processes
+
+    out.put(extract_processes())
+
+
+def test_a_child_process_extracts_on_its_own_process(monkeypatch):
+    """Steps of the multiprocess executor are child processes: they must not start pools of their own."""
+    import multiprocessing
+
+    from lazyhippo.extraction import extract_processes
+
+    monkeypatch.delenv("LAZYHIPPO_THREADS", raising=False)
+    ctx = multiprocessing.get_context("forkserver")
+    out = ctx.Queue()
+    p = ctx.Process(target=_processes_in_child, args=(out,))
+    p.start()
+    p.join(60)
+    assert out.get(timeout=5) == 1
+    assert extract_processes() >= 1
