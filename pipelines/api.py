@@ -98,6 +98,44 @@ class _Metrics:
                                  buckets=(.005, .01, .025, .05, .075, .1, .25, .5, 1, 2.5, 5, 10))
 
 
+class Observe:
+    """Body-size limits before a body is read, then request counts and latency per endpoint and route. Plain
+    ASGI: Starlette's `BaseHTTPMiddleware` runs each request through extra tasks and streams, a cost paid on
+    every query by the process that owns all connections."""
+
+    def __init__(self, app, metrics: _Metrics, limits: Limits):
+        self.app, self.metrics, self.limits = app, metrics, limits
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        scope.setdefault("state", {})
+        size = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-length"), None)
+        limit = self.limits.max_upload_bytes if scope["path"] == "/api/kg/upload" else self.limits.max_body_bytes
+        status = [500]  # unless a response starts
+        if scope["method"] == "POST" and size is None:  # a chunked body could not be limited before reading it
+            refused = JSONResponse({"error": "a Content-Length header is required"}, status_code=411)
+        elif size is not None and (not size.isdigit() or int(size) > limit):
+            refused = JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
+        else:
+            refused = None
+
+        async def observed_send(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await (refused or self.app)(scope, receive, observed_send)
+        finally:
+            route = scope.get("route")
+            endpoint = route.path if route is not None else "unmatched"
+            label = scope["state"].get("route", "")
+            self.metrics.requests.labels(endpoint, label, str(status[0])).inc()
+            self.metrics.latency.labels(endpoint, label).observe(time.perf_counter() - t0)
+
+
 def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits: Limits = Limits(),
                lifespan=None) -> FastAPI:
     app = FastAPI(title="lazyhippo", version="0.1.0", lifespan=lifespan,
@@ -106,23 +144,7 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
     launched: dict[str, str] = {}  # run id -> namespace, for runs this server started
     home = Path(pool.settings.home)
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        t0 = time.perf_counter()
-        size = request.headers.get("content-length")
-        limit = limits.max_upload_bytes if request.url.path == "/api/kg/upload" else limits.max_body_bytes
-        if request.method == "POST" and size is None:  # a chunked body could not be limited before reading it
-            response = JSONResponse({"error": "a Content-Length header is required"}, status_code=411)
-        elif size is not None and (not size.isdigit() or int(size) > limit):
-            response = JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
-        else:
-            response = await call_next(request)
-        route = request.scope.get("route")
-        endpoint = route.path if route is not None else "unmatched"
-        label = getattr(request.state, "route", "")
-        metrics.requests.labels(endpoint, label, str(response.status_code)).inc()
-        metrics.latency.labels(endpoint, label).observe(time.perf_counter() - t0)
-        return response
+    app.add_middleware(Observe, metrics=metrics, limits=limits)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError):
@@ -138,7 +160,7 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
         log.exception("unhandled error on %s", request.url.path)
         return JSONResponse({"error": "internal error"}, status_code=500)
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:  # async: no thread hop per request
         if api_key is None:
             return
         given = request.headers.get("x-api-key") or ""

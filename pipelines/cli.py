@@ -464,7 +464,8 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
                 questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json"),
                 max_questions: int = typer.Option(200, help="Distinct questions sent (cycled)."),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench")), port: int = typer.Option(8799),
-                workers: int = typer.Option(1, min=1, help="Query engines of the server (`serve --workers`)."),
+                workers: int = typer.Option(2, min=1, help="Query engines of the server (`serve --workers`; one per core "
+                                            "of the 2-core target machine)."),
                 rate: float = typer.Option(0.0, help="Offered queries/s for all clients together (0: as fast as answers come).")) -> None:
     """Start `lazyhippo serve` on loopback over the bench index and load it: QPS, p50/p95/p99 and errors per route."""
     import sys
