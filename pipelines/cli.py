@@ -468,6 +468,7 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
                                             "of the 2-core target machine)."),
                 rate: float = typer.Option(0.0, help="Offered queries/s for all clients together (0: as fast as answers come).")) -> None:
     """Start `lazyhippo serve` on loopback over the bench index and load it: QPS, p50/p95/p99 and errors per route."""
+    import signal
     import sys
     import tempfile
 
@@ -483,6 +484,7 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
     key = os.environ.get("LAZYHIPPO_API_KEY")
     headers = {"X-API-Key": key} if key else None
     log = tempfile.NamedTemporaryFile(prefix="lazyhippo-serve-", suffix=".log", delete=False)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated bench still stops its server (finally)
     server = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--home", str(settings.home),
                                "--port", str(port), "--workers", str(workers)], stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
