@@ -49,8 +49,13 @@ def run_load(base_url: str, questions: Sequence[str], route: str, clients: int =
     lat: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
-    start = threading.Barrier(clients + 1)
-    deadline = [0.0]
+    begin, deadline = [0.0], [0.0]
+
+    def start_clock() -> None:  # once every client has warmed up: the schedule and the window start now
+        begin[0] = time.perf_counter()
+        deadline[0] = begin[0] + seconds
+
+    start = threading.Barrier(clients + 1, action=start_clock)
 
     def client(i: int) -> None:
         mine, bad = [], []
@@ -84,17 +89,14 @@ def run_load(base_url: str, questions: Sequence[str], route: str, clients: int =
             failed[0] += len(bad)
 
     failed = [0]
-    begin = [0.0]
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
         t.start()
-    t0 = begin[0] = time.perf_counter()
-    deadline[0] = t0 + seconds
     start.wait()
     cpu0 = tree_cpu_seconds(server_pid) if server_pid else None
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - begin[0]
     cpu1 = tree_cpu_seconds(server_pid) if cpu0 is not None else None
     cpu_ms = round((cpu1 - cpu0) * 1000 / len(lat), 2) if cpu1 is not None and lat else None
     return LoadReport(route, clients, rate, round(elapsed, 2), len(lat), failed[0], round(len(lat) / elapsed, 2),

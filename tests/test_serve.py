@@ -362,6 +362,33 @@ def test_load_generator_counts_requests_and_errors(pool):
     assert paced.errors == 0 and paced.requests <= 10
 
 
+def test_the_load_clock_starts_after_every_client_warmed_up(monkeypatch):
+    """A paced run's schedule starts once the warm-up requests are answered: a clock started before them made
+    every send due during the warm-up go out at once, late, and that backlog was the p95 of a paced run."""
+    import lazyhippo.bench_serve as bench_serve
+
+    class SlowWarmup:  # a server that answers at once, except for each connection's warm-up requests
+        def __init__(self, *args):
+            self.calls = 0
+
+        def post_query(self, question, route):
+            self.calls += 1
+            if self.calls <= 5:
+                time.sleep(0.2)
+            return 200, "{}"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(bench_serve, "Connection", SlowWarmup)
+    report = bench_serve.run_load("http://unused", list("abcde"), "local", clients=2, seconds=2.0, warmup=5, rate=10)
+    assert report.requests == 20 and report.errors == 0
+    assert report.p99_ms < 150  # a backlog from the 1 s warm-up would put it near 1,000 ms
+
+
 def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
     import lazyhippo.serving as serving
     from lazyhippo.warehouse import snapshot_dir, snapshot_path
