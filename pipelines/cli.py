@@ -227,7 +227,15 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     from lazyhippo.lifecycle import remove_documents
 
     def edit(settings, con, store, objects) -> str:
+        from assets._partitions import documents as document_partitions, document_keys
+
+        from .runner import instance_for
+
         deleted = remove_documents(settings, con, documents, store, objects)
+        instance = instance_for(settings.home)
+        for key in document_keys(settings.namespace, deleted.doc_ids):  # the documents' Dagster partitions go too
+            if instance.has_dynamic_partition(document_partitions.name, key):
+                instance.delete_dynamic_partition(document_partitions.name, key)
         return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
 
     _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
@@ -455,6 +463,19 @@ def bench_index(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="
         table.add_row(key, str(r["seconds"]), str(r["per_document_seconds"]), f"{r['seconds'] - r['per_document_seconds']:.2f}")
     Console().print(table)
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+
+
+@bench.command("partitions")
+def bench_partitions(documents: int = typer.Option(400, min=1, help="Document partitions in the probe run."),
+                     project: int = typer.Option(6119, min=1, help="Documents of the full index to project for (2Wiki: 6119).")) -> None:
+    """The cost of one Dagster run over N document partitions on a local instance (assets doing nothing), and what
+    it projects for a full index with documents, chunks and extractions partitioned by document."""
+    from .bench_partitions import run_partition_bench
+
+    result = run_partition_bench(documents, project)
+    console.print(f"{documents} partitions x 2 assets: {result['seconds']} s, {result['ms_per_event']} ms per event; "
+                  f"{project} documents x 3 assets would spend ~{result['projected_index_event_seconds']} s recording events")
+    print(json.dumps(result))
 
 
 @bench.command("serve")

@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
-from assets._partitions import namespaces
+from assets._partitions import document_keys, documents, namespaces
 from lazyhippo.bucket_source import bucket_source, open_bucket, scan_bucket
 from lazyhippo.changes import SourceState, indexed_state, scan_source
 from lazyhippo.objectstore import ObjectStoreError
@@ -47,5 +47,9 @@ def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoReso
         run_requests=[dg.RunRequest(run_key=state.run_key(change), partition_key=ns, tags={
             "lazyhippo/change": change.summary(), "lazyhippo/added": str(len(change.added)),
             "lazyhippo/changed": str(len(change.changed)), "lazyhippo/removed": str(len(change.removed))})],
-        dynamic_partitions_requests=[namespaces.build_add_request([ns])],  # adding an existing one is a no-op
+        # a document partition per added file's document, none left for a removed one (the run's documents
+        # step reconciles them again); adding an existing namespace is a no-op
+        dynamic_partitions_requests=[namespaces.build_add_request([ns])]
+        + ([documents.build_add_request(document_keys(ns, change.added))] if change.added else [])
+        + ([documents.build_delete_request(document_keys(ns, change.removed))] if change.removed else []),
         cursor=state.encode())

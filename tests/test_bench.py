@@ -141,3 +141,11 @@ def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, m
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 1
     monkeypatch.setattr(bench, "embedding_model_name", lambda kind, model="": "static-minilm-256-next")
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is False and len(calls) == 2
+
+
+def test_bench_partitions_records_every_partition_and_projects_from_its_event_cost():
+    from pipelines.bench_partitions import run_partition_bench
+
+    out = run_partition_bench(5, 1000)
+    assert out["documents"] == 5 and out["events"] == 20 and out["ms_per_event"] > 0
+    assert out["projected_index_event_seconds"] == pytest.approx(out["ms_per_event"] / 1000 * 1000 * 3 * 2, rel=0.05)

@@ -9,7 +9,9 @@ import dagster as dg
 import pytest
 
 from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.documents import sha
 from lazyhippo.index import run_index
+from lazyhippo.warehouse import connect
 from pipelines.sensors import source_changed
 from resources import LazyhippoResource
 
@@ -29,12 +31,23 @@ class Ticks:
                                      instance=self.instance) as ctx:
             out = source_changed(ctx)
         self.cursor = out.cursor
-        for req in out.dynamic_partitions_requests or []:
-            self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        for req in out.dynamic_partitions_requests or []:  # applied as the sensor daemon does
+            if isinstance(req, dg.DeleteDynamicPartitionsRequest):
+                for key in req.partition_keys:
+                    self.instance.delete_dynamic_partition(req.partitions_def_name, key)
+            else:
+                self.instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         if out.run_requests:
             self.keys += [r.run_key for r in out.run_requests]
             return out.run_requests[0]
         return out.skip_reason
+
+    def documents(self) -> set[str]:
+        return set(self.instance.get_dynamic_partitions("documents"))
+
+
+def doc_id(source: str) -> str:
+    return "d_" + sha(source)
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +76,23 @@ def test_add_delete_re_add_change_each_get_their_own_run_key(indexed, tmp_path):
     added = ticks.tick()
     assert isinstance(added, dg.RunRequest) and added.tags["lazyhippo/added"] == "1"
     assert "harbour_light.txt" in added.tags["lazyhippo/change"]
+    doc_key = f"default/{doc_id('harbour_light.txt')}"
+    assert ticks.documents() == {doc_key}  # the new file's document got its partition
     assert isinstance(ticks.tick(), dg.SkipReason)  # nothing twice
     new.unlink()
     removed = ticks.tick()
     assert isinstance(removed, dg.RunRequest) and removed.tags["lazyhippo/removed"] == "1"
+    assert ticks.documents() == set()  # ... and lost it with the file
     new.write_text("The Harbour Light stands above Eastbridge. Ada Fenwick painted it in 1901.\n")
     again = ticks.tick()
     assert isinstance(again, dg.RunRequest) and again.tags["lazyhippo/added"] == "1"
+    assert ticks.documents() == {doc_key}
     rows = indexed.home.parent / "c" / "river_sell.jsonl"
     rows.write_text(rows.read_text().replace("flows", "runs", 1))
     changed = ticks.tick()
     assert isinstance(changed, dg.RunRequest) and changed.tags["lazyhippo/changed"] == "1"
     assert changed.tags["lazyhippo/added"] == changed.tags["lazyhippo/removed"] == "0"
+    assert ticks.documents() == {doc_key}  # a changed document keeps its partition
     assert len(ticks.keys) == len(set(ticks.keys)) == 4
     rows.write_text(rows.read_text().replace("runs", "flows", 1))
     new.unlink()
@@ -86,6 +104,8 @@ def test_a_new_namespace_requests_every_document(tmp_path):
     out = ticks.tick()
     assert isinstance(out, dg.RunRequest) and out.tags["lazyhippo/added"] == "8" and out.partition_key == "fresh"
     assert ticks.instance.get_dynamic_partitions("namespaces") == ["fresh"]
+    keys = ticks.documents()
+    assert len(keys) == 8 and all(k.startswith("fresh/d_") for k in keys)
 
 
 def test_the_run_key_names_the_change_not_the_folder(tmp_path):
@@ -96,3 +116,24 @@ def test_the_run_key_names_the_change_not_the_folder(tmp_path):
     state = SourceState(requested=3)
     assert state.run_key(a) != state.run_key(b) and state.run_key(a) != SourceState(requested=4).run_key(a)
     assert SourceState.decode(SourceState({}, 7).encode()).requested == 7
+
+
+def test_an_index_run_reconciles_the_namespace_document_partitions(tmp_path, monkeypatch):
+    """The nightly consistency pass (an index run) re-adds a lost partition and drops a stale one, and leaves
+    other namespaces' partitions alone."""
+    from pipelines.runner import execute, instance_for, run_config
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    home = tmp_path / "idx"
+    instance = instance_for(home)
+    instance.add_dynamic_partitions("documents", ["kb/d_gone", "other/d_kept"])
+    cfg = run_config({"lazyhippo": {"home": str(home), "source": str(SAMPLE_CORPUS)},
+                      "object_store": {"kind": "local", "root": str(tmp_path / "shared")}})
+    assert execute("index", home, cfg, namespace="kb").success
+    with connect(Settings(home=home, namespace="kb")) as con:
+        ids = {f"kb/{d}" for (d,) in con.execute("SELECT doc_id FROM documents WHERE namespace = 'kb'").fetchall()}
+    assert len(ids) == 8 and set(instance.get_dynamic_partitions("documents")) == ids | {"other/d_kept"}
+    lost = sorted(ids)[0]
+    instance.delete_dynamic_partition("documents", lost)
+    assert execute("index", home, cfg, namespace="kb").success
+    assert set(instance.get_dynamic_partitions("documents")) == ids | {"other/d_kept"}
