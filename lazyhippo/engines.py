@@ -105,6 +105,9 @@ class EnginePool:
         except (EOFError, OSError):
             threading.Thread(target=self._replace, args=(engine,), name="lazyhippo-engine-restart", daemon=True).start()
             raise EngineGone(f"query engine {engine.process.pid} died during the query; restarting it") from None
+        except Exception:  # e.g. an argument that does not pickle: the engine itself is fine
+            self._idle.put(engine)
+            raise
         self._idle.put(engine)
         if not ok:
             raise value

@@ -313,6 +313,12 @@ def test_engines_hold_off_during_a_run_the_server_launched_and_swap_when_it_ends
         assert not any(has_new_doc(pool.answer("default", NEW_Q, "local", 3).to_dict()) for _ in range(2))
         pool.end_write()
         assert pool.swaps == 1 and all(has_new_doc(pool.answer("default", NEW_Q, "local", 3).to_dict()) for _ in range(2))
+        before = [e["queries"] for e in pool.engines()]
+        with pytest.raises(Exception):  # an argument that does not pickle never reaches an engine...
+            pool.answer("default", NEW_Q, "local", 3, llm=lambda: None)
+        pool.answer("default", NEW_Q, "local", 3)
+        pool.answer("default", NEW_Q, "local", 3)
+        assert [e["queries"] for e in pool.engines()] == [b + 1 for b in before]  # ...and both engines still serve
     finally:
         pool.stop()
 
