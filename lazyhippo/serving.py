@@ -75,6 +75,8 @@ class IndexPool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.swaps = 0
+        self.answered = 0                    # queries answered (answer and retrieve)
+        self._count_lock = threading.Lock()
         # queries are CPU-bound Python: more running at once than cores only adds interpreter-lock churn
         # (measured: 8 at once gave half the throughput of 2 on 2 cores); the rest wait their turn
         self._slots = threading.BoundedSemaphore(max_concurrent or os.cpu_count() or 1)
@@ -101,24 +103,29 @@ class IndexPool:
                llm="auto") -> QueryResult:
         check_route(route)
         warm = self.get(namespace)
+        self._count()
         with self._slots:
             return answer_question(warm.settings, question, route=route, top_k=top_k, budget=budget,
                                    config=self.config, llm=llm, embedder=self.embedder, index=warm.index)
 
     def notice(self, namespace: str) -> str | None:
-        """What a client should know about the namespace's latest index run (in progress, failed, killed),
-        or None when the warm index is from the latest run."""
-        try:
-            return index_notice(self.settings.with_(namespace=namespace))
-        except IndexIncomplete as exc:  # nothing published since: the warm index is an older complete one
-            return str(exc)
+        return namespace_notice(self.settings, namespace)
 
     def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8) -> list[ScoredChunk]:
         check_route(route)
         warm = self.get(namespace)
+        self._count()
         with self._slots:
             return retrieve(warm.settings, question, route=route, top_k=top_k, config=self.config,
                             embedder=self.embedder, index=warm.index)
+
+    def _count(self) -> None:
+        with self._count_lock:
+            self.answered += 1
+
+    def engines(self) -> list[dict]:
+        """This process is the one engine (the shape of `EnginePool.engines`)."""
+        return [{"pid": os.getpid(), "queries": self.answered}]
 
     # ------------------------------------------------------------ loading and swapping
 
@@ -209,3 +216,22 @@ class IndexPool:
 def list_namespaces(settings: Settings) -> list[str]:
     """Namespaces with a published (complete) index."""
     return published_namespaces(settings)
+
+
+def namespace_notice(settings: Settings, namespace: str) -> str | None:
+    """What a client should know about the namespace's latest index run (in progress, failed, killed), or None
+    when the warm index is from the latest run."""
+    try:
+        return index_notice(settings.with_(namespace=namespace))
+    except IndexIncomplete as exc:  # nothing published since: the warm index is an older complete one
+        return str(exc)
+
+
+def limit_threads() -> None:
+    """A server process runs each query on one thread when `LAZYHIPPO_THREADS` says so (`serve` sets 1: the
+    other cores already serve other queries); BLAS is already loaded, so it is limited here."""
+    threads = int(os.environ.get("LAZYHIPPO_THREADS") or 0)
+    if threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads)

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import uuid
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,7 +28,8 @@ from pydantic import BaseModel, Field
 
 from lazyhippo.config import check_namespace as valid_namespace
 from lazyhippo.query import ROUTES
-from lazyhippo.serving import IndexPool, UnknownNamespace
+from lazyhippo.engines import EnginePool
+from lazyhippo.serving import IndexPool, UnknownNamespace, limit_threads
 
 log = logging.getLogger("lazyhippo.api")
 API_KEY_ENV = "LAZYHIPPO_API_KEY"
@@ -96,30 +98,53 @@ class _Metrics:
                                  buckets=(.005, .01, .025, .05, .075, .1, .25, .5, 1, 2.5, 5, 10))
 
 
-def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Limits()) -> FastAPI:
-    app = FastAPI(title="lazyhippo", version="0.1.0",
+class Observe:
+    """Body-size limits before a body is read, then request counts and latency per endpoint and route. Plain
+    ASGI: Starlette's `BaseHTTPMiddleware` runs each request through extra tasks and streams, a cost paid on
+    every query by the process that owns all connections."""
+
+    def __init__(self, app, metrics: _Metrics, limits: Limits):
+        self.app, self.metrics, self.limits = app, metrics, limits
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        scope.setdefault("state", {})
+        size = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"content-length"), None)
+        limit = self.limits.max_upload_bytes if scope["path"] == "/api/kg/upload" else self.limits.max_body_bytes
+        status = [500]  # unless a response starts
+        if scope["method"] == "POST" and size is None:  # a chunked body could not be limited before reading it
+            refused = JSONResponse({"error": "a Content-Length header is required"}, status_code=411)
+        elif size is not None and (not size.isdigit() or int(size) > limit):
+            refused = JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
+        else:
+            refused = None
+
+        async def observed_send(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await (refused or self.app)(scope, receive, observed_send)
+        finally:
+            route = scope.get("route")
+            endpoint = route.path if route is not None else "unmatched"
+            label = scope["state"].get("route", "")
+            self.metrics.requests.labels(endpoint, label, str(status[0])).inc()
+            self.metrics.latency.labels(endpoint, label).observe(time.perf_counter() - t0)
+
+
+def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits: Limits = Limits(),
+               lifespan=None) -> FastAPI:
+    app = FastAPI(title="lazyhippo", version="0.1.0", lifespan=lifespan,
                   description="Cited retrieval and answers over lazyhippo knowledge graphs.")
     metrics = _Metrics()
     launched: dict[str, str] = {}  # run id -> namespace, for runs this server started
     home = Path(pool.settings.home)
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next):
-        t0 = time.perf_counter()
-        size = request.headers.get("content-length")
-        limit = limits.max_upload_bytes if request.url.path == "/api/kg/upload" else limits.max_body_bytes
-        if request.method == "POST" and size is None:  # a chunked body could not be limited before reading it
-            response = JSONResponse({"error": "a Content-Length header is required"}, status_code=411)
-        elif size is not None and (not size.isdigit() or int(size) > limit):
-            response = JSONResponse({"error": f"request body over {limit} bytes"}, status_code=413)
-        else:
-            response = await call_next(request)
-        route = request.scope.get("route")
-        endpoint = route.path if route is not None else "unmatched"
-        label = getattr(request.state, "route", "")
-        metrics.requests.labels(endpoint, label, str(response.status_code)).inc()
-        metrics.latency.labels(endpoint, label).observe(time.perf_counter() - t0)
-        return response
+    app.add_middleware(Observe, metrics=metrics, limits=limits)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError):
@@ -135,7 +160,7 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
         log.exception("unhandled error on %s", request.url.path)
         return JSONResponse({"error": "internal error"}, status_code=500)
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:  # async: no thread hop per request
         if api_key is None:
             return
         given = request.headers.get("x-api-key") or ""
@@ -179,9 +204,9 @@ def create_app(pool: IndexPool, api_key: str | None = None, limits: Limits = Lim
 
     @app.get("/health", tags=["operations"])
     def health() -> dict:
-        """Liveness and the warm indexes (no auth)."""
+        """Liveness, the warm indexes and the query engines with the queries each was given (no auth)."""
         return {"status": "ok", "namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps,
-                "worker_pid": os.getpid()}
+                "worker_pid": os.getpid(), "engines": pool.engines()}
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     def prometheus(_: None = Depends(authorized)) -> PlainTextResponse:
@@ -272,28 +297,33 @@ SERVE_ENV = "LAZYHIPPO_SERVE_CONFIG"
 
 
 def serve(settings, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(), workers: int = 1) -> None:
-    """Load the warm indexes, then serve until interrupted. One worker process serves queries on its thread
-    pool; more workers (each with its own warm indexes) use more cores for the CPU-bound query work."""
+    """Load the warm indexes, then serve until interrupted. One worker answers queries in the server process;
+    with more, one process owns the connections and hands each query to whichever of `workers` engine
+    processes (each with its own warm indexes) is free (`lazyhippo.engines`)."""
     import uvicorn
 
     api_key_for(host)
     # every core already serves its own queries: parallelism inside one query (BLAS, PPR blocks, ONNX) only
     # makes them fight over the two cores (measured in `lazyhippo bench serve`, see README)
     os.environ.setdefault("LAZYHIPPO_THREADS", "1")
-    os.environ[SERVE_ENV] = json.dumps({"home": str(settings.home), "limits": asdict(limits), "host": host})
-    uvicorn.run("pipelines.api:app_from_env", factory=True, host=host, port=port, workers=workers,
-                log_level="warning", access_log=False)
+    os.environ[SERVE_ENV] = json.dumps({"home": str(settings.home), "limits": asdict(limits), "host": host,
+                                        "workers": workers})
+    uvicorn.run("pipelines.api:app_from_env", factory=True, host=host, port=port, log_level="warning",
+                access_log=False)
 
 
 def app_from_env() -> FastAPI:
-    """The app of one server worker, configured by `serve` through the environment (uvicorn starts workers by
-    import string)."""
+    """The server's app, configured by `serve` through the environment (uvicorn builds it from an import string)."""
     from lazyhippo.config import Settings
 
-    from threadpoolctl import threadpool_limits
-
     cfg = json.loads(os.environ[SERVE_ENV])
-    if int(os.environ.get("LAZYHIPPO_THREADS") or 0):
-        threadpool_limits(int(os.environ["LAZYHIPPO_THREADS"]))  # BLAS, already loaded by this process
-    pool = IndexPool(Settings.from_env(home=Path(cfg["home"]))).start()
-    return create_app(pool, api_key_for(cfg["host"]), Limits(**cfg["limits"]))
+    limit_threads()
+    settings = Settings.from_env(home=Path(cfg["home"]))
+    pool = (EnginePool(settings, cfg["workers"]) if cfg["workers"] > 1 else IndexPool(settings)).start()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        pool.stop()  # engine processes end with the server
+
+    return create_app(pool, api_key_for(cfg["host"]), Limits(**cfg["limits"]), lifespan)

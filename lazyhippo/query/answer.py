@@ -209,20 +209,22 @@ def extractive_answer(question: str, context: list[ContextChunk], embedder, n_se
                       max_chunks: int = 8) -> tuple[str, list[int]]:
     """The best-supported sentences of the top chunks, each cited [n]: similarity to the question,
     keyword overlap and the chunk's rank in the context all count."""
-    pool: list[tuple[str, int, int]] = []  # sentence, citation n, rank
+    pool: list[tuple[str, int, int, set[str]]] = []  # sentence, citation n, rank, its keywords
     for rank, c in enumerate([c for c in context if not c.noise][:max_chunks]):
         for s in sentences(c.text):
             s = _clean_sentence(s, c.section)
-            if len(tokens(s)) >= 3:
-                pool.append((_anchored(s, c.title), c.n, rank))
+            words = tokens(s)
+            if len(words) >= 3:
+                anchored = _anchored(s, c.title)
+                pool.append((anchored, c.n, rank, set(words) if anchored is s else set(tokens(anchored))))
     if not pool:
         return NO_ANSWER, []
-    vecs = embedder.embed([question] + [s for s, _, _ in pool])
+    vecs = embedder.embed([question] + [s for s, _, _, _ in pool])
     sims = vecs[1:] @ vecs[0] if vecs.shape[0] > 1 else np.zeros(len(pool))
     kw = set(tokens(question))
     scored = []
-    for (s, n, rank), sim in zip(pool, sims):
-        overlap = len(kw & set(tokens(s))) / max(len(kw), 1)
+    for (s, n, rank, words), sim in zip(pool, sims):
+        overlap = len(kw & words) / max(len(kw), 1)
         scored.append((float(sim) + 0.5 * overlap + 0.3 / (1 + rank), s, n))
     scored.sort(key=lambda x: -x[0])
     picked, seen, cited = [], set(), []

@@ -147,6 +147,8 @@ def assemble_context(chunks: list[ScoredChunk], budget: int = 32000, params: Con
     stats = {"candidates": len(chunks), "unique": len(uniq), "duplicates_removed": 0, "demoted": 0,
              "over_budget": 0, "sentences_removed": 0}
 
+    separator = count_tokens(SEPARATOR)
+
     def place(c: ScoredChunk, score: float, reason: str | None, anchor: str | None) -> bool:
         nonlocal used
         if max_chunks is not None and len(out) >= max_chunks:
@@ -164,7 +166,7 @@ def assemble_context(chunks: list[ScoredChunk], budget: int = 32000, params: Con
                             channels=dict(c.channels), noise=reason, removed_sentences=removed,
                             merged=merged.get(c.chunk_id, []), neighbour_of=anchor)
         item.tokens = count_tokens(item.render())
-        cost = item.tokens + (count_tokens(SEPARATOR) if out else 0)
+        cost = item.tokens + (separator if out else 0)
         if used + cost > budget:
             stats["over_budget"] += 1
             return False
@@ -188,10 +190,12 @@ def assemble_context(chunks: list[ScoredChunk], budget: int = 32000, params: Con
                         place(nb, score * params.neighbour_decay, None, c.chunk_id)
 
     # the budget is a hard cap on the rendered text: verify it whole, trim from the end if BPE merges disagree
-    while out and count_tokens(render_context(out)) > budget:
+    total = count_tokens(render_context(out)) if out else 0
+    while total > budget:
         out.pop()
         stats["over_budget"] += 1
-    stats["tokens"] = count_tokens(render_context(out)) if out else 0
+        total = count_tokens(render_context(out)) if out else 0
+    stats["tokens"] = total
     stats["chunks"] = len(out)
     stats["budget"] = budget
     return out, stats
