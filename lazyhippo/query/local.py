@@ -145,9 +145,10 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
         if p.fact_lexical > 0:
             lex = idx.facts.lexical.scores(q.keywords)
             fs = fs + p.fact_lexical * lex / max(float(lex.max(initial=0.0)), 1e-9)
-        cand = set(int(f) for f in top_indices(fs, p.fact_candidates))
+        cand = np.zeros(len(fs), dtype=bool)
+        cand[top_indices(fs, p.fact_candidates)] = True
+        affinity = np.zeros(len(fs))
         exact = dict(seeds.entities)
-        affinity: dict[int, float] = {}
         if exact and p.fact_seed_boost > 0:
             top_w = max(exact.values())
             ef = idx.facts.by_entity
@@ -155,11 +156,14 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
                 lo, hi = ef.indptr[e], ef.indptr[e + 1]
                 if hi - lo > p.fact_seed_max_facts:
                     continue
-                for f in ef.indices[lo:hi]:
-                    affinity[int(f)] = max(affinity.get(int(f), 0.0), w / top_w)
-                    cand.add(int(f))
-        scored = sorted(((float(fs[f]) * (1.0 + p.fact_seed_boost * affinity.get(f, 0.0)), f) for f in cand), reverse=True)
-        top = [(sc, f) for sc, f in scored[:p.fact_top_k] if fs[f] >= p.fact_min]
+                named = ef.indices[lo:hi]
+                affinity[named] = np.maximum(affinity[named], w / top_w)
+                cand[named] = True
+        picked = np.flatnonzero(cand)
+        boosted = fs[picked] * (1.0 + p.fact_seed_boost * affinity[picked])
+        order = np.lexsort((-picked, -boosted))  # best first; ties: the later fact first
+        scored = [(float(boosted[i]), int(picked[i])) for i in order[:p.fact_top_k]]
+        top = [(sc, f) for sc, f in scored if fs[f] >= p.fact_min]
         if top:
             best = top[0][0]
             for sc, f in top:
