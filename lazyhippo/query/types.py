@@ -46,6 +46,7 @@ class PreparedQuery:
         self.idx = idx
         self.text = question
         self.embedder = embedder
+        self.passage_embedder = getattr(embedder, "passages", embedder)  # a profile may embed chunks apart
         self.raw_tokens = name_tokens(question)
         self.keywords = tokens(question)
         self._vec: np.ndarray | None = None
@@ -54,7 +55,7 @@ class PreparedQuery:
 
     def embed(self, texts: list[str], passages: bool = False) -> np.ndarray:
         """Vectors to match against entities, facts and communities (or, with `passages`, against chunks)."""
-        embedder, dim = (getattr(self.embedder, "passages", self.embedder), self.idx.chunks.vecs.shape[1]) if passages \
+        embedder, dim = (self.passage_embedder, self.idx.chunks.vecs.shape[1]) if passages \
             else (self.embedder, self.idx.dim)
         vecs = embedder.embed(texts)
         if vecs.shape[1] != dim:  # index built with another embedder: dense channels go blank
@@ -71,8 +72,7 @@ class PreparedQuery:
     def dense(self) -> np.ndarray:
         """Cosine similarity of the question with every chunk."""
         if self._dense is None:
-            same = getattr(self.embedder, "passages", self.embedder) is self.embedder
-            pvec = self.vec if same else self.embed([self.text], passages=True)[0]
+            pvec = self.vec if self.passage_embedder is self.embedder else self.embed([self.text], passages=True)[0]
             self._dense = self.idx.chunks.vecs @ pvec if self.idx.n_chunks else np.zeros(0, dtype=np.float32)
         return self._dense
 
