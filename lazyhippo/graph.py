@@ -88,7 +88,12 @@ def positions(keys: Sequence[str], names: Sequence[str]) -> np.ndarray:
 
     if not len(keys) or not len(names):
         return np.full(len(names), -1, dtype=np.int64)
-    found = pc.index_in(pa.array(names, type=pa.string()), value_set=pa.array(keys, type=pa.string()))
+    def strings(x):  # Arrow columns as they come, anything else converted
+        if isinstance(x, pa.ChunkedArray):
+            x = x.combine_chunks()
+        return x.cast(pa.string()) if isinstance(x, pa.Array) else pa.array(x, type=pa.string())
+
+    found = pc.index_in(strings(names), value_set=strings(keys))
     return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 

@@ -7,8 +7,6 @@ PPR (rows from the served graph) build the very same matrix from the same parame
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
-
 import numpy as np
 import scipy.sparse as sp
 
@@ -27,38 +25,57 @@ class GraphParams:
     title_mention_weight: float = 2.0 # extra weight on the edge between a passage and its own title entity
 
 
-Edge = tuple  # (entity index or None, entity index or None, weight or None)
+@dataclass(frozen=True)
+class EntityEdges:
+    """Entity-entity edges as columns over the index's entity positions (-1: not an entity of the index);
+    a weight of NaN is an edge without one."""
+
+    source: np.ndarray
+    target: np.ndarray
+    weight: np.ndarray
+
+    @classmethod
+    def of(cls, entity_ids, sources, targets, weights) -> "EntityEdges":
+        import pyarrow as pa
+
+        from .graph import positions
+
+        if not isinstance(weights, (pa.Array, pa.ChunkedArray)):
+            weights = pa.array(weights, type=pa.float64())
+        w = weights.to_numpy(zero_copy_only=False).astype(np.float64)  # a null weight becomes NaN
+        return cls(positions(entity_ids, sources), positions(entity_ids, targets), w)
+
+
+def _both_ways(i: np.ndarray, j: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.concatenate([i, j]), np.concatenate([j, i]), np.concatenate([w, w])
 
 
 def passage_adjacency(params: GraphParams, n_entities: int, n_chunks: int, entity_types: list[str],
-                      relations: Iterable[Edge], synonyms: Iterable[Edge], mentions: sp.coo_matrix,
+                      relations: EntityEdges, synonyms: EntityEdges, mentions: sp.coo_matrix,
                       is_title: np.ndarray) -> sp.csr_matrix:
     """Symmetric weighted adjacency over nodes 0..n_entities-1 (entities) then the chunks.
 
-    `relations` / `synonyms` are (i, j, weight) over entity indices (None: not an entity of the index);
-    `mentions` is the (chunk, entity) count matrix and `is_title` flags its entries (same order as
-    `mentions.data`) that join a passage to the entity its document title names. Duplicates are summed.
+    `relations` / `synonyms` are edges over entity positions; `mentions` is the (chunk, entity) count matrix
+    and `is_title` flags its entries (same order as `mentions.data`) that join a passage to the entity its
+    document title names. Duplicates are summed.
     """
-    skip = ({i for i, t in enumerate(entity_types) if t in params.relation_skip_types}
-            if params.relation_skip_types else set())
-    rows, cols, vals = [], [], []
-    for i, j, w in relations:
-        if i is None or j is None or i == j or i in skip or j in skip:
-            continue
-        if (1.0 if w is None else w) < params.relation_min_weight:
-            continue
-        w = params.relation_weight * min(float(w or 1.0), params.relation_cap)
-        rows += [i, j]; cols += [j, i]; vals += [w, w]
-    for i, j, s in synonyms:
-        if i is None or j is None or i == j or s < params.synonym_min_score:
-            continue
-        w = params.synonym_weight * float(s)
-        rows += [i, j]; cols += [j, i]; vals += [w, w]
+    r, sy = relations, synonyms
+    keep = (r.source >= 0) & (r.target >= 0) & (r.source != r.target)
+    if params.relation_skip_types:
+        skip = np.array([t in params.relation_skip_types for t in entity_types] or [False])
+        keep &= ~skip[r.source.clip(0)] & ~skip[r.target.clip(0)]
+    missing = np.isnan(r.weight)
+    keep &= np.where(missing, 1.0, r.weight) >= params.relation_min_weight
+    weight = np.where(missing | (r.weight == 0), 1.0, r.weight)  # no weight counts as one co-occurrence
+    rel = _both_ways(r.source[keep], r.target[keep], params.relation_weight * np.minimum(weight[keep], params.relation_cap))
+    keep = (sy.source >= 0) & (sy.target >= 0) & (sy.source != sy.target) & (sy.weight >= params.synonym_min_score)
+    syn = _both_ways(sy.source[keep], sy.target[keep], params.synonym_weight * sy.weight[keep])
+    rows, cols, vals = (np.concatenate([a, b]) for a, b in zip(rel, syn))
     mw = params.mention_weight * np.log1p(mentions.data)
     mw = mw + params.title_mention_weight * is_title
-    rows = np.concatenate([np.asarray(rows, dtype=np.int64), mentions.row + n_entities, mentions.col])
-    cols = np.concatenate([np.asarray(cols, dtype=np.int64), mentions.col, mentions.row + n_entities])
-    vals = np.concatenate([np.asarray(vals, dtype=np.float64), mw, mw])
+    rows = np.concatenate([rows.astype(np.int64), mentions.row + n_entities, mentions.col])
+    cols = np.concatenate([cols.astype(np.int64), mentions.col, mentions.row + n_entities])
+    vals = np.concatenate([vals.astype(np.float64), mw, mw])
     n = n_entities + n_chunks
     adjacency = sp.csr_matrix((vals, (rows, cols)), shape=(n, n))  # duplicates are summed
     adjacency.sum_duplicates()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..passage_graph import GraphParams, passage_adjacency
+from ..passage_graph import EntityEdges, GraphParams, passage_adjacency
 from .client import Neo4jClient
 
 
@@ -27,8 +27,8 @@ class ServedEdges:
 
     version: str
     entity_types: dict[str, str]
-    relations: list[tuple[str, str, float | None]]
-    synonyms: list[tuple[str, str, float]]
+    relations: tuple[list, list, list]     # source ids, target ids, weights (None: no weight)
+    synonyms: tuple[list, list, list]      # source ids, target ids, scores
     mentions: list[tuple[str, str, int]]   # chunk id, entity id, count
 
 
@@ -43,7 +43,7 @@ def read_served_edges(client: Neo4jClient, namespace: str, version: str) -> Serv
     men = client.query("MATCH (c:Chunk {namespace: $ns})-[r:MENTIONS]->(e:Entity {namespace: $ns}) "
                        "RETURN collect(c.id) AS c, collect(e.id) AS e, collect(r.count) AS n", ns, raw=True)[0]
     return ServedEdges(version, dict(zip(types["ids"], types["types"])),
-                       list(zip(rel["s"], rel["t"], rel["w"])), list(zip(syn["s"], syn["t"], syn["w"])),
+                       (rel["s"], rel["t"], rel["w"]), (syn["s"], syn["t"], syn["w"]),
                        list(zip(men["c"], men["e"], men["n"])))
 
 
@@ -61,8 +61,7 @@ def served_adjacency(edges: ServedEdges, index, params: GraphParams) -> sp.csr_m
     is_title = index.mentions.title_entity[counts_m.row] == counts_m.col
     return passage_adjacency(
         params, n_e, n_p, [edges.entity_types.get(e, "") for e in index.entities.ids],
-        ((epos.get(a), epos.get(b), w) for a, b, w in edges.relations),
-        ((epos.get(a), epos.get(b), s) for a, b, s in edges.synonyms),
+        EntityEdges.of(index.entities.ids, *edges.relations), EntityEdges.of(index.entities.ids, *edges.synonyms),
         counts_m, is_title)
 
 

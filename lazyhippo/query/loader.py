@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..config import Settings
-from ..passage_graph import GraphParams, passage_adjacency
+from ..passage_graph import EntityEdges, GraphParams, passage_adjacency
 from .ppr import parallel_matvec, transition_matrix
 from .text import norm_key, tokens
 
@@ -328,14 +328,11 @@ def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matri
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
     n_e, n_p = len(entities.ids), len(chunks.ids)
     entity_pos = entities.pos
-    rl = _table(con, "SELECT source_id, target_id, weight FROM relations WHERE namespace = $ns", ns).to_pydict()
-    kn = _table(con, "SELECT source_id, target_id, score FROM knn_edges WHERE namespace = $ns", ns).to_pydict()
+    edges = [EntityEdges.of(entities.ids, *(t.column(i) for i in range(3))) for t in (
+        _table(con, "SELECT source_id, target_id, weight::DOUBLE FROM relations WHERE namespace = $ns", ns),
+        _table(con, "SELECT source_id, target_id, score::DOUBLE FROM knn_edges WHERE namespace = $ns", ns))]
     mc = mentions.counts.tocoo()
-    adjacency = passage_adjacency(
-        params, n_e, n_p, entities.types,
-        ((entity_pos.get(a), entity_pos.get(b), w) for a, b, w in zip(rl["source_id"], rl["target_id"], rl["weight"])),
-        ((entity_pos.get(a), entity_pos.get(b), s) for a, b, s in zip(kn["source_id"], kn["target_id"], kn["score"])),
-        mc, mentions.title_entity[mc.row] == mc.col)
+    adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
     transition, dangling = transition_matrix(adjacency)
     t32 = transition.astype(np.float32)
     return Graph(adjacency=adjacency, transition=transition, dangling=dangling,
