@@ -82,28 +82,57 @@ class Communities:
 
 
 def positions(keys: Sequence[str], names: Sequence[str]) -> np.ndarray:
-    """Index of each name in `keys`, -1 where absent: one sorted search in numpy, no per-item Python lookups."""
+    """Index of each name in `keys`, -1 where absent: one hash lookup in Arrow, no per-item Python lookups."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     if not len(keys) or not len(names):
         return np.full(len(names), -1, dtype=np.int64)
-    k = np.asarray(keys, dtype=str)
-    order = np.argsort(k, kind="stable")
-    ordered = k[order]
-    q = np.asarray(names, dtype=str)
-    at = np.searchsorted(ordered, q).clip(0, len(k) - 1)
-    return np.where(ordered[at] == q, order[at], -1).astype(np.int64)
+    found = pc.index_in(pa.array(names, type=pa.string()), value_set=pa.array(keys, type=pa.string()))
+    return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def merged_undirected(node_ids: list[str], edges: Iterable[tuple[str, str, float]]) -> dict[tuple[int, int], float]:
+@dataclass(frozen=True)
+class Edges:
+    """Weighted edges as columns: a graph of 400k edges moves as three arrays, not 400k tuples."""
+    sources: np.ndarray
+    targets: np.ndarray
+    weights: np.ndarray
+
+    @classmethod
+    def of(cls, edges: "Edges | Iterable[tuple[str, str, float]]") -> "Edges":
+        if isinstance(edges, Edges):
+            return edges
+        sources, targets, weights = zip(*edges) if edges else ((), (), ())
+        return cls(np.asarray(sources, dtype=object), np.asarray(targets, dtype=object),
+                   np.asarray(weights, dtype=np.float64))
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+@dataclass(frozen=True)
+class MergedGraph:
+    """Undirected edges as (smaller, larger) node index pairs in key order, with their summed weights."""
+    nodes: int
+    pairs: np.ndarray    # (m, 2) int64
+    weights: np.ndarray  # (m,) float64
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+def merged_undirected(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]]) -> MergedGraph:
     """The graph both stores run their algorithms on: undirected, self-loops and unknown ends dropped,
-    parallel edges' weights summed; keys are (smaller, larger) node indices, in key order."""
-    sources, targets, weights = zip(*edges) if edges else ((), (), ())
-    a, b = positions(node_ids, sources), positions(node_ids, targets)
+    parallel edges' weights summed."""
+    e = Edges.of(edges)
+    a, b = positions(node_ids, e.sources), positions(node_ids, e.targets)
     keep = (a >= 0) & (b >= 0) & (a != b)
-    lo, hi, w = np.minimum(a, b)[keep], np.maximum(a, b)[keep], np.asarray(weights, dtype=np.float64)[keep]
-    keys, slot = np.unique(lo * max(len(node_ids), 1) + hi, return_inverse=True)
-    sums = np.bincount(slot, weights=w, minlength=len(keys))
+    lo, hi, w = np.minimum(a, b)[keep], np.maximum(a, b)[keep], np.asarray(e.weights, dtype=np.float64)[keep]
     n = max(len(node_ids), 1)
-    return dict(zip(zip((keys // n).tolist(), (keys % n).tolist()), sums.tolist()))
+    keys, slot = np.unique(lo * n + hi, return_inverse=True)
+    sums = np.bincount(slot, weights=w, minlength=len(keys))
+    return MergedGraph(len(node_ids), np.stack([keys // n, keys % n], axis=1), sums)
 
 
 def renumbered_by_size(membership: list[int]) -> list[int]:
@@ -118,22 +147,25 @@ def renumbered_by_size(membership: list[int]) -> list[int]:
     return [order[m] for m in membership]
 
 
-def _igraph(node_ids: list[str], edges: list[tuple[str, str, float]]):
+def weighted_igraph(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]]):
+    """The merged graph as igraph: build it once for both community detection and PageRank."""
     import igraph as ig
 
     merged = merged_undirected(node_ids, edges)
-    g = ig.Graph(n=len(node_ids), edges=list(merged), directed=False)
-    g.es["weight"] = list(merged.values())
+    g = ig.Graph(n=len(node_ids), edges=merged.pairs.tolist(), directed=False)
+    g.es["weight"] = merged.weights.tolist()
     return g
 
 
-def detect_communities(node_ids: list[str], edges: list[tuple[str, str, float]],
-                       algorithm: str = "leiden", seed: int = 42, initial: list[int] | None = None) -> Communities:
+def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]],
+                       algorithm: str = "leiden", seed: int = 42, initial: list[int] | None = None,
+                       g=None) -> Communities:
     """Every node gets a community (isolated nodes are singletons); seeded so re-runs agree. `initial`: a
-    starting partition (Leiden), refined in one iteration instead of built from scratch in two."""
+    starting partition (Leiden), refined in one iteration instead of built from scratch in two; `g`: the
+    graph from weighted_igraph when the caller already built it."""
     import igraph as ig
 
-    g = _igraph(node_ids, edges)
+    g = weighted_igraph(node_ids, edges) if g is None else g
     ig.set_random_number_generator(random.Random(seed))
     if algorithm == "leiden":
         import leidenalg
@@ -150,6 +182,7 @@ def detect_communities(node_ids: list[str], edges: list[tuple[str, str, float]],
     return Communities(dict(zip(node_ids, renumbered_by_size(membership))), float(modularity), levels)
 
 
-def pagerank(node_ids: list[str], edges: list[tuple[str, str, float]], damping: float = 0.85) -> dict[str, float]:
-    g = _igraph(node_ids, edges)
+def pagerank(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]], damping: float = 0.85,
+             g=None) -> dict[str, float]:
+    g = weighted_igraph(node_ids, edges) if g is None else g
     return dict(zip(node_ids, g.pagerank(weights="weight", damping=damping)))

@@ -22,6 +22,7 @@ from .config import Settings
 from .documents import Document, Section, read_source, sha
 from .embedding import embedding_model_name, get_embedder
 from .extraction import Extraction, ExtractionCache, LlmExtractor, NlpExtractor, extract_chunks
+from .graph import Edges
 from .graphstore import GraphStore
 from .lifecycle import skip_deleted
 from .llm import OpenAIChat, configured_llm
@@ -291,12 +292,15 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
                      searched=len(ids) if redo is None else len(rows))
 
 
-def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], list[tuple[str, str, float]]]:
-    nodes = [r[0] for r in con.execute("SELECT entity_id FROM entities WHERE namespace = ? ORDER BY entity_id", [namespace]).fetchall()]
-    edges = con.execute("SELECT source_id, target_id, weight FROM relations WHERE namespace = ? "
-                        "UNION ALL SELECT source_id, target_id, score FROM knn_edges WHERE namespace = ? "
-                        "ORDER BY 1, 2", [namespace, namespace]).fetchall()
-    return nodes, edges
+def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], Edges]:
+    """Entities and the edges communities and PageRank run on (relations and KNN edges), as columns."""
+    nodes = con.sql("SELECT entity_id FROM entities WHERE namespace = $ns ORDER BY entity_id",
+                    params={"ns": namespace}).to_arrow_table().column(0).to_pylist()
+    tbl = con.sql("SELECT source_id, target_id, weight::DOUBLE AS w FROM relations WHERE namespace = $ns "
+                  "UNION ALL SELECT source_id, target_id, score::DOUBLE FROM knn_edges WHERE namespace = $ns "
+                  "ORDER BY 1, 2", params={"ns": namespace}).to_arrow_table()
+    sources, targets, weights = (tbl.column(i).to_numpy(zero_copy_only=False) for i in range(3))
+    return nodes, Edges(sources, targets, weights)
 
 
 def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> CommunitiesResult:

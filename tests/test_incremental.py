@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from lazyhippo.config import Settings
-from lazyhippo.graph import KnnBasis, detect_communities, knn_edges, knn_stale_sources, pagerank
+from lazyhippo.graph import Edges, KnnBasis, detect_communities, knn_edges, knn_stale_sources, merged_undirected, pagerank
 from lazyhippo.graphstore import EmbeddedGraphStore
 from lazyhippo.index import entity_graph, run_index, run_stage
 from lazyhippo.warehouse import connect
@@ -113,3 +113,11 @@ def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_
     pr = pagerank(nodes, edges)
     assert all(abs(p - pr[e]) < 1e-9 for e, _, p in after)  # PageRank is the whole current graph's
 
+
+
+def test_the_merged_graph_drops_self_loops_and_unknown_ends_and_sums_parallel_edges():
+    rows = [("a", "b", 1.0), ("b", "a", 0.5), ("a", "a", 2.0), ("a", "x", 1.0), ("c", "b", 0.25)]
+    for edges in (rows, Edges.of(rows)):
+        merged = merged_undirected(["a", "b", "c"], edges)
+        assert merged.pairs.tolist() == [[0, 1], [1, 2]] and merged.weights.tolist() == [1.5, 0.25]
+    assert len(merged_undirected(["a"], [])) == 0

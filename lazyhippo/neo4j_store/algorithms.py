@@ -59,7 +59,7 @@ class Neo4jAlgorithms:
             props.append(p)
         name = self.client.temp_graph_name(namespace, "knn")
         try:
-            self.client.project_param_graph(name, len(ids), {}, props)
+            self.client.project_param_graph(name, len(ids), None, props)
             rows = self.client.query("""
                 CALL gds.knn.stream($name, $config) YIELD node1, node2, similarity
                 RETURN node1 AS s, node2 AS t, similarity AS score""", {"name": name, "config": {
@@ -118,7 +118,7 @@ class Neo4jAlgorithms:
         name = self.client.temp_graph_name(namespace, "comm")
         try:
             self.client.project_param_graph(name, len(node_ids), merged)
-            if merged:
+            if len(merged):
                 stats = self.client.query(f"CALL {proc}($name, $config) YIELD modularity, ranLevels "
                                           f"RETURN modularity, ranLevels", {"name": name, "config": config})[0]
                 rows = self.client.query("CALL gds.graph.nodeProperty.stream($name, 'community') "
@@ -144,7 +144,7 @@ class Neo4jAlgorithms:
         try:
             self.client.project_param_graph(name, len(node_ids), merged)
             config: dict = {"dampingFactor": damping, "maxIterations": 100, "tolerance": 1e-9, "concurrency": 1}
-            if merged:
+            if len(merged):
                 config["relationshipWeightProperty"] = "weight"
             rows = self.client.query("CALL gds.pageRank.stream($name, $config) YIELD nodeId, score "
                                      "RETURN nodeId AS i, score", {"name": name, "config": config})

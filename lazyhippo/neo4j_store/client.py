@@ -12,6 +12,10 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..graph import MergedGraph
 
 log = logging.getLogger(__name__)
 
@@ -205,11 +209,13 @@ class Neo4jClient:
         except Exception as exc:  # noqa: BLE001 - never mask the algorithm's own error
             log.warning("could not drop GDS projection %s: %s", name, exc)
 
-    def project_param_graph(self, name: str, n: int, merged: dict[tuple[int, int], float],
+    def project_param_graph(self, name: str, n: int, merged: MergedGraph | None,
                             node_props: list[dict] | None = None) -> None:
-        """Project nodes 0..n-1 (optionally with properties) and undirected weighted edges from parameters."""
-        edges = [{"s": i, "t": j, "w": w} for (i, j), w in merged.items()]
-        connected = {i for i, _ in merged} | {j for _, j in merged}
+        """Project nodes 0..n-1 (optionally with properties) and undirected weighted edges (None: no edges)
+        from parameters."""
+        pairs, weights = (merged.pairs.tolist(), merged.weights.tolist()) if merged is not None else ([], [])
+        edges = [{"s": i, "t": j, "w": w} for (i, j), w in zip(pairs, weights)]
+        connected = {i for pair in pairs for i in pair}
         nodes = [{"i": i, "p": (node_props[i] if node_props else {})} for i in range(n) if node_props or i not in connected]
         self.query("""
             CALL () {
