@@ -98,6 +98,25 @@ def test_local_route_follows_the_graph_to_the_second_hop(qsettings):
     assert "Visitor Form" not in titles
 
 
+def test_a_passage_adding_question_words_moves_above_a_near_duplicate(qsettings, monkeypatch):
+    """The graph ranks a second chunk of the named entity (same question words) above the second hop's
+    passage; the coverage reorder puts the passage with the words the first one lacks second."""
+    import lazyhippo.query.local as local
+
+    idx = load_index(qsettings)
+    text = dict(enumerate(idx.chunks.texts))
+    first = next(c for c, t in text.items() if t.startswith("# Marlow Observatory"))
+    twin = next(c for c, t in text.items() if t.startswith("## Instruments"))  # marlow, observatory again
+    hop = next(c for c, t in text.items() if t.startswith("Tomas Reyes"))      # + succeeded, director
+    scores = np.zeros(idx.n_chunks)
+    scores[[first, twin, hop]] = [1.0, 0.9, 0.8]
+    monkeypatch.setattr(local, "local_scores", lambda *a, **k: local.LocalScores(scores, scores, {}))
+    for weight, order in ((0.0, [first, twin, hop]), (LocalParams().coverage_weight, [first, hop, twin])):
+        got = retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=3, config=QueryConfig().with_(local={"coverage_weight": weight}))
+        assert [idx.chunks.pos[c.chunk_id] for c in got] == order
+        assert [c.score for c in got] == [1.0, 0.9, 0.8]  # scores follow the order, so assembly keeps it
+
+
 def test_retrieve_gives_ranked_chunks_with_titles(qsettings):
     for route in ("local", "hybrid", "drift", "global", "multi_hop"):
         chunks = retrieve(qsettings, "Which company funded the observatory where the Halden Telescope is?",
@@ -272,7 +291,8 @@ def test_budget_is_never_exceeded(overflow_settings):
 
 
 def test_ppr_scores_order_the_context(qsettings):
-    cfg = QueryConfig().with_(local={"title_mass_weight": 0.0, "dense_tiebreak": 0.0, "entity_mass_weight": 0.0})
+    cfg = QueryConfig().with_(local={"title_mass_weight": 0.0, "dense_tiebreak": 0.0, "entity_mass_weight": 0.0,
+                                     "coverage_weight": 0.0})
     res = _offline(qsettings, SUCCESSOR_Q, route="local", top_k=10, config=cfg)
     clean = [c for c in res.context if not c.noise]
     ppr = [c.channels["ppr"] for c in clean]

@@ -39,6 +39,8 @@ class LocalParams:
     title_base_factor: float = 1.0    # share of the mass of the title without its "(...)" qualifier
     hub_df_share: float = 0.05        # entities in more than this share of passages count as hubs (IDF floor)
     dense_tiebreak: float = 0.01      # chunk score += this * dense similarity (orders chunks the graph ties)
+    coverage_weight: float = 0.3      # reorder of the best chunks: + this * share of the question's words (IDF) a chunk adds
+    coverage_pool: int = 10           # best chunks that reorder can move (0 or weight 0: the graph's order)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,13 @@ class Lexical:
             return np.zeros(self.size, dtype=np.float32)
         return np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
 
+    def holders(self, token: str) -> np.ndarray:
+        """Positions of the texts that contain `token` (one of the folded tokens), from the BM25 matrix."""
+        i, indptr = self.vocab.get(token), self.bm25.scores["indptr"] if self.bm25 is not None else ()
+        if i is None or i + 1 >= len(indptr):  # bm25s adds "" to the vocabulary without a column
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(self.bm25.scores["indices"][indptr[i]:indptr[i + 1]], dtype=np.int64)
+
 
 @dataclass(frozen=True)
 class GraphIndex:

@@ -230,10 +230,42 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
     return LocalScores(scores, ppr_part, diag)
 
 
+def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores: np.ndarray, weight: float) -> np.ndarray:
+    """`ranked` (best first) reordered greedily: each next chunk maximizes its score (over the best one's)
+    plus `weight` times the IDF share of the question's words it holds that the chunks above it miss.
+    The graph ranks the named entity's neighbours high, and the one next to it often repeats its words
+    (another film of that name), while the second hop's passage holds the question's other words.
+    Coverage is submodular, so this is MMR over question words; titles count as the chunk's text."""
+    terms = [t for t in dict.fromkeys(q.keywords) if t in idx.lexical.vocab]
+    holds = np.zeros((len(ranked), len(terms)), dtype=bool)
+    idf = np.zeros(len(terms))
+    for j, t in enumerate(terms):
+        docs = idx.lexical.holders(t)
+        holds[:, j] = np.isin(ranked, docs)
+        idf[j] = np.log(1.0 + (idx.lexical.size - len(docs) + 0.5) / (len(docs) + 0.5)) if len(docs) else 0.0
+    if weight <= 0 or len(ranked) < 2 or idf.sum() <= 0 or scores[ranked[0]] <= 0:
+        return ranked
+    gain = weight * idf / idf.sum()
+    base = scores[ranked] / scores[ranked[0]]
+    left, missing, order = np.ones(len(ranked), dtype=bool), np.ones(len(terms), dtype=bool), []
+    for _ in range(len(ranked)):
+        value = np.where(left, base + holds[:, missing] @ gain[missing], -np.inf)
+        i = int(np.argmax(value))  # ties: the graph's order
+        order.append(i)
+        left[i] = False
+        missing &= ~holds[i]
+    return ranked[order]
+
+
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
                    extra_seeds: dict[int, float] | None = None, route: str = "local") -> tuple[list[ScoredChunk], dict]:
+    """The best `top_k` chunks; the first `coverage_pool` reordered by `cover_question`, each taking the score
+    of the rank it lands on (so assembly, which sorts by score, keeps the order)."""
     ls = local_scores(idx, q, p, ppr, extra_seeds)
     scores = ls.scores
-    top = [c for c in top_indices(scores, top_k) if scores[c] > 0]
+    ranked = np.asarray([c for c in top_indices(scores, max(top_k, p.coverage_pool)) if scores[c] > 0], dtype=np.int64)
+    n = min(p.coverage_pool, len(ranked))
+    order = np.concatenate([cover_question(idx, q, ranked[:n], scores, p.coverage_weight), ranked[n:]])[:top_k]
     dense = q.dense
-    return [ScoredChunk.from_index(idx, int(c), scores[c], route, ppr=ls.ppr[c], dense=dense[c]) for c in top], ls.diagnostics
+    return [ScoredChunk.from_index(idx, int(c), scores[r], route, ppr=ls.ppr[c], dense=dense[c])
+            for c, r in zip(order, ranked)], ls.diagnostics
