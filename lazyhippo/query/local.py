@@ -236,6 +236,8 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
     The graph ranks the named entity's neighbours high, and the one next to it often repeats its words
     (another film of that name), while the second hop's passage holds the question's other words.
     Coverage is submodular, so this is MMR over question words; titles count as the chunk's text."""
+    if weight <= 0 or len(ranked) < 2 or scores[ranked[0]] <= 0:
+        return ranked
     terms = [t for t in dict.fromkeys(q.keywords) if t in idx.lexical.vocab]
     holds = np.zeros((len(ranked), len(terms)), dtype=bool)
     idf = np.zeros(len(terms))
@@ -243,7 +245,7 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
         docs = idx.lexical.holders(t)
         holds[:, j] = np.isin(ranked, docs)
         idf[j] = np.log(1.0 + (idx.lexical.size - len(docs) + 0.5) / (len(docs) + 0.5)) if len(docs) else 0.0
-    if weight <= 0 or len(ranked) < 2 or idf.sum() <= 0 or scores[ranked[0]] <= 0:
+    if idf.sum() <= 0:
         return ranked
     gain = weight * idf / idf.sum()
     base = scores[ranked] / scores[ranked[0]]
