@@ -98,7 +98,7 @@ def test_communities_have_comparable_modularity(runs: Runs):
         nodes, edges = entity_graph(con, runs.neo.namespace)
         member = dict(con.execute("SELECT entity_id, community_id FROM entity_scores WHERE namespace = ?",
                                   [runs.neo.namespace]).fetchall())
-    g = graph._igraph(nodes, edges)
+    g = graph.weighted_igraph(nodes, edges)
     labels = {c: i for i, c in enumerate(sorted(set(member.values())))}
     assert g.modularity([labels[member[n]] for n in nodes], weights="weight") == pytest.approx(neo.modularity, abs=1e-6)
 
