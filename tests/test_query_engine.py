@@ -117,6 +117,29 @@ def test_a_passage_adding_question_words_moves_above_a_near_duplicate(qsettings,
         assert [c.score for c in got] == [1.0, 0.9, 0.8]  # scores follow the order, so assembly keeps it
 
 
+def test_a_second_hop_below_the_pool_joins_it_through_an_entity_the_first_pick_mentions(qsettings, monkeypatch):
+    """Tomas Reyes's passage ranks below the reorder's pool, but it shares a rare entity ("research
+    observatory") with the first pick and holds the words it lacks (succeeded, director): the bridge brings
+    it into the top 10. Ada Fenwick's career passage holds those words too, but shares only hub entities
+    with the first pick, so it stays out."""
+    import lazyhippo.query.local as local
+
+    idx = load_index(qsettings)
+    text = dict(enumerate(idx.chunks.texts))
+    first = next(c for c, t in text.items() if t.startswith("# Marlow Observatory"))
+    hop = next(c for c, t in text.items() if t.startswith("Tomas Reyes"))
+    hub_only = next(c for c, t in text.items() if t.startswith("## Career"))
+    form = next(c for c, t in text.items() if t.startswith("Visitor registration"))
+    pool = [c for c in range(idx.n_chunks) if c not in (first, hop, hub_only, form)][:8]
+    scores = np.zeros(idx.n_chunks)
+    scores[[first, *pool, form, hub_only, hop]] = [1.0, *np.linspace(0.5, 0.3, len(pool)), 0.1, 0.09, 0.08]
+    monkeypatch.setattr(local, "local_scores", lambda *a, **k: local.LocalScores(scores, scores, {}))
+    for depth, joins in ((0, False), (LocalParams().bridge_depth, True)):
+        got = retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=10, config=QueryConfig().with_(local={"bridge_depth": depth}))
+        top = [idx.chunks.pos[c.chunk_id] for c in got]
+        assert top[0] == first and (hop in top) == joins and hub_only not in top
+
+
 def test_retrieve_gives_ranked_chunks_with_titles(qsettings):
     for route in ("local", "hybrid", "drift", "global", "multi_hop"):
         chunks = retrieve(qsettings, "Which company funded the observatory where the Halden Telescope is?",

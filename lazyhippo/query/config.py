@@ -41,6 +41,9 @@ class LocalParams:
     dense_tiebreak: float = 0.01      # chunk score += this * dense similarity (orders chunks the graph ties)
     coverage_weight: float = 0.3      # reorder of the best chunks: + this * share of the question's words (IDF) a chunk adds
     coverage_pool: int = 10           # best chunks that reorder can move (0 or weight 0: the graph's order)
+    bridge_depth: int = 100           # chunks sharing an entity with the reorder's first pick join it from this deep (0: off)
+    bridge_min_gain: float = 0.2      # ... if they hold this share (IDF) of the question's words the first pick lacks
+    bridge_factor: float = 0.75       # ... and count their coverage this much
 
 
 @dataclass(frozen=True)

@@ -230,44 +230,65 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
     return LocalScores(scores, ppr_part, diag)
 
 
-def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores: np.ndarray, weight: float) -> np.ndarray:
-    """`ranked` (best first) reordered greedily: each next chunk maximizes its score (over the best one's)
-    plus `weight` times the IDF share of the question's words it holds that the chunks above it miss.
-    The graph ranks the named entity's neighbours high, and the one next to it often repeats its words
-    (another film of that name), while the second hop's passage holds the question's other words.
-    Coverage is submodular, so this is MMR over question words; titles count as the chunk's text."""
-    if weight <= 0 or len(ranked) < 2 or scores[ranked[0]] <= 0:
+def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores: np.ndarray, p: LocalParams) -> np.ndarray:
+    """`ranked` (best first) with its first `coverage_pool` reordered greedily: each next chunk maximizes its
+    score (over the best one's) plus `coverage_weight` times the IDF share of the question's words it holds
+    that the chunks above it miss. The graph ranks the named entity's neighbours high, and the one next to
+    it often repeats its words (another film of that name), while the second hop's passage holds the
+    question's other words. Coverage is submodular, so this is MMR over question words; titles count as
+    the chunk's text.
+
+    Bridge: a second hop often ranks below the pool, because only an entity the first passage mentions
+    (the bridge, not named in the question) leads to it. So after the first pick, chunks among the best
+    `bridge_depth` that share a non-hub entity with it and hold at least `bridge_min_gain` of the question's
+    words it lacks join the candidates, their coverage counted `bridge_factor` times (IRCoT's second
+    retrieval step, with the question's missing words standing in for the LLM's next query)."""
+    n = min(p.coverage_pool, len(ranked))
+    if p.coverage_weight <= 0 or n < 2 or scores[ranked[0]] <= 0:
         return ranked
+    reach = max(n, min(p.bridge_depth, len(ranked)))
+    cand = ranked[:reach]
     terms = [t for t in dict.fromkeys(q.keywords) if t in idx.lexical.vocab]
-    holds = np.zeros((len(ranked), len(terms)), dtype=bool)
+    holds = np.zeros((reach, len(terms)), dtype=bool)
     idf = np.zeros(len(terms))
     for j, t in enumerate(terms):
         docs = idx.lexical.holders(t)
-        holds[:, j] = np.isin(ranked, docs)
+        holds[:, j] = np.isin(cand, docs)
         idf[j] = np.log(1.0 + (idx.lexical.size - len(docs) + 0.5) / (len(docs) + 0.5)) if len(docs) else 0.0
     if idf.sum() <= 0:
         return ranked
-    gain = weight * idf / idf.sum()
-    base = scores[ranked] / scores[ranked[0]]
-    left, missing, order = np.ones(len(ranked), dtype=bool), np.ones(len(terms), dtype=bool), []
-    for _ in range(len(ranked)):
-        value = np.where(left, base + holds[:, missing] @ gain[missing], -np.inf)
+    gain = p.coverage_weight * idf / idf.sum()
+    base = scores[cand] / scores[cand[0]]
+    open_, factor = np.arange(reach) < n, np.ones(reach)
+    left, missing, order = np.ones(reach, dtype=bool), np.ones(len(terms), dtype=bool), []
+    for step in range(n):
+        cover = holds[:, missing] @ gain[missing]
+        value = np.where(open_ & left, base + factor * cover, -np.inf)
         i = int(np.argmax(value))  # ties: the graph's order
         order.append(i)
         left[i] = False
         missing &= ~holds[i]
-    return ranked[order]
+        if step == 0 and reach > n:
+            ents = idx.mentions.counts[cand[i]].indices
+            ents = ents[idx.entities.df[ents] <= max(2.0, p.hub_df_share * idx.n_chunks)]
+            shares = idx.mentions.counts[cand][:, ents].getnnz(axis=1) > 0
+            bridge = ~open_ & shares & (holds[:, missing] @ gain[missing] >= p.bridge_min_gain * p.coverage_weight)
+            open_ |= bridge
+            factor[bridge] = p.bridge_factor
+    rest = np.ones(len(ranked), dtype=bool)
+    rest[order] = False
+    return np.concatenate([cand[order], ranked[rest]])
 
 
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
                    extra_seeds: dict[int, float] | None = None, route: str = "local") -> tuple[list[ScoredChunk], dict]:
-    """The best `top_k` chunks; the first `coverage_pool` reordered by `cover_question`, each taking the score
-    of the rank it lands on (so assembly, which sorts by score, keeps the order)."""
+    """The best `top_k` chunks, the first reordered by `cover_question`, each taking the score of the rank it
+    lands on (so assembly, which sorts by score, keeps the order)."""
     ls = local_scores(idx, q, p, ppr, extra_seeds)
     scores = ls.scores
-    ranked = np.asarray([c for c in top_indices(scores, max(top_k, p.coverage_pool)) if scores[c] > 0], dtype=np.int64)
-    n = min(p.coverage_pool, len(ranked))
-    order = np.concatenate([cover_question(idx, q, ranked[:n], scores, p.coverage_weight), ranked[n:]])[:top_k]
+    depth = max(top_k, p.coverage_pool, p.bridge_depth)
+    ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)
+    order = cover_question(idx, q, ranked, scores, p)[:top_k]
     dense = q.dense
     return [ScoredChunk.from_index(idx, int(c), scores[r], route, ppr=ls.ppr[c], dense=dense[c])
             for c, r in zip(order, ranked)], ls.diagnostics
