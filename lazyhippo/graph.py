@@ -81,19 +81,22 @@ class Communities:
     levels: int
 
 
+def _strings(x):
+    """Arrow string array of `x`: Arrow columns as they come, anything else converted."""
+    import pyarrow as pa
+
+    if isinstance(x, pa.ChunkedArray):
+        x = x.combine_chunks()
+    return x.cast(pa.string()) if isinstance(x, pa.Array) else pa.array(x, type=pa.string())
+
+
 def positions(keys: Sequence[str], names: Sequence[str]) -> np.ndarray:
     """Index of each name in `keys`, -1 where absent: one hash lookup in Arrow, no per-item Python lookups."""
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     if not len(keys) or not len(names):
         return np.full(len(names), -1, dtype=np.int64)
-    def strings(x):  # Arrow columns as they come, anything else converted
-        if isinstance(x, pa.ChunkedArray):
-            x = x.combine_chunks()
-        return x.cast(pa.string()) if isinstance(x, pa.Array) else pa.array(x, type=pa.string())
-
-    found = pc.index_in(strings(names), value_set=strings(keys))
+    found = pc.index_in(_strings(names), value_set=_strings(keys))
     return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
@@ -119,7 +122,6 @@ class Edges:
 @dataclass(frozen=True)
 class MergedGraph:
     """Undirected edges as (smaller, larger) node index pairs in key order, with their summed weights."""
-    nodes: int
     pairs: np.ndarray    # (m, 2) int64
     weights: np.ndarray  # (m,) float64
 
@@ -137,7 +139,7 @@ def merged_undirected(node_ids: list[str], edges: Edges | Iterable[tuple[str, st
     n = max(len(node_ids), 1)
     keys, slot = np.unique(lo * n + hi, return_inverse=True)
     sums = np.bincount(slot, weights=w, minlength=len(keys))
-    return MergedGraph(len(node_ids), np.stack([keys // n, keys % n], axis=1), sums)
+    return MergedGraph(np.stack([keys // n, keys % n], axis=1), sums)
 
 
 def renumbered_by_size(membership: list[int]) -> list[int]:

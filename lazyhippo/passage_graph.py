@@ -7,6 +7,7 @@ PPR (rows from the served graph) build the very same matrix from the same parame
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -70,12 +71,10 @@ def passage_adjacency(params: GraphParams, n_entities: int, n_chunks: int, entit
     rel = _both_ways(r.source[keep], r.target[keep], params.relation_weight * np.minimum(weight[keep], params.relation_cap))
     keep = (sy.source >= 0) & (sy.target >= 0) & (sy.source != sy.target) & (sy.weight >= params.synonym_min_score)
     syn = _both_ways(sy.source[keep], sy.target[keep], params.synonym_weight * sy.weight[keep])
-    rows, cols, vals = (np.concatenate([a, b]) for a, b in zip(rel, syn))
-    mw = params.mention_weight * np.log1p(mentions.data)
-    mw = mw + params.title_mention_weight * is_title
-    rows = np.concatenate([rows.astype(np.int64), mentions.row + n_entities, mentions.col])
-    cols = np.concatenate([cols.astype(np.int64), mentions.col, mentions.row + n_entities])
-    vals = np.concatenate([vals.astype(np.float64), mw, mw])
+    mw = params.mention_weight * np.log1p(mentions.data) + params.title_mention_weight * is_title
+    rows = np.concatenate([rel[0], syn[0], mentions.row + n_entities, mentions.col]).astype(np.int64)
+    cols = np.concatenate([rel[1], syn[1], mentions.col, mentions.row + n_entities]).astype(np.int64)
+    vals = np.concatenate([rel[2], syn[2], mw, mw]).astype(np.float64)
     n = n_entities + n_chunks
     adjacency = sp.csr_matrix((vals, (rows, cols)), shape=(n, n))  # duplicates are summed
     adjacency.sum_duplicates()
