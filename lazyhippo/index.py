@@ -10,7 +10,6 @@ import json
 import time
 from collections import Counter, defaultdict
 from dataclasses import replace
-from pathlib import Path
 from typing import Callable
 
 import duckdb

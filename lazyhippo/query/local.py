@@ -17,7 +17,7 @@ import numpy as np
 from .config import LocalParams
 from .loader import GraphIndex
 from .ppr import PPRBackend, get_ppr_backend
-from .text import STOPWORDS, norm_key
+from .text import STOPWORDS
 from .types import PreparedQuery, ScoredChunk, top_indices
 
 _CONNECTORS = {"of", "the", "de", "la", "le", "du", "von", "van", "der", "den", "di", "da", "del", "and", "&", "y", "al"}
