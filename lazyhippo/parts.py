@@ -22,7 +22,7 @@ from .chunking import Chunk
 from .config import Settings
 from .documents import sha
 from .extraction import Extraction, ExtractionCache, Extractor, extract_chunks
-from .index import load_chunks, make_extractor, record_usage, resolve_llm, store_extractions
+from .index import load_chunks, make_extractor, resolve_llm, store_extractions
 from .objectstore import ObjectStore
 from .warehouse import transaction
 
