@@ -7,7 +7,7 @@ import dagster as dg
 from lazyhippo.parts import Batch, collect_parts, extract_batch, plan_batches
 from resources import LazyhippoResource, ObjectStoreResource
 
-from ._partitions import WAREHOUSE_TAGS, namespaces
+from ._partitions import WAREHOUSE_TAGS, documents as document_partitions, split_keys
 from .metadata import OWNERS, figures, table
 
 
@@ -20,7 +20,8 @@ def plan_extraction_batches(context: dg.OpExecutionContext, config: ExtractionBa
                             lazyhippo: LazyhippoResource, object_store: ObjectStoreResource):
     settings = lazyhippo.settings()
     with lazyhippo.warehouse() as con:
-        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks)
+        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks,
+                                        only=split_keys(context.partition_keys)[1])
     context.log.info(f"{figures['documents_to_extract']} of {figures['documents']} documents to extract "
                      f"in {figures['batches']} batches")
     for b in batches or [Batch("", "none", ())]:  # one (empty) step keeps the collect step running
@@ -53,7 +54,7 @@ def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], laz
     })
 
 
-@dg.graph_asset(partitions_def=namespaces, group_name="per_document", kinds={"duckdb", "spacy", "parquet"}, owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
+@dg.graph_asset(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(), group_name="per_document", kinds={"duckdb", "spacy", "parquet"}, owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
                 description="Entities, relations and facts per chunk, extracted in parallel batches; per-document "
                             "parts in the object store; cached by (chunk hash, extractor, model, prompt version).")
 def extractions(chunks):

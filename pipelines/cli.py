@@ -136,7 +136,7 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
     }, namespace=namespace, workers=workers)
     status(home=root, namespace=namespace, as_json=False)
-    print_usage(run_usage(Settings(home=root, namespace=namespace), result.run_id), Console())
+    print_usage([u for run_id in result.run_ids for u in run_usage(Settings(home=root, namespace=namespace), run_id)], Console())
 
 
 @app.command()
