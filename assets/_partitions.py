@@ -51,22 +51,23 @@ def range_tags(keys: list[str]) -> dict[str, str]:
     return {RANGE_START: keys[0], RANGE_END: keys[-1]}
 
 
-def partition_changes(held: set[str], namespace: str, doc_ids, touched, removed) -> tuple[list[str], list[str], list[str]]:
+def partition_changes(held: set[str], namespace: str, doc_ids, touched) -> tuple[list[str], list[str], list[str]]:
     """(keys to delete, keys to add in this order, keys to run) for a namespace whose source holds `doc_ids`, of
-    which `touched` are added or changed since the last run and `removed` are gone. Keys missing for unchanged
-    documents (a new Dagster instance) are added first; the touched ones last, as one contiguous range."""
+    which `touched` are added or changed since the last run. Keys of documents the source
+    no longer holds go; keys missing for unchanged documents (a new Dagster instance) are added first, the
+    touched ones last, as one contiguous range."""
+    held = {k for k in held if k.startswith(document_key(namespace, ""))}  # other namespaces' keys stay
     run = document_keys(namespace, touched)
-    ahead = set(run)
-    delete = [k for k in document_keys(namespace, set(touched) | set(removed)) if k in held]
-    missing = [k for k in document_keys(namespace, doc_ids) if k not in held and k not in ahead]
+    wanted = set(document_keys(namespace, doc_ids)) | set(run)
+    delete = sorted(k for k in held if k in set(run) or k not in wanted)
+    missing = sorted(wanted - held - set(run))
     return delete, missing + run, run
 
 
-def apply_partition_changes(instance: dg.DagsterInstance, namespace: str, doc_ids, touched, removed) -> list[str]:
+def apply_partition_changes(instance: dg.DagsterInstance, namespace: str, doc_ids, touched) -> list[str]:
     """`partition_changes` applied to the instance; the keys to run."""
-    prefix = document_key(namespace, "")
-    held = {k for k in instance.get_dynamic_partitions(documents.name) if k.startswith(prefix)}
-    delete, add, run = partition_changes(held, namespace, doc_ids, touched, removed)
+    held = set(instance.get_dynamic_partitions(documents.name))
+    delete, add, run = partition_changes(held, namespace, doc_ids, touched)
     for key in delete:
         instance.delete_dynamic_partition(documents.name, key)
     if add:

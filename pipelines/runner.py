@@ -109,6 +109,9 @@ class RunChain:
     def all_events(self) -> list:
         return [e for r in self.results for e in r.all_events]
 
+    def get_asset_materialization_events(self) -> list:
+        return [e for r in self.results for e in r.get_asset_materialization_events()]
+
 
 def settings_of(config: dict, namespace: str | None):
     """The Settings a run with this run config will use (the resource's, filled the same way)."""
@@ -131,7 +134,7 @@ def stage_documents(instance: dg.DagsterInstance, settings) -> list[str]:
         raise ValueError(scanned)
     state, change = scanned
     doc_ids = {d for f in state.files.values() for d in f.docs}
-    return apply_partition_changes(instance, settings.namespace, doc_ids, {**change.added, **change.changed}, change.removed)
+    return apply_partition_changes(instance, settings.namespace, doc_ids, {**change.added, **change.changed})
 
 
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,

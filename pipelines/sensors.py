@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
-from assets._partitions import RANGE_START, document_key, documents, namespaces, partition_changes, range_tags
+from assets._partitions import RANGE_START, documents, namespaces, partition_changes, range_tags
 from lazyhippo.bucket_source import bucket_source, open_bucket, scan_bucket
 from lazyhippo.changes import SourceChange, SourceState, indexed_state, scan_source
 from lazyhippo.objectstore import ObjectStoreError
@@ -29,10 +29,9 @@ def change_tags(change: SourceChange) -> dict[str, str]:
 
 def change_plan(instance: dg.DagsterInstance, namespace: str, state: SourceState, change: SourceChange):
     """(partition requests, run request) bringing the namespace up to date with `change`."""
-    prefix = document_key(namespace, "")
-    held = {k for k in instance.get_dynamic_partitions(documents.name) if k.startswith(prefix)}
+    held = set(instance.get_dynamic_partitions(documents.name))
     doc_ids = {d for f in state.files.values() for d in f.docs}
-    delete, add, run = partition_changes(held, namespace, doc_ids, {**change.added, **change.changed}, change.removed)
+    delete, add, run = partition_changes(held, namespace, doc_ids, {**change.added, **change.changed})
     requests = ([namespaces.build_add_request([namespace])]  # adding an existing namespace is a no-op
                 + ([documents.build_delete_request(delete)] if delete else [])
                 + ([documents.build_add_request(add)] if add else []))
