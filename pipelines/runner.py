@@ -163,6 +163,10 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
     from .definitions import defs
     from .sensors import LAUNCHER_RUNS_GRAPH
 
+    def config_for(job: dg.JobDefinition) -> dict:  # each run gets the op config of its own steps
+        ops = {k: v for k, v in config.get("ops", {}).items() if job.graph.has_node_named(k)}
+        return {**{k: v for k, v in config.items() if k != "ops"}, **({"ops": ops} if ops else {})}
+
     settings = settings_of(config, namespace)
     namespace = settings.namespace
     add_namespace_partition(instance, namespace)
@@ -173,14 +177,15 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
 
         doc_tags = {**tags, **range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"}
         documents_job = defs.resolve_job_def("index_documents")
+        doc_config = config_for(documents_job)
         results.append(_watched(instance, tags, on_step, lambda: (
-            execute_parallel(home, config, processes, doc_tags) if processes else
-            documents_job.execute_in_process(run_config=config, instance=instance, tags=doc_tags, raise_on_error=False))))
+            execute_parallel(home, doc_config, processes, doc_tags) if processes else
+            documents_job.execute_in_process(run_config=doc_config, instance=instance, tags=doc_tags, raise_on_error=False))))
         if not results[-1].success:
             return RunChain(results)
     graph_job = defs.resolve_job_def("index_graph")
     results.append(_watched(instance, tags, on_step, lambda: graph_job.execute_in_process(
-        run_config=config, instance=instance, tags=tags, raise_on_error=False, partition_key=namespace,
+        run_config=config_for(graph_job), instance=instance, tags=tags, raise_on_error=False, partition_key=namespace,
         run_id=graph_run_id)))
     return RunChain(results)
 
