@@ -72,6 +72,8 @@ def read_namespace_source(settings: Settings) -> tuple[list[Document], list]:
 def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: frozenset[str] | None = None) -> DocumentsResult:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept. With
     `only` (a run over some document partitions), the other documents keep their rows as they are."""
+    from .incremental import write_inputs
+
     docs, errors = read_namespace_source(settings)
     ns = settings.namespace
     failed_files = {e.file for e in errors}
@@ -90,6 +92,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: f
             and ((only is not None and r["doc_id"] not in only) or from_files(r["source"], failed_files))]
     rows += kept
     replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
+    write_inputs(con, ns, "documents", {"source": str(settings.source)})  # what `drop_vanished` may compare with
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
     replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])

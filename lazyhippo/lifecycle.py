@@ -79,9 +79,13 @@ def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
 def drop_vanished(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore | None = None,
                   objects: ObjectStore | None = None) -> Deleted:
     """Remove the documents the source no longer yields (file gone, row removed), keeping those of files that
-    cannot be read right now: what a run over document partitions leaves to the graph-wide run."""
+    cannot be read right now: what a run over document partitions leaves to the graph-wide run. Only against the
+    source the namespace was indexed from: a run configured without it (a rebuild after a delete) drops nothing."""
+    from .incremental import read_inputs
     from .index import from_files, read_namespace_source
 
+    if read_inputs(con, settings.namespace, "documents").get("source") != str(settings.source):
+        return Deleted((), (), 0)
     docs, errors = read_namespace_source(settings)
     present, failed = {d.doc_id for d in docs}, {e.file for e in errors}
     held = con.execute("SELECT doc_id, source FROM documents WHERE namespace = ?", [settings.namespace]).fetchall()

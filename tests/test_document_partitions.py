@@ -90,6 +90,21 @@ def test_a_vanished_file_leaves_with_the_graph_run_and_comes_back_with_the_file(
     assert "visitor_form.txt" in _hashes(settings)
 
 
+def test_a_graph_run_configured_with_another_source_drops_nothing(corpus, tmp_path):
+    src, home, config = corpus
+    from pipelines.definitions import defs
+
+    instance = dg.DagsterInstance.ephemeral()
+    assert index_chain(instance, home, config, {}, "default").success
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "note.txt").write_text("Nothing of the indexed documents is here.")
+    rebuild = defs.resolve_job_def("rebuild_graph").execute_in_process(
+        run_config=run_config({"lazyhippo": {"home": str(home), "source": str(other)}}), instance=instance,
+        partition_key="default", raise_on_error=False)
+    assert rebuild.success and len(_hashes(Settings(home=home))) == 8
+
+
 def test_a_ranged_run_records_every_partition_through_the_batched_event_log(tmp_path, monkeypatch):
     """The same materializations as Dagster's own SQLite event log, written as batches."""
     parts = dg.DynamicPartitionsDefinition(name="probe_documents")
