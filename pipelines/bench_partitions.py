@@ -17,7 +17,8 @@ INDEX_ASSETS = 3  # documents, chunks, extractions
 STORAGES = {"stock": None, "batched": "BatchedSqliteEventLogStorage"}
 
 
-def _probe(documents: int, storage: str | None) -> float:
+def probe_assets() -> tuple[dg.DynamicPartitionsDefinition, list[dg.AssetsDefinition]]:
+    """Two assets partitioned by document that do nothing: what is left is Dagster's cost per partition."""
     parts = dg.DynamicPartitionsDefinition(name="bench_documents")
 
     @dg.asset(partitions_def=parts)
@@ -28,6 +29,11 @@ def _probe(documents: int, storage: str | None) -> float:
     def probe_b() -> None:
         return None
 
+    return parts, [probe_a, probe_b]
+
+
+def _probe(documents: int, storage: str | None) -> float:
+    parts, (probe_a, probe_b) = probe_assets()
     keys = [f"bench/d_{i:08d}" for i in range(documents)]
     with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test(temp_dir=tmp, overrides={} if storage is None else {
             "event_log_storage": {"module": "pipelines.event_log", "class": storage,

@@ -107,15 +107,9 @@ def test_a_graph_run_configured_with_another_source_drops_nothing(corpus, tmp_pa
 
 def test_a_ranged_run_records_every_partition_through_the_batched_event_log(tmp_path, monkeypatch):
     """The same materializations as Dagster's own SQLite event log, written as batches."""
-    parts = dg.DynamicPartitionsDefinition(name="probe_documents")
+    from pipelines.bench_partitions import probe_assets
 
-    @dg.asset(partitions_def=parts)
-    def probe_a() -> None:
-        return None
-
-    @dg.asset(partitions_def=parts, deps=[probe_a])
-    def probe_b() -> None:
-        return None
+    parts, (probe_a, probe_b) = probe_assets()
 
     batches: list[int] = []
     original = BatchedSqliteEventLogStorage.store_event_batch

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import io
-import json
-import shutil
 from pathlib import Path
 
 import dagster as dg
-import duckdb
 import pyarrow.parquet as pq
 import pytest
 
@@ -19,8 +16,7 @@ from lazyhippo.index import EXPORT_TABLES, run_index
 from lazyhippo.objectstore import LocalObjectStore
 from lazyhippo.tokens import count_tokens
 from lazyhippo.warehouse import connect
-from pipelines.definitions import all_assets, defs
-from resources import GraphStoreResource, LazyhippoResource, LLMResource, ObjectStoreResource
+from pipelines.definitions import defs
 
 EXPECTED_ASSETS = {"documents", "chunks", "extractions", "entities", "relations", "mentions", "facts", "embeddings",
                    "knn_edges", "communities", "community_summaries", "exports"}
