@@ -4,7 +4,7 @@ from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
 from .documents import PER_DOCUMENT, run_documents
-from .metadata import preview
+from .metadata import per_partition, preview
 
 
 @dg.asset(**PER_DOCUMENT, deps=["documents"], kinds={"duckdb", "neo4j"},
@@ -17,6 +17,6 @@ def chunks(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, grap
         rows = preview(con, "SELECT chunk_id, title, section, position, n_tokens, text FROM chunks WHERE namespace = ? "
                        "AND doc_id IN (SELECT unnest(?)) ORDER BY doc_id, position LIMIT 15", [settings.namespace, sorted(only)],
                        ["chunk_id", "title", "section", "pos", "tokens", "text"])
-    return dg.MaterializeResult(metadata={**stats.figures(), "dagster/row_count": stats.chunks,
-                                          "chunk_size": settings.chunk_size, "chunk_overlap": settings.chunk_overlap,
-                                          "preview": rows})
+    return dg.MaterializeResult(metadata=per_partition(len(only), {
+        **stats.figures(), "dagster/row_count": stats.chunks, "chunk_size": settings.chunk_size,
+        "chunk_overlap": settings.chunk_overlap, "preview": rows}))

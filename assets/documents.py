@@ -4,7 +4,7 @@ from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
 from ._partitions import WAREHOUSE_TAGS, documents as document_partitions, split_keys
-from .metadata import OWNERS, preview, table
+from .metadata import OWNERS, per_partition, preview, table
 
 PER_DOCUMENT = dict(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
                     op_tags=WAREHOUSE_TAGS, group_name="per_document", owners=OWNERS)
@@ -27,9 +27,9 @@ def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, g
                        [settings.namespace, sorted(only)], ["doc_id", "title", "kind", "source", "chars"])
     for err in stats.errors:
         context.log.warning(f"{err.source}: {err.reason}")
-    return dg.MaterializeResult(metadata={
+    return dg.MaterializeResult(metadata=per_partition(len(only), {
         **stats.figures(), "dagster/row_count": stats.documents, "namespace": settings.namespace,
         "source": settings.source, "run_documents": len(only), "input_problems": len(stats.errors), "preview": rows,
         "input_problems_list": table([(e.source, e.reason) for e in stats.errors],
                                      ["file or row", "problem (skipped or cut)"]),
-    })
+    }))

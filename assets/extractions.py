@@ -8,7 +8,7 @@ from lazyhippo.parts import Batch, collect_parts, extract_batch, plan_batches
 from resources import LazyhippoResource, ObjectStoreResource
 
 from ._partitions import WAREHOUSE_TAGS, documents as document_partitions, split_keys
-from .metadata import OWNERS, figures, table
+from .metadata import OWNERS, figures, per_partition, table
 
 
 class ExtractionBatchConfig(dg.Config):
@@ -47,11 +47,11 @@ def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], laz
     batches = [Batch(s["batch"]["key"], s["batch"]["name"], tuple(s["batch"]["doc_ids"])) for s in stats if s]
     with lazyhippo.warehouse() as con:
         out = collect_parts(settings, con, object_store.open(settings), batches, stats, context.run_id)
-    context.add_output_metadata({
+    context.add_output_metadata(per_partition(len(context.partition_keys), {
         **figures(out), "dagster/row_count": out["raw_entities"], "batches": len(batches),
         "per_batch": table([(s["batch"]["name"], s["documents"], s["computed"], s["cached"], s["failed"])
                                for s in stats if s], ["batch", "documents", "extracted", "cached", "failed"]),
-    })
+    }))
 
 
 @dg.graph_asset(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(), group_name="per_document", kinds={"duckdb", "spacy", "parquet"}, owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},

@@ -46,6 +46,18 @@ def figures(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
 
+PREVIEW_PARTITIONS = 20  # a run over more document partitions records its figures without the tables
+
+
+def per_partition(partitions: int, values: dict) -> dict:
+    """Metadata for a run over `partitions` document partitions: Dagster copies it into every partition's
+    materialization, so a large run (a first index) keeps the figures and drops the tables (previews)."""
+    if partitions <= PREVIEW_PARTITIONS:
+        return values
+    return {**{k: v for k, v in values.items() if not isinstance(v, dg.TableMetadataValue)},
+            "previews": f"on runs over up to {PREVIEW_PARTITIONS} documents (this one: {partitions})"}
+
+
 def check_result(res, tables: dict | None = None,
                  severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
     """A lazyhippo CheckResult as an AssetCheckResult: figures as plain values, failing ids as a table."""

@@ -130,3 +130,14 @@ def test_a_ranged_run_records_every_partition_through_the_batched_event_log(tmp_
                               for a in (probe_a, probe_b)}
     assert recorded["batched"] == recorded["stock"] == {"probe_a": (set(keys), 60), "probe_b": (set(keys), 60)}
     assert batches and max(batches) > 1  # the batched run wrote many events per transaction
+
+
+def test_a_run_over_many_partitions_records_figures_without_the_preview_tables():
+    """Dagster copies a ranged run's metadata into every partition's event: a first index of 6,000 documents
+    would store 6,000 copies of each preview."""
+    from assets.metadata import PREVIEW_PARTITIONS, per_partition, table
+
+    values = {"dagster/row_count": 8, "preview": table([("a", 1)], ["title", "chars"])}
+    assert per_partition(PREVIEW_PARTITIONS, values) == values
+    many = per_partition(PREVIEW_PARTITIONS + 1, values)
+    assert many["dagster/row_count"] == 8 and "preview" not in many and "previews" in many
