@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 
 from dagster._core.events import ASSET_EVENTS
 from dagster._core.events.log import EventLogEntry
+from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.sql import create_engine
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
@@ -73,7 +74,15 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         with self.run_connection(run_ids.pop()) as conn:
             conn.execute(self.prepare_insert_event_batch(events))
         with self.index_transaction() as conn:
-            ids = [conn.execute(self.prepare_insert_event(e)).inserted_primary_key[0] for e in events]
+            # one statement; its rows get increasing ids in the order given (RETURNING's own order is arbitrary)
+            ids = sorted(r[0] for r in conn.execute(self.prepare_insert_event_batch(events).returning(SqlEventLogStorageTable.c.id)))
             self._store_asset_event_tags(conn, events, ids)
-            for event, event_id in zip(events, ids):
+            for event, event_id in _last_per_asset_and_type(events, ids):
                 self._store_asset_event(conn, event, event_id)
+
+
+def _last_per_asset_and_type(events: Sequence[EventLogEntry], ids: list[int]) -> list[tuple[EventLogEntry, int]]:
+    """The asset-key row keeps, per column, the value of the last event that sets it, and each event type sets
+    the same columns: so the last event of each (asset, type), in order, leaves the row as all of them would."""
+    last = {(e.dagster_event.asset_key, e.dagster_event_type): (e, i) for e, i in zip(events, ids)}
+    return sorted(last.values(), key=lambda pair: pair[1])

@@ -128,6 +128,9 @@ def test_a_ranged_run_records_every_partition_through_the_batched_event_log(tmp_
             recorded[name] = {a.key.to_user_string(): (instance.get_materialized_partitions(a.key),
                                                         len(instance.fetch_materializations(a.key, limit=1000).records))
                               for a in (probe_a, probe_b)}
+            for a in (probe_a, probe_b):  # the asset's row points at its newest materialization, as per event
+                newest = max(r.storage_id for r in instance.fetch_materializations(a.key, limit=1000).records)
+                assert instance.get_asset_records([a.key])[0].asset_entry.last_materialization_record.storage_id == newest
     assert recorded["batched"] == recorded["stock"] == {"probe_a": (set(keys), 60), "probe_b": (set(keys), 60)}
     assert batches and max(batches) > 1  # the batched run wrote many events per transaction
 
