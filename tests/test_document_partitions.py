@@ -140,7 +140,8 @@ def test_a_run_over_many_partitions_records_figures_without_the_preview_tables()
     would store 6,000 copies of each preview."""
     from assets.metadata import PREVIEW_PARTITIONS, per_partition, table
 
-    values = {"dagster/row_count": 8, "preview": table([("a", 1)], ["title", "chars"])}
+    values = {"dagster/row_count": 8, "chunks": 13, "preview": table([("a", 1)], ["title", "chars"])}
     assert per_partition(PREVIEW_PARTITIONS, values) == values
     many = per_partition(PREVIEW_PARTITIONS + 1, values)
-    assert many["dagster/row_count"] == 8 and "preview" not in many and "previews" in many
+    assert many["dagster/row_count"] == 8 and many["figures"].value == {"chunks": 13}
+    assert "preview" not in many and "previews" in many
