@@ -35,7 +35,7 @@ def _timed_index(home: Path, source: Path, workers: int | None, namespace: str =
         raise RuntimeError(f"bench index run {result.run_id} failed (see `dagster dev`)")
     spans = [v for run_id in result.run_ids for k, v in _step_spans(instance, run_id).items()
              if k.startswith(PER_DOCUMENT_STEPS)]
-    per_doc = max(e for _, e in spans) - min(s for s, _ in spans)
+    per_doc = max(e for _, e in spans) - min(s for s, _ in spans) if spans else 0.0  # a removal alone reads nothing
     return {"seconds": round(seconds, 2), "per_document_seconds": round(per_doc, 2), "run_id": result.run_id}
 
 

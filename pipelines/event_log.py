@@ -71,11 +71,12 @@ class BatchedSqliteEventLogStorage(SqliteEventLogStorage):
         if len(run_ids) != 1 or not all(e.is_dagster_event and e.dagster_event_type in ASSET_EVENTS for e in events):
             super().store_event_batch(events)
             return
+        rows = [self._event_to_row(e) for e in events]  # serialized once, for both shards
+        insert = SqlEventLogStorageTable.insert()  # executemany: one statement compiled once, cached
         with self.run_connection(run_ids.pop()) as conn:
-            conn.execute(self.prepare_insert_event_batch(events))
+            conn.execute(insert, rows)
         with self.index_transaction() as conn:
-            # one statement; its rows get increasing ids in the order given (RETURNING's own order is arbitrary)
-            ids = sorted(r[0] for r in conn.execute(self.prepare_insert_event_batch(events).returning(SqlEventLogStorageTable.c.id)))
+            ids = [r[0] for r in conn.execute(insert.returning(SqlEventLogStorageTable.c.id, sort_by_parameter_order=True), rows)]
             self._store_asset_event_tags(conn, events, ids)
             for event, event_id in _last_per_asset_and_type(events, ids):
                 self._store_asset_event(conn, event, event_id)
