@@ -157,3 +157,25 @@ def test_an_index_run_reconciles_the_namespace_document_partitions(tmp_path, mon
     instance.delete_dynamic_partition("documents", lost)
     assert execute("index", home, cfg, namespace="kb").success
     assert set(instance.get_dynamic_partitions("documents")) == ids | {"other/d_kept"}
+
+
+def test_after_a_documents_run_the_graph_runs_once_for_its_namespace(tmp_path):
+    """A documents run launched by the sensor, the schedule or the UI is followed by its namespace's graph run;
+    one whose launcher (the CLI, the API) runs the graph itself is not."""
+    from pipelines.definitions import defs
+    from pipelines.sensors import LAUNCHER_RUNS_GRAPH, graph_after_documents
+
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("documents", ["kb/d_1", "kb/d_9", "kb2/d_1"])
+    job = defs.resolve_job_def("index_documents")
+    for tags, wanted in (({RANGE_START: "kb/d_1", RANGE_END: "kb/d_9"}, "kb"), ({"dagster/partition": "kb2/d_1"}, "kb2"),
+                         ({RANGE_START: "kb/d_1", RANGE_END: "kb/d_9", LAUNCHER_RUNS_GRAPH: "1"}, None)):
+        run = instance.create_run_for_job(job, tags=tags, status=dg.DagsterRunStatus.SUCCESS)
+        context = dg.build_run_status_sensor_context(sensor_name=graph_after_documents.name, dagster_instance=instance,
+                                                     dagster_run=run, dagster_event=dg.DagsterEvent(
+                                                         event_type_value="PIPELINE_SUCCESS", job_name=job.name))
+        out = graph_after_documents(context)
+        if wanted is None:
+            assert isinstance(out, dg.SkipReason)
+        else:
+            assert out.partition_key == wanted and out.run_key == f"graph-after-{run.run_id}"
