@@ -8,8 +8,9 @@
   (documents, chunks, extractions) are partitioned by it; a run covers a key range of one namespace.
 
 A run over many partitions is one contiguous key range in the order the keys were added. So a change set is
-staged to be one: the keys of changed documents are deleted and added again with the new ones, which puts
-them together at the end (`partition_changes`); the sensor, the schedule and the CLI all do this."""
+staged to be one: unless its keys already are, the keys of changed documents are deleted and added again with
+the new ones, which puts them together at the end (`partition_changes`); the sensor, the schedule and the CLI
+all do this."""
 
 from __future__ import annotations
 
@@ -51,22 +52,28 @@ def range_tags(keys: list[str]) -> dict[str, str]:
     return {RANGE_START: keys[0], RANGE_END: keys[-1]}
 
 
-def partition_changes(held: set[str], namespace: str, doc_ids, touched) -> tuple[list[str], list[str], list[str]]:
-    """(keys to delete, keys to add in this order, keys to run) for a namespace whose source holds `doc_ids`, of
-    which `touched` are added or changed since the last run. Keys of documents the source
-    no longer holds go; keys missing for unchanged documents (a new Dagster instance) are added first, the
-    touched ones last, as one contiguous range."""
-    held = {k for k in held if k.startswith(document_key(namespace, ""))}  # other namespaces' keys stay
+def partition_changes(held: list[str], namespace: str, doc_ids, touched) -> tuple[list[str], list[str], list[str]]:
+    """(keys to delete, keys to add in this order, keys to run in partition order) for a namespace whose source
+    holds `doc_ids`, of which `touched` were added or changed since the last run; `held` is every key in partition
+    order. Keys of documents the source no longer holds go, keys missing for unchanged documents (a new Dagster
+    instance) are added, and the touched ones must be one contiguous range: when they are not already (a single
+    key always is, and so is a change staged twice), they are deleted and added again last."""
+    prefix = document_key(namespace, "")
+    position = {k: i for i, k in enumerate(held)}
     run = document_keys(namespace, touched)
     wanted = set(document_keys(namespace, doc_ids)) | set(run)
-    delete = sorted(k for k in held if k in set(run) or k not in wanted)
-    missing = sorted(wanted - held - set(run))
-    return delete, missing + run, run
+    stale = sorted(k for k in held if k.startswith(prefix) and k not in wanted)  # other namespaces' keys stay
+    spots = sorted(position[k] for k in run if k in position)
+    if len(spots) == len(run) and (not run or spots[-1] - spots[0] == len(run) - 1):
+        missing = sorted(wanted - set(position))
+        return stale, missing, sorted(run, key=position.__getitem__)
+    missing = sorted(wanted - set(position) - set(run))
+    return stale + sorted(k for k in run if k in position), missing + run, run
 
 
 def apply_partition_changes(instance: dg.DagsterInstance, namespace: str, doc_ids, touched) -> list[str]:
     """`partition_changes` applied to the instance; the keys to run."""
-    held = set(instance.get_dynamic_partitions(documents.name))
+    held = list(instance.get_dynamic_partitions(documents.name))
     delete, add, run = partition_changes(held, namespace, doc_ids, touched)
     for key in delete:
         instance.delete_dynamic_partition(documents.name, key)

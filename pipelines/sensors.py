@@ -29,7 +29,7 @@ def change_tags(change: SourceChange) -> dict[str, str]:
 
 def change_plan(instance: dg.DagsterInstance, namespace: str, state: SourceState, change: SourceChange):
     """(partition requests, run request) bringing the namespace up to date with `change`."""
-    held = set(instance.get_dynamic_partitions(documents.name))
+    held = list(instance.get_dynamic_partitions(documents.name))
     doc_ids = {d for f in state.files.values() for d in f.docs}
     delete, add, run = partition_changes(held, namespace, doc_ids, {**change.added, **change.changed})
     requests = ([namespaces.build_add_request([namespace])]  # adding an existing namespace is a no-op

@@ -100,21 +100,26 @@ def test_add_delete_re_add_change_each_get_their_own_run_key(indexed, tmp_path):
     changed = ticks.tick()
     assert isinstance(changed, dg.RunRequest) and changed.tags["lazyhippo/changed"] == "1"
     assert changed.tags["lazyhippo/added"] == changed.tags["lazyhippo/removed"] == "0"
-    assert ticks.documents() == indexed_keys | {doc_key}  # a changed document keeps its partition ...
-    moved = changed.tags[RANGE_START]
-    assert moved == changed.tags[RANGE_END] != doc_key and ticks.order()[-1] == moved  # ... moved to the end
+    assert ticks.documents() == indexed_keys | {doc_key}  # a changed document keeps its partition, in place
+    assert changed.tags[RANGE_START] == changed.tags[RANGE_END] in indexed_keys
     assert len(ticks.keys) == len(set(ticks.keys)) == 4
     rows.write_text(rows.read_text().replace("runs", "flows", 1))
     new.unlink()
 
 
 def test_a_change_set_is_one_contiguous_range_at_the_end_of_the_partitions():
-    held = {"kb/d_a", "kb/d_b", "kb/d_c", "kb/d_gone", "other/d_x"}
-    delete, add, run = partition_changes(held, "kb", {"d_a", "d_b", "d_c", "d_d", "d_new"}, {"d_b", "d_new"})
+    held = ["kb/d_a", "kb/d_b", "other/d_x", "kb/d_c", "kb/d_gone"]
+    docs = {"d_a", "d_b", "d_c", "d_d", "d_new"}
+    delete, add, run = partition_changes(held, "kb", docs, {"d_b", "d_new"})
     assert run == ["kb/d_b", "kb/d_new"] and add[-2:] == run  # changed d_b is deleted and added again after
     assert set(delete) == {"kb/d_b", "kb/d_gone"}  # ... and a key of a document the source lost goes
     assert add == ["kb/d_d", "kb/d_b", "kb/d_new"]  # a missing unchanged document's key comes first
     assert "other/d_x" not in delete  # other namespaces are left alone
+    # keys already contiguous (one key, or the same change staged again) stay where they are, in their order
+    assert partition_changes(held, "kb", docs, {"d_c"}) == (["kb/d_gone"], ["kb/d_d", "kb/d_new"], ["kb/d_c"])
+    staged = ["kb/d_a", "kb/d_c", "kb/d_d", "kb/d_b", "kb/d_new"]
+    assert partition_changes(staged, "kb", docs, {"d_b", "d_new"}) == ([], [], ["kb/d_b", "kb/d_new"])
+    assert partition_changes(held, "kb", docs, {"d_a", "d_c"})[2] == ["kb/d_a", "kb/d_c"]  # d_x between: moved
 
 
 def test_a_new_namespace_requests_every_document(tmp_path):
