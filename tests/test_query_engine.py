@@ -659,3 +659,29 @@ def test_query_work_runs_on_one_blas_thread(qsettings, monkeypatch):
         answer_mod.answer_question(qsettings, "Who founded the Marlow Observatory?", route="local", llm=None)
         assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}  # restored after
     assert seen == [{1}, {1}]
+
+
+def test_bm25_index_built_in_numpy_is_the_one_bm25s_builds():
+    """lexical.FlatBM25 builds the score matrix with array operations: the same vocabulary, the same scores
+    per text and token (bit for bit), the same holders, as bm25s's own loop over the texts."""
+    import bm25s
+
+    from lazyhippo.query.lexical import Lexical
+    from lazyhippo.query.text import tokens
+
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(400)] + ["Ærø", "São", "the"]
+    docs = [" ".join(rng.choice(words, rng.integers(0, 60))) for _ in range(500)] + ["", "of the", "w1 w1 w1"]
+    ref = bm25s.BM25()
+    ref.index([tokens(d) or [""] for d in docs], show_progress=False)
+    lex = Lexical.build(docs)
+    assert set(lex.vocab) == set(ref.vocab_dict) and lex.size == len(docs)
+    for token, i in ref.vocab_dict.items():
+        j = lex.vocab[token]
+        if i + 1 < len(ref.scores["indptr"]):
+            a, b = slice(*ref.scores["indptr"][i:i + 2]), slice(*lex.bm25.scores["indptr"][j:j + 2])
+            assert np.array_equal(ref.scores["indices"][a], lex.bm25.scores["indices"][b])
+            assert np.array_equal(ref.scores["data"][a], lex.bm25.scores["data"][b])
+    for query in (["w1"], ["w3", "w7", "aero"], ["sao", "w1", "w399"]):
+        assert np.array_equal(lex.scores(query), np.asarray(ref.get_scores(query), dtype=np.float32))
+    assert lex.holders("w1").tolist() == sorted({k for k, d in enumerate(docs) if "w1" in tokens(d)})

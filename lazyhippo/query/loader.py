@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -27,6 +27,9 @@ from ..config import Settings
 from ..passage_graph import EntityEdges, GraphParams, passage_adjacency
 from .ppr import parallel_matvec, transition_matrix
 from .text import norm_key, tokens
+
+if TYPE_CHECKING:  # bm25s is imported when an index is built, not with the query package
+    from .lexical import Lexical
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class Facts:
     entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
     by_entity: sp.csr_matrix          # (n_entities, n_facts): the transpose, for "facts naming e"
     vecs: np.ndarray
-    lexical: "Lexical"                # BM25 over the fact texts
+    lexical: Lexical                  # BM25 over the fact texts
 
 
 @dataclass(frozen=True)
@@ -110,39 +113,6 @@ class Graph:
     transition32: sp.csr_matrix       # float32 copy: halves the memory traffic of PPR
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
     degree: np.ndarray                # weighted degree per node (adjacency row sums; the graph is symmetric)
-
-
-@dataclass(frozen=True)
-class Lexical:
-    """BM25 over one collection of texts (the chunks, the facts), by the query engine's folded tokens."""
-
-    bm25: object | None
-    vocab: dict[str, int]
-    size: int
-
-    @classmethod
-    def build(cls, docs: list[str]) -> "Lexical":
-        import bm25s
-
-        if not docs:
-            return cls(None, {}, 0)
-        retriever = bm25s.BM25()
-        retriever.index([tokens(d) or [""] for d in docs], show_progress=False)
-        return cls(retriever, dict(retriever.vocab_dict), len(docs))
-
-    def scores(self, keywords: list[str]) -> np.ndarray:
-        """One BM25 score per text (zeros when no keyword is in the vocabulary)."""
-        toks = [t for t in keywords if t in self.vocab]
-        if self.bm25 is None or not toks:
-            return np.zeros(self.size, dtype=np.float32)
-        return np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
-
-    def holders(self, token: str) -> np.ndarray:
-        """Positions of the texts that contain `token` (one of the folded tokens), from the BM25 matrix."""
-        i, indptr = self.vocab.get(token), self.bm25.scores["indptr"] if self.bm25 is not None else ()
-        if i is None or i + 1 >= len(indptr):  # bm25s adds "" to the vocabulary without a column
-            return np.zeros(0, dtype=np.int64)
-        return np.asarray(self.bm25.scores["indices"][indptr[i]:indptr[i + 1]], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -292,6 +262,8 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
 
 
 def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) -> Facts:
+    from .lexical import Lexical
+
     chunk_pos = chunks.pos
     fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns).to_pydict()
     ids, chunk, texts, f_rows, f_cols = [], [], [], [], []
@@ -349,6 +321,8 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
+    from .lexical import Lexical
+
     t0 = time.perf_counter()
     ns = {"ns": namespace}
     chunks, model = _chunks(con, ns)
