@@ -8,8 +8,9 @@ from lazyhippo.config import Settings
 from lazyhippo.graph import (Edges, KnnBasis, detect_communities, knn_edges, knn_stale_sources, merged_undirected, pagerank,
                              weighted_igraph)
 from lazyhippo.graphstore import EmbeddedGraphStore
+from lazyhippo.incremental import PARAMS, read_inputs, write_inputs
 from lazyhippo.index import entity_graph, run_index, run_stage
-from lazyhippo.warehouse import connect
+from lazyhippo.warehouse import connect, transaction
 from tests.test_lifecycle import copy_corpus
 
 
@@ -90,6 +91,26 @@ def test_an_update_searches_few_entities_and_gives_the_edges_of_a_full_search(tm
         full = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
     assert full.searched == full.entities
     assert incremental == knn_table(settings) and incremental
+
+
+def test_recorded_inputs_rewrite_only_the_rows_that_changed(tmp_path):
+    """write_inputs replaces a stage's record by its differences: unchanged rows stay where they were (their
+    rowid), changed and new ones are written, gone ones deleted; other stages and namespaces are untouched."""
+    settings = Settings(home=tmp_path)
+    rowids = "SELECT item_id, rowid FROM stage_inputs WHERE namespace = ? AND stage = ?"
+    with connect(settings) as con:
+        write_inputs(con, "ns", "knn_edges", {"a": "1", "b": "2", "c": "3", PARAMS: "10:0.6"})
+        write_inputs(con, "ns", "chunks", {"a": "x"})
+        write_inputs(con, "other", "knn_edges", {"a": "1"})
+        before = dict(con.execute(rowids, ["ns", "knn_edges"]).fetchall())
+        with transaction(con):
+            write_inputs(con, "ns", "knn_edges", {"a": "1", "b": "9", "d": "4", PARAMS: "10:0.6"})
+        after = dict(con.execute(rowids, ["ns", "knn_edges"]).fetchall())
+        assert read_inputs(con, "ns", "knn_edges") == {"a": "1", "b": "9", "d": "4", PARAMS: "10:0.6"}
+        assert after["a"] == before["a"] and after[PARAMS] == before[PARAMS] and after["b"] != before["b"]
+        assert read_inputs(con, "ns", "chunks") == {"a": "x"} and read_inputs(con, "other", "knn_edges") == {"a": "1"}
+        write_inputs(con, "ns", "knn_edges", {})
+        assert read_inputs(con, "ns", "knn_edges") == {}
 
 
 def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_small_change(tmp_path):
