@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -102,9 +105,10 @@ def positions(keys: Sequence[str], names: Sequence[str]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Edges:
-    """Weighted edges as columns: a graph of 400k edges moves as three arrays, not 400k tuples."""
-    sources: np.ndarray
-    targets: np.ndarray
+    """Weighted edges as columns: a graph of 400k edges moves as three arrays, not 400k tuples. The ends are
+    numpy or Arrow string arrays (as read from DuckDB)."""
+    sources: np.ndarray | pa.ChunkedArray
+    targets: np.ndarray | pa.ChunkedArray
     weights: np.ndarray
 
     @classmethod
