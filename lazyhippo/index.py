@@ -375,35 +375,18 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
                                      "title": s.title, "summary": s.summary[:200]} for s in biggest])
 
 
-def _parquet(data: pa.Table) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    pq.write_table(data, buf, compression="zstd")
-    return buf.getvalue()
-
-
 def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
-    """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run. A table is encoded
-    in a second thread while the next one is read (Arrow and DuckDB both release the GIL); at most two tables
-    are held at once, and the objects are written in table order."""
-    from concurrent.futures import ThreadPoolExecutor
+    """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run."""
+    import io
 
     ns = settings.namespace
     manifest = {}
-
-    def put(table: str, rows: int, blob: bytes) -> None:
+    for table in EXPORT_TABLES:
+        data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).to_arrow_table()
+        buf = io.BytesIO()
+        pq.write_table(data, buf, compression="zstd")
         key = f"{ns}/tables/{table}.parquet"
-        manifest[table] = {"key": key, "rows": rows, "bytes": len(blob), "md5": store.put(key, blob)}
-
-    pending = None
-    with ThreadPoolExecutor(1) as encoder:
-        for table in EXPORT_TABLES:
-            data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).to_arrow_table()
-            if pending is not None:
-                put(pending[0], pending[1], pending[2].result())
-            pending = (table, data.num_rows, encoder.submit(_parquet, data))
-        put(pending[0], pending[1], pending[2].result())
+        manifest[table] = {"key": key, "rows": data.num_rows, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
     store.put(f"{ns}/runs/{run_id}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
     return ExportsResult(objects=manifest, store=store.uri, run_key=f"{ns}/runs/{run_id}/manifest.json")
 
