@@ -149,6 +149,12 @@ def test_the_igraph_graph_is_the_merged_graph():
     assert g.vcount() == len(nodes) and not g.is_directed()
     assert g.get_edgelist() == [tuple(p) for p in merged.pairs.tolist()] and g.es["weight"] == merged.weights.tolist()
     assert weighted_igraph(nodes, []).ecount() == 0
+    import pyarrow as pa  # entity_graph hands the ends over as DuckDB's Arrow columns: the same merged graph
+
+    arrow = Edges(pa.chunked_array([list(edges.sources[:1000]), list(edges.sources[1000:])]),
+                  pa.chunked_array([list(edges.targets)]), edges.weights)
+    same = merged_undirected(nodes, arrow)
+    assert np.array_equal(same.pairs, merged.pairs) and np.array_equal(same.weights, merged.weights)
 
 
 def test_the_merged_graph_drops_self_loops_and_unknown_ends_and_sums_parallel_edges():
