@@ -1,8 +1,9 @@
 """BM25 over one collection of texts (bm25s), its index built in numpy instead of one Python loop per text.
 
 bm25s scores every (text, token) pair in a loop over the texts; here the same formulas run once over all
-pairs (`FlatBM25.build_index_from_ids`, the method bm25s documents for building the index another way), so
-the score matrix is the one bm25s builds, in a quarter of the time on 2Wiki's 21k facts.
+pairs (`FlatBM25.build_index_from_ids`, the method bm25s documents for building the index another way) with
+bm25s's own idf and tf formulas, so the score matrix is the one bm25s builds (a test compares them bit for bit,
+and so catches a bm25s version that builds otherwise), in a fifth of the time on 2Wiki's 21k facts.
 """
 
 from __future__ import annotations
