@@ -1,12 +1,15 @@
-"""Every indexing asset is partitioned by namespace (a dynamic partition per knowledge base), so one knowledge
-base's runs, checks and history never mix with another's. LazyhippoResource reads the run's partition key
-as its namespace; the CLI, the sensor and the schedule add the partition before they launch a run.
+"""Two partitions definitions, both dynamic.
 
-Documents are listed as their own dynamic partitions too (`<namespace>/<doc_id>`; a doc_id is a hash of the
-document's source path, so the key is stable and safe for any file name): the source sensor adds and deletes
-them as files come and go, and every `documents` run (CLI, sensor, schedule, UI) reconciles them with the
-namespace's documents. No asset is partitioned by them: docs/scale-out.md says why (one run record event per
-document partition costs minutes at 6,000 documents on the embedded instance)."""
+- `namespaces`: one per knowledge base. The graph-wide assets (entities onward) are partitioned by it, so one
+  knowledge base's runs, checks and history never mix with another's; LazyhippoResource reads the run's
+  partition key as its namespace.
+- `documents`: one per document, `<namespace>/<doc_id>` (a doc_id is a hash of the document's source path, so
+  the key is stable and safe for any file name, and a namespace has no `/`). The per-document assets
+  (documents, chunks, extractions) are partitioned by it; a run covers a key range of one namespace.
+
+A run over many partitions is one contiguous key range in the order the keys were added. So a change set is
+staged to be one: the keys of changed documents are deleted and added again with the new ones, which puts
+them together at the end (`partition_changes`); the sensor, the schedule and the CLI all do this."""
 
 from __future__ import annotations
 
@@ -18,6 +21,13 @@ documents = dg.DynamicPartitionsDefinition(name="documents")
 # steps that open the DuckDB warehouse: one at a time within a run (the multiprocess executor's
 # tag_concurrency_limits), while the extraction batches, which only touch the object store, run side by side
 WAREHOUSE_TAGS = {"lazyhippo/warehouse": "1"}
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+
+
+def on_documents(key: str) -> dg.AssetDep:
+    """A graph-wide asset reads all of its namespace's documents: Dagster has no mapping from a `<namespace>/`
+    key prefix to the namespace, so it sees every document partition as upstream."""
+    return dg.AssetDep(key, partition_mapping=dg.AllPartitionMapping())
 
 
 def document_key(namespace: str, doc_id: str) -> str:
@@ -28,15 +38,38 @@ def document_keys(namespace: str, doc_ids) -> list[str]:
     return [document_key(namespace, d) for d in sorted(doc_ids)]
 
 
-def sync_document_partitions(instance: dg.DagsterInstance, namespace: str, doc_ids) -> tuple[int, int]:
-    """Make the namespace's document partitions exactly `doc_ids`: (added, deleted)."""
-    prefix = document_key(namespace, "")
-    held = {k for k in instance.get_dynamic_partitions(documents.name) if k.startswith(prefix)}
-    want = set(document_keys(namespace, doc_ids))
-    new = sorted(want - held)
-    if new:
-        instance.add_dynamic_partitions(documents.name, new)
-    gone = sorted(held - want)
-    for key in gone:
+def split_keys(keys: list[str]) -> tuple[str, frozenset[str]]:
+    """(namespace, doc_ids) of a run's document partition keys; one namespace per run."""
+    spaces = {k.split("/", 1)[0] for k in keys}
+    if len(spaces) != 1:
+        raise ValueError(f"a run over document partitions covers one namespace, this one spans {sorted(spaces) or 'none'}")
+    return spaces.pop(), frozenset(k.split("/", 1)[1] for k in keys)
+
+
+def range_tags(keys: list[str]) -> dict[str, str]:
+    """Run tags for one run over `keys` (contiguous in partition order, as `partition_changes` leaves them)."""
+    return {RANGE_START: keys[0], RANGE_END: keys[-1]}
+
+
+def partition_changes(held: set[str], namespace: str, doc_ids, touched) -> tuple[list[str], list[str], list[str]]:
+    """(keys to delete, keys to add in this order, keys to run) for a namespace whose source holds `doc_ids`, of
+    which `touched` are added or changed since the last run. Keys of documents the source
+    no longer holds go; keys missing for unchanged documents (a new Dagster instance) are added first, the
+    touched ones last, as one contiguous range."""
+    held = {k for k in held if k.startswith(document_key(namespace, ""))}  # other namespaces' keys stay
+    run = document_keys(namespace, touched)
+    wanted = set(document_keys(namespace, doc_ids)) | set(run)
+    delete = sorted(k for k in held if k in set(run) or k not in wanted)
+    missing = sorted(wanted - held - set(run))
+    return delete, missing + run, run
+
+
+def apply_partition_changes(instance: dg.DagsterInstance, namespace: str, doc_ids, touched) -> list[str]:
+    """`partition_changes` applied to the instance; the keys to run."""
+    held = set(instance.get_dynamic_partitions(documents.name))
+    delete, add, run = partition_changes(held, namespace, doc_ids, touched)
+    for key in delete:
         instance.delete_dynamic_partition(documents.name, key)
-    return len(new), len(gone)
+    if add:
+        instance.add_dynamic_partitions(documents.name, add)
+    return run

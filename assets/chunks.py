@@ -3,19 +3,20 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
-from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, preview
+from .documents import PER_DOCUMENT, run_documents
+from .metadata import per_partition, preview
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["documents"], group_name="per_document", kinds={"duckdb", "neo4j"}, owners=OWNERS,
+@dg.asset(**PER_DOCUMENT, deps=["documents"], kinds={"duckdb", "neo4j"},
           description="Token-aware chunks (tiktoken) with citation metadata.")
-def chunks(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
+def chunks(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
+    only = run_documents(context)
     with lazyhippo.warehouse() as con:
-        stats = run_stage("chunks", settings, con, graph_store.store)
+        stats = run_stage("chunks", settings, con, graph_store.store, only=only)
         rows = preview(con, "SELECT chunk_id, title, section, position, n_tokens, text FROM chunks WHERE namespace = ? "
-                       "ORDER BY doc_id, position LIMIT 15", [settings.namespace],
+                       "AND doc_id IN (SELECT unnest(?)) ORDER BY doc_id, position LIMIT 15", [settings.namespace, sorted(only)],
                        ["chunk_id", "title", "section", "pos", "tokens", "text"])
-    return dg.MaterializeResult(metadata={**stats.figures(), "dagster/row_count": stats.chunks,
-                                          "chunk_size": settings.chunk_size, "chunk_overlap": settings.chunk_overlap,
-                                          "preview": rows})
+    return dg.MaterializeResult(metadata=per_partition(len(only), {
+        **stats.figures(), "dagster/row_count": stats.chunks, "chunk_size": settings.chunk_size,
+        "chunk_overlap": settings.chunk_overlap, "preview": rows}))

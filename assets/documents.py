@@ -3,26 +3,33 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
-from ._partitions import WAREHOUSE_TAGS, namespaces, sync_document_partitions
-from .metadata import OWNERS, preview, table
+from ._partitions import WAREHOUSE_TAGS, documents as document_partitions, split_keys
+from .metadata import OWNERS, per_partition, preview, table
+
+PER_DOCUMENT = dict(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
+                    op_tags=WAREHOUSE_TAGS, group_name="per_document", owners=OWNERS)
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, group_name="per_document", kinds={"duckdb", "neo4j"}, owners=OWNERS,
-          description="Documents read from the source folder, with stable ids and content hashes.")
+def run_documents(context: dg.AssetExecutionContext) -> frozenset[str]:
+    """The doc_ids of the run's document partitions (one namespace: the resource's)."""
+    return split_keys(context.partition_keys)[1]
+
+
+@dg.asset(**PER_DOCUMENT, kinds={"duckdb", "neo4j"},
+          description="Documents read from the source folder, with stable ids and content hashes: one partition each.")
 def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
+    only = run_documents(context)
     with lazyhippo.warehouse() as con:
-        stats = run_stage("documents", settings, con, graph_store.store)
-        rows = preview(con, "SELECT doc_id, title, kind, source, n_chars FROM documents WHERE namespace = ? ORDER BY source LIMIT 20",
-                       [settings.namespace], ["doc_id", "title", "kind", "source", "chars"])
-        doc_ids = [r[0] for r in con.execute("SELECT doc_id FROM documents WHERE namespace = ?", [settings.namespace]).fetchall()]
-    added, deleted = sync_document_partitions(context.instance, settings.namespace, doc_ids)  # the consistency pass too
+        stats = run_stage("documents", settings, con, graph_store.store, only=only)
+        rows = preview(con, "SELECT doc_id, title, kind, source, n_chars FROM documents WHERE namespace = ? "
+                       "AND doc_id IN (SELECT unnest(?)) ORDER BY source LIMIT 20",
+                       [settings.namespace, sorted(only)], ["doc_id", "title", "kind", "source", "chars"])
     for err in stats.errors:
         context.log.warning(f"{err.source}: {err.reason}")
-    return dg.MaterializeResult(metadata={
+    return dg.MaterializeResult(metadata=per_partition(len(only), {
         **stats.figures(), "dagster/row_count": stats.documents, "namespace": settings.namespace,
-        "source": settings.source, "input_problems": len(stats.errors), "preview": rows,
-        "document_partitions_added": added, "document_partitions_deleted": deleted,
+        "source": settings.source, "run_documents": len(only), "input_problems": len(stats.errors), "preview": rows,
         "input_problems_list": table([(e.source, e.reason) for e in stats.errors],
                                      ["file or row", "problem (skipped or cut)"]),
-    })
+    }))

@@ -3,11 +3,11 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource
 
-from ._partitions import WAREHOUSE_TAGS, namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces, on_documents
 from .metadata import OWNERS
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["chunks", "entities", "facts"], group_name="graph", kinds={"duckdb", "numpy"}, owners=OWNERS,
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=[on_documents("chunks"), "entities", "facts"], group_name="graph", kinds={"duckdb", "numpy"}, owners=OWNERS,
           description="Chunk, entity and fact vectors; only new or changed items are embedded again.")
 def embeddings(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     with lazyhippo.warehouse() as con:

@@ -1,30 +1,33 @@
 import dagster as dg
 
 from lazyhippo.index import run_stage
-from resources import GraphStoreResource, LazyhippoResource, LLMResource
+from lazyhippo.lifecycle import drop_vanished
+from resources import GraphStoreResource, LazyhippoResource, LLMResource, ObjectStoreResource
 
-from ._partitions import WAREHOUSE_TAGS, namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces, on_documents
 from .metadata import OWNERS, llm_usage, preview
 
 _KINDS = {"duckdb", "sql", "neo4j"}
 
 
 @dg.multi_asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS,
-    specs=[dg.AssetSpec("entities", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
+    specs=[dg.AssetSpec("entities", deps=[on_documents("extractions")], kinds=_KINDS, owners=OWNERS,
                         description="Entities deduplicated by normalized name (dbt_like_sql/entities.sql)."),
-           dg.AssetSpec("relations", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
+           dg.AssetSpec("relations", deps=[on_documents("extractions")], kinds=_KINDS, owners=OWNERS,
                         description="Weighted entity relations (dbt_like_sql/relations.sql)."),
-           dg.AssetSpec("mentions", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
+           dg.AssetSpec("mentions", deps=[on_documents("extractions")], kinds=_KINDS, owners=OWNERS,
                         description="Chunk-entity mentions (dbt_like_sql/mentions.sql)."),
-           dg.AssetSpec("facts", deps=["extractions"], kinds={"duckdb", "sql"}, owners=OWNERS,
+           dg.AssetSpec("facts", deps=[on_documents("extractions")], kinds={"duckdb", "sql"}, owners=OWNERS,
                         description="Sentences linked to the entities they name (dbt_like_sql/facts.sql).")],
     group_name="graph",
 )
 def entity_graph_tables(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource,
-                        llm: LLMResource):
+                        llm: LLMResource, object_store: ObjectStoreResource):
+    """First drops the documents whose file vanished (their partitions are gone; nothing else removes them)."""
     settings = lazyhippo.settings()
     ns = [settings.namespace]
     with lazyhippo.warehouse() as con:
+        vanished = drop_vanished(settings, con, graph_store.store, object_store.open(settings))
         counts = run_stage("entities", settings, con, graph_store.store, run_id=context.run.run_id, llm=llm.client(settings))
         top = preview(con, "SELECT name, type, mention_count, degree FROM entities WHERE namespace = ? "
                       "ORDER BY mention_count DESC, degree DESC, name LIMIT 15", ns, ["entity", "type", "mentions", "degree"])
@@ -34,6 +37,7 @@ def entity_graph_tables(context: dg.AssetExecutionContext, lazyhippo: LazyhippoR
                        "WHERE r.namespace = ? ORDER BY r.weight DESC, 1, 2 LIMIT 15", ns, ["source", "target", "weight", "description"])
     synced = {k: v for k, v in counts.figures().items() if k.startswith("graph_store_")}
     yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts.entities, "top_entities": top, **synced,
+                                                                "documents_vanished": len(vanished.doc_ids),
                                                                 **llm_usage(counts.llm_usage)})
     yield dg.MaterializeResult(asset_key="relations", metadata={"dagster/row_count": counts.relations, "strongest": rels})
     yield dg.MaterializeResult(asset_key="mentions", metadata={"dagster/row_count": counts.mentions})

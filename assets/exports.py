@@ -3,11 +3,11 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from resources import GraphStoreResource, LazyhippoResource, ObjectStoreResource
 
-from ._partitions import WAREHOUSE_TAGS, namespaces
+from ._partitions import WAREHOUSE_TAGS, namespaces, on_documents
 from .metadata import OWNERS, table
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["documents", "chunks", "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=[on_documents("documents"), on_documents("chunks"), "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],
           group_name="exports", kinds={"parquet", "minio"}, owners=OWNERS,
           description="Parquet files of every table, written through the object store.")
 def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource,

@@ -7,8 +7,8 @@ import dagster as dg
 from lazyhippo.parts import Batch, collect_parts, extract_batch, plan_batches
 from resources import LazyhippoResource, ObjectStoreResource
 
-from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, figures, table
+from ._partitions import WAREHOUSE_TAGS, documents as document_partitions, split_keys
+from .metadata import OWNERS, figures, per_partition, table
 
 
 class ExtractionBatchConfig(dg.Config):
@@ -20,7 +20,8 @@ def plan_extraction_batches(context: dg.OpExecutionContext, config: ExtractionBa
                             lazyhippo: LazyhippoResource, object_store: ObjectStoreResource):
     settings = lazyhippo.settings()
     with lazyhippo.warehouse() as con:
-        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks)
+        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks,
+                                        only=split_keys(context.partition_keys)[1])
     context.log.info(f"{figures['documents_to_extract']} of {figures['documents']} documents to extract "
                      f"in {figures['batches']} batches")
     for b in batches or [Batch("", "none", ())]:  # one (empty) step keeps the collect step running
@@ -46,14 +47,14 @@ def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], laz
     batches = [Batch(s["batch"]["key"], s["batch"]["name"], tuple(s["batch"]["doc_ids"])) for s in stats if s]
     with lazyhippo.warehouse() as con:
         out = collect_parts(settings, con, object_store.open(settings), batches, stats, context.run_id)
-    context.add_output_metadata({
+    context.add_output_metadata(per_partition(len(context.partition_keys), {
         **figures(out), "dagster/row_count": out["raw_entities"], "batches": len(batches),
         "per_batch": table([(s["batch"]["name"], s["documents"], s["computed"], s["cached"], s["failed"])
                                for s in stats if s], ["batch", "documents", "extracted", "cached", "failed"]),
-    })
+    }))
 
 
-@dg.graph_asset(partitions_def=namespaces, group_name="per_document", kinds={"duckdb", "spacy", "parquet"}, owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
+@dg.graph_asset(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(), group_name="per_document", kinds={"duckdb", "spacy", "parquet"}, owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
                 description="Entities, relations and facts per chunk, extracted in parallel batches; per-document "
                             "parts in the object store; cached by (chunk hash, extractor, model, prompt version).")
 def extractions(chunks):

@@ -46,6 +46,21 @@ def figures(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
 
+PREVIEW_PARTITIONS = 20  # a run over more document partitions records its figures without the tables
+
+
+def per_partition(partitions: int, values: dict) -> dict:
+    """Metadata for a run over `partitions` document partitions: Dagster copies it into every partition's
+    materialization, so a large run (a first index) keeps its row count and the other figures as one JSON
+    entry, without the tables (previews): a few hundred bytes per partition instead of several kilobytes."""
+    if partitions <= PREVIEW_PARTITIONS:
+        return values
+    rest = {k: v for k, v in values.items() if k != "dagster/row_count" and not isinstance(v, dg.TableMetadataValue)}
+    return {**({"dagster/row_count": values["dagster/row_count"]} if "dagster/row_count" in values else {}),
+            "run_documents": partitions, "figures": dg.MetadataValue.json(rest),
+            "previews": f"on runs over up to {PREVIEW_PARTITIONS} documents"}
+
+
 def check_result(res, tables: dict | None = None,
                  severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR) -> dg.AssetCheckResult:
     """A lazyhippo CheckResult as an AssetCheckResult: figures as plain values, failing ids as a table."""

@@ -57,14 +57,24 @@ def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | N
     return rows
 
 
-def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> DocumentsResult:
-    """Read the source; unreadable files are reported and skipped, and their earlier version is kept."""
+def read_namespace_source(settings: Settings) -> tuple[list[Document], list]:
+    """The documents the source yields, and its unreadable files; an empty source is an error, so a wrong or
+    emptied path cannot wipe the namespace."""
     from .bucket_source import source_path
 
     docs, errors = read_source(source_path(settings), settings.max_file_bytes)
-    if not docs and not errors:  # a wrong or emptied path must not wipe the namespace
+    if not docs and not errors:
         raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
                          "(removing every document of a namespace is an explicit delete)")
+    return docs, errors
+
+
+def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: frozenset[str] | None = None) -> DocumentsResult:
+    """Read the source; unreadable files are reported and skipped, and their earlier version is kept. With
+    `only` (a run over some document partitions), the other documents keep their rows as they are."""
+    from .incremental import write_inputs
+
+    docs, errors = read_namespace_source(settings)
     ns = settings.namespace
     failed_files = {e.file for e in errors}
     cols = ("doc_id", "source", "title", "kind", "content_hash", "n_chars", "sections")
@@ -72,13 +82,17 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> Docu
              "content_hash": d.content_hash, "n_chars": len(d.text),
              "sections": json.dumps([s.__dict__ for s in d.sections])} for d in docs]
     rows, skipped_deleted = skip_deleted(con, ns, rows)
+    if only is not None:
+        rows = [r for r in rows if r["doc_id"] in only]
     ids = {r["doc_id"] for r in rows}
     previous = [dict(zip(cols, r)) for r in con.execute(
         f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
     before = {r["doc_id"]: r["content_hash"] for r in previous}
-    kept = [r for r in previous if r["doc_id"] not in ids and _from_files(r["source"], failed_files)]
+    kept = [r for r in previous if r["doc_id"] not in ids
+            and ((only is not None and r["doc_id"] not in only) or from_files(r["source"], failed_files))]
     rows += kept
     replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
+    write_inputs(con, ns, "documents", {"source": str(settings.source)})  # what `drop_vanished` may compare with
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
     replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
@@ -87,7 +101,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection) -> Docu
                            skipped_deleted=len(skipped_deleted))
 
 
-def _from_files(source: str, files: set[str]) -> bool:
+def from_files(source: str, files: set[str]) -> bool:
     """Whether a document came from one of `files` (a file itself, or a JSONL row `file#id`): no splitting, so a
     ':' or '#' in a file name cannot detach a document from its file."""
     return source in files or any(source[:i] in files for i, ch in enumerate(source) if ch == "#")
@@ -100,9 +114,9 @@ def load_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Docum
             for doc_id, source, title, kind, h, sections in rows]
 
 
-def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection) -> ChunksResult:
-    """Chunk the documents that are new or changed since their chunks were made (recorded in stage_inputs);
-    the other documents keep their rows, and chunks of documents gone are dropped."""
+def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: frozenset[str] | None = None) -> ChunksResult:
+    """Chunk the documents (of `only`, when given) that are new or changed since their chunks were made (recorded
+    in stage_inputs); the other documents keep their rows, and chunks of documents gone are dropped."""
     from .incremental import read_inputs, write_inputs
 
     ns = settings.namespace
@@ -111,7 +125,8 @@ def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection) -> ChunksRe
                                         settings.chunk_size, settings.chunk_overlap]), 32) for d in docs}
     before = read_inputs(con, ns, "chunks")
     chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ?", [ns]).fetchall()}
-    todo = [d for d in docs if before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked]
+    todo = [d for d in docs if (only is None or d.doc_id in only)
+            and (before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked)]
     chunks = [c for d in todo for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
     table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
     with transaction(con):
@@ -397,11 +412,13 @@ def graph_counts(con: duckdb.DuckDBPyConnection, namespace: str) -> dict:
 
 
 def _stages(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore, objects: ObjectStore | None,
-            progress: Progress | None, run_id: str, llm=None, extractor=None) -> dict[str, Callable[[], StageResult]]:
-    """Every indexing stage by the name of the asset it materializes, in dependency order."""
+            progress: Progress | None, run_id: str, llm=None, extractor=None,
+            only: frozenset[str] | None = None) -> dict[str, Callable[[], StageResult]]:
+    """Every indexing stage by the name of the asset it materializes, in dependency order; `only` scopes the
+    per-document stages to some documents."""
     return {
-        "documents": lambda: ingest_documents(settings, con),
-        "chunks": lambda: build_chunks(settings, con),
+        "documents": lambda: ingest_documents(settings, con, only),
+        "chunks": lambda: build_chunks(settings, con, only),
         "extractions": lambda: run_extractions(settings, con, extractor, progress=progress, run_id=run_id, llm=llm),
         "entities": lambda: build_graph_tables(settings, con, llm, run_id),   # with relations, mentions, facts
         "embeddings": lambda: build_embeddings(settings, con),
@@ -419,10 +436,10 @@ GRAPH_STAGES = STAGE_NAMES[STAGE_NAMES.index("entities"):]  # rebuilt from the p
 
 def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore,
               objects: ObjectStore | None = None, progress: Progress | None = None,
-              run_id: str = "library", llm=None, extractor=None) -> StageResult:
+              run_id: str = "library", llm=None, extractor=None, only: frozenset[str] | None = None) -> StageResult:
     """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
     cannot leave the served graph stale. The sync's figures come back as `synced`."""
-    result = _stages(settings, con, store, objects, progress, run_id, llm, extractor)[asset]()
+    result = _stages(settings, con, store, objects, progress, run_id, llm, extractor, only)[asset]()
     return replace(result, synced=store.sync(con, settings.namespace, asset))
 
 

@@ -48,10 +48,10 @@ def resolve_documents(con: duckdb.DuckDBPyConnection, namespace: str, refs: list
 
 
 def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: list[str],
-                     store: GraphStore | None = None, objects: ObjectStore | None = None) -> Deleted:
+                     store: GraphStore | None = None, objects: ObjectStore | None = None, remember: bool = True) -> Deleted:
     """Remove the documents, their chunks and extractions (and extraction parts) in one transaction, and
-    remember them as deleted (a later ingest skips them while their content is unchanged). The graph stages
-    must run afterwards."""
+    remember them as deleted (a later ingest skips them while their content is unchanged) unless `remember` is
+    off (a vanished file's documents come back when it does). The graph stages must run afterwards."""
     ns = settings.namespace
     found = resolve_documents(con, ns, list(dict.fromkeys(refs)))
     ids = sorted(found)
@@ -62,8 +62,9 @@ def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
             con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id IN (SELECT unnest(?))", [ns, chunk_ids])
         for table in ("chunks", "documents", "deleted_documents", "extraction_parts"):
             con.execute(f"DELETE FROM {table} WHERE namespace = ? AND doc_id IN (SELECT unnest(?))", [ns, ids])
-        con.executemany("INSERT INTO deleted_documents (namespace, doc_id, source, content_hash) VALUES (?, ?, ?, ?)",
-                        [(ns, d, *found[d]) for d in ids])
+        if remember:
+            con.executemany("INSERT INTO deleted_documents (namespace, doc_id, source, content_hash) VALUES (?, ?, ?, ?)",
+                            [(ns, d, *found[d]) for d in ids])
     if store is not None:
         for stage in ("documents", "chunks"):
             store.sync(con, ns, stage)
@@ -73,6 +74,23 @@ def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
         for doc_id in ids:
             objects.delete(part_key(ns, doc_id))
     return Deleted(tuple(ids), tuple(found[d][0] for d in ids), len(chunk_ids))
+
+
+def drop_vanished(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore | None = None,
+                  objects: ObjectStore | None = None) -> Deleted:
+    """Remove the documents the source no longer yields (file gone, row removed), keeping those of files that
+    cannot be read right now: what a run over document partitions leaves to the graph-wide run. Only against the
+    source the namespace was indexed from: a run configured without it (a rebuild after a delete) drops nothing."""
+    from .incremental import read_inputs
+    from .index import from_files, read_namespace_source
+
+    if read_inputs(con, settings.namespace, "documents").get("source") != str(settings.source):
+        return Deleted((), (), 0)
+    docs, errors = read_namespace_source(settings)
+    present, failed = {d.doc_id for d in docs}, {e.file for e in errors}
+    held = con.execute("SELECT doc_id, source FROM documents WHERE namespace = ?", [settings.namespace]).fetchall()
+    gone = [d for d, source in held if d not in present and not from_files(source, failed)]
+    return remove_documents(settings, con, gone, store, objects, remember=False) if gone else Deleted((), (), 0)
 
 
 def skip_deleted(con: duckdb.DuckDBPyConnection, namespace: str, rows: list[dict]) -> tuple[list[dict], list[str]]:

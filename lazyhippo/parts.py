@@ -58,15 +58,17 @@ def _parquet(table: pa.Table, metadata: dict[str, str] | None = None) -> bytes:
 
 
 def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, run_id: str,
-                 batch_chunks: int = 400, extractor: Extractor | None = None) -> tuple[list[Batch], dict]:
-    """Batches of the documents whose held extraction is missing or stale, about `batch_chunks` chunks each."""
+                 batch_chunks: int = 400, extractor: Extractor | None = None,
+                 only: frozenset[str] | None = None) -> tuple[list[Batch], dict]:
+    """Batches of the documents (of `only`, when given) whose held extraction is missing or stale, about
+    `batch_chunks` chunks each."""
     ns = settings.namespace
     extractor = extractor or _extractor(settings)
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in load_chunks(con, ns):
         by_doc[c.doc_id].append(c)
     held = dict(con.execute("SELECT doc_id, signature FROM extraction_parts WHERE namespace = ?", [ns]).fetchall())
-    todo = [d for d in sorted(by_doc) if held.get(d) != signature(by_doc[d], extractor)]
+    todo = [d for d in sorted(by_doc) if (only is None or d in only) and held.get(d) != signature(by_doc[d], extractor)]
     batches, current = [], []
     for doc_id in todo:
         current.append(doc_id)

@@ -142,6 +142,7 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
                   description="Cited retrieval and answers over lazyhippo knowledge graphs.")
     metrics = _Metrics()
     launched: dict[str, str] = {}  # run id -> namespace, for runs this server started
+    failed: set[str] = set()     # of those, runs whose chain failed before their graph run existed
     home = Path(pool.settings.home)
 
     app.add_middleware(Observe, metrics=metrics, limits=limits)
@@ -240,17 +241,18 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
             raise HTTPException(400, str(exc)) from None
 
     def launch_index(source: Path, namespace: str, how: str) -> dict:
-        from .runner import launch, run_config
+        from .runner import launch_index, run_config
 
         pool.begin_write()
 
         def done(run_id: str, ok: bool) -> None:
             pool.end_write()
+            if not ok:
+                failed.add(run_id)
             log.info("index run %s for namespace %s ended (success=%s)", run_id, namespace, ok)
 
         config = run_config({"lazyhippo": {"home": str(home), "namespace": namespace, "source": str(source.resolve())}})
-        run_id = launch("index", home, config, tags={"lazyhippo/api": how}, on_done=done,
-                        namespace=namespace)
+        run_id = launch_index(home, config, tags={"lazyhippo/api": how}, on_done=done, namespace=namespace)
         launched[run_id] = namespace
         return {"run_id": run_id, "namespace": namespace, "status_url": f"/api/runs/{run_id}"}
 
@@ -285,8 +287,8 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
 
         status = run_status(home, run_id)
         if status is None:
-            if run_id in launched:
-                return {"run_id": run_id, "job": "index", "status": "STARTING", "tags": {}}
+            if run_id in launched:  # its documents run is under way, or failed before the graph run began
+                return {"run_id": run_id, "job": "index_graph", "status": "FAILURE" if run_id in failed else "STARTING", "tags": {}}
             raise HTTPException(404, f"no run {run_id!r}")
         return status
 

@@ -1,22 +1,24 @@
-"""`lazyhippo bench partitions`: what one run over many document partitions costs Dagster on a local
-(SQLite) instance like the one `lazyhippo index` uses, with assets that do nothing: the figure that keeps the
-indexing assets partitioned by namespace (docs/scale-out.md, "Document partitions")."""
+"""`lazyhippo bench partitions`: what one run over many document partitions costs Dagster's event log on a local
+(SQLite) instance like the one `lazyhippo index` uses, with assets that do nothing: Dagster's own
+`SqliteEventLogStorage` against `BatchedSqliteEventLogStorage` (pipelines/event_log.py), in one run, as a ratio."""
 
 from __future__ import annotations
 
 import tempfile
 import time
+from pathlib import Path
 
 import dagster as dg
 
-ASSETS = 2            # probe assets partitioned by document
-EVENTS_PER_PARTITION = 2  # a planned and a materialization event per asset and partition
-INDEX_ASSETS = 3      # documents, chunks, extractions
+from .event_log import enable_event_batches
+
+ASSETS = 2        # probe assets partitioned by document
+INDEX_ASSETS = 3  # documents, chunks, extractions
+STORAGES = {"stock": None, "batched": "BatchedSqliteEventLogStorage"}
 
 
-def run_partition_bench(documents: int, project_documents: int) -> dict:
-    """One run over a range of `documents` dynamic partitions of two no-op assets; the per-event cost, and what it
-    projects for a full index of `project_documents` documents with three document-partitioned assets."""
+def probe_assets() -> tuple[dg.DynamicPartitionsDefinition, list[dg.AssetsDefinition]]:
+    """Two assets partitioned by document that do nothing: what is left is Dagster's cost per partition."""
     parts = dg.DynamicPartitionsDefinition(name="bench_documents")
 
     @dg.asset(partitions_def=parts)
@@ -27,8 +29,15 @@ def run_partition_bench(documents: int, project_documents: int) -> dict:
     def probe_b() -> None:
         return None
 
+    return parts, [probe_a, probe_b]
+
+
+def _probe(documents: int, storage: str | None) -> float:
+    parts, (probe_a, probe_b) = probe_assets()
     keys = [f"bench/d_{i:08d}" for i in range(documents)]
-    with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test(temp_dir=tmp) as instance:
+    with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test(temp_dir=tmp, overrides={} if storage is None else {
+            "event_log_storage": {"module": "pipelines.event_log", "class": storage,
+                                  "config": {"base_dir": str(Path(tmp) / "history" / "runs")}}}) as instance:
         instance.add_dynamic_partitions(parts.name, keys)
         t0 = time.perf_counter()
         result = dg.materialize([probe_a, probe_b], instance=instance, tags={
@@ -38,8 +47,17 @@ def run_partition_bench(documents: int, project_documents: int) -> dict:
         recorded = len(instance.get_materialized_partitions(probe_b.key))
     if not result.success or recorded != documents:
         raise RuntimeError(f"bench partitions run failed ({recorded} of {documents} partitions recorded)")
-    events = documents * ASSETS * EVENTS_PER_PARTITION
-    per_event = seconds / events
-    return {"documents": documents, "seconds": round(seconds, 2), "events": events,
-            "ms_per_event": round(per_event * 1000, 2), "project_documents": project_documents,
-            "projected_index_event_seconds": round(per_event * project_documents * INDEX_ASSETS * EVENTS_PER_PARTITION, 1)}
+    return seconds
+
+
+def run_partition_bench(documents: int, project_documents: int) -> dict:
+    """One run over a range of `documents` dynamic partitions of two no-op assets on each event log, and what the
+    batched one projects for a full index of `project_documents` documents with three document-partitioned assets."""
+    enable_event_batches()
+    out: dict = {"documents": documents, "project_documents": project_documents}
+    for name, storage in STORAGES.items():
+        seconds = _probe(documents, storage)
+        out[name] = {"seconds": round(seconds, 2), "ms_per_partition_and_asset": round(seconds / (documents * ASSETS) * 1000, 2),
+                     "projected_index_seconds": round(seconds / (documents * ASSETS) * project_documents * INDEX_ASSETS, 1)}
+    out["speedup"] = round(out["stock"]["seconds"] / out["batched"]["seconds"], 1)
+    return out

@@ -5,9 +5,12 @@ import dagster as dg
 import assets
 from resources import default_resources
 
-from .jobs import index_job, query, rebuild_graph_job
-from .schedules import nightly_reindex
-from .sensors import source_changed
+from .event_log import enable_event_batches
+from .jobs import index_documents_job, index_graph_job, query, rebuild_graph_job
+from .schedules import nightly_audit, nightly_reindex
+from .sensors import graph_after_documents, source_changed
+
+enable_event_batches()  # runs launched from the UI and the daemon record their partitions' events in batches
 
 all_assets = dg.load_assets_from_package_module(assets)
 all_checks = dg.load_asset_checks_from_package_module(assets)
@@ -15,14 +18,14 @@ all_checks = dg.load_asset_checks_from_package_module(assets)
 defs = dg.Definitions(
     assets=all_assets,
     asset_checks=all_checks,
-    jobs=[index_job, rebuild_graph_job, query],
-    sensors=[source_changed],
-    schedules=[nightly_reindex],
+    jobs=[index_documents_job, index_graph_job, rebuild_graph_job, query],
+    sensors=[source_changed, graph_after_documents],
+    schedules=[nightly_reindex, nightly_audit],
     resources=default_resources(),
     executor=dg.in_process_executor,
 )
 
 
-def index_job_def() -> dg.JobDefinition:
-    """The resolved index job, importable by path: the multiprocess executor re-imports it in every worker."""
-    return defs.resolve_job_def("index")
+def index_documents_job_def() -> dg.JobDefinition:
+    """The resolved per-document job, importable by path: the multiprocess executor re-imports it in every worker."""
+    return defs.resolve_job_def("index_documents")

@@ -3,12 +3,20 @@ import dagster as dg
 from assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
 from resources import GraphStoreResource, LazyhippoResource, LLMResource
 
-# multiprocess unless configured otherwise: extraction batches run in parallel (`lazyhippo index --workers N`
-# sets max_concurrent; the CLI's default single-process run is in-process)
-index_job = dg.define_asset_job(
-    "index", selection=dg.AssetSelection.all(), executor_def=dg.multi_or_in_process_executor,
+# per-document assets over a range of document partitions: multiprocess unless configured otherwise, so
+# extraction batches run in parallel (`lazyhippo index --workers N` sets max_concurrent; the CLI's default
+# single-process run is in-process)
+index_documents_job = dg.define_asset_job(
+    "index_documents", selection=dg.AssetSelection.groups("per_document"), executor_def=dg.multi_or_in_process_executor,
     tags={"lazyhippo/writer": "warehouse"},  # the run queue starts one at a time (see runner.INSTANCE_CONFIG)
-    description="Index the source into the knowledge graph: documents to communities to Parquet exports.",
+    description="Read, chunk and extract the documents of the run's partitions (a key range of one namespace).",
+)
+
+index_graph_job = dg.define_asset_job(
+    "index_graph", selection=dg.AssetSelection.groups("graph", "exports"), executor_def=dg.in_process_executor,
+    tags={"lazyhippo/writer": "warehouse"},
+    description="Bring the namespace's graph up to date with its documents: entities to communities to Parquet "
+                "exports, with every asset check. Runs once per batch of changed document partitions.",
 )
 
 # the query-quality checks read questions beside the source, which a rebuild does not know: the audit runs alone

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import dagster as dg
+
+from .event_log import enable_event_batches
 
 
 def instance_for(home: Path) -> dg.DagsterInstance:
@@ -16,8 +19,9 @@ def instance_for(home: Path) -> dg.DagsterInstance:
     dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str((home / "dagster").resolve())))
     dagster_home.mkdir(parents=True, exist_ok=True)
     config = dagster_home / "dagster.yaml"
-    if not config.exists() or not config.read_text().strip():
-        config.write_text(INSTANCE_CONFIG)
+    if not config.exists() or config.read_text().strip() in ("", INSTANCE_CONFIG.strip()):  # new, or ours before
+        config.write_text(INSTANCE_CONFIG + EVENT_LOG_CONFIG.format(base_dir=dagster_home / "history" / "runs"))
+    enable_event_batches()
     return dg.DagsterInstance.get()
 
 
@@ -33,6 +37,15 @@ concurrency:
     tag_concurrency_limits:
       - key: lazyhippo/writer
         limit: 1
+"""
+# the run-sharded SQLite event log Dagster uses by default, writing batches (pipelines/event_log.py): a run over
+# thousands of document partitions records their events in seconds, not minutes
+EVENT_LOG_CONFIG = """\
+event_log_storage:
+  module: pipelines.event_log
+  class: BatchedSqliteEventLogStorage
+  config:
+    base_dir: {base_dir}
 """
 STEP_EVENTS = {dg.DagsterEventType.STEP_START: "started", dg.DagsterEventType.STEP_SUCCESS: "done",
                dg.DagsterEventType.STEP_FAILURE: "failed", dg.DagsterEventType.STEP_SKIPPED: "skipped"}
@@ -73,38 +86,130 @@ def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> Non
         instance.add_dynamic_partitions(namespaces.name, [namespace])
 
 
+@dataclass
+class RunChain:
+    """The runs of one `index` request: one over the added and changed documents' partitions (when there are
+    any), then the namespace's graph run; it stops at the first that fails."""
+
+    results: list
+
+    @property
+    def success(self) -> bool:
+        return all(r.success for r in self.results)
+
+    @property
+    def run_id(self) -> str:
+        return self.results[-1].run_id
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [r.run_id for r in self.results]
+
+    @property
+    def all_events(self) -> list:
+        return [e for r in self.results for e in r.all_events]
+
+    def get_asset_materialization_events(self) -> list:
+        return [e for r in self.results for e in r.get_asset_materialization_events()]
+
+
+def settings_of(config: dict, namespace: str | None):
+    """The Settings a run with this run config will use (the resource's, filled the same way)."""
+    from resources import LazyhippoResource
+
+    fields = config.get("resources", {}).get("lazyhippo", {}).get("config", {})
+    return LazyhippoResource(**{**fields, **({"namespace": namespace} if namespace else {})}).settings()
+
+
+def stage_documents(instance: dg.DagsterInstance, settings) -> list[str]:
+    """Compare the source with what the namespace holds (content hashes) and stage the document partitions:
+    the keys of the added and changed documents, one contiguous range for one run."""
+    from assets._partitions import apply_partition_changes
+    from lazyhippo.changes import indexed_state
+
+    from .sensors import scan
+
+    scanned = scan(settings, indexed_state(settings))
+    if isinstance(scanned, str):
+        raise ValueError(scanned)
+    state, change = scanned
+    doc_ids = {d for f in state.files.values() for d in f.docs}
+    return apply_partition_changes(instance, settings.namespace, doc_ids, {**change.added, **change.changed})
+
+
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,
             tags: dict | None = None, namespace: str | None = None, workers: int = 1):
-    """Run `job_name` (on the `namespace` partition for the indexing jobs; with `workers` > 1 the index job runs
-    on the multiprocess executor); `on_step(step, state)` is called live as steps start and end."""
+    """Run `job_name` (on the `namespace` partition for the graph jobs); `index` is the chain of runs
+    (`index_chain`); `on_step(step, state)` is called live as steps start and end."""
     from .definitions import defs
 
     instance = instance_for(home)
     fail_dead_runs(instance)
-    job = defs.resolve_job_def(job_name)
     tags = {**(tags or {}), **_process_tags()}
     if namespace is not None:
         add_namespace_partition(instance, namespace)
+    if job_name == "index":
+        return index_chain(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step)
+    job = defs.resolve_job_def(job_name)
+    return _watched(instance, tags, on_step, lambda: job.execute_in_process(
+        run_config=config, instance=instance, tags=tags, raise_on_error=False, partition_key=namespace))
+
+
+def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: dict, namespace: str | None,
+                processes: int | None = None, on_step: Callable[[str, str], None] | None = None,
+                graph_run_id: str | None = None) -> RunChain:
+    """`index_documents` over the staged document partitions (none when nothing was added or changed), then
+    `index_graph` for the namespace. With `processes` the documents run uses the multiprocess executor."""
+    from .definitions import defs
+    from .sensors import LAUNCHER_RUNS_GRAPH
+
+    def config_for(job: dg.JobDefinition) -> dict:  # each run gets the op config of its own steps
+        ops = {k: v for k, v in config.get("ops", {}).items() if job.graph.has_node_named(k)}
+        return {**{k: v for k, v in config.items() if k != "ops"}, **({"ops": ops} if ops else {})}
+
+    settings = settings_of(config, namespace)
+    namespace = settings.namespace
+    add_namespace_partition(instance, namespace)
+    keys = stage_documents(instance, settings)
+    results = []
+    if keys:
+        from assets._partitions import range_tags
+
+        doc_tags = {**tags, **range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"}
+        documents_job = defs.resolve_job_def("index_documents")
+        doc_config = config_for(documents_job)
+        results.append(_watched(instance, tags, on_step, lambda: (
+            execute_parallel(home, doc_config, processes, doc_tags) if processes else
+            documents_job.execute_in_process(run_config=doc_config, instance=instance, tags=doc_tags, raise_on_error=False))))
+        if not results[-1].success:
+            return RunChain(results)
+    graph_job = defs.resolve_job_def("index_graph")
+    results.append(_watched(instance, tags, on_step, lambda: graph_job.execute_in_process(
+        run_config=config_for(graph_job), instance=instance, tags=tags, raise_on_error=False, partition_key=namespace,
+        run_id=graph_run_id)))
+    return RunChain(results)
+
+
+def _watched(instance: dg.DagsterInstance, tags: dict, on_step: Callable[[str, str], None] | None,
+             run: Callable[[], dg.ExecuteInProcessResult]):
+    """`run()` in a thread while this one reports its steps to `on_step` as they start and end."""
     result: dict = {}
 
     def target() -> None:
         try:
-            if workers > 1:
-                result["value"] = execute_parallel(home, config, workers, namespace or "default", tags)
-            else:
-                result["value"] = job.execute_in_process(run_config=config, instance=instance, tags=tags,
-                                                        raise_on_error=False, partition_key=namespace)
+            result["value"] = run()
         except BaseException as exc:  # surfaced in the calling thread
             result["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
+    seen = {r.run_id for r in instance.get_runs(dg.RunsFilter(tags=tags))} if on_step else set()
     cursor: str | None = None
     while True:
         thread.join(0.5)
-        run = next(iter(instance.get_runs(dg.RunsFilter(tags=tags), limit=1)), None) if on_step else None
-        if run is not None:
-            conn = instance.get_records_for_run(run.run_id, cursor=cursor, of_type=set(STEP_EVENTS))
+        run_ = next(iter(instance.get_runs(dg.RunsFilter(tags=tags), limit=1)), None) if on_step else None
+        if run_ is not None and run_.run_id not in seen:
+            conn = instance.get_records_for_run(run_.run_id, cursor=cursor, of_type=set(STEP_EVENTS))
             cursor = conn.cursor
             for rec in conn.records:
                 event = rec.event_log_entry.dagster_event
@@ -116,46 +221,39 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
     return result["value"]
 
 
-def execute_parallel(home: Path, config: dict, workers: int, namespace: str,
-                     tags: dict | None = None) -> dg.ExecuteJobResult:
-    """Run the index job with the multiprocess executor (`workers` processes): extraction batches in parallel."""
+def execute_parallel(home: Path, config: dict, workers: int, tags: dict) -> dg.ExecuteJobResult:
+    """Run the per-document job with the multiprocess executor (`workers` processes): extraction batches in
+    parallel. `tags` name its document partitions (a key range)."""
     from assets._partitions import WAREHOUSE_TAGS
 
-    from .definitions import index_job_def
+    from .definitions import index_documents_job_def
 
     instance = instance_for(home)
-    add_namespace_partition(instance, namespace)
     # forkserver with the definitions preloaded: each step forks in milliseconds instead of importing everything
     cfg = {**config, "execution": {"config": {"multiprocess": {
         "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["pipelines.definitions", "pipelines.worker_preload"]}},
         "tag_concurrency_limits": [{"key": key, "limit": 1} for key in WAREHOUSE_TAGS]}}}}
-    with dg.execute_job(dg.reconstructable(index_job_def), instance, run_config=cfg, raise_on_error=False,
-                        tags={**(tags or {}), "dagster/partition": namespace}) as result:
+    with dg.execute_job(dg.reconstructable(index_documents_job_def), instance, run_config=cfg, raise_on_error=False,
+                        tags=tags) as result:
         return result
 
 
-def launch(job_name: str, home: Path, config: dict, tags: dict | None = None,
-           on_done: Callable[[str, bool], None] | None = None, namespace: str | None = None) -> str:
-    """Start `job_name` (on the `namespace` partition for the indexing jobs) in a background thread of this
-    process and return its run id at once (the HTTP API's `POST /api/kg/create`); `on_done(run_id, success)` is
-    called when the run ends."""
+def launch_index(home: Path, config: dict, tags: dict | None = None,
+                 on_done: Callable[[str, bool], None] | None = None, namespace: str | None = None) -> str:
+    """Start the `index` chain in a background thread of this process and return at once the run id its graph
+    run will have (the HTTP API's `POST /api/kg/create`); `on_done(run_id, success)` is called when it ends
+    (a failed documents run ends it before that run exists)."""
     import uuid
-
-    from .definitions import defs
 
     instance = instance_for(home)
     fail_dead_runs(instance)
-    job = defs.resolve_job_def(job_name)
     run_id = str(uuid.uuid4())
     tags = {**(tags or {}), **_process_tags()}
-    if namespace is not None:
-        add_namespace_partition(instance, namespace)
 
     def target() -> None:
         ok = False
         try:
-            ok = job.execute_in_process(run_config=config, instance=instance, tags=tags, run_id=run_id,
-                                        raise_on_error=False, partition_key=namespace).success
+            ok = index_chain(instance, home, config, tags, namespace, graph_run_id=run_id).success
         finally:
             if on_done:
                 on_done(run_id, ok)

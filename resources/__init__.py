@@ -20,6 +20,7 @@ from lazyhippo.objectstore import ObjectStore, open_object_store
 from lazyhippo.warehouse import WriterSession
 
 PARTITION_TAG = "dagster/partition"
+RANGE_START_TAG = "dagster/asset_partition_range_start"
 
 
 class LazyhippoResource(dg.ConfigurableResource):
@@ -47,7 +48,7 @@ class LazyhippoResource(dg.ConfigurableResource):
     theme_coverage_min: float = 0.9
     recall_at_5_min: float = 0.6
     _settings: Optional[Settings] = PrivateAttr(default=None)
-    # the run's namespace partition (assets are partitioned by namespace); None outside partitioned runs
+    # the run's namespace: its partition key, or the namespace of its document partitions; None outside partitioned runs
     _partition: Optional[str] = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
@@ -64,7 +65,9 @@ class LazyhippoResource(dg.ConfigurableResource):
         """One writer session per run: the first stage that writes waits for the home's lock, and the namespace
         is published for readers only when every step of the run succeeded (a query run never locks)."""
         self._settings = None  # filled once per run, on first use, with the run's partition as namespace
-        self._partition = context.run.tags.get(PARTITION_TAG) if context.run is not None else None
+        tags = context.run.tags if context.run is not None else {}
+        key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<doc_id>`
+        self._partition = key.split("/", 1)[0] if key else None
         log = context.log.info if context.log else None
         self._writer = WriterSession(self.settings(), context.run.run_id if context.run else "adhoc", on_wait=log)
 

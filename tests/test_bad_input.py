@@ -123,18 +123,15 @@ def test_a_file_with_a_colon_in_its_name_keeps_its_indexed_version_when_it_break
 
 
 def test_a_two_document_corpus_indexes_fully_through_dagster(tmp_path):
-    from pipelines.definitions import defs
-    from pipelines.runner import run_config
+    from pipelines.runner import index_chain, run_config
 
     src = tmp_path / "src"
     src.mkdir()
     (src / "kettle.txt").write_text("Brenna Holt repaired the copper kettle in Dunmore.")
     (src / "comet.txt").write_text("The astronomer Ivo Sandberg sighted a comet over Tallinn in 1881.")
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("namespaces", ["default"])  # the index job is partitioned by namespace
-    result = defs.resolve_job_def("index").execute_in_process(raise_on_error=False, run_config=run_config({
+    result = index_chain(dg.DagsterInstance.ephemeral(), tmp_path / "home", run_config({
         "lazyhippo": {"home": str(tmp_path / "home"), "source": str(src), "namespace": "default"},
-        "graph_store": {"kind": "embedded"}, "object_store": {"kind": "local"}}), instance=instance, partition_key="default")
+        "graph_store": {"kind": "embedded"}, "object_store": {"kind": "local"}}), {}, "default")
     failed = [e.step_key for e in result.all_events if e.is_step_failure]
     assert result.success, failed
     settings = Settings(home=tmp_path / "home")

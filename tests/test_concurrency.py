@@ -165,7 +165,8 @@ def test_the_instance_monitors_runs_and_queues_index_runs_one_at_a_time(tmp_path
     assert instance.run_monitoring_enabled
     limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
     assert {"key": "lazyhippo/writer", "limit": 1} in limits
-    assert defs.resolve_job_def("index").tags["lazyhippo/writer"] == "warehouse"
+    for job in ("index_documents", "index_graph", "rebuild_graph"):
+        assert defs.resolve_job_def(job).tags["lazyhippo/writer"] == "warehouse"
 
 
 def test_a_cli_run_killed_with_sigkill_is_reported_and_marked_failed(tmp_path, monkeypatch):
@@ -195,5 +196,5 @@ def test_a_cli_run_killed_with_sigkill_is_reported_and_marked_failed(tmp_path, m
     q = runner.invoke(app, ["query", "Who succeeded Ada Fenwick?", "--home", str(home), "--route", "local"])
     assert q.exit_code == 0 and "did not finish" in " ".join(q.output.split())
     instance = dg.DagsterInstance.from_config(str(tmp_path / "dagster"))
-    killed = [r for r in instance.get_runs(dg.RunsFilter(job_name="index")) if r.tags.get("lazyhippo/pid") == str(index.pid)]
+    killed = instance.get_runs(dg.RunsFilter(tags={"lazyhippo/pid": str(index.pid)}))
     assert killed and killed[0].status == dg.DagsterRunStatus.FAILURE

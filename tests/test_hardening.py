@@ -173,7 +173,7 @@ def test_a_run_launched_outside_the_cli_refuses_bad_settings_before_any_stage(tm
     for bad in ({"chunk_size": 0}, {"namespace": "../victim"}):
         namespace = bad.get("namespace", "default")  # the run's partition is its namespace
         instance.add_dynamic_partitions("namespaces", [namespace])  # as the UI could
-        result = defs.resolve_job_def("index").execute_in_process(
+        result = defs.resolve_job_def("index_graph").execute_in_process(
             raise_on_error=False, instance=instance, partition_key=namespace, run_config=run_config({
                 "lazyhippo": {"home": str(tmp_path / "home"), "source": str(SAMPLE_CORPUS), **bad}}))
         assert not result.success

@@ -12,7 +12,7 @@ from lazyhippo.index import build_chunks, ingest_documents, run_index
 from lazyhippo.objectstore import LocalObjectStore
 from lazyhippo.parts import collect_parts, extract_batch, plan_batches
 from lazyhippo.warehouse import connect
-from pipelines.runner import execute_parallel, run_config
+from pipelines.runner import index_chain, instance_for, run_config
 from tests.services_fixtures import minio_store, namespaces  # noqa: F401 - fixtures
 from tests.test_lifecycle import CountingExtractor, graph_snapshot
 
@@ -38,10 +38,10 @@ def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, mon
     cfg = run_config({"lazyhippo": {"home": str(home), "source": str(SAMPLE_CORPUS)},
                       "object_store": {"kind": "local", "root": str(tmp_path / "shared")}})
     cfg["ops"] = {"extractions": {"ops": {"plan_extraction_batches": {"config": {"batch_chunks": 3}}}}}
-    result = execute_parallel(home, cfg, workers=2, namespace="kb")
-    assert result.success
-    instance = dg.DagsterInstance.get()
-    starts = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.STEP_START)
+    instance = instance_for(home)
+    chain = index_chain(instance, home, cfg, {}, "kb", processes=2)
+    assert chain.success and [r.dagster_run.job_name for r in chain.results] == ["index_documents", "index_graph"]
+    starts = instance.all_logs(chain.results[0].run_id, of_type=dg.DagsterEventType.STEP_START)
     batch_steps = {e.dagster_event.step_key: e.dagster_event.pid for e in starts if "extract_documents[" in e.dagster_event.step_key}
     assert len(batch_steps) >= 3 and len(set(batch_steps.values())) >= 2  # every step in its own process
     kb = Settings(home=home, namespace="kb")

@@ -12,6 +12,7 @@ from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.documents import sha
 from lazyhippo.index import run_index
 from lazyhippo.warehouse import connect
+from assets._partitions import RANGE_END, RANGE_START, partition_changes
 from pipelines.sensors import source_changed
 from resources import LazyhippoResource
 
@@ -43,7 +44,10 @@ class Ticks:
         return out.skip_reason
 
     def documents(self) -> set[str]:
-        return set(self.instance.get_dynamic_partitions("documents"))
+        return set(self.order())
+
+    def order(self) -> list[str]:
+        return list(self.instance.get_dynamic_partitions("documents"))
 
 
 def doc_id(source: str) -> str:
@@ -77,32 +81,48 @@ def test_add_delete_re_add_change_each_get_their_own_run_key(indexed, tmp_path):
     assert isinstance(added, dg.RunRequest) and added.tags["lazyhippo/added"] == "1"
     assert "harbour_light.txt" in added.tags["lazyhippo/change"]
     doc_key = f"default/{doc_id('harbour_light.txt')}"
-    assert ticks.documents() == {doc_key}  # the new file's document got its partition
+    # one run over the new document's partition; the indexed documents got their missing partitions too
+    assert added.job_name == "index_documents" and added.tags[RANGE_START] == added.tags[RANGE_END] == doc_key
+    indexed_keys = ticks.documents() - {doc_key}
+    assert len(indexed_keys) == 8 and ticks.order()[-1] == doc_key
     assert isinstance(ticks.tick(), dg.SkipReason)  # nothing twice
     new.unlink()
     removed = ticks.tick()
     assert isinstance(removed, dg.RunRequest) and removed.tags["lazyhippo/removed"] == "1"
-    assert ticks.documents() == set()  # ... and lost it with the file
+    assert removed.job_name == "index_graph" and removed.partition_key == "default"  # the graph run drops it
+    assert ticks.documents() == indexed_keys  # ... and the partition went with the file
     new.write_text("The Harbour Light stands above Eastbridge. Ada Fenwick painted it in 1901.\n")
     again = ticks.tick()
     assert isinstance(again, dg.RunRequest) and again.tags["lazyhippo/added"] == "1"
-    assert ticks.documents() == {doc_key}
+    assert ticks.documents() == indexed_keys | {doc_key}
     rows = indexed.home.parent / "c" / "river_sell.jsonl"
     rows.write_text(rows.read_text().replace("flows", "runs", 1))
     changed = ticks.tick()
     assert isinstance(changed, dg.RunRequest) and changed.tags["lazyhippo/changed"] == "1"
     assert changed.tags["lazyhippo/added"] == changed.tags["lazyhippo/removed"] == "0"
-    assert ticks.documents() == {doc_key}  # a changed document keeps its partition
+    assert ticks.documents() == indexed_keys | {doc_key}  # a changed document keeps its partition ...
+    moved = changed.tags[RANGE_START]
+    assert moved == changed.tags[RANGE_END] != doc_key and ticks.order()[-1] == moved  # ... moved to the end
     assert len(ticks.keys) == len(set(ticks.keys)) == 4
     rows.write_text(rows.read_text().replace("runs", "flows", 1))
     new.unlink()
+
+
+def test_a_change_set_is_one_contiguous_range_at_the_end_of_the_partitions():
+    held = {"kb/d_a", "kb/d_b", "kb/d_c", "kb/d_gone", "other/d_x"}
+    delete, add, run = partition_changes(held, "kb", {"d_a", "d_b", "d_c", "d_d", "d_new"}, {"d_b", "d_new"})
+    assert run == ["kb/d_b", "kb/d_new"] and add[-2:] == run  # changed d_b is deleted and added again after
+    assert set(delete) == {"kb/d_b", "kb/d_gone"}  # ... and a key of a document the source lost goes
+    assert add == ["kb/d_d", "kb/d_b", "kb/d_new"]  # a missing unchanged document's key comes first
+    assert "other/d_x" not in delete  # other namespaces are left alone
 
 
 def test_a_new_namespace_requests_every_document(tmp_path):
     settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS), namespace="fresh")
     ticks = Ticks(settings)
     out = ticks.tick()
-    assert isinstance(out, dg.RunRequest) and out.tags["lazyhippo/added"] == "8" and out.partition_key == "fresh"
+    assert isinstance(out, dg.RunRequest) and out.tags["lazyhippo/added"] == "8" and out.job_name == "index_documents"
+    assert out.tags[RANGE_START].startswith("fresh/") and out.tags[RANGE_END].startswith("fresh/")
     assert ticks.instance.get_dynamic_partitions("namespaces") == ["fresh"]
     keys = ticks.documents()
     assert len(keys) == 8 and all(k.startswith("fresh/d_") for k in keys)

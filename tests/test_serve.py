@@ -209,7 +209,7 @@ def test_kg_create_launches_the_dagster_index_job(pool, tmp_path, monkeypatch):
             if status["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
                 break
             time.sleep(1)
-        assert status["status"] == "SUCCESS" and status["job"] == "index"
+        assert status["status"] == "SUCCESS" and status["job"] == "index_graph"
         deadline = time.time() + 30
         while "lights" not in get(f"{url}/api/namespaces").json()["namespaces"]:
             assert time.time() < deadline
