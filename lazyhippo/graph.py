@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -102,9 +105,10 @@ def positions(keys: Sequence[str], names: Sequence[str]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Edges:
-    """Weighted edges as columns: a graph of 400k edges moves as three arrays, not 400k tuples."""
-    sources: np.ndarray
-    targets: np.ndarray
+    """Weighted edges as columns: a graph of 400k edges moves as three arrays, not 400k tuples. The ends are
+    numpy or Arrow string arrays (as read from DuckDB)."""
+    sources: np.ndarray | pa.ChunkedArray
+    targets: np.ndarray | pa.ChunkedArray
     weights: np.ndarray
 
     @classmethod
@@ -159,7 +163,8 @@ def weighted_igraph(node_ids: list[str], edges: Edges | Iterable[tuple[str, str,
     import igraph as ig
 
     merged = merged_undirected(node_ids, edges)
-    g = ig.Graph(n=len(node_ids), edges=merged.pairs.tolist(), directed=False)
+    g = ig.Graph(n=len(node_ids), directed=False)
+    g.add_edges(merged.pairs)  # an index array goes in whole: ~4x faster than a list of 300k pairs
     g.es["weight"] = merged.weights.tolist()
     return g
 
@@ -191,5 +196,8 @@ def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, s
 
 def pagerank(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]], damping: float = 0.85,
              g=None) -> dict[str, float]:
+    """igraph's default PRPACK. ARPACK agrees to ~1e-14 in half the time on 2Wiki, but its last digits order
+    near-tied entities (the two of a lone pair) the other way round, which changes 2 of 45 community summaries
+    there: not used."""
     g = weighted_igraph(node_ids, edges) if g is None else g
     return dict(zip(node_ids, g.pagerank(weights="weight", damping=damping)))

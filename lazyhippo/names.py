@@ -29,3 +29,22 @@ def norm_key(name: str) -> str:
     """Normalized key of a name: accents dropped, case folded, punctuation to spaces, single spaces.
     'Müller' -> 'muller' but 'Mäller' -> 'maller'; Cyrillic and CJK names keep their letters."""
     return " ".join(t.casefold() for t in name_tokens(name))
+
+
+_NOT_WORD_ASCII = "[^A-Za-z0-9]+"  # an ASCII text's non-word runs: what _WORD leaves out, accents aside
+
+
+def norm_keys(names):
+    """norm_key over an Arrow string array (nulls stay null). ASCII names, most of them, are keyed in Arrow
+    compute: there strip_accents is the identity, words are runs of [A-Za-z0-9] and casefold is lower(),
+    so the key is those runs lower-cased and joined by one space. The rest go through norm_key one by one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ascii_ = pc.fill_null(pc.string_is_ascii(names), True)
+    fast = pc.ascii_lower(pc.utf8_trim(pc.replace_substring_regex(names, _NOT_WORD_ASCII, " "), " "))
+    if pc.all(ascii_).as_py():
+        return fast
+    slow = pa.array([None if a or n is None else norm_key(n) for n, a in zip(names.to_pylist(), ascii_.to_pylist())],
+                    pa.string())
+    return pc.if_else(ascii_, fast, slow)

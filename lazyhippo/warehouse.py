@@ -29,7 +29,7 @@ from filelock import FileLock, Timeout
 from dbt_like_sql import SQL_DIR
 
 from .config import Settings
-from .names import norm_key
+from .names import norm_keys
 
 TABLES = (
     "documents", "deleted_documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
@@ -63,13 +63,9 @@ def published_namespaces(settings: Settings) -> list[str]:
     return sorted(p.stem for p in snapshot_dir(settings).glob("*.duckdb"))
 
 
-def _norm_keys(names: pa.Array) -> pa.Array:
-    """`lh_norm` over a whole vector of names at once (a per-row Python call costs more than the work)."""
-    return pa.array([None if n is None else norm_key(n) for n in names.to_pylist()], pa.string())
-
-
 def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    con.create_function("lh_norm", _norm_keys, [duckdb.sqltype("VARCHAR")], duckdb.sqltype("VARCHAR"),
+    # a whole vector of names per call (a per-row Python call costs more than the work)
+    con.create_function("lh_norm", norm_keys, [duckdb.sqltype("VARCHAR")], duckdb.sqltype("VARCHAR"),
                         type="arrow", side_effects=False)
     con.execute("CREATE OR REPLACE TEMP MACRO lh_entity_id(s) AS 'e_' || substr(sha256(lh_norm(s)), 1, 16)")
     return con

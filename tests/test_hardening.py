@@ -50,6 +50,23 @@ def test_names_normalize_unicode_aware_in_one_place(tmp_path):
     assert all(norm_key(name) == norm for name, (_, norm) in found.items())
 
 
+def test_the_vectorized_name_keys_are_norm_key():
+    """names.norm_keys (the SQL function lh_norm) keys ASCII names in Arrow compute: the same keys as norm_key
+    for ASCII and non-ASCII names, punctuation, underscores, digits, empty names and nulls."""
+    import random
+
+    from lazyhippo.names import norm_keys
+
+    rng = random.Random(11)
+    alphabet = "aZ09_ -.,'()&/\\\t\n!?\x00é—ßİǅ"
+    names = NAMES + ["", " ", "__", "_a_b_", "O'Brien & Sons, Ltd.", "R2-D2", "x_y", None]
+    names += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(5000)]
+    keys = norm_keys(pa.array(names, pa.string())).to_pylist()
+    assert keys == [None if n is None else norm_key(n) for n in names]
+    ascii_only = [n for n in names if n is not None and n.isascii()]
+    assert norm_keys(pa.array(ascii_only, pa.string())).to_pylist() == [norm_key(n) for n in ascii_only]
+
+
 @pytest.mark.services
 def test_neo4j_gets_the_same_entities_as_the_embedded_store(tmp_path, neo4j_store, namespaces):  # noqa: F811
     settings = Settings(home=tmp_path, namespace=namespaces("unicode"))

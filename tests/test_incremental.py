@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from lazyhippo.config import Settings
-from lazyhippo.graph import Edges, KnnBasis, detect_communities, knn_edges, knn_stale_sources, merged_undirected, pagerank
+from lazyhippo.graph import (Edges, KnnBasis, detect_communities, knn_edges, knn_stale_sources, merged_undirected, pagerank,
+                             weighted_igraph)
 from lazyhippo.graphstore import EmbeddedGraphStore
+from lazyhippo.incremental import PARAMS, read_inputs, write_inputs
 from lazyhippo.index import entity_graph, run_index, run_stage
-from lazyhippo.warehouse import connect
+from lazyhippo.warehouse import connect, transaction
 from tests.test_lifecycle import copy_corpus
 
 
@@ -91,6 +93,26 @@ def test_an_update_searches_few_entities_and_gives_the_edges_of_a_full_search(tm
     assert incremental == knn_table(settings) and incremental
 
 
+def test_recorded_inputs_rewrite_only_the_rows_that_changed(tmp_path):
+    """write_inputs replaces a stage's record by its differences: unchanged rows stay where they were (their
+    rowid), changed and new ones are written, gone ones deleted; other stages and namespaces are untouched."""
+    settings = Settings(home=tmp_path)
+    rowids = "SELECT item_id, rowid FROM stage_inputs WHERE namespace = ? AND stage = ?"
+    with connect(settings) as con:
+        write_inputs(con, "ns", "knn_edges", {"a": "1", "b": "2", "c": "3", PARAMS: "10:0.6"})
+        write_inputs(con, "ns", "chunks", {"a": "x"})
+        write_inputs(con, "other", "knn_edges", {"a": "1"})
+        before = dict(con.execute(rowids, ["ns", "knn_edges"]).fetchall())
+        with transaction(con):
+            write_inputs(con, "ns", "knn_edges", {"a": "1", "b": "9", "d": "4", PARAMS: "10:0.6"})
+        after = dict(con.execute(rowids, ["ns", "knn_edges"]).fetchall())
+        assert read_inputs(con, "ns", "knn_edges") == {"a": "1", "b": "9", "d": "4", PARAMS: "10:0.6"}
+        assert after["a"] == before["a"] and after[PARAMS] == before[PARAMS] and after["b"] != before["b"]
+        assert read_inputs(con, "ns", "chunks") == {"a": "x"} and read_inputs(con, "other", "knn_edges") == {"a": "1"}
+        write_inputs(con, "ns", "knn_edges", {})
+        assert read_inputs(con, "ns", "knn_edges") == {}
+
+
 def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_small_change(tmp_path):
     settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")))
     first = run_index(settings)["communities"]
@@ -113,6 +135,26 @@ def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_
     pr = pagerank(nodes, edges)
     assert all(abs(p - pr[e]) < 1e-9 for e, _, p in after)  # PageRank is the whole current graph's
 
+
+
+def test_the_igraph_graph_is_the_merged_graph():
+    """weighted_igraph adds the merged pairs as one index array: the same edges, in the same order, the same
+    weights as the pairs and sums of merged_undirected."""
+    rng = np.random.default_rng(7)
+    nodes = [f"e{i:04d}" for i in range(500)]
+    pairs = rng.integers(0, len(nodes) + 20, size=(3000, 2))  # some ends unknown
+    names = np.array(nodes + [f"x{i}" for i in range(20)], dtype=object)
+    edges = Edges(names[pairs[:, 0]], names[pairs[:, 1]], rng.random(len(pairs)))
+    g, merged = weighted_igraph(nodes, edges), merged_undirected(nodes, edges)
+    assert g.vcount() == len(nodes) and not g.is_directed()
+    assert g.get_edgelist() == [tuple(p) for p in merged.pairs.tolist()] and g.es["weight"] == merged.weights.tolist()
+    assert weighted_igraph(nodes, []).ecount() == 0
+    import pyarrow as pa  # entity_graph hands the ends over as DuckDB's Arrow columns: the same merged graph
+
+    arrow = Edges(pa.chunked_array([list(edges.sources[:1000]), list(edges.sources[1000:])]),
+                  pa.chunked_array([list(edges.targets)]), edges.weights)
+    same = merged_undirected(nodes, arrow)
+    assert np.array_equal(same.pairs, merged.pairs) and np.array_equal(same.weights, merged.weights)
 
 
 def test_the_merged_graph_drops_self_loops_and_unknown_ends_and_sums_parallel_edges():

@@ -659,3 +659,59 @@ def test_query_work_runs_on_one_blas_thread(qsettings, monkeypatch):
         answer_mod.answer_question(qsettings, "Who founded the Marlow Observatory?", route="local", llm=None)
         assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}  # restored after
     assert seen == [{1}, {1}]
+
+
+def test_bm25_index_built_in_numpy_is_the_one_bm25s_builds():
+    """lexical.FlatBM25 builds the score matrix with array operations: the same vocabulary, the same scores
+    per text and token (bit for bit), the same holders, as bm25s's own loop over the texts."""
+    import bm25s
+
+    from lazyhippo.query.lexical import Lexical
+    from lazyhippo.query.text import tokens
+
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(400)] + ["Ærø", "São", "the"]
+    docs = [" ".join(rng.choice(words, rng.integers(0, 60))) for _ in range(500)] + ["", "of the", "w1 w1 w1"]
+    ref = bm25s.BM25()
+    ref.index([tokens(d) or [""] for d in docs], show_progress=False)
+    lex = Lexical.build(docs)
+    assert set(lex.vocab) == set(ref.vocab_dict) and lex.size == len(docs)
+    for token, i in ref.vocab_dict.items():
+        j = lex.vocab[token]
+        if i + 1 < len(ref.scores["indptr"]):
+            a, b = slice(*ref.scores["indptr"][i:i + 2]), slice(*lex.bm25.scores["indptr"][j:j + 2])
+            assert np.array_equal(ref.scores["indices"][a], lex.bm25.scores["indices"][b])
+            assert np.array_equal(ref.scores["data"][a], lex.bm25.scores["data"][b])
+    for query in (["w1"], ["w3", "w7", "aero"], ["sao", "w1", "w399"]):
+        assert np.array_equal(lex.scores(query), np.asarray(ref.get_scores(query), dtype=np.float32))
+    assert lex.holders("w1").tolist() == sorted({k for k, d in enumerate(docs) if "w1" in tokens(d)})
+
+
+def test_loaded_lookups_are_the_warehouse_rows(qsettings):
+    """The loader's arrays, built with Arrow lookups: name and title indexes are norm_key's groups in row order,
+    mention counts and vectors sit in the rows and columns of their chunk and entity ids."""
+    from lazyhippo.warehouse import connect
+
+    idx = load_index(qsettings)
+    expected: dict[str, list[int]] = {}
+    for i, name in enumerate(idx.entities.names):
+        if norm_key(name):
+            expected.setdefault(norm_key(name), []).append(i)
+    assert {k: v.tolist() for k, v in idx.entities.name_index.items()} == expected
+    assert list(idx.entities.name_index) == list(expected)
+    titles: dict[str, list[int]] = {}
+    for i, title in enumerate(idx.chunks.titles):
+        if norm_key(title):
+            titles.setdefault(norm_key(title), []).append(i)
+    assert {k: v.tolist() for k, v in idx.chunks.title_index.items()} == titles
+    with connect(qsettings, read_only=True) as con:
+        mentions = con.execute("SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = ?",
+                               [qsettings.namespace]).fetchall()
+        vectors = {(k, i): np.asarray(v, dtype=np.float32) for k, i, v in con.execute(
+            "SELECT kind, item_id, vector FROM embeddings WHERE namespace = ?", [qsettings.namespace]).fetchall()}
+    counts = idx.mentions.counts.toarray()
+    assert counts.sum() == sum(k for _, _, k in mentions) and len(mentions) == idx.mentions.counts.nnz
+    assert all(counts[idx.chunks.pos[c], idx.entities.pos[e]] == k for c, e, k in mentions)
+    for kind, ids, vecs in (("chunk", idx.chunks.ids, idx.chunks.vecs), ("entity", idx.entities.ids, idx.entities.vecs),
+                            ("fact", idx.facts.ids, idx.facts.vecs), ("community", idx.communities.ids, idx.communities.vecs)):
+        assert len(ids) and all(np.array_equal(vecs[r], vectors[(kind, i)]) for r, i in enumerate(ids)), kind

@@ -15,18 +15,24 @@ import math
 import re
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+import pyarrow as pa
 import scipy.sparse as sp
 
 from ..config import Settings
+from ..graph import positions
+from ..names import norm_keys
 from ..passage_graph import EntityEdges, GraphParams, passage_adjacency
 from .ppr import parallel_matvec, transition_matrix
 from .text import norm_key, tokens
+
+if TYPE_CHECKING:  # bm25s is imported when an index is built, not with the query package
+    from .lexical import Lexical
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ class Facts:
     entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
     by_entity: sp.csr_matrix          # (n_entities, n_facts): the transpose, for "facts naming e"
     vecs: np.ndarray
-    lexical: "Lexical"                # BM25 over the fact texts
+    lexical: Lexical                  # BM25 over the fact texts
 
 
 @dataclass(frozen=True)
@@ -110,39 +116,6 @@ class Graph:
     transition32: sp.csr_matrix       # float32 copy: halves the memory traffic of PPR
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
     degree: np.ndarray                # weighted degree per node (adjacency row sums; the graph is symmetric)
-
-
-@dataclass(frozen=True)
-class Lexical:
-    """BM25 over one collection of texts (the chunks, the facts), by the query engine's folded tokens."""
-
-    bm25: object | None
-    vocab: dict[str, int]
-    size: int
-
-    @classmethod
-    def build(cls, docs: list[str]) -> "Lexical":
-        import bm25s
-
-        if not docs:
-            return cls(None, {}, 0)
-        retriever = bm25s.BM25()
-        retriever.index([tokens(d) or [""] for d in docs], show_progress=False)
-        return cls(retriever, dict(retriever.vocab_dict), len(docs))
-
-    def scores(self, keywords: list[str]) -> np.ndarray:
-        """One BM25 score per text (zeros when no keyword is in the vocabulary)."""
-        toks = [t for t in keywords if t in self.vocab]
-        if self.bm25 is None or not toks:
-            return np.zeros(self.size, dtype=np.float32)
-        return np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
-
-    def holders(self, token: str) -> np.ndarray:
-        """Positions of the texts that contain `token` (one of the folded tokens), from the BM25 matrix."""
-        i, indptr = self.vocab.get(token), self.bm25.scores["indptr"] if self.bm25 is not None else ()
-        if i is None or i + 1 >= len(indptr):  # bm25s adds "" to the vocabulary without a column
-            return np.zeros(0, dtype=np.int64)
-        return np.asarray(self.bm25.scores["indices"][indptr[i]:indptr[i + 1]], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -191,17 +164,18 @@ def _table(con, sql: str, params: dict):
     return con.sql(sql, params=params).to_arrow_table()
 
 
-def _vectors(con, ns: str, kind: str, order: dict[str, int], n: int) -> tuple[np.ndarray, str | None]:
+def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[np.ndarray, str | None]:
+    """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one)."""
     tbl = _table(con, "SELECT item_id, model, vector FROM embeddings WHERE namespace = $ns AND kind = $kind",
                  {"ns": ns, "kind": kind})
-    ids = tbl.column("item_id").to_pylist()
-    if not ids:
+    n = len(ids)
+    if not tbl.num_rows:
         return np.zeros((n, 0), dtype=np.float32), None
     col = tbl.column("vector").combine_chunks()
     flat = col.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    mat = flat.reshape(len(ids), -1)
+    mat = flat.reshape(tbl.num_rows, -1)
     out = np.zeros((n, mat.shape[1]), dtype=np.float32)
-    rows = np.array([order.get(i, -1) for i in ids])
+    rows = positions(ids, tbl.column("item_id"))
     keep = rows >= 0
     out[rows[keep]] = mat[keep]
     return out, tbl.column("model")[0].as_py()
@@ -219,14 +193,14 @@ def _fit_dim(mat: np.ndarray, dim: int) -> np.ndarray:
     return np.zeros((mat.shape[0], dim), dtype=np.float32)
 
 
-def _index_of(keys, values=None) -> dict[str, np.ndarray]:
-    """norm_key(key) -> indices (or `values`) of the rows carrying it, in row order."""
-    out: dict[str, list[int]] = defaultdict(list)
-    for i, key in enumerate(keys):
-        k = norm_key(key or "")
-        if k:
-            out[k].append(i)
-    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+def _index_of(keys) -> dict[str, np.ndarray]:
+    """norm_key(key) -> indices of the rows carrying it, in row order (keys in order of first appearance; empty
+    keys and nulls left out). Keyed and grouped in Arrow and numpy: no Python call per row."""
+    encoded = norm_keys(pa.array(keys, pa.string())).dictionary_encode()
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = np.argsort(codes, kind="stable")[np.count_nonzero(codes < 0):]  # by key, row order kept within one
+    groups = np.split(rows, np.cumsum(np.bincount(codes[codes >= 0], minlength=len(encoded.dictionary)))[:-1])
+    return {k: g for k, g in zip(encoded.dictionary.to_pylist(), groups) if k}
 
 
 def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
@@ -237,7 +211,7 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
         WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns).to_pydict()
     ids = ch["chunk_id"]
     pos = {c: i for i, c in enumerate(ids)}
-    vecs, model = _vectors(con, ns["ns"], "chunk", pos, len(ids))
+    vecs, model = _vectors(con, ns["ns"], "chunk", ids)
     positions = np.asarray(ch["position"], dtype=np.int64)
     return Chunks(ids=ids, pos=pos, doc_ids=ch["doc_id"], titles=[t or "" for t in ch["title"]],
                   sections=ch["section"], pages=ch["page"], positions=positions, texts=ch["text"],
@@ -247,12 +221,11 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
 
 
 def _mention_counts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int]) -> sp.csr_matrix:
-    mt = _table(con, "SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = $ns", ns).to_pydict()
-    m_rows, m_cols, m_vals = [], [], []
-    for c, e, k in zip(mt["chunk_id"], mt["entity_id"], mt["count"]):
-        if c in chunk_pos and e in entity_pos:
-            m_rows.append(chunk_pos[c]); m_cols.append(entity_pos[e]); m_vals.append(float(k))
-    return sp.csr_matrix((m_vals, (m_rows, m_cols)), shape=(len(chunk_pos), len(entity_pos)), dtype=np.float32)
+    mt = _table(con, "SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = $ns", ns)
+    rows, cols = positions(list(chunk_pos), mt.column("chunk_id")), positions(list(entity_pos), mt.column("entity_id"))
+    keep = (rows >= 0) & (cols >= 0)
+    vals = mt.column("count").to_numpy().astype(np.float32)[keep]
+    return sp.csr_matrix((vals, (rows[keep], cols[keep])), shape=(len(chunk_pos), len(entity_pos)), dtype=np.float32)
 
 
 def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim: int) -> Entities:
@@ -265,7 +238,7 @@ def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim:
     for e, pr in zip(scores["entity_id"], scores["pagerank"]):
         if e in pos:
             pagerank[pos[e]] = pr
-    vecs, _ = _vectors(con, ns["ns"], "entity", pos, len(ids))
+    vecs, _ = _vectors(con, ns["ns"], "entity", ids)
     return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=_fit_dim(vecs, dim),
                     df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank)
 
@@ -292,6 +265,8 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
 
 
 def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) -> Facts:
+    from .lexical import Lexical
+
     chunk_pos = chunks.pos
     fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns).to_pydict()
     ids, chunk, texts, f_rows, f_cols = [], [], [], [], []
@@ -304,7 +279,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) 
             if e in entity_pos:
                 f_rows.append(row); f_cols.append(entity_pos[e])
     entities = sp.csr_matrix((np.ones(len(f_rows), dtype=np.float32), (f_rows, f_cols)), shape=(len(ids), len(entity_pos)))
-    vecs, _ = _vectors(con, ns["ns"], "fact", {f: i for i, f in enumerate(ids)}, len(ids))
+    vecs, _ = _vectors(con, ns["ns"], "fact", ids)
     return Facts(ids=ids, chunk=np.asarray(chunk, dtype=np.int64), texts=texts, entities=entities,
                  by_entity=entities.T.tocsr(), vecs=_fit_dim(vecs, dim),
                  # words by the passage title too: a sentence that opens "She ..." still matches its subject's name
@@ -316,7 +291,7 @@ def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matri
                      "WHERE namespace = $ns ORDER BY community_id", ns).to_pydict()
     ids = cs["community_id"]
     cpos = {c: i for i, c in enumerate(ids)}
-    vecs, _ = _vectors(con, ns["ns"], "community", cpos, len(ids))
+    vecs, _ = _vectors(con, ns["ns"], "community", ids)
     members: list[list[int]] = [[] for _ in ids]
     for e, c in zip(scores["entity_id"], scores["community_id"]):
         if e in entity_pos and c in cpos:
@@ -349,6 +324,8 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
+    from .lexical import Lexical
+
     t0 = time.perf_counter()
     ns = {"ns": namespace}
     chunks, model = _chunks(con, ns)

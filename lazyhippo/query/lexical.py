@@ -1,0 +1,89 @@
+"""BM25 over one collection of texts (bm25s), its index built in numpy instead of one Python loop per text.
+
+bm25s scores every (text, token) pair in a loop over the texts; here the same formulas run once over all
+pairs (`FlatBM25.build_index_from_ids`, the method bm25s documents for building the index another way) with
+bm25s's own idf and tf formulas, so the score matrix is the one bm25s builds (a test compares them bit for bit,
+and so catches a bm25s version that builds otherwise), in a fifth of the time on 2Wiki's 21k facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import bm25s
+import numpy as np
+from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer
+
+from .text import tokens
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The corpus object bm25s.BM25.index takes (`ids`, `vocab`): here every text's token ids as one flat
+    array, with each text's number of tokens."""
+    ids: tuple[np.ndarray, np.ndarray]   # (flat token ids, tokens per text)
+    vocab: dict[str, int]
+
+    @classmethod
+    def of(cls, texts: list[list[str]]) -> "TokenIds":
+        vocab: dict[str, int] = {}
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        flat = np.fromiter((vocab.setdefault(t, len(vocab)) for t in chain.from_iterable(texts)), dtype=np.int64,
+                           count=int(lengths.sum()))
+        return cls((flat, lengths), vocab)
+
+
+class FlatBM25(bm25s.BM25):
+    """bm25s.BM25 whose index is built from a `TokenIds` corpus with array operations."""
+
+    def build_index_from_ids(self, unique_token_ids, corpus_token_ids, show_progress=True, leave_progress=False):
+        if self.method in self.methods_requiring_nonoccurrence:
+            raise ValueError(f"FlatBM25 builds {self.method!r} indexes the bm25s way only: use bm25s.BM25")
+        flat, lengths = corpus_token_ids
+        n_docs, n_vocab = len(lengths), len(unique_token_ids)
+        avg_doc_len = lengths.mean()  # as bm25s: the mean of the int lengths
+        doc = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
+        pairs, tf = np.unique(doc * n_vocab + flat, return_counts=True)  # (text, token) pairs, text-major
+        doc, tok = pairs // n_vocab, pairs % n_vocab
+        df = np.bincount(tok, minlength=n_vocab)
+        idf_of = _select_idf_scorer(self.idf_method)   # per distinct document frequency, in Python floats as bm25s
+        values, where = np.unique(df, return_inverse=True)
+        idf = np.array([idf_of(int(d), N=n_docs) if d else 0.0 for d in values])[where].astype(self.dtype)
+        tfc = _select_tfc_scorer(self.method)(tf_array=tf.astype(self.dtype), l_d=lengths[doc], l_avg=avg_doc_len,
+                                              k1=self.k1, b=self.b, delta=self.delta)
+        self.nonoccurrence_array = None
+        data, indices, indptr = self._np_csc(data=(idf[tok] * tfc).astype(self.dtype), rows=doc.astype(self.int_dtype),
+                                             cols=tok.astype(self.int_dtype), shape=(n_docs, n_vocab))
+        return {"data": data.astype(self.dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
+
+
+@dataclass(frozen=True)
+class Lexical:
+    """BM25 over one collection of texts (the chunks, the facts), by the query engine's folded tokens."""
+
+    bm25: object | None
+    vocab: dict[str, int]
+    size: int
+
+    @classmethod
+    def build(cls, docs: list[str]) -> "Lexical":
+        if not docs:
+            return cls(None, {}, 0)
+        retriever = FlatBM25()
+        retriever.index(TokenIds.of([tokens(d) or [""] for d in docs]), show_progress=False)
+        return cls(retriever, dict(retriever.vocab_dict), len(docs))
+
+    def scores(self, keywords: list[str]) -> np.ndarray:
+        """One BM25 score per text (zeros when no keyword is in the vocabulary)."""
+        toks = [t for t in keywords if t in self.vocab]
+        if self.bm25 is None or not toks:
+            return np.zeros(self.size, dtype=np.float32)
+        return np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
+
+    def holders(self, token: str) -> np.ndarray:
+        """Positions of the texts that contain `token` (one of the folded tokens), from the BM25 matrix."""
+        i, indptr = self.vocab.get(token), self.bm25.scores["indptr"] if self.bm25 is not None else ()
+        if i is None or i + 1 >= len(indptr):  # bm25s adds "" to the vocabulary without a column
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(self.bm25.scores["indices"][indptr[i]:indptr[i + 1]], dtype=np.int64)
