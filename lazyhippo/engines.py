@@ -117,25 +117,31 @@ class EnginePool:
         return namespace_notice(self.settings, namespace)
 
     def namespaces(self) -> list[str]:
-        return self._first().ask("info")["namespaces"]
+        return self._infos()[0]["namespaces"]
 
     def status(self) -> dict:
-        return self._first().ask("info")["warm"]
+        return self._infos()[0]["warm"]
 
     @property
     def swaps(self) -> int:
-        """Swaps every engine has made (the slowest one's count)."""
-        return min(e.ask("info")["swaps"] for e in list(self._engines))
+        """Swaps every live engine has made (the slowest one's count)."""
+        return min(info["swaps"] for info in self._infos())
+
+    def _infos(self) -> list[dict]:
+        """What each live engine reports; one dying meanwhile (its restart under way) is left out."""
+        infos = []
+        for engine in list(self._engines):
+            try:
+                infos.append(engine.ask("info"))
+            except (EOFError, OSError):
+                continue
+        if not infos:
+            raise EngineGone("no query engine is running")
+        return infos
 
     def engines(self) -> list[dict]:
         """Each engine's process id and the queries it was given: how evenly the load is spread."""
         return [{"pid": e.process.pid, "queries": e.answered} for e in list(self._engines)]
-
-    def _first(self) -> _Engine:
-        alive = [e for e in list(self._engines) if e.process.is_alive()]
-        if not alive:
-            raise EngineGone("no query engine is running")
-        return alive[0]
 
     # ------------------------------------------------------------ index runs, restarts, stop
 
