@@ -317,6 +317,8 @@ def index_notice(settings: Settings) -> str | None:
         what = f"{run} is still in progress"
     elif entry["status"] == "running":
         what = f"{run} did not finish: its process {entry.get('pid')} is gone (killed?)"
+    elif entry["status"] == "pending":
+        what = f"{run} read new documents; the graph run that publishes them has not finished"
     else:
         what = f"{run} failed"
     published = entry.get("published_at")
@@ -365,12 +367,16 @@ class WriterSession:
         with connect(self.settings) as con:
             yield con
 
-    def finish(self, success: bool) -> None:
-        """Publish (success) or record the failure, then let the next run in. A run that wrote nothing is a no-op."""
+    def finish(self, success: bool, publish_now: bool = True) -> None:
+        """Publish (success) or record the failure, then let the next run in. A run that wrote nothing is a no-op.
+        Without `publish_now` (a run over document partitions) readers keep the last complete index until the
+        graph run that follows publishes: never new chunks beside an old graph."""
         if not self.held:
             return
         try:
-            if success:
+            if success and not publish_now:
+                _write_state(self.settings, status="pending", finished_at=_now())
+            elif success:
                 publish(self.settings)
                 _write_state(self.settings, status="complete", finished_at=_now(), published_at=_now())
             else:

@@ -8,7 +8,8 @@ from resources import GraphStoreResource, LazyhippoResource, LLMResource
 # single-process run is in-process)
 index_documents_job = dg.define_asset_job(
     "index_documents", selection=dg.AssetSelection.groups("per_document"), executor_def=dg.multi_or_in_process_executor,
-    tags={"lazyhippo/writer": "warehouse"},  # the run queue starts one at a time (see runner.INSTANCE_CONFIG)
+    # the run queue starts one at a time (see runner.INSTANCE_CONFIG); its new rows are published by the graph run
+    tags={"lazyhippo/writer": "warehouse", "lazyhippo/publish": "after_graph"},
     description="Read, chunk and extract the documents of the run's partitions (a key range of one namespace).",
 )
 

@@ -21,6 +21,7 @@ from lazyhippo.warehouse import WriterSession
 
 PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
+PUBLISH_TAG = "lazyhippo/publish"  # "after_graph" on the per-document job
 
 
 class LazyhippoResource(dg.ConfigurableResource):
@@ -73,7 +74,8 @@ class LazyhippoResource(dg.ConfigurableResource):
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._writer is not None:
-            self._writer.finish(success=not _run_failed(context))
+            self._writer.finish(success=not _run_failed(context),  # a documents run: the graph run publishes
+                                publish_now=(context.run is None or context.run.tags.get(PUBLISH_TAG) != "after_graph"))
             self._writer = None
 
     @contextmanager

@@ -145,3 +145,28 @@ def test_a_run_over_many_partitions_records_figures_without_the_preview_tables()
     many = per_partition(PREVIEW_PARTITIONS + 1, values)
     assert many["dagster/row_count"] == 8 and many["figures"].value == {"chunks": 13}
     assert "preview" not in many and "previews" in many
+
+
+def test_readers_see_a_documents_run_only_once_the_graph_run_publishes_it(corpus):
+    """Between the two runs of an update, queries keep answering from the last complete index: never new
+    chunks beside the old graph."""
+    from lazyhippo.warehouse import index_notice
+    from pipelines.definitions import defs
+
+    src, home, config = corpus
+    instance = dg.DagsterInstance.ephemeral()
+    assert index_chain(instance, home, config, {}, "default").success
+    settings = Settings(home=home)
+
+    def published_text() -> str:
+        with connect(settings, read_only=True) as con:
+            return " ".join(r[0] for r in con.execute("SELECT c.text FROM chunks c JOIN documents d USING (namespace, doc_id) WHERE d.source = 'tomas_reyes.txt'").fetchall())
+
+    (src / "tomas_reyes.txt").write_text((src / "tomas_reyes.txt").read_text() + "\nHe retired to Corran in 1952.\n")
+    docs = defs.resolve_job_def("index_documents").execute_in_process(
+        run_config=config, instance=instance, partition_key=_key("tomas_reyes.txt"), raise_on_error=False)
+    assert docs.success and "retired to Corran" not in published_text()
+    assert "graph run that publishes them" in index_notice(settings)
+    graph = defs.resolve_job_def("index_graph").execute_in_process(
+        run_config=config, instance=instance, partition_key="default", raise_on_error=False)
+    assert graph.success and "retired to Corran" in published_text() and index_notice(settings) is None
