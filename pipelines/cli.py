@@ -23,8 +23,16 @@ from lazyhippo.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from .options import OptionError, check_index_options, check_namespace_option, check_query_options
 
 from .chat import chat, print_usage, run_usage
+from .interrupts import restore_interrupts
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+@app.callback()
+def _main() -> None:
+    restore_interrupts()  # a CLI started in the background (pipelines/interrupts.py)
+
+
 console = Console(stderr=True)
 
 HomeOpt = typer.Option(None, "--home", envvar="LAZYHIPPO_HOME", help="Index folder (default ./.lazyhippo).")

@@ -6,11 +6,13 @@ import assets
 from resources import default_resources
 
 from .event_log import enable_event_batches
+from .interrupts import restore_interrupts
 from .jobs import index_documents_job, index_graph_job, query, rebuild_graph_job
 from .schedules import nightly_audit, nightly_reindex
 from .sensors import graph_after_documents, source_changed
 
 enable_event_batches()  # runs launched from the UI and the daemon record their partitions' events in batches
+restore_interrupts()  # run workers of a `dagster dev` started in the background
 
 all_assets = dg.load_assets_from_package_module(assets)
 all_checks = dg.load_asset_checks_from_package_module(assets)

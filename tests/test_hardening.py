@@ -196,3 +196,24 @@ def test_every_valid_choice_passes_the_option_checks():
                             extractor=extractor, embedder=embedder)
     for route in ("auto", *ROUTES):
         check_query_options("Who?", "kb-1", route=route, top_k=1, budget=64, graph_store="neo4j")
+
+
+def test_a_cli_started_in_the_background_leaves_sigterm_to_the_processes_a_run_starts():
+    """Background jobs inherit SIGINT ignored; Dagster copies SIGINT's handler to SIGTERM, so without the CLI's
+    reset every process a run starts (Dagster's compute-log tails) would ignore SIGTERM and hold each step 30 s."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import signal, subprocess\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "from pipelines.interrupts import restore_interrupts\n"
+        "restore_interrupts()\n"
+        "from dagster._utils.interrupts import setup_interrupt_handlers\n"
+        "setup_interrupt_handlers()\n"
+        "status = subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout\n"
+        "print(int(status.split('SigIgn:')[1].split()[0], 16) >> 14 & 1)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == "0", out.stderr  # SIGTERM is not ignored by the child
