@@ -1,4 +1,5 @@
-"""`lazyhippo` command line: index, status, services (query and bench join as they land)."""
+"""`lazyhippo`: index a folder into a knowledge graph through Dagster, query it with citations, keep it current
+(delete, merge, export), serve it over HTTP and MCP, and measure it (bench)."""
 
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]"),
           workers: int = typer.Option(1, min=1, help="Worker processes: >1 runs the multiprocess executor, "
                                                      "extraction batches in parallel (docs/scale-out.md).")) -> None:
-    """Materialize every indexing asset through Dagster, with a progress display (unset options: lazyhippo.config.Settings)."""
+    """Index through Dagster: one `index_documents` run over the added and changed documents' partitions, then the
+    namespace's `index_graph` run, with a progress display (unset options: lazyhippo.config.Settings)."""
     root = _home(home)
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
@@ -342,7 +344,7 @@ def services(action: str = typer.Argument(..., help="install | start | stop | st
     raise typer.Exit(subprocess.call(cmd))
 
 
-bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, and query latency.", no_args_is_help=True)
+bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time, Dagster partition cost.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
 SHARED_WIKI = REPO_ROOT.parent / "shared" / "datasets" / "2wikimultihopqa"
 
