@@ -89,7 +89,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: f
         f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
     before = {r["doc_id"]: r["content_hash"] for r in previous}
     kept = [r for r in previous if r["doc_id"] not in ids
-            and ((only is not None and r["doc_id"] not in only) or from_files(r["source"], failed_files))]
+            and ((only is not None and r["doc_id"] not in only) or _from_files(r["source"], failed_files))]
     rows += kept
     replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
     write_inputs(con, ns, "documents", {"source": str(settings.source)})  # what `drop_vanished` may compare with
@@ -101,7 +101,7 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: f
                            skipped_deleted=len(skipped_deleted))
 
 
-def from_files(source: str, files: set[str]) -> bool:
+def _from_files(source: str, files: set[str]) -> bool:
     """Whether a document came from one of `files` (a file itself, or a JSONL row `file#id`): no splitting, so a
     ':' or '#' in a file name cannot detach a document from its file."""
     return source in files or any(source[:i] in files for i, ch in enumerate(source) if ch == "#")

@@ -82,15 +82,42 @@ def drop_vanished(settings: Settings, con: duckdb.DuckDBPyConnection, store: Gra
     cannot be read right now: what a run over document partitions leaves to the graph-wide run. Only against the
     source the namespace was indexed from: a run configured without it (a rebuild after a delete) drops nothing."""
     from .incremental import read_inputs
-    from .index import from_files, read_namespace_source
 
     if read_inputs(con, settings.namespace, "documents").get("source") != str(settings.source):
         return Deleted((), (), 0)
-    docs, errors = read_namespace_source(settings)
-    present, failed = {d.doc_id for d in docs}, {e.file for e in errors}
-    held = con.execute("SELECT doc_id, source FROM documents WHERE namespace = ?", [settings.namespace]).fetchall()
-    gone = [d for d, source in held if d not in present and not from_files(source, failed)]
+    gone = _vanished(settings, con.execute("SELECT doc_id, source FROM documents WHERE namespace = ?",
+                                           [settings.namespace]).fetchall())
     return remove_documents(settings, con, gone, store, objects, remember=False) if gone else Deleted((), (), 0)
+
+
+def _vanished(settings: Settings, held: list[tuple[str, str]]) -> list[str]:
+    """The held documents whose file is gone, or whose row a multi-document file (JSONL) no longer has. Only
+    those files are read: a document that is a whole file is there while its file is (a PDF is never parsed)."""
+    from .bucket_source import source_path
+    from .documents import ReadError, read_path, scan_source
+
+    source = source_path(settings).resolve()
+    root = source.parent if source.is_file() else source
+    files = {p.relative_to(root).as_posix(): p for p in scan_source(source)[0]}
+    if not files:  # an emptied folder must not wipe the namespace
+        raise ValueError(f"source {settings.source} holds no file: nothing removed (removing every document of a "
+                         "namespace is an explicit delete)")
+    gone, rows = [], {}
+    for doc_id, src in held:
+        if src in files:
+            continue
+        owner = next((src[:i] for i, ch in enumerate(src) if ch == "#" and src[:i] in files), None)
+        if owner is None:
+            gone.append(doc_id)
+        else:
+            rows.setdefault(owner, []).append(doc_id)
+    for rel, doc_ids in rows.items():
+        items = list(read_path(files[rel], root, settings.max_file_bytes))
+        if any(isinstance(i, ReadError) and i.source == rel for i in items):  # unreadable now: keep its rows
+            continue
+        present = {i.doc_id for i in items if not isinstance(i, ReadError)}
+        gone += [d for d in doc_ids if d not in present]
+    return gone
 
 
 def skip_deleted(con: duckdb.DuckDBPyConnection, namespace: str, rows: list[dict]) -> tuple[list[dict], list[str]]:

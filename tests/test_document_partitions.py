@@ -88,6 +88,11 @@ def test_a_vanished_file_leaves_with_the_graph_run_and_comes_back_with_the_file(
     back = index_chain(instance, home, config, {}, "default")
     assert back.results[0].dagster_run.tags[RANGE_START] == _key("visitor_form.txt")
     assert "visitor_form.txt" in _hashes(settings)
+    rows = (src / "river_sell.jsonl").read_text().splitlines()  # a row removed from a file that stays
+    (src / "river_sell.jsonl").write_text("\n".join(rows[1:]) + "\n")
+    gone_row = next(s for s in _hashes(settings) if s.startswith("river_sell.jsonl#") and s.split("#")[1] in rows[0])
+    assert index_chain(instance, home, config, {}, "default").success
+    assert gone_row not in _hashes(settings) and len(_hashes(settings)) == 7
 
 
 def test_a_graph_run_configured_with_another_source_drops_nothing(corpus, tmp_path):
