@@ -55,7 +55,8 @@ def per_partition(partitions: int, values: dict) -> dict:
     entry, without the tables (previews): a few hundred bytes per partition instead of several kilobytes."""
     if partitions <= PREVIEW_PARTITIONS:
         return values
-    rest = {k: v for k, v in values.items() if k != "dagster/row_count" and not isinstance(v, dg.TableMetadataValue)}
+    rest = {k: v for k, v in values.items()
+            if k not in ("dagster/row_count", "run_documents") and not isinstance(v, dg.TableMetadataValue)}
     return {**({"dagster/row_count": values["dagster/row_count"]} if "dagster/row_count" in values else {}),
             "run_documents": partitions, "figures": dg.MetadataValue.json(rest),
             "previews": f"on runs over up to {PREVIEW_PARTITIONS} documents"}

@@ -146,10 +146,10 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
     instance = instance_for(home)
     fail_dead_runs(instance)
     tags = {**(tags or {}), **_process_tags()}
+    if job_name == "index":  # adds its namespace's partition itself
+        return index_chain(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step)
     if namespace is not None:
         add_namespace_partition(instance, namespace)
-    if job_name == "index":
-        return index_chain(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step)
     job = defs.resolve_job_def(job_name)
     return _watched(instance, tags, on_step, lambda: job.execute_in_process(
         run_config=config, instance=instance, tags=tags, raise_on_error=False, partition_key=namespace))
