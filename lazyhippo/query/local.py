@@ -30,12 +30,14 @@ class LocalScores:
     scores: np.ndarray
     ppr: np.ndarray
     diagnostics: dict
+    named: frozenset[int] = frozenset()  # entities the question names (exact span matches)
 
 
 @dataclass
 class Seeds:
     entities: dict[int, float] = field(default_factory=dict)
     chunks: dict[int, float] = field(default_factory=dict)
+    named: set[int] = field(default_factory=set)  # entities matched exactly by a span of the question
     links: list[dict] = field(default_factory=list)  # diagnostics: what matched and why
 
     def add_entity(self, e: int, w: float, mode: str = "max") -> None:
@@ -112,6 +114,7 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
         if not inside:
             covered.append((i, j))
         ents = idx.entities.name_index.get(key, ())
+        seeds.named.update(int(e) for e in ents)
         for e in ents:
             w = p.exact_weight * _idf(idx, e) * factor * shape / len(ents)
             seeds.add_entity(int(e), w)
@@ -227,7 +230,13 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
             "links": seeds.links[:20],
             "top_entities": [{"name": idx.entities.names[e], "mass": round(float(mass[e]), 5)} for e in top_ents]}
-    return LocalScores(scores, ppr_part, diag)
+    return LocalScores(scores, ppr_part, diag, frozenset(seeds.named))
+
+
+def _non_hub_entities(idx: GraphIndex, c: int, p: LocalParams) -> np.ndarray:
+    """The entities chunk `c` mentions that are not hubs: the ones a bridge can go through."""
+    ents = idx.mentions.counts[c].indices
+    return ents[idx.entities.df[ents] <= max(2.0, p.hub_df_share * idx.n_chunks)]
 
 
 def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores: np.ndarray, p: LocalParams) -> np.ndarray:
@@ -269,8 +278,7 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
         left[i] = False
         missing &= ~holds[i]
         if step == 0 and reach > n:
-            ents = idx.mentions.counts[cand[i]].indices
-            ents = ents[idx.entities.df[ents] <= max(2.0, p.hub_df_share * idx.n_chunks)]
+            ents = _non_hub_entities(idx, int(cand[i]), p)
             shares = idx.mentions.counts[cand][:, ents].getnnz(axis=1) > 0
             bridge = ~open_ & shares & (holds[:, missing] @ gain[missing] >= p.bridge_min_gain * p.coverage_weight)
             open_ |= bridge
@@ -278,6 +286,31 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
     rest = np.ones(len(ranked), dtype=bool)
     rest[order] = False
     return np.concatenate([cand[order], ranked[rest]])
+
+
+def bridge_places(idx: GraphIndex, q: PreparedQuery, order: np.ndarray, pool: np.ndarray, named: frozenset[int],
+                  p: LocalParams) -> np.ndarray:
+    """`order` with its last `bridge_slots` places of the first `bridge_window` put up for a contest: the chunks
+    there, and every chunk of `pool` that shares with the first pick a non-hub entity the question does not
+    name, ranked by BM25 over the question. IRCoT's next retrieval without a reader: the first pick names the
+    bridge ("the actress who played the girl" -> Natalie Wood) and the second hop's passage mentions it, so
+    the next query is the question plus that entity, and the entity is given by the shared mention. An entity
+    the question names leads back to the first hop's neighbours, not forward. The places above stay, and a
+    chunk in the contested places keeps it unless a bridged chunk matches the question better."""
+    start, end = p.bridge_window - p.bridge_slots, min(p.bridge_window, len(order))
+    if p.bridge_slots <= 0 or not 1 <= start < end:
+        return order
+    ents = _non_hub_entities(idx, int(order[0]), p)
+    ents = ents[~np.isin(ents, np.fromiter(named, dtype=np.int64, count=len(named)))]
+    cand = pool[~np.isin(pool, order[:start])]
+    if not len(ents) or not len(cand):
+        return order
+    shared = cand[idx.mentions.counts[cand][:, ents].getnnz(axis=1) > 0]
+    contest = np.concatenate([order[start:end], shared])
+    contest = contest[np.sort(np.unique(contest, return_index=True)[1])]  # first occurrence, places first
+    picked = contest[np.argsort(-q.bm25[contest], kind="stable")[:p.bridge_slots]]
+    rest = order[start:]
+    return np.concatenate([order[:start], picked, rest[~np.isin(rest, picked)]])
 
 
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
@@ -288,7 +321,7 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
     scores = ls.scores
     depth = max(top_k, p.coverage_pool, p.bridge_depth)
     ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)
-    order = cover_question(idx, q, ranked, scores, p)[:top_k]
+    order = bridge_places(idx, q, cover_question(idx, q, ranked, scores, p), ranked, ls.named, p)[:top_k]
     dense = q.dense
     return [ScoredChunk.from_index(idx, int(c), scores[r], route, ppr=ls.ppr[c], dense=dense[c])
             for c, r in zip(order, ranked)], ls.diagnostics
