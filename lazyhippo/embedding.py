@@ -183,6 +183,13 @@ def embedding_model_name(kind: str, model: str = "text-embedding-3-small") -> st
 
 
 @lru_cache(maxsize=4)
+def prepare_offline_models() -> None:
+    """Derive now what the offline profiles build from the packaged weights on first use (the ONNX graphs and
+    the static vectors, about a minute on two cores), so the first index does not pay for it: setup does."""
+    StaticMiniLM()
+    _encoder(int8=True)
+
+
 def get_embedder(kind: str = "static-minilm", model: str = "text-embedding-3-small") -> Profile:
     _models(kind, model)  # validates
     if kind == "openai":

@@ -3,6 +3,8 @@ sentence-transformers runs it; the static profile is distilled from it; an unkno
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,15 @@ def test_cli_rejects_an_unknown_profile(tmp_path):
 
     out = CliRunner().invoke(app, ["bench", "retrieval", "--dataset", "musique", "--embedder", "bge", "--workdir", str(tmp_path)])
     assert out.exit_code == 2 and "unknown embedder 'bge'" in out.output
+
+
+def test_setup_derives_every_offline_model_before_the_first_index():
+    """scripts/setup.sh calls this, so a first index on a new machine does not pay a minute of distillation."""
+    from lazyhippo.bert import GRAPH_VERSION
+    from lazyhippo.embedding import StaticMiniLM, model_cache_dir, prepare_offline_models
+
+    prepare_offline_models()
+    cache = model_cache_dir()
+    assert (cache / StaticMiniLM.name).is_dir()
+    assert (cache / f"all-minilm-l6-v2.{GRAPH_VERSION}.int8.onnx").is_file()
+    assert "prepare_offline_models()" in (Path(__file__).parents[1] / "scripts" / "setup.sh").read_text()
