@@ -182,7 +182,6 @@ def embedding_model_name(kind: str, model: str = "text-embedding-3-small") -> st
     return graph if graph == passages else f"{passages}+{graph}"
 
 
-@lru_cache(maxsize=4)
 def prepare_offline_models() -> None:
     """Derive now what the offline profiles build from the packaged weights on first use (the ONNX graphs and
     the static vectors, about a minute on two cores), so the first index does not pay for it: setup does."""
@@ -190,6 +189,7 @@ def prepare_offline_models() -> None:
     _encoder(int8=True)
 
 
+@lru_cache(maxsize=4)
 def get_embedder(kind: str = "static-minilm", model: str = "text-embedding-3-small") -> Profile:
     _models(kind, model)  # validates
     if kind == "openai":

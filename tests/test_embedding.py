@@ -105,3 +105,8 @@ def test_setup_derives_every_offline_model_before_the_first_index():
     assert (cache / StaticMiniLM.name).is_dir()
     assert (cache / f"all-minilm-l6-v2.{GRAPH_VERSION}.int8.onnx").is_file()
     assert "prepare_offline_models()" in (Path(__file__).parents[1] / "scripts" / "setup.sh").read_text()
+
+
+def test_a_profile_is_loaded_once_per_process():
+    """Every query asks for its profile; loading the static model costs ~200 ms, so it must come from memory."""
+    assert get_embedder("static-minilm") is get_embedder("static-minilm")
