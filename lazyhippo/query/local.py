@@ -315,8 +315,9 @@ def bridge_places(idx: GraphIndex, q: PreparedQuery, order: np.ndarray, pool: np
 
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
                    extra_seeds: dict[int, float] | None = None, route: str = "local") -> tuple[list[ScoredChunk], dict]:
-    """The best `top_k` chunks, the first reordered by `cover_question`, each taking the score of the rank it
-    lands on (so assembly, which sorts by score, keeps the order)."""
+    """The best `top_k` chunks, the first reordered by `cover_question` and their 7th-8th places contested by
+    `bridge_places`, each taking the score of the rank it lands on (so assembly, which sorts by score, keeps
+    the order)."""
     ls = local_scores(idx, q, p, ppr, extra_seeds)
     scores = ls.scores
     depth = max(top_k, p.coverage_pool, p.bridge_depth)
