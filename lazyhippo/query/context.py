@@ -189,8 +189,10 @@ def assemble_context(chunks: list[ScoredChunk], budget: int = 32000, params: Con
                     if not nb_reason:
                         place(nb, score * params.neighbour_decay, None, c.chunk_id)
 
-    # the budget is a hard cap on the rendered text: verify it whole, trim from the end if BPE merges disagree
-    total = count_tokens(render_context(out)) if out else 0
+    # the budget is a hard cap on the rendered text: near it, verify the whole and trim from the end if BPE
+    # merges across separators disagree with the sum (they move a join by a token or two, so far below the
+    # budget the sum is the count and the second tokenization of everything is skipped)
+    total = count_tokens(render_context(out)) if out and used + 4 * len(out) > budget else used
     while total > budget:
         out.pop()
         stats["over_budget"] += 1

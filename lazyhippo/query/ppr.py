@@ -114,10 +114,12 @@ def one_blas_thread(fn: Callable) -> Callable:
     return wrapper
 
 
-def parallel_matvec(matrix: sp.csr_matrix, threads: int | None = None, min_nnz: int = 200_000):
+def parallel_matvec(matrix: sp.csr_matrix, threads: int | None = None, min_nnz: int = 1_500_000):
     """`p -> matrix @ p` split into row blocks run on a thread pool (scipy's sparse kernels release the
     GIL); None when the matrix is small, one core is all there is, or `LAZYHIPPO_THREADS=1` (a server
-    worker, whose cores already run other queries)."""
+    worker, whose cores already run other queries). Below ~1.5M non-zeros the threads' hand-offs cost
+    what they save (2 cores: 1.1x on 2Wiki's 0.6M, and `bench query` local p50 24-25 ms serial against
+    27 ms threaded; 1.3x at 2M, 1.7x at 8M)."""
     global _POOL
     threads = threads or int(os.environ.get("LAZYHIPPO_THREADS") or 0) or min(4, os.cpu_count() or 1)
     if threads < 2 or matrix.nnz < min_nnz:
