@@ -40,8 +40,9 @@ def check_request(fmt: str, tables: list[str]) -> None:
 def batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """The namespace's rows of `table` (without the namespace column), batch by batch, in stored order (a sort
     would hold the whole table)."""
-    reader = con.execute(f"SELECT * EXCLUDE (namespace) FROM {table} WHERE namespace = ?",
-                         [namespace]).to_arrow_reader(batch_rows)
+    # a relation streams; a DB-API result (con.execute) would first copy every row into DuckDB's memory
+    reader = con.sql(f"SELECT * EXCLUDE (namespace) FROM {table} WHERE namespace = ?",
+                     params=[namespace]).to_arrow_reader(batch_rows)
     yield from reader
 
 
