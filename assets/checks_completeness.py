@@ -1,4 +1,4 @@
-"""Graph completeness audit as blocking asset checks: thin wrappers over lazyhippo.audit.
+"""Graph completeness audit as blocking asset checks: thin wrappers over lazyhippo.evaluate.audit.
 
 Each check reads the graph on the configured store: the warehouse tables for `embedded`, Cypher counts on the
 served graph for `neo4j`. A failing check stops the downstream assets of the run.
@@ -9,12 +9,11 @@ from typing import Iterator
 
 import dagster as dg
 
-from lazyhippo import audit
-from lazyhippo.warehouse import read_vectors
-from resources import GraphStoreResource, LazyhippoResource
-
-from ._partitions import WAREHOUSE_TAGS
-from .metadata import check_result
+from lazyhippo.evaluate import audit
+from lazyhippo.stores.warehouse import read_vectors
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS
+from lazyhippo_dagster.assets.metadata import check_result
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
 @contextmanager

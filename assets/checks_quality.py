@@ -8,11 +8,10 @@ import json
 
 import dagster as dg
 
-from lazyhippo.quality import context_quality, probe_questions, retrieval_outcome, source_file, themes_outcome
-from resources import GraphStoreResource, LazyhippoResource
-
-from ._partitions import WAREHOUSE_TAGS
-from .metadata import check_result, table
+from lazyhippo.evaluate.quality import context_quality, probe_questions, retrieval_outcome, source_file, themes_outcome
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS
+from lazyhippo_dagster.assets.metadata import check_result, table
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
 def _beside_source(settings, name: str) -> list | None:
@@ -67,7 +66,7 @@ def theme_coverage_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreRe
                 description="recall@5 of the local route on questions.json (or questions_dev.json) beside the source, "
                             "by passage id when the questions carry supporting_ids, against a floor.")
 def retrieval_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
-    from lazyhippo.bench import gold_key, passage_id
+    from lazyhippo.evaluate.bench import gold_key, passage_id
     from lazyhippo.query import retrieve
 
     settings = lazyhippo.settings()

@@ -1,10 +1,9 @@
 import dagster as dg
 
 from lazyhippo.index import run_stage
-from resources import GraphStoreResource, LazyhippoResource
-
-from .documents import PER_DOCUMENT, run_documents
-from .metadata import per_partition, preview
+from lazyhippo_dagster.assets.documents import PER_DOCUMENT, run_documents
+from lazyhippo_dagster.assets.metadata import per_partition, preview
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
 @dg.asset(**PER_DOCUMENT, deps=["documents"], kinds={"duckdb", "neo4j"},

@@ -1,10 +1,9 @@
 import dagster as dg
 
 from lazyhippo.index import run_stage
-from resources import GraphStoreResource, LazyhippoResource
-
-from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, table
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets.metadata import OWNERS, table
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["relations", "knn_edges"], group_name="graph", kinds={"duckdb", "igraph", "neo4j"}, owners=OWNERS,

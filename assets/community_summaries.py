@@ -1,10 +1,9 @@
 import dagster as dg
 
-from resources import GraphStoreResource, LazyhippoResource, LLMResource
 from lazyhippo.index import run_stage
-
-from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, llm_usage, table
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets.metadata import OWNERS, llm_usage, table
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["communities"], group_name="graph", kinds={"duckdb", "neo4j"}, owners=OWNERS,

@@ -1,10 +1,10 @@
 import dagster as dg
 
 from lazyhippo.index import run_stage
-from resources import GraphStoreResource, LazyhippoResource
-
-from ._partitions import WAREHOUSE_TAGS, documents as document_partitions, split_keys
-from .metadata import OWNERS, per_partition, preview, table
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, split_keys
+from lazyhippo_dagster.assets._partitions import documents as document_partitions
+from lazyhippo_dagster.assets.metadata import OWNERS, per_partition, preview, table
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 PER_DOCUMENT = dict(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
                     op_tags=WAREHOUSE_TAGS, group_name="per_document", owners=OWNERS)

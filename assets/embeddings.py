@@ -1,10 +1,9 @@
 import dagster as dg
 
 from lazyhippo.index import run_stage
-from resources import GraphStoreResource, LazyhippoResource
-
-from ._partitions import WAREHOUSE_TAGS, namespaces, on_documents
-from .metadata import OWNERS
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces, on_documents
+from lazyhippo_dagster.assets.metadata import OWNERS
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=[on_documents("chunks"), "entities", "facts"], group_name="graph", kinds={"duckdb", "numpy"}, owners=OWNERS,

@@ -1,11 +1,10 @@
 import dagster as dg
 
 from lazyhippo.index import run_stage
-from lazyhippo.lifecycle import drop_vanished
-from resources import GraphStoreResource, LazyhippoResource, LLMResource, ObjectStoreResource
-
-from ._partitions import WAREHOUSE_TAGS, namespaces, on_documents
-from .metadata import OWNERS, llm_usage, preview
+from lazyhippo.stages.lifecycle import drop_vanished
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces, on_documents
+from lazyhippo_dagster.assets.metadata import OWNERS, llm_usage, preview
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource, ObjectStoreResource
 
 _KINDS = {"duckdb", "sql", "neo4j"}
 

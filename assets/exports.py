@@ -1,10 +1,9 @@
 import dagster as dg
 
 from lazyhippo.index import run_stage
-from resources import GraphStoreResource, LazyhippoResource, ObjectStoreResource
-
-from ._partitions import WAREHOUSE_TAGS, namespaces, on_documents
-from .metadata import OWNERS, table
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces, on_documents
+from lazyhippo_dagster.assets.metadata import OWNERS, table
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, ObjectStoreResource
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=[on_documents("documents"), on_documents("chunks"), "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],

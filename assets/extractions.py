@@ -4,11 +4,11 @@ no worker needs a file local to another (lazyhippo/parts.py)."""
 
 import dagster as dg
 
-from lazyhippo.parts import Batch, collect_parts, extract_batch, plan_batches
-from resources import LazyhippoResource, ObjectStoreResource
-
-from ._partitions import WAREHOUSE_TAGS, documents as document_partitions, split_keys
-from .metadata import OWNERS, figures, per_partition, table
+from lazyhippo.stages.extractions import Batch, collect_parts, extract_batch, plan_batches
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, split_keys
+from lazyhippo_dagster.assets._partitions import documents as document_partitions
+from lazyhippo_dagster.assets.metadata import OWNERS, figures, per_partition, table
+from lazyhippo_dagster.resources import LazyhippoResource, ObjectStoreResource
 
 
 class ExtractionBatchConfig(dg.Config):

@@ -1,10 +1,9 @@
 import dagster as dg
 
 from lazyhippo.index import run_stage
-from resources import GraphStoreResource, LazyhippoResource
-
-from ._partitions import WAREHOUSE_TAGS, namespaces
-from .metadata import OWNERS, preview
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets.metadata import OWNERS, preview
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["embeddings"], group_name="graph", kinds={"duckdb", "faiss", "neo4j"}, owners=OWNERS,

@@ -11,7 +11,7 @@ from typing import Callable
 
 import dagster as dg
 
-from .runner import index_chain, instance_for, run_config
+from lazyhippo_dagster.runner import index_chain, instance_for, run_config
 
 PER_DOCUMENT_STEPS = ("documents", "chunks", "extractions.")
 

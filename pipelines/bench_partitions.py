@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from .event_log import enable_event_batches
+from lazyhippo_dagster.event_log import enable_event_batches
 
 ASSETS = 2        # probe assets partitioned by document
 INDEX_ASSETS = 3  # documents, chunks, extractions
@@ -36,7 +36,7 @@ def _probe(documents: int, storage: str | None) -> float:
     parts, (probe_a, probe_b) = probe_assets()
     keys = [f"bench/d_{i:08d}" for i in range(documents)]
     with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test(temp_dir=tmp, overrides={} if storage is None else {
-            "event_log_storage": {"module": "pipelines.event_log", "class": storage,
+            "event_log_storage": {"module": "lazyhippo_dagster.event_log", "class": storage,
                                   "config": {"base_dir": str(Path(tmp) / "history" / "runs")}}}) as instance:
         instance.add_dynamic_partitions(parts.name, keys)
         t0 = time.perf_counter()

@@ -17,14 +17,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lazyhippo.config import REPO_ROOT, SAMPLE_CORPUS, Settings
-from lazyhippo.embedding import PROFILES
-from lazyhippo.warehouse import TABLES, IndexIncomplete, counts, index_notice
-
-from .options import OptionError, check_index_options, check_namespace_option, check_query_options
-
-from .chat import chat, print_usage, run_usage
-from .interrupts import restore_interrupts
+from lazyhippo.models.embedders import PROFILES
+from lazyhippo.serve.chat import chat, print_usage, run_usage
+from lazyhippo.settings import SAMPLE_CORPUS, Settings, environment
+from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
+from lazyhippo_dagster.interrupts import restore_interrupts
+from lazyhippo_dagster.options import OptionError, check_index_options, check_namespace_option, check_query_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -36,12 +34,18 @@ def _main() -> None:
 
 console = Console(stderr=True)
 
-HomeOpt = typer.Option(None, "--home", envvar="LAZYHIPPO_HOME", help="Index folder (default ./.lazyhippo).")
-NsOpt = typer.Option("default", "--namespace", "-n", envvar="LAZYHIPPO_NAMESPACE", help="Knowledge base name.")
+def _env_home(value: Optional[Path]) -> Path:
+    return Settings.from_env(home=value).home
 
 
-def _home(home: Optional[Path]) -> Path:
-    return (home or Path(".lazyhippo")).resolve()
+def _env_namespace(value: Optional[str]) -> str:
+    return Settings.from_env().namespace if value is None else value  # "" stays "": refused as a bad name
+
+
+# unset options fall back to the LAZYHIPPO_* variables through Settings.from_env, the one reader of the environment
+HomeOpt = typer.Option(None, "--home", callback=_env_home, help="Index folder [$LAZYHIPPO_HOME or ./.lazyhippo].")
+NsOpt = typer.Option(None, "--namespace", "-n", callback=_env_namespace,
+                     help="Knowledge base name [$LAZYHIPPO_NAMESPACE or default].")
 
 
 def _checked(check, *args, **kwargs) -> None:
@@ -79,7 +83,7 @@ def root_cause(result) -> str | None:
 
 def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespace: str | None = None,
          workers: int = 1):
-    from .runner import execute, run_config
+    from lazyhippo_dagster.runner import execute, run_config
 
     tag = {"lazyhippo/cli_run": uuid.uuid4().hex}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -120,11 +124,11 @@ def _notice(settings: Settings) -> None:
 
 @app.command()
 def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to index (default: the sample corpus)."),
-          home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-          graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
-          object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio"),
-          extractor: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EXTRACTOR", help="nlp | llm"),
-          embedder: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_EMBEDDER", help=f"{' | '.join(PROFILES)} [{Settings().embedder}]"),
+          home: Path = HomeOpt, namespace: str = NsOpt,
+          graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
+          object_store: Optional[str] = typer.Option(None, help="local | minio"),
+          extractor: Optional[str] = typer.Option(None, help="nlp | llm"),
+          embedder: Optional[str] = typer.Option(None, help=f"{' | '.join(PROFILES)} [{Settings().embedder}]"),
           chunk_size: Optional[int] = typer.Option(None, help="Tokens per chunk [256]."),
           chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
           knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
@@ -133,8 +137,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           workers: int = typer.Option(1, min=1, help="Worker processes: >1 runs the multiprocess executor, "
                                                      "extraction batches in parallel (docs/scale-out.md).")) -> None:
     """Index through Dagster: one `index_documents` run over the added and changed documents' partitions, then the
-    namespace's `index_graph` run, with a progress display (unset options: lazyhippo.config.Settings)."""
-    root = _home(home)
+    namespace's `index_graph` run, with a progress display (unset options: lazyhippo.settings.Settings)."""
+    root = home
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
@@ -150,17 +154,17 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
 
 
 @app.command()
-def status(home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
+def status(home: Path = HomeOpt, namespace: str = NsOpt,
            as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON.")) -> None:
     """Row counts per table for one namespace (of its last complete index)."""
     _checked(check_namespace_option, namespace)
-    settings = Settings(home=_home(home), namespace=namespace)
+    settings = Settings(home=home, namespace=namespace)
     _notice(settings)
     figures = counts(settings)
     if as_json:
         print(json.dumps(figures))
         return
-    table = Table(title=f"lazyhippo index: namespace {namespace!r} in {_home(home)}")
+    table = Table(title=f"lazyhippo index: namespace {namespace!r} in {home}")
     table.add_column("table")
     table.add_column("rows", justify="right")
     for name in TABLES:
@@ -173,10 +177,10 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
               route: str = typer.Option("auto", help="local | global | drift | hybrid | multi_hop | auto"),
               top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
               as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
-              home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-              graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j")) -> None:
+              home: Path = HomeOpt, namespace: str = NsOpt,
+              graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j")) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
-    root = _home(home)
+    root = home
     _checked(check_query_options, question, namespace, route=route, top_k=top_k, budget=budget, graph_store=graph_store)
     settings = Settings(home=root, namespace=namespace)
     _notice(settings)
@@ -207,11 +211,10 @@ def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Option
                        edit) -> None:
     """Apply `edit(settings, con, store, objects) -> message` to the index (a ValueError is a clear error that
     changes nothing), then rebuild the graph-wide assets through the Dagster `rebuild_graph` job."""
-    from lazyhippo.graphstore import open_graph_store
-    from lazyhippo.objectstore import open_object_store
-    from lazyhippo.warehouse import WriterSession
+    from lazyhippo.stores import open_graph_store, open_object_store
+    from lazyhippo.stores.warehouse import WriterSession
 
-    root = _home(home)
+    root = home
     settings = Settings.from_env(home=root, namespace=namespace, graph_store=graph_store, object_store=object_store)
     store = open_graph_store(settings.graph_store)
     try:
@@ -231,16 +234,16 @@ def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Option
 
 @app.command()
 def delete(documents: list[str] = typer.Argument(..., help="doc_id or source path (as in the documents table) of each document."),
-           home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-           graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
-           object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
+           home: Path = HomeOpt, namespace: str = NsOpt,
+           graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
+           object_store: Optional[str] = typer.Option(None, help="local | minio")) -> None:
     """Remove documents (chunks, mentions, facts) and rebuild the graph from the cached extractions of the rest."""
-    from lazyhippo.lifecycle import remove_documents
+    from lazyhippo.stages.lifecycle import remove_documents
 
     def edit(settings, con, store, objects) -> str:
-        from assets._partitions import documents as document_partitions, document_keys
-
-        from .runner import instance_for
+        from lazyhippo_dagster.assets._partitions import document_keys
+        from lazyhippo_dagster.assets._partitions import documents as document_partitions
+        from lazyhippo_dagster.runner import instance_for
 
         deleted = remove_documents(settings, con, documents, store, objects)
         instance = instance_for(settings.home)
@@ -256,12 +259,12 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
 def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names or ids as in the entities table)."),
           into: str = typer.Option(..., "--into", help="The entity that remains."),
           strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest"),
-          home: Optional[Path] = HomeOpt, namespace: str = NsOpt,
-          graph_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_GRAPH_STORE", help="embedded | neo4j"),
-          object_store: Optional[str] = typer.Option(None, envvar="LAZYHIPPO_OBJECT_STORE", help="local | minio")) -> None:
+          home: Path = HomeOpt, namespace: str = NsOpt,
+          graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
+          object_store: Optional[str] = typer.Option(None, help="local | minio")) -> None:
     """Merge entities into one (relations redirected, self-loops dropped, duplicates combined); recorded, so every
     later index applies it again; the graph-wide assets are rebuilt through Dagster."""
-    from lazyhippo.merge import merge_on_neo4j, record_merge
+    from lazyhippo.stages.merge import merge_on_neo4j, record_merge
 
     def edit(settings, con, store, objects) -> str:
         done = record_merge(con, namespace, sources, into, strategy)
@@ -277,11 +280,11 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
                tables: str = typer.Option("entities,relations,chunks", help="Comma-separated tables."),
                out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default ./export-<namespace>)."),
                batch_rows: int = typer.Option(5000, min=1, help="Rows per streamed batch (bounds memory)."),
-               home: Optional[Path] = HomeOpt, namespace: str = NsOpt) -> None:
+               home: Path = HomeOpt, namespace: str = NsOpt) -> None:
     """Write tables of one namespace as files, streamed in batches: one file per table (one sheet per table in
     lazyhippo.xlsx)."""
-    from lazyhippo.export import check_request, export_tables
-    from lazyhippo.warehouse import connect
+    from lazyhippo.stages.exports import check_request, export_tables
+    from lazyhippo.stores.warehouse import connect
 
     names = [t.strip() for t in tables.split(",") if t.strip()]
     try:
@@ -289,7 +292,7 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
-    settings = Settings.from_env(home=_home(home), namespace=namespace)
+    settings = Settings.from_env(home=home, namespace=namespace)
     if not counts(settings)["chunks"]:
         console.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
@@ -306,20 +309,21 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
 
 @app.command()
 def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopback: LAZYHIPPO_API_KEY is required)."),
-          port: int = typer.Option(8000), home: Optional[Path] = HomeOpt,
+          port: int = typer.Option(8000), home: Path = HomeOpt,
           max_body_bytes: int = typer.Option(64 * 1024, help="Largest request body accepted."),
           max_question_chars: int = typer.Option(2000), max_budget: int = typer.Option(32000, help="Largest context budget."),
           workers: int = typer.Option(1, min=1, help="Query engines: >1 runs that many engine processes, each with its "
                                       "own warm indexes (more cores, more memory), fed by one front process.")) -> None:
     """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics."""
-    from .api import Limits, api_key_for, serve as run_server
+    from lazyhippo.serve.app import Limits, api_key_for
+    from lazyhippo.serve.app import serve as run_server
 
     try:
         api_key_for(host)
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
-    root = _home(home)
+    root = home
     settings = Settings.from_env(home=root)
     if not settings.db_path.exists():
         console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
@@ -329,24 +333,20 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
 
 
 @app.command("mcp")
-def mcp_cmd(home: Optional[Path] = HomeOpt) -> None:
+def mcp_cmd(home: Path = HomeOpt) -> None:
     """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve and lazyhippo_namespaces."""
-    from .mcp_server import run_stdio
+    from lazyhippo.serve.mcp import run_stdio
 
-    run_stdio(Settings.from_env(home=_home(home)))
-
-
-@app.command(context_settings={"allow_extra_args": True})
-def services(action: str = typer.Argument(..., help="install | start | stop | status"),
-             service: Optional[str] = typer.Argument(None, help="neo4j | minio | llm (default all)")) -> None:
-    """Install/start/stop the Neo4j+GDS, MinIO and llama.cpp (llm) servers on loopback (scripts/services.sh)."""
-    cmd = ["bash", str(REPO_ROOT / "scripts" / "services.sh"), action] + ([service] if service else [])
-    raise typer.Exit(subprocess.call(cmd))
+    run_stdio(Settings.from_env(home=home))
 
 
 bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time, Dagster partition cost.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
-SHARED_WIKI = REPO_ROOT.parent / "shared" / "datasets" / "2wikimultihopqa"
+
+
+def _wiki(name: str) -> Path:
+    """A file of the 2WikiMultihopQA set under $LAZYHIPPO_DATASETS (default ../shared/datasets)."""
+    return environment().datasets / "2wikimultihopqa" / name
 
 
 def _progress_bar():
@@ -361,14 +361,15 @@ def _progress_bar():
     return bar, update
 
 
-def _dataset_run(name: str, embedder: str, workdir: Path) -> tuple[Path, Path, Path]:
+def _dataset_run(name: str, embedder: Optional[str], workdir: Path) -> tuple[Path, Path, Path]:
     """(corpus, questions, workspace) of a shared set by name; one workspace per set and embedder profile."""
-    from lazyhippo.bench import dataset_files
+    from lazyhippo.evaluate.bench import dataset_files
 
+    embedder = embedder or Settings.from_env().embedder
     if embedder not in PROFILES:
         raise typer.BadParameter(f"unknown embedder {embedder!r} (expected one of {', '.join(PROFILES)})", param_hint="--embedder")
     try:
-        corpus, questions = dataset_files(name, SHARED_WIKI.parent)
+        corpus, questions = dataset_files(name, environment().datasets)
     except (ValueError, FileNotFoundError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
     return corpus, questions, workdir / (name if embedder == Settings().embedder else f"{name}-{embedder}")
@@ -377,18 +378,19 @@ def _dataset_run(name: str, embedder: str, workdir: Path) -> tuple[Path, Path, P
 @bench.command("retrieval")
 def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | all: a shared set by name "
                                                                   "(overrides --corpus/--questions)."),
-                    corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="JSONL corpus {id,title,text}."),
-                    questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json",
+                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
+                    questions: Optional[Path] = typer.Option(None,
                                                    help='[{"question","supporting_titles"[,"supporting_ids"]}]'),
                     route: str = typer.Option("local"), k: int = typer.Option(8),
-                    embedder: str = typer.Option(Settings().embedder, envvar="LAZYHIPPO_EMBEDDER", help=" | ".join(PROFILES)),
+                    embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
                     graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
     passage id when the questions carry `supporting_ids`."""
-    from lazyhippo.bench import DATASETS, headline, run_retrieval_bench, summary_row
+    from lazyhippo.evaluate.bench import DATASETS, headline, run_retrieval_bench, summary_row
 
+    corpus, questions = corpus or _wiki("corpus.jsonl"), questions or _wiki("questions_dev.json")
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
     runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
     settings = Settings.from_env(embedder=embedder)
@@ -424,22 +426,23 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
 
 @bench.command("query")
 def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique (overrides --corpus/--questions)."),
-                corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
-                questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json"),
-                embedder: str = typer.Option(Settings().embedder, envvar="LAZYHIPPO_EMBEDDER", help=" | ".join(PROFILES)),
+                corpus: Optional[Path] = typer.Option(None),
+                questions: Optional[Path] = typer.Option(None),
+                embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                 routes: str = typer.Option("local,global,drift,hybrid"),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench")),
                 graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is loaded into it first)"),
                 repeat: int = typer.Option(3, help="Passes over the questions per route.")) -> None:
     """p50/p95 latency per route: retrieval + context assembly (query embedding included, no LLM), and with the
     extractive answer (answer_*)."""
-    from lazyhippo.bench import ensure_index, run_latency_bench
+    from lazyhippo.evaluate.bench import ensure_index, run_latency_bench
 
+    corpus, questions = corpus or _wiki("corpus.jsonl"), questions or _wiki("questions_dev.json")
     if dataset:
         corpus, questions, workdir = _dataset_run(dataset, embedder, workdir)
     bar, update = _progress_bar()
     with bar:
-        settings, info = ensure_index(corpus, workdir, update, Settings(embedder=embedder))
+        settings, info = ensure_index(corpus, workdir, update, Settings.from_env(embedder=embedder))
         result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
     table = Table(title=f"query latency on {corpus.name} ({graph_store} store)")
     cols = ("p50_ms", "p95_ms", "answer_p50_ms", "answer_p95_ms")
@@ -453,14 +456,15 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
 
 
 @bench.command("index")
-def bench_index(corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl", help="JSONL corpus {id,title,text}."),
+def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
                 workers: int = typer.Option(2, min=2, help="Worker processes of the parallel run (against 1)."),
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first).")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
     to date after one changed and after one deleted document."""
-    from .bench_index import run_index_bench
+    from lazyhippo_dagster.bench_index import run_index_bench
 
+    corpus = corpus or _wiki("corpus.jsonl")
     if not corpus.is_file():
         console.print(f"[red]error:[/red] corpus {corpus} does not exist")
         raise typer.Exit(2)
@@ -480,7 +484,7 @@ def bench_partitions(documents: int = typer.Option(400, min=1, help="Document pa
                      project: int = typer.Option(6119, min=1, help="Documents of the full index to project for (2Wiki: 6119).")) -> None:
     """The cost of one Dagster run over N document partitions on a local instance (assets doing nothing), with
     Dagster's SQLite event log and with lazyhippo's batched one, and what each projects for a full index."""
-    from .bench_partitions import run_partition_bench
+    from lazyhippo_dagster.bench_partitions import run_partition_bench
 
     result = run_partition_bench(documents, project)
     for name in ("stock", "batched"):
@@ -495,8 +499,8 @@ def bench_partitions(documents: int = typer.Option(400, min=1, help="Document pa
 @bench.command("serve")
 def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seconds: float = typer.Option(30.0, help="Load time per route."),
                 routes: str = typer.Option("local", help="Comma-separated routes to load, one after the other."),
-                corpus: Path = typer.Option(SHARED_WIKI / "corpus.jsonl"),
-                questions: Path = typer.Option(SHARED_WIKI / "questions_dev.json"),
+                corpus: Optional[Path] = typer.Option(None),
+                questions: Optional[Path] = typer.Option(None),
                 max_questions: int = typer.Option(200, help="Distinct questions sent (cycled)."),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench")), port: int = typer.Option(8799),
                 workers: int = typer.Option(2, min=1, help="Query engines of the server (`serve --workers`; one per core "
@@ -507,20 +511,22 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
     import sys
     import tempfile
 
+    corpus, questions = corpus or _wiki("corpus.jsonl"), questions or _wiki("questions_dev.json")
+
     import httpx
 
-    from lazyhippo.bench import ensure_index
-    from lazyhippo.bench_serve import run_load
+    from lazyhippo.evaluate.bench import ensure_index
+    from lazyhippo.evaluate.bench_serve import run_load
 
     bar, update = _progress_bar()
     with bar:
         settings, _ = ensure_index(corpus, workdir, update)
     asked = [q["question"] for q in json.loads(questions.read_text())][:max_questions]
-    key = os.environ.get("LAZYHIPPO_API_KEY")
+    key = environment().api_key
     headers = {"X-API-Key": key} if key else None
     log = tempfile.NamedTemporaryFile(prefix="lazyhippo-serve-", suffix=".log", delete=False)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated bench still stops its server (finally)
-    server = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--home", str(settings.home),
+    server = subprocess.Popen([sys.executable, "-m", "lazyhippo_dagster.cli", "serve", "--home", str(settings.home),
                                "--port", str(port), "--workers", str(workers)], stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:

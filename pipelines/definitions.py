@@ -2,14 +2,13 @@
 
 import dagster as dg
 
-import assets
-from resources import default_resources
-
-from .event_log import enable_event_batches
-from .interrupts import restore_interrupts
-from .jobs import index_documents_job, index_graph_job, query, rebuild_graph_job
-from .schedules import nightly_audit, nightly_reindex
-from .sensors import graph_after_documents, source_changed
+from lazyhippo_dagster import assets
+from lazyhippo_dagster.event_log import enable_event_batches
+from lazyhippo_dagster.interrupts import restore_interrupts
+from lazyhippo_dagster.jobs import index_documents_job, index_graph_job, query, rebuild_graph_job
+from lazyhippo_dagster.resources import default_resources
+from lazyhippo_dagster.schedules import nightly_audit, nightly_reindex
+from lazyhippo_dagster.sensors import graph_after_documents, source_changed
 
 enable_event_batches()  # runs launched from the UI and the daemon record their partitions' events in batches
 restore_interrupts()  # run workers of a `dagster dev` started in the background

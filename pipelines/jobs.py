@@ -1,7 +1,7 @@
 import dagster as dg
 
-from assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
-from resources import GraphStoreResource, LazyhippoResource, LLMResource
+from lazyhippo_dagster.assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource
 
 # per-document assets over a range of document partitions: multiprocess unless configured otherwise, so
 # extraction batches run in parallel (`lazyhippo index --workers N` sets max_concurrent; the CLI's default
@@ -46,9 +46,9 @@ class QueryConfig(dg.Config):
 @dg.op(description="Retrieve, assemble a cited context within the token budget, and answer.")
 def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhippo: LazyhippoResource,
                     graph_store: GraphStoreResource, llm: LLMResource) -> dict:
-    from assets.metadata import llm_usage, table
     from lazyhippo.query import answer_question as answer
-    from lazyhippo.warehouse import index_notice
+    from lazyhippo.stores.warehouse import index_notice
+    from lazyhippo_dagster.assets.metadata import llm_usage, table
 
     settings = lazyhippo.settings()
     notice = index_notice(settings)  # raises when nothing complete exists; else says what is unfinished

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lazyhippo.config import MIN_CHUNK_TOKENS, GraphStoreKind, ObjectStoreKind, Settings, check_namespace
-from lazyhippo.documents import SUPPORTED, iter_files
-from lazyhippo.embedding import PROFILES as EMBEDDER_PROFILES
+from lazyhippo.models.embedders import PROFILES as EMBEDDER_PROFILES
+from lazyhippo.settings import MIN_CHUNK_TOKENS, GraphStoreKind, ObjectStoreKind, Settings, check_namespace
+from lazyhippo.sources.files import SUPPORTED, iter_files
 
 GRAPH_STORES = tuple(k.value for k in GraphStoreKind)
 OBJECT_STORES = tuple(k.value for k in ObjectStoreKind)

@@ -11,7 +11,7 @@ from typing import Callable
 
 import dagster as dg
 
-from .event_log import enable_event_batches
+from lazyhippo_dagster.event_log import enable_event_batches
 
 
 def instance_for(home: Path) -> dg.DagsterInstance:
@@ -42,7 +42,7 @@ concurrency:
 # thousands of document partitions records their events in seconds, not minutes
 EVENT_LOG_CONFIG = """\
 event_log_storage:
-  module: pipelines.event_log
+  module: lazyhippo_dagster.event_log
   class: BatchedSqliteEventLogStorage
   config:
     base_dir: {base_dir}
@@ -53,7 +53,7 @@ STEP_EVENTS = {dg.DagsterEventType.STEP_START: "started", dg.DagsterEventType.ST
 
 def fail_dead_runs(instance: dg.DagsterInstance) -> list[str]:
     """CLI runs whose process is gone (kill -9) but still show STARTED: mark them failed, at the next launch."""
-    from lazyhippo.warehouse import process_alive
+    from lazyhippo.stores.warehouse import process_alive
 
     dead = []
     for run in instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING],
@@ -80,7 +80,7 @@ def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
 
 
 def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> None:
-    from assets._partitions import namespaces
+    from lazyhippo_dagster.assets._partitions import namespaces
 
     if not instance.has_dynamic_partition(namespaces.name, namespace):
         instance.add_dynamic_partitions(namespaces.name, [namespace])
@@ -115,7 +115,7 @@ class RunChain:
 
 def settings_of(config: dict, namespace: str | None):
     """The Settings a run with this run config will use (the resource's, filled the same way)."""
-    from resources import LazyhippoResource
+    from lazyhippo_dagster.resources import LazyhippoResource
 
     fields = config.get("resources", {}).get("lazyhippo", {}).get("config", {})
     return LazyhippoResource(**{**fields, **({"namespace": namespace} if namespace else {})}).settings()
@@ -124,10 +124,9 @@ def settings_of(config: dict, namespace: str | None):
 def stage_documents(instance: dg.DagsterInstance, settings) -> list[str]:
     """Compare the source with what the namespace holds (content hashes) and stage the document partitions:
     the keys of the added and changed documents, one contiguous range for one run."""
-    from assets._partitions import apply_partition_changes
-    from lazyhippo.changes import indexed_state
-
-    from .sensors import scan
+    from lazyhippo.sources.changes import indexed_state
+    from lazyhippo_dagster.assets._partitions import apply_partition_changes
+    from lazyhippo_dagster.sensors import scan
 
     scanned = scan(settings, indexed_state(settings))
     if isinstance(scanned, str):
@@ -141,7 +140,7 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
             tags: dict | None = None, namespace: str | None = None, workers: int = 1):
     """Run `job_name` (on the `namespace` partition for the graph jobs); `index` is the chain of runs
     (`index_chain`); `on_step(step, state)` is called live as steps start and end."""
-    from .definitions import defs
+    from lazyhippo_dagster.definitions import defs
 
     instance = instance_for(home)
     fail_dead_runs(instance)
@@ -160,8 +159,8 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
                 graph_run_id: str | None = None) -> RunChain:
     """`index_documents` over the staged document partitions (none when nothing was added or changed), then
     `index_graph` for the namespace. With `processes` the documents run uses the multiprocess executor."""
-    from .definitions import defs
-    from .sensors import LAUNCHER_RUNS_GRAPH
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.sensors import LAUNCHER_RUNS_GRAPH
 
     def config_for(job: dg.JobDefinition) -> dict:  # each run gets the op config of its own steps
         ops = {k: v for k, v in config.get("ops", {}).items() if job.graph.has_node_named(k)}
@@ -173,7 +172,7 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
     keys = stage_documents(instance, settings)
     results = []
     if keys:
-        from assets._partitions import range_tags
+        from lazyhippo_dagster.assets._partitions import range_tags
 
         doc_tags = {**tags, **range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"}
         documents_job = defs.resolve_job_def("index_documents")
@@ -224,14 +223,13 @@ def _watched(instance: dg.DagsterInstance, tags: dict, on_step: Callable[[str, s
 def execute_parallel(home: Path, config: dict, workers: int, tags: dict) -> dg.ExecuteJobResult:
     """Run the per-document job with the multiprocess executor (`workers` processes): extraction batches in
     parallel. `tags` name its document partitions (a key range)."""
-    from assets._partitions import WAREHOUSE_TAGS
-
-    from .definitions import index_documents_job_def
+    from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS
+    from lazyhippo_dagster.definitions import index_documents_job_def
 
     instance = instance_for(home)
     # forkserver with the definitions preloaded: each step forks in milliseconds instead of importing everything
     cfg = {**config, "execution": {"config": {"multiprocess": {
-        "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["pipelines.definitions", "pipelines.worker_preload"]}},
+        "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["lazyhippo_dagster.definitions", "lazyhippo_dagster.worker_preload"]}},
         "tag_concurrency_limits": [{"key": key, "limit": 1} for key in WAREHOUSE_TAGS]}}}}
     with dg.execute_job(dg.reconstructable(index_documents_job_def), instance, run_config=cfg, raise_on_error=False,
                         tags=tags) as result:

@@ -3,12 +3,11 @@ then `nightly_audit` brings the graph up to date (dropping vanished documents) a
 
 import dagster as dg
 
-from assets._partitions import namespaces
-from lazyhippo.changes import indexed_state
-from resources import LazyhippoResource
-
-from .jobs import index_documents_job, index_graph_job
-from .sensors import change_plan, scan
+from lazyhippo.sources.changes import indexed_state
+from lazyhippo_dagster.assets._partitions import namespaces
+from lazyhippo_dagster.jobs import index_documents_job, index_graph_job
+from lazyhippo_dagster.resources import LazyhippoResource
+from lazyhippo_dagster.sensors import change_plan, scan
 
 
 def _indexed(context: dg.ScheduleEvaluationContext, namespace: str) -> bool:

@@ -1,4 +1,4 @@
-"""Reindex when documents under the source change: the engine (lazyhippo.changes, lazyhippo.bucket_source)
+"""Reindex when documents under the source change: the engine (lazyhippo.sources)
 diffs the folder, or the MinIO/S3 bucket prefix (`s3://bucket/prefix`), against the cursor, file stats or object
 etags first and content hashes of what moved; the run key names the change.
 
@@ -11,13 +11,12 @@ from pathlib import Path
 import dagster as dg
 import duckdb
 
-from assets._partitions import RANGE_START, documents, namespaces, partition_changes, range_tags
-from lazyhippo.bucket_source import bucket_source, open_bucket, scan_bucket
-from lazyhippo.changes import SourceChange, SourceState, indexed_state, scan_source
-from lazyhippo.objectstore import ObjectStoreError
-from resources import LazyhippoResource
-
-from .jobs import index_documents_job, index_graph_job
+from lazyhippo.sources.bucket import bucket_source, open_bucket, scan_bucket
+from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state, scan_source
+from lazyhippo.stores.objects import ObjectStoreError
+from lazyhippo_dagster.assets._partitions import RANGE_START, documents, namespaces, partition_changes, range_tags
+from lazyhippo_dagster.jobs import index_documents_job, index_graph_job
+from lazyhippo_dagster.resources import LazyhippoResource
 
 LAUNCHER_RUNS_GRAPH = "lazyhippo/graph_by_launcher"  # a documents run whose launcher (the CLI, the API) runs the graph itself
 

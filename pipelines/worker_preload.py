@@ -2,9 +2,9 @@
 extractor's spaCy model is loaded once there, so every step process forked from it starts with the model in
 memory instead of loading its own (seconds per extraction batch)."""
 
-from lazyhippo.config import Settings
-from lazyhippo.index import make_extractor
+from lazyhippo.settings import Settings
+from lazyhippo.stages.extractions import make_extractor
 
 _settings = Settings.from_env()
 if _settings.extractor == "nlp":
-    make_extractor(_settings).extract([])  # loads and caches the model (lazyhippo.extraction._spacy)
+    make_extractor(_settings).extract([])  # loads and caches the model (lazyhippo.models.extractors._spacy)

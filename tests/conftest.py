@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.index import run_index
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "2wikimultihopqa"
 

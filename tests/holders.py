@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from lazyhippo.config import Settings
-from lazyhippo.warehouse import WriterSession, connect
+from lazyhippo.settings import Settings
+from lazyhippo.stores.warehouse import WriterSession, connect
 
 if __name__ == "__main__":
     mode, home, ns, seconds = sys.argv[1], Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])

@@ -24,7 +24,7 @@ def unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def neo4j_store():
-    from lazyhippo.neo4j_store import Neo4jGraphStore
+    from lazyhippo.stores.neo4j import Neo4jGraphStore
 
     try:  # no credentials (no services install) is "unavailable" too
         store = Neo4jGraphStore.from_env(connect_timeout=5)
@@ -46,7 +46,7 @@ def neo4j_store():
 
 @pytest.fixture(scope="session")
 def minio_store():
-    from lazyhippo.minio_store import MinioObjectStore
+    from lazyhippo.stores.minio import MinioObjectStore
 
     try:
         store = MinioObjectStore.from_env(bucket=os.environ.get("LAZYHIPPO_TEST_BUCKET", "lazyhippo-test"),
@@ -82,7 +82,7 @@ LLM_MODEL = os.environ.get("LAZYHIPPO_LLM_ALIAS", "gemma-3-270m")
 @pytest.fixture(scope="session")
 def llm_server() -> tuple[str, str]:
     """(base URL, model) of the llama.cpp server that `scripts/services.sh start llm` runs on loopback."""
-    from lazyhippo.llm import LLMConfig, LLMError, OpenAIChat
+    from lazyhippo.models.llm import LLMConfig, LLMError, OpenAIChat
 
     client = OpenAIChat(LLMConfig(LLM_MODEL, base_url=LLM_BASE_URL, api_key="none", timeout=10, max_retries=0))
     try:

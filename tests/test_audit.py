@@ -9,9 +9,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lazyhippo import audit
-from lazyhippo.config import Settings
-from lazyhippo.warehouse import connect, replace_rows
+from lazyhippo.evaluate import audit
+from lazyhippo.settings import Settings
+from lazyhippo.stores.warehouse import connect, replace_rows
 from tests.services_fixtures import minio_store, namespaces, neo4j_store  # noqa: F401 - fixtures
 
 CHECKS = ("knn_edges_present", "entities_have_community", "entities_have_pagerank", "chunks_have_mentions",
@@ -174,8 +174,8 @@ def test_dagster_checks_wrap_the_audit(graph: Graph):
     """The asset checks, invoked directly with resources: the same verdicts, as AssetCheckResults."""
     import dagster as dg
 
-    from assets import checks_completeness as checks
-    from resources import GraphStoreResource, LazyhippoResource
+    from lazyhippo_dagster.assets import checks_completeness as checks
+    from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
     lh = LazyhippoResource(home=str(graph.settings.home), namespace=graph.ns)
     gs = GraphStoreResource(kind=graph.kind)

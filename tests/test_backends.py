@@ -9,16 +9,18 @@ import io
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from lazyhippo import audit, graph
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.index import EXPORT_TABLES, entity_graph, graph_counts, run_index
-from lazyhippo.warehouse import connect
+from lazyhippo.evaluate import audit
+from lazyhippo.graph import algorithms as graph
+from lazyhippo.index import graph_counts, run_index
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stages.communities import entity_graph
+from lazyhippo.stages.exports import EXPORT_TABLES
+from lazyhippo.stores.warehouse import connect
 from tests.services_fixtures import minio_store, namespaces, neo4j_store  # noqa: F401 - fixtures
 
 LABELS = ("Document", "Chunk", "Entity", "Community")
@@ -192,7 +194,7 @@ def test_audit_passes_on_neo4j(runs: Runs, neo4j_store):
 
 @pytest.mark.services
 def test_projections_are_dropped_after_use(runs: Runs, neo4j_store):
-    from lazyhippo.neo4j_store import slug
+    from lazyhippo.stores.neo4j import slug
 
     names = [r["graphName"] for r in neo4j_store.query("CALL gds.graph.list() YIELD graphName RETURN graphName")]
     assert not [n for n in names if slug(runs.neo.namespace) in n]
@@ -202,11 +204,10 @@ def test_projections_are_dropped_after_use(runs: Runs, neo4j_store):
 def test_neo4j_ppr_ranks_like_the_embedded_store(runs: Runs, neo4j_store):
     """The same sample corpus indexed on both stores: PPR over the graph served by Neo4j gives the embedded
     scores, and the local route returns the same ranking."""
+    from lazyhippo.graph.ppr import EmbeddedPPR
     from lazyhippo.query import retrieve
     from lazyhippo.query.loader import load_index
-    from lazyhippo.query.ppr import EmbeddedPPR
-
-    from lazyhippo.neo4j_store.ppr import read_served_edges, served_adjacency
+    from lazyhippo.stores.neo4j.ppr import read_served_edges, served_adjacency
 
     idx = load_index(runs.neo)
     served = served_adjacency(read_served_edges(neo4j_store.client, runs.neo.namespace, "v"), idx, idx.graph.params)
@@ -249,7 +250,7 @@ def test_timings_reported(runs: Runs):
 def test_knn_engines_on_synthetic_vectors(neo4j_store, namespaces):  # noqa: F811
     """gds.knn's exact settings reproduce the exact search on a few hundred points (it degrades slowly beyond:
     99.4% at 2,000 points, 96.4% on 63k entities); knn_engine="exact" is faiss, written to Neo4j."""
-    from lazyhippo.neo4j_store import Neo4jGraphStore
+    from lazyhippo.stores.neo4j import Neo4jGraphStore
 
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(20, 32))
@@ -268,8 +269,8 @@ def test_knn_engines_on_synthetic_vectors(neo4j_store, namespaces):  # noqa: F81
 
 
 def test_unreachable_neo4j_is_a_clear_error():
-    from lazyhippo.graphstore import open_graph_store
-    from lazyhippo.neo4j_store import Neo4jStoreError
+    from lazyhippo.stores import open_graph_store
+    from lazyhippo.stores.neo4j import Neo4jStoreError
 
     t0 = time.perf_counter()
     with pytest.raises(Neo4jStoreError, match=r"bolt://127\.0\.0\.1:9.*unreachable") as err:
@@ -279,8 +280,8 @@ def test_unreachable_neo4j_is_a_clear_error():
 
 
 def test_unreachable_minio_is_a_clear_error():
-    from lazyhippo.minio_store import MinioObjectStore
-    from lazyhippo.objectstore import ObjectStoreError
+    from lazyhippo.stores.minio import MinioObjectStore
+    from lazyhippo.stores.objects import ObjectStoreError
 
     store = MinioObjectStore("127.0.0.1:9", "bucket", "user", "not-logged-secret", timeout=2, retries=0)
     with pytest.raises(ObjectStoreError, match=r"http://127\.0\.0\.1:9.*unreachable.*s3://bucket/ns/tables/x\.parquet") as err:

@@ -10,10 +10,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.documents import MAX_WORD_CHARS, read_source
-from lazyhippo.index import build_chunks, ingest_documents, run_index
-from lazyhippo.warehouse import connect, counts
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.sources.files import MAX_WORD_CHARS, read_source
+from lazyhippo.stages.chunks import build_chunks
+from lazyhippo.stages.documents import ingest_documents
+from lazyhippo.stores.warehouse import connect, counts
 
 BAD_PDFS = Path(__file__).resolve().parent.parent.parent / "shared" / "badinput" / "pdfs"
 
@@ -123,7 +124,7 @@ def test_a_file_with_a_colon_in_its_name_keeps_its_indexed_version_when_it_break
 
 
 def test_a_two_document_corpus_indexes_fully_through_dagster(tmp_path):
-    from pipelines.runner import index_chain, run_config
+    from lazyhippo_dagster.runner import index_chain, run_config
 
     src = tmp_path / "src"
     src.mkdir()

@@ -8,8 +8,16 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from lazyhippo.bench import all_supporting_at_k, dataset_files, distinct, gold_key, passage_id, percentile_ms, recall_at_k
-from pipelines.cli import app
+from lazyhippo.evaluate.bench import (
+    all_supporting_at_k,
+    dataset_files,
+    distinct,
+    gold_key,
+    passage_id,
+    percentile_ms,
+    recall_at_k,
+)
+from lazyhippo_dagster.cli import app
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 
@@ -119,7 +127,7 @@ def test_bench_retrieval_on_neo4j_ranks_like_the_embedded_store(wiki_slice, tmp_
 
 
 def test_summary_row_has_the_route_baselines_and_index_time():
-    from lazyhippo.bench import summary_row
+    from lazyhippo.evaluate.bench import summary_row
 
     m = lambda r2, r5, a8: {"recall_at_2": r2, "recall_at_5": r5, "all_supporting_at_8": a8, "latency_p50_ms": 4.04}  # noqa: E731
     result = {"route": "local", "index_seconds": 12.34, "reused": True,
@@ -130,7 +138,7 @@ def test_summary_row_has_the_route_baselines_and_index_time():
 
 def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, monkeypatch):
     """Same corpus and settings but a new distillation (new model name): the stamp no longer matches."""
-    import lazyhippo.bench as bench
+    import lazyhippo.evaluate.bench as bench
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"id": "a", "title": "A", "text": "Alpha beta gamma."}) + "\n")
@@ -144,7 +152,7 @@ def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, m
 
 
 def test_bench_partitions_records_every_partition_and_projects_from_its_event_cost():
-    from pipelines.bench_partitions import run_partition_bench
+    from lazyhippo_dagster.bench_partitions import run_partition_bench
 
     out = run_partition_bench(5, 1000)
     assert out["documents"] == 5 and set(out) >= {"stock", "batched", "speedup"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from lazyhippo.bucket_source import bucket_source, mirror_dir
-from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.index import run_index
-from lazyhippo.warehouse import connect
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.sources.bucket import bucket_source, mirror_dir
+from lazyhippo.stores.warehouse import connect
 from tests.services_fixtures import minio_store, namespaces  # noqa: F401 - fixtures
 from tests.test_sensor import Ticks
 

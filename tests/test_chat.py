@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from pipelines.cli import app
-from pipelines.runner import execute, run_config
-
-from .loopback import FakeOpenAI
+from lazyhippo_dagster.cli import app
+from lazyhippo_dagster.runner import execute, run_config
+from tests.loopback import FakeOpenAI
 
 HISTORY = [{"role": "user", "content": "Who founded the Marlow Observatory?"},
            {"role": "assistant", "content": "Ada Fenwick founded it [1]."}]

@@ -7,7 +7,7 @@ import json
 import dagster as dg
 from typer.testing import CliRunner
 
-from pipelines.cli import app
+from lazyhippo_dagster.cli import app
 
 
 def test_index_then_query_from_the_cli_records_runs(tmp_path, monkeypatch):
@@ -56,6 +56,6 @@ def test_neo4j_down_fails_fast_with_the_root_cause_last(tmp_path, monkeypatch):
     out = CliRunner().invoke(app, ["index", "--home", str(tmp_path / "h"), "--graph-store", "neo4j"])
     text = " ".join(out.output.split())
     assert out.exit_code == 1
-    assert text[text.rindex("root cause:"):].startswith("root cause: lazyhippo.neo4j_store.client.Neo4jStoreError: "
+    assert text[text.rindex("root cause:"):].startswith("root cause: lazyhippo.stores.neo4j.client.Neo4jStoreError: "
                                                          "Neo4j at bolt://127.0.0.1:9: server unreachable")
     assert "not-logged-secret" not in out.output

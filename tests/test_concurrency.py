@@ -15,10 +15,10 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.index import run_index
 from lazyhippo.query import answer_question
-from lazyhippo.warehouse import IndexIncomplete, WriterSession, connect, counts, index_notice, replace_rows
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stores.warehouse import IndexIncomplete, WriterSession, connect, counts, index_notice, replace_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +110,7 @@ def test_replacing_rows_is_all_or_nothing(indexed):
 def test_a_killed_cli_run_is_marked_failed_at_the_next_launch(tmp_path):
     import socket
 
-    from pipelines.runner import fail_dead_runs
+    from lazyhippo_dagster.runner import fail_dead_runs
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -130,7 +130,7 @@ def test_status_and_queries_during_a_cli_index_run_never_break_it(tmp_path, monk
 
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from lazyhippo_dagster.cli import app
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     src, home = tmp_path / "src", str(tmp_path / "home")
@@ -138,7 +138,7 @@ def test_status_and_queries_during_a_cli_index_run_never_break_it(tmp_path, monk
     runner = CliRunner()
     assert runner.invoke(app, ["index", str(src), "--home", home]).exit_code == 0
     (src / "extra.txt").write_text("Mira Holt restored the Marlow Observatory telescope in 1950.")
-    index = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import app; app()", "index", str(src),
+    index = subprocess.Popen([sys.executable, "-c", "from lazyhippo_dagster.cli import app; app()", "index", str(src),
                               "--home", home], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     statuses, answers = [], []
@@ -157,8 +157,8 @@ def test_status_and_queries_during_a_cli_index_run_never_break_it(tmp_path, monk
 
 
 def test_the_instance_monitors_runs_and_queues_index_runs_one_at_a_time(tmp_path, monkeypatch):
-    from pipelines.definitions import defs
-    from pipelines.runner import instance_for
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.runner import instance_for
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     instance = instance_for(tmp_path / "home")
@@ -174,14 +174,14 @@ def test_a_cli_run_killed_with_sigkill_is_reported_and_marked_failed(tmp_path, m
 
     from typer.testing import CliRunner
 
-    from lazyhippo.warehouse import read_state
-    from pipelines.cli import app
+    from lazyhippo.stores.warehouse import read_state
+    from lazyhippo_dagster.cli import app
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     home = tmp_path / "home"
     runner = CliRunner()
     assert runner.invoke(app, ["index", str(SAMPLE_CORPUS), "--home", str(home)]).exit_code == 0
-    index = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import app; app()", "index", str(SAMPLE_CORPUS),
+    index = subprocess.Popen([sys.executable, "-c", "from lazyhippo_dagster.cli import app; app()", "index", str(SAMPLE_CORPUS),
                               "--home", str(home)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120

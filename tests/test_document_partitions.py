@@ -9,12 +9,12 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets._partitions import RANGE_END, RANGE_START
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.documents import sha
-from lazyhippo.warehouse import connect
-from pipelines.event_log import BatchedSqliteEventLogStorage, enable_event_batches
-from pipelines.runner import index_chain, run_config
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.sources.files import sha
+from lazyhippo.stores.warehouse import connect
+from lazyhippo_dagster.assets._partitions import RANGE_END, RANGE_START
+from lazyhippo_dagster.event_log import BatchedSqliteEventLogStorage, enable_event_batches
+from lazyhippo_dagster.runner import index_chain, run_config
 
 
 def _key(source: str, namespace: str = "default") -> str:
@@ -53,7 +53,7 @@ def test_an_index_runs_documents_over_their_partitions_then_the_graph_once(corpu
 
 def test_a_run_over_one_document_partition_leaves_the_other_documents_as_they_are(corpus):
     src, home, config = corpus
-    from pipelines.definitions import defs
+    from lazyhippo_dagster.definitions import defs
 
     instance = dg.DagsterInstance.ephemeral()
     assert index_chain(instance, home, config, {}, "default").success
@@ -97,7 +97,7 @@ def test_a_vanished_file_leaves_with_the_graph_run_and_comes_back_with_the_file(
 
 def test_a_graph_run_configured_with_another_source_drops_nothing(corpus, tmp_path):
     src, home, config = corpus
-    from pipelines.definitions import defs
+    from lazyhippo_dagster.definitions import defs
 
     instance = dg.DagsterInstance.ephemeral()
     assert index_chain(instance, home, config, {}, "default").success
@@ -112,7 +112,7 @@ def test_a_graph_run_configured_with_another_source_drops_nothing(corpus, tmp_pa
 
 def test_a_ranged_run_records_every_partition_through_the_batched_event_log(tmp_path, monkeypatch):
     """The same materializations as Dagster's own SQLite event log, written as batches."""
-    from pipelines.bench_partitions import probe_assets
+    from lazyhippo_dagster.bench_partitions import probe_assets
 
     parts, (probe_a, probe_b) = probe_assets()
 
@@ -124,7 +124,7 @@ def test_a_ranged_run_records_every_partition_through_the_batched_event_log(tmp_
     keys = [f"kb/d_{i:03d}" for i in range(60)]
     recorded = {}
     for name, storage in (("stock", {}), ("batched", {"event_log_storage": {
-            "module": "pipelines.event_log", "class": "BatchedSqliteEventLogStorage",
+            "module": "lazyhippo_dagster.event_log", "class": "BatchedSqliteEventLogStorage",
             "config": {"base_dir": str(tmp_path / "batched" / "history" / "runs")}}})):
         (tmp_path / name).mkdir()
         with dg.instance_for_test(temp_dir=str(tmp_path / name), overrides=storage) as instance:
@@ -143,7 +143,7 @@ def test_a_ranged_run_records_every_partition_through_the_batched_event_log(tmp_
 def test_a_run_over_many_partitions_records_figures_without_the_preview_tables():
     """Dagster copies a ranged run's metadata into every partition's event: a first index of 6,000 documents
     would store 6,000 copies of each preview."""
-    from assets.metadata import PREVIEW_PARTITIONS, per_partition, table
+    from lazyhippo_dagster.assets.metadata import PREVIEW_PARTITIONS, per_partition, table
 
     values = {"dagster/row_count": 8, "chunks": 13, "preview": table([("a", 1)], ["title", "chars"])}
     assert per_partition(PREVIEW_PARTITIONS, values) == values
@@ -155,8 +155,8 @@ def test_a_run_over_many_partitions_records_figures_without_the_preview_tables()
 def test_readers_see_a_documents_run_only_once_the_graph_run_publishes_it(corpus):
     """Between the two runs of an update, queries keep answering from the last complete index: never new
     chunks beside the old graph."""
-    from lazyhippo.warehouse import index_notice
-    from pipelines.definitions import defs
+    from lazyhippo.stores.warehouse import index_notice
+    from lazyhippo_dagster.definitions import defs
 
     src, home, config = corpus
     instance = dg.DagsterInstance.ephemeral()

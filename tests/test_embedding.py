@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lazyhippo.embedding import PROFILES, MiniLM, _encoder, _normalize, get_embedder
+from lazyhippo.models.embedders import PROFILES, MiniLM, _encoder, _normalize, get_embedder
 
 # sentence-transformers 5 (torch) on the same packaged weights, normalized, first 6 dimensions
 REFERENCE = {"Who directed the film Titanic?": [-0.05580, -0.01020, -0.00149, 0.09091, 0.00085, 0.04373],
@@ -61,13 +61,13 @@ def test_settings_profile_reaches_the_index_and_the_query(tmp_path, profile, chu
     queries use the same ones: the dense passage channel ranks the passage that answers first."""
     import json
 
-    from lazyhippo.config import Settings
-    from lazyhippo.embedding import get_embedder
     from lazyhippo.index import run_index
+    from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query import retrieve
     from lazyhippo.query.loader import load_index
     from lazyhippo.query.types import PreparedQuery
-    from lazyhippo.warehouse import connect
+    from lazyhippo.settings import Settings
+    from lazyhippo.stores.warehouse import connect
 
     rows = [{"id": "a", "title": "Marlow Observatory", "text": "Ada Fenwick founded the Marlow Observatory in 1881."},
             {"id": "b", "title": "River Sell", "text": "The River Sell floods the valley every spring."},
@@ -89,7 +89,7 @@ def test_settings_profile_reaches_the_index_and_the_query(tmp_path, profile, chu
 def test_cli_rejects_an_unknown_profile(tmp_path):
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from lazyhippo_dagster.cli import app
 
     out = CliRunner().invoke(app, ["bench", "retrieval", "--dataset", "musique", "--embedder", "bge", "--workdir", str(tmp_path)])
     assert out.exit_code == 2 and "unknown embedder 'bge'" in out.output
@@ -97,8 +97,8 @@ def test_cli_rejects_an_unknown_profile(tmp_path):
 
 def test_setup_derives_every_offline_model_before_the_first_index():
     """scripts/setup.sh calls this, so a first index on a new machine does not pay a minute of distillation."""
-    from lazyhippo.bert import GRAPH_VERSION
-    from lazyhippo.embedding import StaticMiniLM, model_cache_dir, prepare_offline_models
+    from lazyhippo.models.bert import GRAPH_VERSION
+    from lazyhippo.models.embedders import StaticMiniLM, model_cache_dir, prepare_offline_models
 
     prepare_offline_models()
     cache = model_cache_dir()

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from lazyhippo.config import Settings
-from lazyhippo.export import FORMATS
-from lazyhippo.warehouse import WriterSession, connect
-from pipelines.cli import app
+from lazyhippo.settings import Settings
+from lazyhippo.stages.exports import FORMATS
+from lazyhippo.stores.warehouse import WriterSession, connect
+from lazyhippo_dagster.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,9 +54,9 @@ MEASURE = """
 import json, sys, tracemalloc
 from pathlib import Path
 import pyarrow as pa
-from lazyhippo.config import Settings
-from lazyhippo.export import export_tables
-from lazyhippo.warehouse import WriterSession, connect
+from lazyhippo.settings import Settings
+from lazyhippo.stages.exports import export_tables
+from lazyhippo.stores.warehouse import WriterSession, connect
 settings = Settings(home=Path(sys.argv[1]), namespace="big")
 def hwm(reset=False):  # the process's peak resident size (DuckDB's own allocations included), in bytes
     if reset:

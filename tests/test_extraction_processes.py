@@ -3,10 +3,8 @@
 import json
 from pathlib import Path
 
-import pytest
-
-from lazyhippo.chunking import Chunk
-from lazyhippo.extraction import NlpExtractor
+from lazyhippo.models.extractors import NlpExtractor
+from lazyhippo.stages.chunks import Chunk
 
 CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
 
@@ -29,7 +27,7 @@ def test_extraction_over_processes_equals_one_process(monkeypatch):
 
 
 def _processes_in_child(out):
-    from lazyhippo.extraction import extract_processes
+    from lazyhippo.models.extractors import extract_processes
 
     out.put(extract_processes())
 
@@ -38,7 +36,7 @@ def test_a_child_process_extracts_on_its_own_process(monkeypatch):
     """Steps of the multiprocess executor are child processes: they must not start pools of their own."""
     import multiprocessing
 
-    from lazyhippo.extraction import extract_processes
+    from lazyhippo.models.extractors import extract_processes
 
     monkeypatch.delenv("LAZYHIPPO_THREADS", raising=False)
     ctx = multiprocessing.get_context("forkserver")

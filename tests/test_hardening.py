@@ -11,13 +11,14 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.embedding import get_embedder
-from lazyhippo.index import build_graph_tables, run_index
-from lazyhippo.names import norm_key
-from lazyhippo.objectstore import LocalObjectStore
-from lazyhippo.warehouse import connect, replace_rows
-from pipelines.cli import app
+from lazyhippo.graph.names import norm_key
+from lazyhippo.index import run_index
+from lazyhippo.models.embedders import get_embedder
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stages.entities import build_graph_tables
+from lazyhippo.stores.objects import LocalObjectStore
+from lazyhippo.stores.warehouse import connect, replace_rows
+from lazyhippo_dagster.cli import app
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 NAMES = ["Anna Müller", "Anna Mäller", "Émile Zola", "Emile Zola", "Лев Толстой", "Фёдор Достоевский",
@@ -55,7 +56,7 @@ def test_the_vectorized_name_keys_are_norm_key():
     for ASCII and non-ASCII names, punctuation, underscores, digits, empty names and nulls."""
     import random
 
-    from lazyhippo.names import norm_keys
+    from lazyhippo.graph.names import norm_keys
 
     rng = random.Random(11)
     alphabet = "aZ09_ -.,'()&/\\\t\n!?\x00é—ßİǅ"
@@ -144,7 +145,7 @@ def test_an_empty_folder_is_refused_by_the_cli(tmp_path):
 
 def test_progress_is_reported_live_per_step(tmp_path, monkeypatch):
     """Steps are reported as they start and finish while the run goes on, not only at its end."""
-    from pipelines.runner import execute, run_config
+    from lazyhippo_dagster.runner import execute, run_config
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     seen: list[tuple[str, str]] = []
@@ -166,8 +167,8 @@ def test_progress_is_reported_live_per_step(tmp_path, monkeypatch):
 def test_a_run_launched_outside_the_cli_refuses_bad_settings_before_any_stage(tmp_path):
     import dagster as dg
 
-    from pipelines.definitions import defs
-    from pipelines.runner import run_config
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.runner import run_config
 
     instance = dg.DagsterInstance.ephemeral()
     for bad in ({"chunk_size": 0}, {"namespace": "../victim"}):
@@ -184,9 +185,9 @@ def test_a_run_launched_outside_the_cli_refuses_bad_settings_before_any_stage(tm
 
 
 def test_every_valid_choice_passes_the_option_checks():
-    from lazyhippo.embedding import PROFILES
+    from lazyhippo.models.embedders import PROFILES
     from lazyhippo.query import ROUTES
-    from pipelines.options import check_index_options, check_query_options
+    from lazyhippo_dagster.options import check_index_options, check_query_options
 
     for graph_store, object_store, extractor, embedder, algorithm in zip(
             ("embedded", "neo4j", "neo4j"), ("local", "minio", "minio"), ("nlp", "llm", "llm"), PROFILES,
@@ -209,7 +210,7 @@ def test_a_cli_started_in_the_background_leaves_sigterm_to_the_processes_a_run_s
     code = (
         "import signal, subprocess\n"
         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-        "from pipelines.interrupts import restore_interrupts\n"
+        "from lazyhippo_dagster.interrupts import restore_interrupts\n"
         "restore_interrupts()\n"
         "from dagster._utils.interrupts import setup_interrupt_handlers\n"
         "setup_interrupt_handlers()\n"

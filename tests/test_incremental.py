@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from lazyhippo.config import Settings
-from lazyhippo.graph import (Edges, KnnBasis, detect_communities, knn_edges, knn_stale_sources, merged_undirected, pagerank,
-                             weighted_igraph)
-from lazyhippo.graphstore import EmbeddedGraphStore
-from lazyhippo.incremental import PARAMS, read_inputs, write_inputs
-from lazyhippo.index import entity_graph, run_index, run_stage
-from lazyhippo.warehouse import connect, transaction
+from lazyhippo.graph.algorithms import (
+    Edges,
+    KnnBasis,
+    detect_communities,
+    knn_edges,
+    knn_stale_sources,
+    merged_undirected,
+    pagerank,
+    weighted_igraph,
+)
+from lazyhippo.index import run_index, run_stage
+from lazyhippo.settings import Settings
+from lazyhippo.stages.communities import entity_graph
+from lazyhippo.stages.incremental import PARAMS, read_inputs, write_inputs
+from lazyhippo.stores.graphs import EmbeddedGraphStore
+from lazyhippo.stores.warehouse import connect, transaction
 from tests.test_lifecycle import copy_corpus
 
 

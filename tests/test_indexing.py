@@ -9,14 +9,15 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from lazyhippo.chunking import chunk_document
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.documents import Section, _make, read_source
-from lazyhippo.index import EXPORT_TABLES, run_index
-from lazyhippo.objectstore import LocalObjectStore
-from lazyhippo.tokens import count_tokens
-from lazyhippo.warehouse import connect
-from pipelines.definitions import defs
+from lazyhippo.index import run_index
+from lazyhippo.models.tokens import count_tokens
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.sources.files import Section, _make, read_source
+from lazyhippo.stages.chunks import chunk_document
+from lazyhippo.stages.exports import EXPORT_TABLES
+from lazyhippo.stores.objects import LocalObjectStore
+from lazyhippo.stores.warehouse import connect
+from lazyhippo_dagster.definitions import defs
 
 EXPECTED_ASSETS = {"documents", "chunks", "extractions", "entities", "relations", "mentions", "facts", "embeddings",
                    "knn_edges", "communities", "community_summaries", "exports"}
@@ -29,7 +30,7 @@ def _rows(settings: Settings, sql: str) -> list[tuple]:
 
 def _materialize(home: Path, source: Path, namespace: str = "default"):
     """The `index` chain (documents run over the staged document partitions, then the namespace's graph run)."""
-    from pipelines.runner import index_chain, run_config
+    from lazyhippo_dagster.runner import index_chain, run_config
 
     config = run_config({"lazyhippo": {"home": str(home), "source": str(source)},
                          "graph_store": {"kind": "embedded"}, "object_store": {"kind": "local"}})

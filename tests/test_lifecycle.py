@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.extraction import NlpExtractor
-from lazyhippo.graphstore import EmbeddedGraphStore
 from lazyhippo.index import run_index
-from lazyhippo.lifecycle import UnknownDocumentError, delete_documents
-from lazyhippo.objectstore import LocalObjectStore
-from lazyhippo.warehouse import connect
+from lazyhippo.models.extractors import NlpExtractor
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stages.lifecycle import UnknownDocumentError, delete_documents
+from lazyhippo.stores.graphs import EmbeddedGraphStore
+from lazyhippo.stores.objects import LocalObjectStore
+from lazyhippo.stores.warehouse import connect
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 # what "the same graph" means: every graph-wide table, all columns but the namespace
@@ -158,7 +158,7 @@ def test_cli_delete_rebuilds_through_dagster_and_names_unknown_documents(tmp_pat
     import dagster as dg
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from lazyhippo_dagster.cli import app
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     home, runner = str(tmp_path / "idx"), CliRunner()

@@ -7,13 +7,20 @@ import time
 
 import pytest
 
-from lazyhippo.kvcache import JsonCache
-from lazyhippo.llm import (Completion, LLMConfig, LLMError, LLMUnavailable, MalformedOutput, OpenAIChat,
-                           parallel_map, parse_json)
+from lazyhippo.models.llm import (
+    Completion,
+    LLMConfig,
+    LLMError,
+    LLMUnavailable,
+    MalformedOutput,
+    OpenAIChat,
+    parallel_map,
+    parse_json,
+)
 from lazyhippo.query.answer import bound_history, check_citations
-from lazyhippo.summaries import DescriptionParams, summarize_descriptions
-
-from .loopback import LoopbackJSONServer
+from lazyhippo.stages.summaries import DescriptionParams, summarize_descriptions
+from lazyhippo.stores.cache import JsonCache
+from tests.loopback import LoopbackJSONServer
 
 
 def _reply(body: dict, text: str) -> dict:
@@ -158,8 +165,8 @@ def test_citations_outside_the_context_are_removed_and_counted():
 
 
 def test_llm_extractor_without_an_endpoint_is_a_clear_error():
-    from lazyhippo.config import Settings
-    from lazyhippo.index import make_extractor
+    from lazyhippo.settings import Settings
+    from lazyhippo.stages.extractions import make_extractor
 
     with pytest.raises(ValueError, match="extractor 'llm' needs an LLM endpoint"):
         make_extractor(Settings(extractor="llm", llm="none"))

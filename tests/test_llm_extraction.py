@@ -6,11 +6,10 @@ import json
 
 import pytest
 
-from lazyhippo.config import Settings
 from lazyhippo.index import run_index
-from lazyhippo.warehouse import connect
-
-from .loopback import FakeOpenAI
+from lazyhippo.settings import Settings
+from lazyhippo.stores.warehouse import connect
+from tests.loopback import FakeOpenAI
 
 GOOD = {"entities": [{"name": "Ada Fenwick", "type": "PERSON", "description": "An astronomer."},
                      {"name": "Marlow Observatory", "type": "ORG", "description": "An observatory."}],

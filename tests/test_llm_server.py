@@ -9,15 +9,17 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from lazyhippo.config import Settings
-from lazyhippo.extraction import ExtractionCache, LlmExtractor
-from lazyhippo.index import build_chunks, ingest_documents, run_extractions, run_index
-from lazyhippo.llm import LLMConfig, LLMError, LLMUnavailable, OpenAIChat
+from lazyhippo.index import run_index
+from lazyhippo.models.extractors import ExtractionCache, LlmExtractor
+from lazyhippo.models.llm import LLMConfig, LLMError, LLMUnavailable, OpenAIChat
 from lazyhippo.query import answer_question
-from lazyhippo.warehouse import WriterSession, connect
-
-from .loopback import OpenAIProxy
-from .services_fixtures import llm_server  # noqa: F401 - fixture
+from lazyhippo.settings import Settings
+from lazyhippo.stages.chunks import build_chunks
+from lazyhippo.stages.documents import ingest_documents
+from lazyhippo.stages.extractions import run_extractions
+from lazyhippo.stores.warehouse import WriterSession, connect
+from tests.loopback import OpenAIProxy
+from tests.services_fixtures import llm_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.services
 

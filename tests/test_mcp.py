@@ -24,7 +24,7 @@ def _payload(result) -> dict:
 
 
 async def _session(home: Path, dagster_home: Path) -> dict:
-    params = StdioServerParameters(command=sys.executable, args=["-c", "from pipelines.cli import app; app()", "mcp",
+    params = StdioServerParameters(command=sys.executable, args=["-c", "from lazyhippo_dagster.cli import app; app()", "mcp",
                                                                  "--home", str(home)],
                                    env={"PYTHONPATH": str(REPO), "DAGSTER_HOME": str(dagster_home),
                                         "HOME": os.environ.get("HOME", "/root")}, cwd=str(REPO))

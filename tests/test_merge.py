@@ -6,13 +6,13 @@ import shutil
 
 import pytest
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.graphstore import EmbeddedGraphStore
 from lazyhippo.index import run_index
-from lazyhippo.lifecycle import merge_entities
-from lazyhippo.merge import UnknownEntityError
-from lazyhippo.objectstore import LocalObjectStore
-from lazyhippo.warehouse import connect
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stages.lifecycle import merge_entities
+from lazyhippo.stages.merge import UnknownEntityError
+from lazyhippo.stores.graphs import EmbeddedGraphStore
+from lazyhippo.stores.objects import LocalObjectStore
+from lazyhippo.stores.warehouse import connect
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 # a related pair (s, t) with a common neighbour n: merging s into t makes s-t a self-loop and s-n a duplicate of t-n
@@ -102,7 +102,7 @@ def test_cli_merge_rebuilds_through_dagster_and_names_unknown_entities(tmp_path,
 
     from typer.testing import CliRunner
 
-    from pipelines.cli import app
+    from lazyhippo_dagster.cli import app
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     home, runner = str(tmp_path / "idx"), CliRunner()

@@ -4,6 +4,7 @@ install that finds its package data."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lazyhippo.config import Settings
+from lazyhippo.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,8 +34,8 @@ def test_settings_from_env_then_overrides(monkeypatch, tmp_path):
 def test_the_sensor_watches_the_source_the_job_indexes(tmp_path):
     import dagster as dg
 
-    from pipelines.sensors import source_changed
-    from resources import LazyhippoResource
+    from lazyhippo_dagster.resources import LazyhippoResource
+    from lazyhippo_dagster.sensors import source_changed
 
     (tmp_path / "a.md").write_text("# A\n\nAda Fenwick founded the observatory.\n")
     # the resource has a run lifecycle (the index run's writer session), so its context is opened with `with`
@@ -47,8 +48,8 @@ def test_the_sensor_watches_the_source_the_job_indexes(tmp_path):
 
 
 def test_credentials_come_from_the_environment_or_the_services_file(monkeypatch, tmp_path):
-    from lazyhippo.credentials import MissingCredentials, credential
-    from lazyhippo.neo4j_store import Neo4jConnection
+    from lazyhippo.settings import MissingCredentials, credential
+    from lazyhippo.stores.neo4j import Neo4jConnection
 
     monkeypatch.delenv("NEO4J_PASSWORD", raising=False)
     monkeypatch.setenv("LAZYHIPPO_SERVICES_DIR", str(tmp_path))
@@ -81,25 +82,35 @@ def test_non_editable_install_finds_its_package_data(tmp_path):
                     "--target", str(site), str(src)], check=True, capture_output=True, timeout=600)
     shutil.rmtree(src)  # nothing may still point into the source tree
     probe = "\n".join([
-        "import types, lazyhippo, pipelines.definitions, dbt_like_sql",
-        "from lazyhippo.config import Settings",
-        "from lazyhippo.warehouse import connect",
-        "from lazyhippo.extraction import LlmExtractor",
+        "import types, lazyhippo, lazyhippo_dagster.definitions, lazyhippo.sql",
+        "from lazyhippo.settings import Settings",
+        "from lazyhippo.stores.warehouse import connect",
+        "from lazyhippo.models.extractors import LlmExtractor",
         f"with connect(Settings().with_(home={str(tmp_path / 'home')!r})) as con:",
         "    assert con.execute('SELECT count(*) FROM documents').fetchone() == (0,)",
         "assert LlmExtractor(types.SimpleNamespace(model='m')).template",
-        "assert dbt_like_sql.__file__.startswith(lazyhippo.__file__.rsplit('/lazyhippo/', 1)[0])",
+        "assert lazyhippo.sql.__file__.startswith(lazyhippo.__file__.rsplit('/lazyhippo/', 1)[0])",
         "print(lazyhippo.__file__)"])
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().startswith(str(site))
+    # the installed CLI, run from another folder, indexes its packaged sample corpus and answers with a citation
+    cli = [sys.executable, "-m", "lazyhippo_dagster.cli"]
+    home = str(tmp_path / "kb")
+    out = subprocess.run([*cli, "index", "--home", home], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    out = subprocess.run([*cli, "query", "Who succeeded the founder of the Marlow Observatory as its director?",
+                          "--home", home], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "Tomas Reyes" in out.stdout and re.search(r"\[\d+\] Tomas Reyes", out.stdout), \
+        out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def test_store_kinds_are_a_typed_choice():
     from pydantic import ValidationError
 
-    from resources import GraphStoreResource, ObjectStoreResource
+    from lazyhippo_dagster.resources import GraphStoreResource, ObjectStoreResource
 
     assert GraphStoreResource(kind="neo4j").resolved_kind == "neo4j"
     with pytest.raises(ValidationError, match="embedded"):

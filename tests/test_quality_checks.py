@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
-from lazyhippo.config import SAMPLE_CORPUS, Settings
+from lazyhippo.evaluate.quality import context_quality, retrieval_outcome, theme_coverage, themes_outcome
 from lazyhippo.index import run_index
-from lazyhippo.quality import context_quality, retrieval_outcome, theme_coverage, themes_outcome
-from resources import GraphStoreResource, LazyhippoResource
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo_dagster.assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
+from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 EMBEDDED = GraphStoreResource(kind="embedded")
 

@@ -9,23 +9,34 @@ import json
 import os
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
 from lazyhippo.index import run_index
-from lazyhippo.llm import Completion
-from lazyhippo.query import (CircuitBreaker, ContextParams, HttpReranker, LocalParams, QueryConfig,
-                             RerankStage, ScoredChunk, answer_question, assemble_context, classify_query,
-                             load_index, noise_reason, personalized_pagerank, retrieve, split_question,
-                             transition_matrix)
+from lazyhippo.models.llm import Completion
+from lazyhippo.models.tokens import count_tokens
+from lazyhippo.query import (
+    CircuitBreaker,
+    HttpReranker,
+    LocalParams,
+    QueryConfig,
+    RerankStage,
+    ScoredChunk,
+    answer_question,
+    assemble_context,
+    classify_query,
+    load_index,
+    noise_reason,
+    personalized_pagerank,
+    retrieve,
+    split_question,
+    transition_matrix,
+)
 from lazyhippo.query.text import norm_key, sentences, strip_heading
-from lazyhippo.tokens import count_tokens
-
-from .loopback import LoopbackJSONServer
+from lazyhippo.settings import Settings
+from tests.loopback import LoopbackJSONServer
 
 SAMPLE_TITLES = {"Ada Fenwick", "Corran Shipping", "Eastbridge History", "Marlow Observatory", "River Sell",
                  "Sell Valley Railway", "Tomas Reyes", "Visitor Form"}
@@ -205,8 +216,7 @@ def test_multi_hop_runs_ppr_only_within_max_hops_of_the_linked_entities(qsetting
     wider = SubgraphPPR(MultiHopParams(max_hops=3), hub_df_share=1.0)
     assert wider.run(idx, p, 0.5, 1e-8, 200).astype(bool).sum() > len(one_hop) and len(wider.nodes) > len(one_hop)
     # the route ranks only passages inside the subgraph reached from the question's linked entities
-    from lazyhippo.embedding import get_embedder
-    from lazyhippo.query.config import DEFAULT_CONFIG
+    from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query.local import link_query
     from lazyhippo.query.types import PreparedQuery
 
@@ -223,7 +233,8 @@ def test_multi_hop_runs_ppr_only_within_max_hops_of_the_linked_entities(qsetting
 
 @pytest.mark.parametrize("route", ["auto", "hybrid", "drift", "global", "local"])
 def test_a_question_is_classified_once(qsettings, monkeypatch, route):
-    from lazyhippo.query import answer as answer_mod, routes as routes_mod
+    from lazyhippo.query import answer as answer_mod
+    from lazyhippo.query import routes as routes_mod
 
     calls = []
     original = routes_mod.classify_query
@@ -590,7 +601,7 @@ def test_extractive_answer_offline(qsettings, monkeypatch):
 
 
 def test_index_is_loaded_once_per_db_version(qsettings):
-    from lazyhippo.warehouse import read_path
+    from lazyhippo.stores.warehouse import read_path
 
     a = load_index(qsettings)
     assert load_index(qsettings) is a
@@ -634,7 +645,7 @@ def test_extractive_answer_names_the_passage_of_a_pronoun_sentence(qsettings):
 def test_parallel_matvec_matches_the_plain_product_and_a_server_worker_turns_it_off(monkeypatch):
     import scipy.sparse as sp
 
-    from lazyhippo.query.ppr import parallel_matvec
+    from lazyhippo.graph.ppr import parallel_matvec
 
     m = sp.random(3000, 3000, density=0.05, format="csr", dtype=np.float32, random_state=0)
     x = np.random.default_rng(0).random(3000, dtype=np.float32)
@@ -650,7 +661,7 @@ def test_facts_are_matched_by_their_words_as_well_as_by_embedding(qsettings):
     with the question ("operate", "ships", "today"), so the fact that answers comes first."""
     from dataclasses import replace
 
-    from lazyhippo.embedding import get_embedder
+    from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query.config import DEFAULT_CONFIG
     from lazyhippo.query.local import link_query
     from lazyhippo.query.types import PreparedQuery
@@ -718,7 +729,7 @@ def test_bm25_index_built_in_numpy_is_the_one_bm25s_builds():
 def test_loaded_lookups_are_the_warehouse_rows(qsettings):
     """The loader's arrays, built with Arrow lookups: name and title indexes are norm_key's groups in row order,
     mention counts and vectors sit in the rows and columns of their chunk and entity ids."""
-    from lazyhippo.warehouse import connect
+    from lazyhippo.stores.warehouse import connect
 
     idx = load_index(qsettings)
     expected: dict[str, list[int]] = {}

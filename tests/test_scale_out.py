@@ -7,12 +7,14 @@ import shutil
 import dagster as dg
 import pytest
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.index import build_chunks, ingest_documents, run_index
-from lazyhippo.objectstore import LocalObjectStore
-from lazyhippo.parts import collect_parts, extract_batch, plan_batches
-from lazyhippo.warehouse import connect
-from pipelines.runner import index_chain, instance_for, run_config
+from lazyhippo.index import run_index
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stages.chunks import build_chunks
+from lazyhippo.stages.documents import ingest_documents
+from lazyhippo.stages.extractions import collect_parts, extract_batch, plan_batches
+from lazyhippo.stores.objects import LocalObjectStore
+from lazyhippo.stores.warehouse import connect
+from lazyhippo_dagster.runner import index_chain, instance_for, run_config
 from tests.services_fixtures import minio_store, namespaces  # noqa: F401 - fixtures
 from tests.test_lifecycle import CountingExtractor, graph_snapshot
 
@@ -80,9 +82,9 @@ def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_pat
 
 
 def test_delete_drops_the_extraction_part_so_a_re_added_document_is_extracted_again(tmp_path):
-    from lazyhippo.graphstore import EmbeddedGraphStore
-    from lazyhippo.lifecycle import delete_documents
-    from lazyhippo.parts import part_key
+    from lazyhippo.stages.extractions import part_key
+    from lazyhippo.stages.lifecycle import delete_documents
+    from lazyhippo.stores.graphs import EmbeddedGraphStore
 
     settings = Settings(home=tmp_path / "h", source=str(shutil.copytree(SAMPLE_CORPUS, tmp_path / "c")))
     objects = LocalObjectStore(tmp_path / "shared")

@@ -8,13 +8,13 @@ import shutil
 import dagster as dg
 import pytest
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.documents import sha
 from lazyhippo.index import run_index
-from lazyhippo.warehouse import connect
-from assets._partitions import RANGE_END, RANGE_START, partition_changes
-from pipelines.sensors import source_changed
-from resources import LazyhippoResource
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.sources.files import sha
+from lazyhippo.stores.warehouse import connect
+from lazyhippo_dagster.assets._partitions import RANGE_END, RANGE_START, partition_changes
+from lazyhippo_dagster.resources import LazyhippoResource
+from lazyhippo_dagster.sensors import source_changed
 
 
 class Ticks:
@@ -134,7 +134,7 @@ def test_a_new_namespace_requests_every_document(tmp_path):
 
 
 def test_the_run_key_names_the_change_not_the_folder(tmp_path):
-    from lazyhippo.changes import SourceChange, SourceState
+    from lazyhippo.sources.changes import SourceChange, SourceState
 
     a = SourceChange(added={"d_1": "h1"}, files=("x.txt",))
     b = SourceChange(removed={"d_1": "h1"}, files=("x.txt",))
@@ -146,7 +146,7 @@ def test_the_run_key_names_the_change_not_the_folder(tmp_path):
 def test_an_index_run_reconciles_the_namespace_document_partitions(tmp_path, monkeypatch):
     """The nightly consistency pass (an index run) re-adds a lost partition and drops a stale one, and leaves
     other namespaces' partitions alone."""
-    from pipelines.runner import execute, instance_for, run_config
+    from lazyhippo_dagster.runner import execute, instance_for, run_config
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     home = tmp_path / "idx"
@@ -167,8 +167,8 @@ def test_an_index_run_reconciles_the_namespace_document_partitions(tmp_path, mon
 def test_after_a_documents_run_the_graph_runs_once_for_its_namespace(tmp_path):
     """A documents run launched by the sensor, the schedule or the UI is followed by its namespace's graph run;
     one whose launcher (the CLI, the API) runs the graph itself is not."""
-    from pipelines.definitions import defs
-    from pipelines.sensors import LAUNCHER_RUNS_GRAPH, graph_after_documents
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.sensors import LAUNCHER_RUNS_GRAPH, graph_after_documents
 
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("documents", ["kb/d_1", "kb/d_9", "kb2/d_1"])

@@ -19,12 +19,12 @@ import httpx
 import pytest
 import uvicorn
 
-from lazyhippo.config import SAMPLE_CORPUS, Settings
-from lazyhippo.query import answer_question
-from lazyhippo.engines import EnginePool
 from lazyhippo.index import run_index
-from lazyhippo.serving import IndexPool
-from pipelines.api import Limits, api_key_for, create_app
+from lazyhippo.query import answer_question
+from lazyhippo.serve.app import Limits, api_key_for, create_app
+from lazyhippo.serve.engines import EnginePool
+from lazyhippo.serve.pool import IndexPool
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
 
 REPO = Path(__file__).resolve().parent.parent
 SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
@@ -253,7 +253,7 @@ def test_index_swaps_atomically_under_load(any_pool, home, tmp_path):
         for t in threads:
             t.start()
         time.sleep(1.0)
-        code = ("from pathlib import Path; from lazyhippo.config import Settings; from lazyhippo.index import run_index; "
+        code = ("from pathlib import Path; from lazyhippo.settings import Settings; from lazyhippo.index import run_index; "
                 f"run_index(Settings(home=Path({str(home)!r}), source={str(src)!r}))")
         subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True, timeout=600)
@@ -332,7 +332,7 @@ def test_serve_command_on_loopback_with_an_api_key(home, tmp_path, workers):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(REPO), "LAZYHIPPO_API_KEY": "cli-key", "DAGSTER_HOME": str(tmp_path / "d")}
-    proc = subprocess.Popen([sys.executable, "-c", "from pipelines.cli import app; app()", "serve", "--home", str(home),
+    proc = subprocess.Popen([sys.executable, "-c", "from lazyhippo_dagster.cli import app; app()", "serve", "--home", str(home),
                              "--port", str(port), "--workers", str(workers)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -354,13 +354,13 @@ def test_serve_command_on_loopback_with_an_api_key(home, tmp_path, workers):
         proc.wait(20)
     assert not any(alive(pid) for pid in engines)  # engine processes end with the server
     env.pop("LAZYHIPPO_API_KEY")
-    out = subprocess.run([sys.executable, "-c", "from pipelines.cli import app; app()", "serve", "--home", str(home),
+    out = subprocess.run([sys.executable, "-c", "from lazyhippo_dagster.cli import app; app()", "serve", "--home", str(home),
                           "--host", "0.0.0.0"], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "LAZYHIPPO_API_KEY" in out.stderr
 
 
 def test_load_generator_counts_requests_and_errors(pool):
-    from lazyhippo.bench_serve import run_load
+    from lazyhippo.evaluate.bench_serve import run_load
 
     with running(pool) as url:
         good = run_load(url, [SUCCESSOR_Q, NEW_Q], "local", clients=2, seconds=1.0, warmup=1)
@@ -374,7 +374,7 @@ def test_load_generator_counts_requests_and_errors(pool):
 def test_the_load_clock_starts_after_every_client_warmed_up(monkeypatch):
     """A paced run's schedule starts once the warm-up requests are answered: a clock started before them made
     every send due during the warm-up go out at once, late, and that backlog was the p95 of a paced run."""
-    import lazyhippo.bench_serve as bench_serve
+    import lazyhippo.evaluate.bench_serve as bench_serve
 
     class SlowWarmup:  # a server that answers at once, except for each connection's warm-up requests
         def __init__(self, *args):
@@ -399,8 +399,8 @@ def test_the_load_clock_starts_after_every_client_warmed_up(monkeypatch):
 
 
 def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
-    import lazyhippo.serving as serving
-    from lazyhippo.warehouse import snapshot_dir, snapshot_path
+    import lazyhippo.serve.pool as serving
+    from lazyhippo.stores.warehouse import snapshot_dir, snapshot_path
 
     pool = IndexPool(Settings(home=home), settle_seconds=0.0).start()
     pool.stop()  # no poller: refresh by hand
@@ -425,7 +425,7 @@ def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
 
 def test_answers_say_when_the_latest_index_run_did_not_finish(pool, home):
     """A run killed half-way leaves the last complete index served, and every answer says so (issue 9)."""
-    from lazyhippo.warehouse import _write_state
+    from lazyhippo.stores.warehouse import _write_state
 
     with running(pool) as url:
         ok = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"})

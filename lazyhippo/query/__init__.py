@@ -6,15 +6,38 @@ in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster 
     print(result.answer, result.citations, result.to_dict())
 """
 
-from .answer import NO_ANSWER, QueryResult, answer_question, extractive_answer, retrieve
-from .config import (DEFAULT_CONFIG, ContextParams, GlobalParams, GraphParams, HybridParams, LocalParams,
-                     MultiHopParams, QueryConfig)
-from .context import ContextChunk, assemble_context, noise_reason, render_context
-from .loader import GraphIndex, clear_cache, load_index
-from .ppr import EmbeddedPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
-from .rerank import CircuitBreaker, CrossEncoderReranker, HttpReranker, Reranker, RerankError, RerankStage
-from .routes import ROUTES, RouteRequest, RouteResult, auto_route, classify_query, run_route, split_question
-from .types import PreparedQuery, ScoredChunk
+from lazyhippo.graph.ppr import EmbeddedPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
+from lazyhippo.query.answer import NO_ANSWER, QueryResult, answer_question, extractive_answer, retrieve
+from lazyhippo.query.config import (
+                                    DEFAULT_CONFIG,
+                                    ContextParams,
+                                    GlobalParams,
+                                    GraphParams,
+                                    HybridParams,
+                                    LocalParams,
+                                    MultiHopParams,
+                                    QueryConfig,
+)
+from lazyhippo.query.context import ContextChunk, assemble_context, noise_reason, render_context
+from lazyhippo.query.loader import GraphIndex, clear_cache, load_index
+from lazyhippo.query.rerank import (
+                                    CircuitBreaker,
+                                    CrossEncoderReranker,
+                                    HttpReranker,
+                                    Reranker,
+                                    RerankError,
+                                    RerankStage,
+)
+from lazyhippo.query.routes import (
+                                    ROUTES,
+                                    RouteRequest,
+                                    RouteResult,
+                                    auto_route,
+                                    classify_query,
+                                    run_route,
+                                    split_question,
+)
+from lazyhippo.query.types import PreparedQuery, ScoredChunk
 
 __all__ = [
     "answer_question", "retrieve", "QueryResult", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",

@@ -12,19 +12,19 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 import numpy as np
 
-from ..config import Settings
-from ..embedding import get_embedder
-from ..llm import configured_llm
-from .communities import CommunityEvidence
-from .config import DEFAULT_CONFIG, QueryConfig
-from .context import ContextChunk, assemble_context, render_context
-from .loader import GraphIndex, load_index
-from .ppr import one_blas_thread
-from .rerank import RerankStage
-from .routes import RouteRequest, RouteResult, check_route, classify_query, run_route
-from .text import sentences, strip_heading, tokens
-from ..tokens import count_tokens
-from .types import PreparedQuery, ScoredChunk
+from lazyhippo.graph.ppr import one_blas_thread
+from lazyhippo.models.embedders import get_embedder
+from lazyhippo.models.llm import configured_llm
+from lazyhippo.models.tokens import count_tokens
+from lazyhippo.query.communities import CommunityEvidence
+from lazyhippo.query.config import DEFAULT_CONFIG, QueryConfig
+from lazyhippo.query.context import ContextChunk, assemble_context, render_context
+from lazyhippo.query.loader import GraphIndex, load_index
+from lazyhippo.query.rerank import RerankStage
+from lazyhippo.query.routes import RouteRequest, RouteResult, check_route, classify_query, run_route
+from lazyhippo.query.text import sentences, strip_heading, tokens
+from lazyhippo.query.types import PreparedQuery, ScoredChunk
+from lazyhippo.settings import Settings
 
 NO_ANSWER = "No relevant information was found in the index."
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import GlobalParams
-from .loader import GraphIndex
-from .text import norm_key, sentences, tokens
-from .types import PreparedQuery, ScoredChunk, top_indices
+from lazyhippo.query.config import GlobalParams
+from lazyhippo.query.loader import GraphIndex
+from lazyhippo.query.text import norm_key, sentences, tokens
+from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..passage_graph import GraphParams
+from lazyhippo.graph.passage import GraphParams
 
 
 @dataclass(frozen=True)

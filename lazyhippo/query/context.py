@@ -8,13 +8,13 @@ strictly by the final score, and the rendered context never exceeds the budget (
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
-from ..tokens import count_tokens
-from .config import ContextParams
-from .text import norm_key, sentences, strip_heading, tokens
-from .types import ScoredChunk
+from lazyhippo.models.tokens import count_tokens
+from lazyhippo.query.config import ContextParams
+from lazyhippo.query.text import norm_key, sentences, strip_heading, tokens
+from lazyhippo.query.types import ScoredChunk
 
 SEPARATOR = "\n\n"
 _BLANK = re.compile(r"_{2,}|\.{4,}|\[\s*\]")

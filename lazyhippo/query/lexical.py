@@ -15,7 +15,7 @@ import bm25s
 import numpy as np
 from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer
 
-from .text import tokens
+from lazyhippo.query.text import tokens
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,15 @@ import numpy as np
 import pyarrow as pa
 import scipy.sparse as sp
 
-from ..config import Settings
-from ..graph import positions
-from ..names import norm_keys
-from ..passage_graph import EntityEdges, GraphParams, passage_adjacency
-from .ppr import parallel_matvec, transition_matrix
-from .text import norm_key, tokens
+from lazyhippo.graph.algorithms import positions
+from lazyhippo.graph.names import norm_keys
+from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
+from lazyhippo.graph.ppr import parallel_matvec, transition_matrix
+from lazyhippo.query.text import norm_key, tokens
+from lazyhippo.settings import Settings
 
 if TYPE_CHECKING:  # bm25s is imported when an index is built, not with the query package
-    from .lexical import Lexical
+    from lazyhippo.query.lexical import Lexical
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
 
 
 def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) -> Facts:
-    from .lexical import Lexical
+    from lazyhippo.query.lexical import Lexical
 
     chunk_pos = chunks.pos
     fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns).to_pydict()
@@ -324,7 +324,7 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
-    from .lexical import Lexical
+    from lazyhippo.query.lexical import Lexical
 
     t0 = time.perf_counter()
     ns = {"ns": namespace}
@@ -379,7 +379,7 @@ def db_version(db_path: Path) -> tuple[int, int]:
 
 def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIndex:
     """The cached GraphIndex of `settings`' namespace; built on first use and after the db file changes."""
-    from ..warehouse import read_path
+    from lazyhippo.stores.warehouse import read_path
 
     params = params or GraphParams()
     db_path = read_path(settings)
@@ -403,7 +403,7 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
 
 def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
     """Readers open the published snapshot, which no writer ever holds: no waiting needed."""
-    from ..warehouse import connect
+    from lazyhippo.stores.warehouse import connect
 
     with connect(settings, read_only=True) as con:
         return build_index(con, settings.namespace, db_path, params)

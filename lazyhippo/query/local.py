@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import LocalParams
-from .loader import GraphIndex
-from .ppr import PPRBackend, get_ppr_backend
-from .text import STOPWORDS
-from .types import PreparedQuery, ScoredChunk, top_indices
+from lazyhippo.graph.ppr import PPRBackend, get_ppr_backend
+from lazyhippo.query.config import LocalParams
+from lazyhippo.query.loader import GraphIndex
+from lazyhippo.query.text import STOPWORDS
+from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
 
 _CONNECTORS = {"of", "the", "de", "la", "le", "du", "von", "van", "der", "den", "di", "da", "del", "and", "&", "y", "al"}
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import MultiHopParams
-from .ppr import personalized_pagerank
+from lazyhippo.graph.ppr import personalized_pagerank
+from lazyhippo.query.config import MultiHopParams
 
 
 class SubgraphPPR:

@@ -18,7 +18,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Callable, Protocol, Sequence
 
-from .types import ScoredChunk
+from lazyhippo.query.types import ScoredChunk
 
 
 class Reranker(Protocol):

@@ -10,12 +10,12 @@ from typing import Callable
 
 import numpy as np
 
-from .communities import CommunityEvidence, hub_seeds, retrieve_global
-from .config import QueryConfig
-from .loader import GraphIndex
-from .local import local_scores, retrieve_local
-from .multihop import SubgraphPPR
-from .types import PreparedQuery, ScoredChunk, top_indices
+from lazyhippo.query.communities import CommunityEvidence, hub_seeds, retrieve_global
+from lazyhippo.query.config import QueryConfig
+from lazyhippo.query.loader import GraphIndex
+from lazyhippo.query.local import local_scores, retrieve_local
+from lazyhippo.query.multihop import SubgraphPPR
+from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
 
 
 @dataclass(frozen=True)

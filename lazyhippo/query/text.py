@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..names import name_tokens, norm_key, strip_accents  # noqa: F401  (re-exported for the query engine)
+from lazyhippo.graph.names import name_tokens, norm_key, strip_accents  # noqa: F401  (re-exported for the query engine)
 
 # English function words plus the question words that never name anything.
 STOPWORDS = frozenset("""

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .loader import GraphIndex
-from .text import name_tokens, tokens
+from lazyhippo.query.loader import GraphIndex
+from lazyhippo.query.text import name_tokens, tokens
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Measuring the index: the graph audit, quality measures behind the asset checks, and the benchmarks."""

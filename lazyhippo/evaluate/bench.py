@@ -1,0 +1,226 @@
+"""Retrieval and latency benchmarks on a corpus with gold supporting passages (2WikiMultiHopQA format:
+questions carry `supporting_titles`, and `supporting_ids` where titles repeat, as in MuSiQue)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from lazyhippo.models.embedders import embedding_model_name
+from lazyhippo.settings import Settings
+
+Ranker = Callable[[str], list[str]]  # question -> ranked passage keys (ids when gold is by id, else titles)
+
+DATASETS = {"2wiki": "2wikimultihopqa", "hotpotqa": "hotpotqa", "musique": "musique"}
+
+
+def dataset_files(name: str, root: Path) -> tuple[Path, Path]:
+    """(corpus.jsonl, questions_dev.json) of a shared dataset by short name."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r} (expected one of {', '.join(DATASETS)} or all)")
+    folder = root / DATASETS[name]
+    corpus, questions = folder / "corpus.jsonl", folder / "questions_dev.json"
+    for f in (corpus, questions):
+        if not f.exists():
+            raise FileNotFoundError(f"dataset {name!r}: {f} does not exist")
+    return corpus, questions
+
+
+def gold_key(questions: Sequence[dict]) -> str:
+    """Score by passage id when every question names its supporting ids (titles may repeat), else by title."""
+    return "supporting_ids" if questions and all(q.get("supporting_ids") for q in questions) else "supporting_titles"
+
+
+def passage_id(source: str) -> str:
+    """The JSONL row id of a chunk's source (`corpus.jsonl#<id>`), else the source itself."""
+    return source.rsplit("#", 1)[1] if "#" in source else source
+
+
+def distinct(titles: Sequence[str]) -> list[str]:
+    seen: set[str] = set()
+    return [t for t in titles if not (t in seen or seen.add(t))]
+
+
+def recall_at_k(ranked: Sequence[str], gold: Sequence[str], k: int) -> float:
+    """Share of the gold passages among the top-k distinct retrieved passages."""
+    gold_set = set(gold)
+    return len(gold_set & set(distinct(ranked)[:k])) / len(gold_set) if gold_set else 0.0
+
+
+def all_supporting_at_k(ranked: Sequence[str], gold: Sequence[str], k: int) -> float:
+    return float(set(gold) <= set(distinct(ranked)[:k]))
+
+
+def percentile_ms(seconds: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(seconds) * 1000.0, q)) if seconds else 0.0
+
+
+@dataclass
+class MethodReport:
+    method: str
+    recall_at_2: float
+    recall_at_5: float
+    all_supporting_at_8: float
+    latency_p50_ms: float
+    latency_p95_ms: float
+    per_question: list[dict] = field(default_factory=list)
+
+    def headline(self) -> dict:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items() if k != "per_question"}
+
+
+def evaluate(method: str, ranker: Ranker, questions: Sequence[dict], k: int = 8,
+             progress: Callable[[str, int, int], None] | None = None, gold_field: str = "supporting_titles") -> MethodReport:
+    rows, lat = [], []
+    for i, q in enumerate(questions):
+        t0 = time.perf_counter()
+        ranked = distinct(ranker(q["question"]))
+        lat.append(time.perf_counter() - t0)
+        gold = q[gold_field]
+        rows.append({"question": q["question"], gold_field: gold, "retrieved": ranked[:max(k, 8)],
+                     "recall_at_2": recall_at_k(ranked, gold, 2), "recall_at_5": recall_at_k(ranked, gold, 5),
+                     "all_supporting_at_8": all_supporting_at_k(ranked, gold, 8)})
+        if progress:
+            progress(method, i + 1, len(questions))
+    mean = lambda key: float(np.mean([r[key] for r in rows])) if rows else 0.0  # noqa: E731
+    return MethodReport(method, mean("recall_at_2"), mean("recall_at_5"), mean("all_supporting_at_8"),
+                        percentile_ms(lat, 50), percentile_ms(lat, 95), rows)
+
+
+def file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings | None = None) -> tuple[Settings, dict]:
+    """Index `corpus` into `workdir` unless it already holds this exact corpus (same hash, same settings)."""
+    from lazyhippo.index import run_index
+
+    settings = (settings or Settings.from_env()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
+    stamp_file = workdir / "bench_corpus.json"
+    stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items() if k != "home"},
+             "embedding_model": embedding_model_name(settings.embedder, settings.embedding_model)}
+    if stamp_file.exists():
+        old = json.loads(stamp_file.read_text())
+        if {k: old.get(k) for k in stamp} == stamp:
+            return settings, {"reused": True, "index_seconds": old["index_seconds"]}
+    t0 = time.perf_counter()
+    run_index(settings, progress=progress, run_id="bench")
+    seconds = time.perf_counter() - t0
+    stamp_file.write_text(json.dumps({**stamp, "index_seconds": seconds}))
+    return settings, {"reused": False, "index_seconds": seconds}
+
+
+def served_ppr(settings: Settings, store) -> object | None:
+    """Push the index (built on the embedded store) to `store` and return its PPR backend; None when the
+    store is the embedded one (in-process PPR over the loaded index)."""
+    if store.name == "embedded":
+        return None
+    from lazyhippo.index import sync_all
+    from lazyhippo.stores.warehouse import connect
+
+    with connect(settings) as con:
+        sync_all(store, con, settings.namespace)
+    return store.ppr_backend(settings.namespace)
+
+
+def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False) -> dict[str, Ranker]:
+    """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder).
+    Rankers return passage ids (`by_id`) or titles."""
+    from lazyhippo.models.embedders import get_embedder
+    from lazyhippo.query import retrieve
+    from lazyhippo.query.loader import load_index
+    from lazyhippo.query.types import PreparedQuery, top_indices
+
+    idx = load_index(settings)
+    embedder = get_embedder(settings.embedder, settings.embedding_model)
+
+    def channel(name: str) -> Ranker:
+        def rank(question: str) -> list[str]:
+            scores = getattr(PreparedQuery(idx, question, embedder), name)
+            return [passage_id(idx.chunks.sources[c]) if by_id else idx.chunks.titles[c] for c in top_indices(scores, k)]
+        return rank
+
+    return {route: lambda q: [passage_id(c.source) if by_id else c.title
+                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],
+            "bm25": channel("bm25"), "dense": channel("dense")}
+
+
+def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
+                        progress=None, graph_store: str = "embedded", settings: Settings | None = None) -> dict:
+    """Quality of `route` on the index of `corpus`, ranked through `graph_store` (neo4j: the index is
+    pushed to the server first and PPR runs over the graph it serves)."""
+    from lazyhippo.stores import open_graph_store
+
+    questions = json.loads(Path(questions_file).read_text())
+    field_ = gold_key(questions)
+    settings, index_info = ensure_index(Path(corpus), Path(workdir), progress, settings)
+    store = open_graph_store(graph_store)
+    try:
+        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids")
+        reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
+    finally:
+        store.close()
+    by = {r.method: r for r in reports}
+    return {
+        "corpus": str(corpus), "questions": len(questions), "route": route, "k": k, "graph_store": graph_store,
+        "scored_by": field_, "embedder": settings.embedder, **index_info,
+        "methods": {r.method: r.headline() for r in reports},
+        "margin_over_dense": {m: round(getattr(by[route], m) - getattr(by["dense"], m), 4)
+                              for m in ("recall_at_2", "recall_at_5", "all_supporting_at_8")},
+        "per_question": {r.method: r.per_question for r in reports},
+    }
+
+
+def summary_row(name: str, result: dict) -> dict:
+    """One line of the all-datasets table (short keys, to fit a terminal): the route's three figures, the
+    baselines' recall@5, the route's p50 latency and the index time."""
+    m, route = result["methods"], result["route"]
+    return {"set": name, "r@2": round(m[route]["recall_at_2"], 3), "r@5": round(m[route]["recall_at_5"], 3),
+            "all@8": round(m[route]["all_supporting_at_8"], 3), "bm25 r@5": round(m["bm25"]["recall_at_5"], 3),
+            "dense r@5": round(m["dense"]["recall_at_5"], 3), "p50 ms": round(m[route]["latency_p50_ms"], 1),
+            "index s": round(result["index_seconds"], 1), "reused": result["reused"]}
+
+
+def headline(result: dict) -> dict:
+    route = result["route"]
+    m = result["methods"]
+    return {"route": route, **{f"{route}_{k}": v for k, v in m[route].items() if k != "method"},
+            "dense_recall_at_5": m["dense"]["recall_at_5"], "bm25_recall_at_5": m["bm25"]["recall_at_5"],
+            "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"]}
+
+
+def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Sequence[str], repeat: int = 3,
+                      graph_store: str = "embedded") -> dict:
+    """Warm the index once, then time offline queries per route: retrieval + context assembly (query
+    embedding included), and the whole call with the extractive answer."""
+    from lazyhippo.query import answer_question
+    from lazyhippo.stores import open_graph_store
+
+    store = open_graph_store(graph_store)
+    try:
+        ppr = served_ppr(settings, store)
+        answer_question(settings, questions[0]["question"], route=routes[0], ppr=ppr)  # load + warm
+        out = {}
+        for route in routes:
+            ctx, total = [], []
+            for _ in range(repeat):
+                for q in questions:
+                    t0 = time.perf_counter()
+                    res = answer_question(settings, q["question"], route=route, ppr=ppr, llm=None)
+                    total.append(time.perf_counter() - t0)
+                    ctx.append(sum(res.timings.get(k, 0.0) for k in ("load_ms", "retrieve_ms", "rerank_ms", "assemble_ms")) / 1000)
+            out[route] = {"p50_ms": percentile_ms(ctx, 50), "p95_ms": percentile_ms(ctx, 95),
+                          "answer_p50_ms": percentile_ms(total, 50), "answer_p95_ms": percentile_ms(total, 95), "n": len(ctx)}
+        return out
+    finally:
+        store.close()

@@ -1,0 +1,170 @@
+"""Personalized PageRank over the entity+passage graph, and the hook other graph stores plug into.
+
+The embedded path runs a sparse power iteration on the in-memory CSR matrix of `GraphIndex`. Another
+graph store (Neo4j: the same iteration over its served graph) implements `PPRBackend` and is passed to
+the query functions as `ppr=`: the routes only ever see a score per node index.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from lazyhippo.settings import environment
+
+
+@dataclass(frozen=True)
+class PPRResult:
+    scores: np.ndarray   # one score per node, sums to 1
+    iterations: int
+    residual: float      # L1 change of the last iteration
+
+
+def transition_matrix(adjacency: sp.spmatrix) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Column-stochastic transpose of a row-normalized adjacency (M = D^-1 A, transposed) and the dangling mask.
+
+    `M @ p` moves the mass of each node to its neighbours in proportion to edge weight.
+    """
+    a = sp.csr_matrix(adjacency, dtype=np.float64)
+    out_w = np.asarray(a.sum(axis=1)).ravel()
+    dangling = out_w <= 0
+    inv = np.zeros_like(out_w)
+    inv[~dangling] = 1.0 / out_w[~dangling]
+    m = (sp.diags(inv) @ a).T.tocsr()
+    return m, dangling
+
+
+def personalized_pagerank(transition: sp.csr_matrix, personalization: np.ndarray, damping: float = 0.5,
+                          tol: float = 1e-6, max_iter: int = 100, dangling: np.ndarray | None = None,
+                          matvec: Callable[[np.ndarray], np.ndarray] | None = None) -> PPRResult:
+    """Power iteration p <- d * (M p + dangling mass * s) + (1 - d) * s, with s the normalized personalization.
+
+    `transition` is column-stochastic (see `transition_matrix`); mass stuck on dangling nodes returns to
+    the seeds, so the result always sums to 1. `damping` is the probability of following an edge.
+    Stops when the L1 change drops below `tol` or after `max_iter` iterations. `matvec` may replace
+    `transition @ p` (e.g. a row-blocked parallel product).
+    """
+    if not 0.0 <= damping < 1.0:
+        raise ValueError(f"damping must be in [0, 1), got {damping}")
+    n = transition.shape[0]
+    s = np.asarray(personalization, dtype=np.float64).ravel()
+    if s.shape[0] != n:
+        raise ValueError(f"personalization has {s.shape[0]} entries for {n} nodes")
+    s = np.clip(s, 0.0, None)
+    total = s.sum()
+    if total <= 0:  # no seed: plain PageRank from the uniform vector
+        s = np.full(n, 1.0 / max(n, 1))
+    else:
+        s = s / total
+    if dangling is None:
+        col_sums = np.asarray(transition.sum(axis=0)).ravel()
+        dangling = col_sums <= 0
+    dtype = transition.dtype if transition.dtype in (np.float32, np.float64) else np.float64
+    s = s.astype(dtype)
+    p = s.copy()
+    dangling_idx = np.flatnonzero(dangling)
+    base = (1.0 - damping) * s
+    residual, it = float("inf"), 0
+    for it in range(1, max_iter + 1):
+        lost = float(p[dangling_idx].sum()) if dangling_idx.size else 0.0
+        nxt = matvec(p) if matvec is not None else transition @ p
+        nxt *= damping
+        nxt += base
+        if lost:
+            nxt += (damping * lost) * s
+        residual = float(np.abs(nxt - p).sum())
+        p = nxt
+        if residual < tol:
+            break
+    p = p.astype(np.float64)
+    p /= max(p.sum(), 1e-300)
+    return PPRResult(p, it, residual)
+
+
+class PPRBackend(Protocol):
+    """Anything that turns a personalization vector over GraphIndex node indices into PPR scores."""
+
+    name: str
+
+    def run(self, index, personalization: np.ndarray, damping: float, tol: float, max_iter: int) -> np.ndarray: ...
+
+
+_POOL: ThreadPoolExecutor | None = None
+_BLAS = None
+
+
+def one_blas_thread(fn: Callable) -> Callable:
+    """Run `fn` with one BLAS thread: a query's products are small, and OpenBLAS's own threads spinning
+    against other processes made them several times slower (`lazyhippo bench query` on 2Wiki: local p50
+    20-30 ms with the default threads, 15 ms with one, in the same minute)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        global _BLAS
+        if _BLAS is None or _BLAS[0] != len(sys.modules):  # an import since may have loaded another BLAS
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS = (len(sys.modules), ThreadpoolController())
+        with _BLAS[1].limit(limits=1, user_api="blas"):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def parallel_matvec(matrix: sp.csr_matrix, threads: int | None = None, min_nnz: int = 1_500_000):
+    """`p -> matrix @ p` split into row blocks run on a thread pool (scipy's sparse kernels release the
+    GIL); None when the matrix is small, one core is all there is, or `LAZYHIPPO_THREADS=1` (a server
+    worker, whose cores already run other queries). Below ~1.5M non-zeros the threads' hand-offs cost
+    what they save (2 cores: 1.1x on 2Wiki's 0.6M, and `bench query` local p50 24-25 ms serial against
+    27 ms threaded; 1.3x at 2M, 1.7x at 8M)."""
+    global _POOL
+    threads = threads or environment().compute_threads()
+    if threads < 2 or matrix.nnz < min_nnz:
+        return None
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lazyhippo-ppr")
+    # blocks with equal nnz, so each thread gets the same work
+    cuts = np.searchsorted(matrix.indptr, np.linspace(0, matrix.nnz, threads + 1)[1:-1])
+    bounds = [0, *[int(c) for c in cuts], matrix.shape[0]]
+    blocks = [matrix[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+    def matvec(p: np.ndarray) -> np.ndarray:
+        futures = [_POOL.submit(b.dot, p) for b in blocks]
+        return np.concatenate([f.result() for f in futures])
+
+    return matvec
+
+
+class EmbeddedPPR:
+    """Sparse power iteration on the index's precomputed float32 transition matrix (the default); float32
+    halves the memory traffic of the product, results are renormalized in float64."""
+
+    name = "embedded"
+
+    def run(self, index, personalization, damping, tol, max_iter):
+        g = index.graph
+        return personalized_pagerank(g.transition32, personalization, damping, tol, max_iter,
+                                     dangling=g.dangling, matvec=g.matvec32).scores
+
+
+def get_ppr_backend(ppr: PPRBackend | Callable | None) -> PPRBackend:
+    """None -> embedded; a plain function f(index, personalization, damping, tol, max_iter) is wrapped."""
+    if ppr is None:
+        return EmbeddedPPR()
+    if hasattr(ppr, "run"):
+        return ppr  # type: ignore[return-value]
+    if callable(ppr):
+        fn = ppr
+
+        class _Fn:
+            name = getattr(fn, "__name__", "custom")
+
+            def run(self, index, personalization, damping, tol, max_iter):
+                return np.asarray(fn(index, personalization, damping, tol, max_iter), dtype=np.float64)
+
+        return _Fn()
+    raise TypeError(f"ppr must be a PPRBackend, a function or None, not {type(ppr).__name__}")

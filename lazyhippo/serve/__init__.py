@@ -1,0 +1,1 @@
+"""Serving warm indexes: the index pool, engine processes, the HTTP app, the MCP tool and the chat loop."""

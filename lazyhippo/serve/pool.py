@@ -1,0 +1,245 @@
+"""Warm indexes for servers (the HTTP API and the MCP tool): one GraphIndex per namespace, loaded once and
+swapped atomically when the warehouse changes.
+
+A query takes the namespace's current `Warm` entry and keeps it for its whole run, so a query in flight
+finishes on the index it started with while a refresher thread builds the newer one off the request path.
+Indexes are read from the published snapshots (`published/<namespace>.duckdb`, replaced atomically at the
+end of a complete index run; see `lazyhippo.stores.warehouse`): a run under way is never read half-written and the
+server never holds a lock a run needs. The snapshot folder's modification time is the version; a change is
+reloaded once it has stayed put for `settle_seconds`. `begin_write()`/`end_write()` bracket an index run this
+process launched: no polling meanwhile, one forced refresh right after it.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lazyhippo.models.embedders import get_embedder
+from lazyhippo.query import (
+    DEFAULT_CONFIG,
+    GraphIndex,
+    QueryConfig,
+    QueryResult,
+    ScoredChunk,
+    answer_question,
+    load_index,
+    retrieve,
+)
+from lazyhippo.query.loader import db_version
+from lazyhippo.query.routes import check_route
+from lazyhippo.settings import Settings, environment
+from lazyhippo.stores.warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir
+
+log = logging.getLogger(__name__)
+
+
+class UnknownNamespace(LookupError):
+    """The warehouse holds no index for this namespace."""
+
+
+class SerializedEmbedder:
+    """One embedding call at a time: the Hugging Face tokenizer inside model2vec is not thread-safe ("Already
+    borrowed" under concurrent queries); a query embeds in well under a millisecond, so the lock costs little."""
+
+    def __init__(self, embedder, lock: threading.Lock | None = None):
+        self.inner = embedder
+        self.name = getattr(embedder, "name", None)
+        self._lock = lock or threading.Lock()
+        passages = getattr(embedder, "passages", embedder)
+        self.passages = self if passages is embedder else SerializedEmbedder(passages, self._lock)
+
+    def embed(self, texts):
+        with self._lock:
+            return self.inner.embed(texts)
+
+
+@dataclass(frozen=True)
+class Warm:
+    settings: Settings
+    index: GraphIndex
+    version: tuple   # the warehouse file version the index was read from
+
+
+class IndexPool:
+    def __init__(self, settings: Settings, config: QueryConfig = DEFAULT_CONFIG, settle_seconds: float = 2.0,
+                 poll_seconds: float = 1.0, max_concurrent: int | None = None):
+        self.settings = settings
+        self.config = config
+        self.settle_seconds = settle_seconds
+        self.poll_seconds = poll_seconds
+        self.embedder = SerializedEmbedder(get_embedder(settings.embedder, settings.embedding_model))
+        self._warm: dict[str, Warm] = {}
+        self._known: set[str] = set()
+        self._version: tuple | None = None   # warehouse version of the namespace list and the warm indexes
+        self._lock = threading.Lock()        # one loader at a time; readers never take it
+        self._holds = 0                      # index runs of this process under way
+        self._seen: tuple[tuple, float] | None = None  # (file version, first seen at) while settling
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.swaps = 0
+        self.answered = 0                    # queries answered (answer and retrieve)
+        self._count_lock = threading.Lock()
+        # queries are CPU-bound Python: more running at once than cores only adds interpreter-lock churn
+        # (measured: 8 at once gave half the throughput of 2 on 2 cores); the rest wait their turn
+        self._slots = threading.BoundedSemaphore(max_concurrent or os.cpu_count() or 1)
+
+    # ------------------------------------------------------------ reading
+
+    def namespaces(self) -> list[str]:
+        """Namespaces with an index in the warehouse (as of the last refresh)."""
+        return sorted(self._known)
+
+    def get(self, namespace: str) -> Warm:
+        """The namespace's current warm index, loading it on first use."""
+        warm = self._warm.get(namespace)
+        if warm is not None:
+            return warm
+        if namespace not in self._known:
+            raise UnknownNamespace(namespace)
+        with self._lock:
+            if namespace not in self._warm:
+                self._load(namespace)
+            return self._warm[namespace]
+
+    def answer(self, namespace: str, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
+               llm="auto") -> QueryResult:
+        check_route(route)
+        warm = self.get(namespace)
+        self._count()
+        with self._slots:
+            return answer_question(warm.settings, question, route=route, top_k=top_k, budget=budget,
+                                   config=self.config, llm=llm, embedder=self.embedder, index=warm.index)
+
+    def notice(self, namespace: str) -> str | None:
+        return namespace_notice(self.settings, namespace)
+
+    def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8) -> list[ScoredChunk]:
+        check_route(route)
+        warm = self.get(namespace)
+        self._count()
+        with self._slots:
+            return retrieve(warm.settings, question, route=route, top_k=top_k, config=self.config,
+                            embedder=self.embedder, index=warm.index)
+
+    def _count(self) -> None:
+        with self._count_lock:
+            self.answered += 1
+
+    def engines(self) -> list[dict]:
+        """This process is the one engine (the shape of `EnginePool.engines`)."""
+        return [{"pid": os.getpid(), "queries": self.answered}]
+
+    # ------------------------------------------------------------ loading and swapping
+
+    def _load(self, namespace: str) -> None:
+        settings = self.settings.with_(namespace=namespace)
+        version = db_version(snapshot_dir(settings))
+        index = load_index(settings, self.config.graph)
+        self._warm[namespace] = Warm(settings, index, version)  # one reference assignment: the swap
+        # the index is millions of long-lived objects: out of the cyclic collector's reach, a full collection
+        # no longer walks them all in the middle of some query (unfreeze first: a replaced index is freed)
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+
+    def refresh(self, force: bool = False) -> bool:
+        """Reload every warm namespace if the warehouse changed (and settled); True if anything was swapped."""
+        db = Path(snapshot_dir(self.settings))
+        if not db.exists() or (self._holds and not force):
+            return False
+        version = db_version(db)
+        if version == self._version and not force:
+            self._seen = None
+            return False
+        if not force:
+            if self._seen is None or self._seen[0] != version:
+                self._seen = (version, time.monotonic())
+                return False
+            if time.monotonic() - self._seen[1] < self.settle_seconds:
+                return False
+        with self._lock:
+            self._known = set(list_namespaces(self.settings))
+            for ns in list(self._warm):
+                if ns in self._known:
+                    self._load(ns)
+                else:
+                    del self._warm[ns]
+            self._version = version  # only once every load succeeded: a failed refresh is retried next poll
+            self._seen = None
+            self.swaps += 1
+        return True
+
+    def begin_write(self) -> None:
+        """This process starts writing the warehouse (an index run launched by the server): no refresh until
+        the matching `end_write`, which forces one."""
+        with self._lock:
+            self._holds += 1
+
+    def end_write(self) -> None:
+        with self._lock:
+            self._holds -= 1
+        if not self._holds:
+            try:
+                self.refresh(force=True)
+            except Exception:  # noqa: BLE001 - the poller retries; the old index keeps serving
+                log.warning("refresh after an index run failed; retrying in the background", exc_info=True)
+
+    def start(self, preload: bool = True) -> "IndexPool":
+        """Read the namespace list (and load every index when `preload`), then refresh in the background."""
+        known = list_namespaces(self.settings)  # (publishes a home indexed before snapshots existed)
+        if known:
+            self._version = db_version(snapshot_dir(self.settings))
+            self._known = set(known)
+            if preload:
+                for ns in sorted(self._known):
+                    self.get(ns)
+        self._thread = threading.Thread(target=self._poll, name="lazyhippo-index-pool", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        gc.unfreeze()  # the indexes are ordinary garbage again once the server stops
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - a failed reload keeps the old index serving; retried next poll
+                log.warning("index refresh failed; still serving the previous index", exc_info=True)
+
+    def status(self) -> dict:
+        return {ns: {"chunks": w.index.n_chunks, "entities": w.index.n_entities, "loaded_at": w.index.loaded_at,
+                     "load_seconds": round(w.index.load_seconds, 3)} for ns, w in sorted(self._warm.items())}
+
+
+def list_namespaces(settings: Settings) -> list[str]:
+    """Namespaces with a published (complete) index."""
+    return published_namespaces(settings)
+
+
+def namespace_notice(settings: Settings, namespace: str) -> str | None:
+    """What a client should know about the namespace's latest index run (in progress, failed, killed), or None
+    when the warm index is from the latest run."""
+    try:
+        return index_notice(settings.with_(namespace=namespace))
+    except IndexIncomplete as exc:  # nothing published since: the warm index is an older complete one
+        return str(exc)
+
+
+def limit_threads() -> None:
+    """A server process runs each query on one thread when `LAZYHIPPO_THREADS` says so (`serve` sets 1: the
+    other cores already serve other queries); BLAS is already loaded, so it is limited here."""
+    threads = environment().threads
+    if threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads)

@@ -1,0 +1,195 @@
+"""The one module that reads the environment.
+
+`Settings` describes an index (home, namespace, source, models, stores): `Settings.from_env()` fills it from the
+LAZYHIPPO_* variables when a run starts, never at import; CLI options or resource config then override with
+`.with_(...)`, and the result is passed down to every stage. `environment()` holds the process-level values
+(threads, model cache, endpoints and credentials of the servers) that the stores and models are built from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SAMPLE_CORPUS = PACKAGE_DIR / "sample_corpus"  # package data: a non-editable install indexes it too
+
+
+class GraphStoreKind(str, Enum):
+    """The graph stores: a typed choice (bad values fail in config validation, before a run starts)."""
+
+    embedded = "embedded"
+    neo4j = "neo4j"
+
+
+class ObjectStoreKind(str, Enum):
+    local = "local"
+    minio = "minio"
+
+
+LlmKind = Literal["none", "openai"]
+
+MIN_CHUNK_TOKENS = 16  # below this a chunk cannot hold a sentence
+NAMESPACE_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def check_namespace(namespace: str) -> str:
+    """One rule for every store (warehouse rows, snapshot file, object keys, Neo4j): 1-64 letters, digits,
+    '_' or '-', starting with a letter or digit. No '/', '.', or spaces, so keys stay inside the namespace."""
+    if not isinstance(namespace, str) or not NAMESPACE_RULE.fullmatch(namespace):
+        raise ValueError(f"invalid namespace {namespace!r}: use 1-64 letters, digits, '_' or '-', "
+                         "starting with a letter or digit")
+    return namespace
+
+
+# Settings field -> environment variable read by `from_env`
+ENV = {"home": "LAZYHIPPO_HOME", "namespace": "LAZYHIPPO_NAMESPACE", "source": "LAZYHIPPO_SOURCE",
+       "extractor": "LAZYHIPPO_EXTRACTOR", "embedder": "LAZYHIPPO_EMBEDDER", "llm_model": "LAZYHIPPO_LLM_MODEL",
+       "graph_store": "LAZYHIPPO_GRAPH_STORE", "object_store": "LAZYHIPPO_OBJECT_STORE", "llm": "LAZYHIPPO_LLM"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path = field(default_factory=lambda: Path(".lazyhippo").resolve())
+    namespace: str = "default"
+    source: str = str(SAMPLE_CORPUS)
+    chunk_size: int = 256
+    chunk_overlap: int = 32
+    max_file_bytes: int = 20_000_000
+    extractor: str = "nlp"  # "nlp" (offline spaCy) or "llm" (OpenAI-compatible)
+    nlp_noun_phrases: bool = True
+    embedder: str = "static-minilm"  # profile: lazyhippo.embedding.PROFILES
+    llm: LlmKind = "none"   # "openai": community summaries and answers use the OpenAI-compatible endpoint
+    llm_model: str = "gpt-4o-mini"
+    embedding_model: str = "text-embedding-3-small"
+    knn_top_k: int = 10
+    knn_cutoff: float = 0.60
+    community_algorithm: str = "leiden"  # or "louvain"
+    graph_store: str = "embedded"   # a GraphStoreKind value
+    object_store: str = "local"     # an ObjectStoreKind value
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Settings":
+        """Defaults, then LAZYHIPPO_* variables, then `overrides` (None values are ignored). Without
+        LAZYHIPPO_LLM, an LLM is used when OPENAI_BASE_URL or OPENAI_API_KEY is set."""
+        env = {k: os.environ[v] for k, v in ENV.items() if os.environ.get(v)}
+        if "llm" not in env and (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")):
+            env["llm"] = "openai"
+        return cls().with_(**env).with_(**overrides)
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)  # before any stage or store sees it
+        if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:
+            raise ValueError(f"chunk_size {self.chunk_size} / chunk_overlap {self.chunk_overlap}: need chunk_size >= "
+                             f"{MIN_CHUNK_TOKENS} and 0 <= chunk_overlap < chunk_size")
+
+    def with_(self, **changes) -> "Settings":
+        known = {f.name for f in fields(self)}
+        unknown = set(changes) - known
+        if unknown:
+            raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if "home" in changes:
+            changes["home"] = Path(changes["home"]).resolve()
+        return replace(self, **changes)
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / "warehouse.duckdb"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.home / "cache"
+
+    @property
+    def export_dir(self) -> Path:
+        return self.home / "objects"
+
+
+class MissingCredentials(RuntimeError):
+    pass
+
+
+def credentials_file() -> Path:
+    """LAZYHIPPO_SERVICES_DIR/credentials.env (default ./.services, where scripts/services.sh writes it)."""
+    return Path(os.environ.get("LAZYHIPPO_SERVICES_DIR") or ".services").resolve() / "credentials.env"
+
+
+def _from_file(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    values = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.lstrip().startswith("#"):
+            values[key.strip()] = value.strip()
+    return values
+
+
+def credential(*names: str, required: bool = True) -> str | None:
+    """The first of `names` set in the environment, else in the services credentials file."""
+    for name in names:
+        if os.environ.get(name):
+            return os.environ[name]
+    path = credentials_file()
+    stored = _from_file(path)
+    for name in names:
+        if stored.get(name):
+            return stored[name]
+    if required:
+        raise MissingCredentials(f"{names[0]} is not set: export it, or run `bash scripts/services.sh install` "
+                                 f"(writes a random one to {path})")
+    return None
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Process-level configuration, read from the environment by `environment()` at the edge (a run, a server,
+    a command) and handed to the models and stores built there. Secrets never show in its repr."""
+
+    threads: int = 0                       # LAZYHIPPO_THREADS: compute threads per process (0: up to 4 cores)
+    model_cache: Path = field(default_factory=lambda: Path.home() / ".cache" / "lazyhippo" / "models")
+    openai_base_url: str | None = None
+    openai_api_key: str | None = field(default=None, repr=False)
+    llm_model: str | None = None
+    api_key: str | None = field(default=None, repr=False)   # LAZYHIPPO_API_KEY: the HTTP API's key
+    neo4j_uri: str | None = None
+    neo4j_user: str | None = None
+    neo4j_database: str | None = None
+    minio_endpoint: str = "127.0.0.1:9000"
+    minio_bucket: str = "lazyhippo"
+    minio_secure: bool = False
+    datasets: Path = Path("../shared/datasets")   # LAZYHIPPO_DATASETS: benchmark question sets
+
+    def compute_threads(self, cap: int = 4) -> int:
+        """LAZYHIPPO_THREADS when set, else the cores this process may use, at most `cap`."""
+        return self.threads or min(cap, len(os.sched_getaffinity(0)))
+
+
+def environment() -> Environment:
+    """The process-level values, read now (cheap: call it where a run, server or command starts)."""
+    env = os.environ
+    defaults = Environment()
+    return Environment(
+        threads=int(env.get("LAZYHIPPO_THREADS") or 0),
+        model_cache=Path(env.get("LAZYHIPPO_MODEL_CACHE") or defaults.model_cache),
+        openai_base_url=env.get("OPENAI_BASE_URL") or None,
+        openai_api_key=env.get("OPENAI_API_KEY") or None,
+        llm_model=env.get("LAZYHIPPO_LLM_MODEL") or None,
+        api_key=env.get("LAZYHIPPO_API_KEY") or None,
+        neo4j_uri=env.get("NEO4J_URI") or None,
+        neo4j_user=env.get("NEO4J_USER") or None,
+        neo4j_database=env.get("NEO4J_DATABASE") or None,
+        minio_endpoint=env.get("MINIO_ENDPOINT") or defaults.minio_endpoint,
+        minio_bucket=env.get("MINIO_BUCKET") or defaults.minio_bucket,
+        minio_secure=_flag(env.get("MINIO_SECURE")),
+        datasets=Path(env.get("LAZYHIPPO_DATASETS") or defaults.datasets),
+    )

@@ -1,0 +1,184 @@
+"""The `exports` asset (Parquet files and a manifest on the object store) and `lazyhippo export`: tables of
+one namespace as CSV, XLSX, Markdown or Parquet files.
+
+Rows stream from DuckDB in Arrow record batches and each batch is written before the next is read, so memory
+stays bounded by the batch size, not the graph size (a 50,000-entity graph exports in a few MB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lazyhippo.settings import Settings
+from lazyhippo.stages.results import ExportsResult
+from lazyhippo.stores.objects import ObjectStore
+
+FORMATS = ("csv", "xlsx", "md", "parquet")
+EXPORTABLE = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges", "entity_scores",
+              "communities", "community_summaries")
+DEFAULT_TABLES = ("entities", "relations", "chunks")
+XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, minus the header
+
+
+@dataclass(frozen=True)
+class Exported:
+    table: str
+    path: Path
+    rows: int
+
+
+def check_request(fmt: str, tables: list[str]) -> None:
+    """Bad options fail before anything is read or written, naming the option and the allowed values."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    unknown = [t for t in tables if t not in EXPORTABLE]
+    if unknown or not tables:
+        raise ValueError(f"--tables {','.join(unknown) or '(empty)'}: choose from {', '.join(EXPORTABLE)}")
+
+
+def batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The namespace's rows of `table` (without the namespace column), batch by batch, in stored order (a sort
+    would hold the whole table)."""
+    # a relation streams; a DB-API result (con.execute) would first copy every row into DuckDB's memory
+    reader = con.sql(f"SELECT * EXCLUDE (namespace) FROM {table} WHERE namespace = ?",
+                     params=[namespace]).to_arrow_reader(batch_rows)
+    yield from reader
+
+
+def _cell(v) -> object:
+    if isinstance(v, (list, tuple)):
+        return ", ".join(map(str, v))
+    return v
+
+
+def _md(v) -> str:
+    return "" if v is None else str(_cell(v)).replace("|", "\\|").replace("\n", " ")
+
+
+class _Writer:
+    """One output per table (one workbook sheet per table for xlsx); written atomically through a temp file."""
+
+    def __init__(self, fmt: str, out: Path):
+        self.fmt, self.out = fmt, out
+        self.book = None
+        if fmt == "xlsx":
+            import xlsxwriter
+
+            self.book_path = out / "lazyhippo.xlsx"
+            self.book = xlsxwriter.Workbook(str(self.book_path) + ".tmp", {"constant_memory": True, "strings_to_urls": False})
+
+    def write(self, table: str, stream: Iterator[pa.RecordBatch]) -> Exported:
+        if self.fmt == "xlsx":
+            return self._xlsx(table, stream)
+        path = self.out / f"{table}.{self.fmt}"
+        tmp = path.with_name(path.name + ".tmp")
+        rows = {"parquet": self._parquet, "csv": self._csv, "md": self._markdown}[self.fmt](tmp, table, stream)
+        os.replace(tmp, path)
+        return Exported(table, path, rows)
+
+    @staticmethod
+    def _parquet(tmp: Path, table: str, stream) -> int:
+        import pyarrow.parquet as pq
+
+        rows, writer = 0, None
+        try:
+            for batch in stream:
+                writer = writer or pq.ParquetWriter(tmp, batch.schema, compression="zstd")
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        finally:
+            if writer:
+                writer.close()
+        if writer is None:
+            tmp.write_bytes(b"")
+        return rows
+
+    @staticmethod
+    def _csv(tmp: Path, table: str, stream) -> int:
+        import pyarrow.csv as pcsv
+
+        rows, writer = 0, None
+        with open(tmp, "wb") as f:
+            for batch in stream:
+                flat = pa.RecordBatch.from_arrays(
+                    [pa.array([_cell(v) for v in col.to_pylist()], pa.string()) if pa.types.is_list(col.type) else col
+                     for col in batch.columns], names=batch.schema.names)
+                writer = writer or pcsv.CSVWriter(f, flat.schema)
+                writer.write_batch(flat)
+                rows += batch.num_rows
+            if writer:
+                writer.close()
+        return rows
+
+    @staticmethod
+    def _markdown(tmp: Path, table: str, stream) -> int:
+        rows = 0
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"# {table}\n\n")
+            for batch in stream:
+                if rows == 0:
+                    f.write("| " + " | ".join(batch.schema.names) + " |\n|" + "---|" * batch.num_columns + "\n")
+                for row in batch.to_pylist():
+                    f.write("| " + " | ".join(_md(v) for v in row.values()) + " |\n")
+                rows += batch.num_rows
+        return rows
+
+    def _xlsx(self, table: str, stream) -> Exported:
+        sheet = self.book.add_worksheet(table[:31])
+        rows = 0
+        for batch in stream:
+            if rows == 0:
+                sheet.write_row(0, 0, batch.schema.names)
+            if rows + batch.num_rows > XLSX_MAX_ROWS:
+                raise ValueError(f"table {table} has more than {XLSX_MAX_ROWS} rows, Excel's sheet limit: "
+                                 "export it as csv or parquet")
+            for row in batch.to_pylist():
+                rows += 1
+                sheet.write_row(rows, 0, [_cell(v) for v in row.values()])
+        return Exported(table, self.book_path, rows)
+
+    def close(self) -> None:
+        if self.book is not None:
+            self.book.close()
+            os.replace(str(self.book_path) + ".tmp", self.book_path)
+
+
+def export_tables(con: duckdb.DuckDBPyConnection, namespace: str, fmt: str, tables: list[str], out: Path,
+                  batch_rows: int = 5000) -> list[Exported]:
+    check_request(fmt, tables)
+    out.mkdir(parents=True, exist_ok=True)
+    writer = _Writer(fmt, out)
+    try:
+        return [writer.write(t, batches(con, t, namespace, batch_rows)) for t in tables]
+    finally:
+        writer.close()
+
+
+EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges",
+                 "entity_scores", "communities", "community_summaries", "community_reports")
+
+
+def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
+    """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run."""
+    import io
+
+    ns = settings.namespace
+    manifest = {}
+    for table in EXPORT_TABLES:
+        data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).to_arrow_table()
+        buf = io.BytesIO()
+        pq.write_table(data, buf, compression="zstd")
+        key = f"{ns}/tables/{table}.parquet"
+        manifest[table] = {"key": key, "rows": data.num_rows, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
+    store.put(f"{ns}/runs/{run_id}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return ExportsResult(objects=manifest, store=store.uri, run_key=f"{ns}/runs/{run_id}/manifest.json")
+
+

@@ -1,0 +1,257 @@
+"""The `extractions` asset: entities, relations and facts per chunk, cached. On many workers, per-document
+parts live in shared storage (the object store), not in one warehouse.
+
+`plan_batches` (where the warehouse lives) writes the chunks of the documents whose extraction is out of date
+as batch objects; `extract_batch` (on any worker) reads one batch, extracts it and writes one Parquet part per
+document; `collect_parts` (where the warehouse lives) loads the parts of those documents into the extracted_*
+tables. Workers share nothing but the object store. A part carries the signature of its chunks and extractor,
+so a run killed mid-way and started again re-extracts only the documents without a part.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lazyhippo.models.extractors import (
+    Extraction,
+    ExtractionCache,
+    Extractor,
+    LlmExtractor,
+    NlpExtractor,
+    extract_chunks,
+)
+from lazyhippo.settings import Settings
+from lazyhippo.sources.files import sha
+from lazyhippo.stages.chunks import Chunk, load_chunks
+from lazyhippo.stages.common import Progress, _ns, record_usage, resolve_llm
+from lazyhippo.stages.results import ExtractionsResult
+from lazyhippo.stores.objects import ObjectStore
+from lazyhippo.stores.warehouse import replace_rows, transaction
+
+RETRY = "retry:"
+PART_SCHEMA = pa.schema([("chunk_id", pa.string()), ("extraction", pa.string()), ("failure", pa.string())])
+
+
+@dataclass(frozen=True)
+class Batch:
+    key: str                  # object key of the batch's chunks
+    name: str                 # short name, usable as a Dagster mapping key
+    doc_ids: tuple[str, ...]
+
+
+def _extractor(settings: Settings) -> Extractor:
+    return make_extractor(settings, resolve_llm(settings) if settings.extractor == "llm" else None)
+
+
+def part_key(namespace: str, doc_id: str) -> str:
+    return f"{namespace}/parts/extractions/{doc_id}.parquet"
+
+
+def signature(chunks: list[Chunk], extractor: Extractor) -> str:
+    return sha("|".join(sorted(ExtractionCache.key(c, extractor) for c in chunks)), 24)
+
+
+def _parquet(table: pa.Table, metadata: dict[str, str] | None = None) -> bytes:
+    if metadata:
+        table = table.replace_schema_metadata(metadata)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, run_id: str,
+                 batch_chunks: int = 400, extractor: Extractor | None = None,
+                 only: frozenset[str] | None = None) -> tuple[list[Batch], dict]:
+    """Batches of the documents (of `only`, when given) whose held extraction is missing or stale, about
+    `batch_chunks` chunks each."""
+    ns = settings.namespace
+    extractor = extractor or _extractor(settings)
+    by_doc: dict[str, list[Chunk]] = defaultdict(list)
+    for c in load_chunks(con, ns):
+        by_doc[c.doc_id].append(c)
+    held = dict(con.execute("SELECT doc_id, signature FROM extraction_parts WHERE namespace = ?", [ns]).fetchall())
+    todo = [d for d in sorted(by_doc) if (only is None or d in only) and held.get(d) != signature(by_doc[d], extractor)]
+    batches, current = [], []
+    for doc_id in todo:
+        current.append(doc_id)
+        if sum(len(by_doc[d]) for d in current) >= batch_chunks or doc_id == todo[-1]:
+            name = f"b{len(batches):05d}"
+            key = f"{ns}/work/{run_id}/{name}.parquet"
+            rows = [asdict(c) for d in current for c in by_doc[d]]
+            objects.put(key, _parquet(pa.Table.from_pylist(rows)))
+            batches.append(Batch(key, name, tuple(current)))
+            current = []
+    return batches, {"documents": len(by_doc), "documents_to_extract": len(todo), "batches": len(batches),
+                     "documents_unchanged": len(by_doc) - len(todo)}
+
+
+def _read_part(objects: ObjectStore, key: str) -> tuple[str, dict[str, Extraction], dict[str, str]] | None:
+    try:
+        table = pq.read_table(io.BytesIO(objects.get(key)))
+    except Exception:  # noqa: BLE001 - a missing or torn part is simply extracted again
+        return None
+    sig = (table.schema.metadata or {}).get(b"signature", b"").decode()
+    results, failures = {}, {}
+    for row in table.to_pylist():
+        if row["extraction"] is not None:
+            results[row["chunk_id"]] = Extraction(**json.loads(row["extraction"]))
+        else:
+            failures[row["chunk_id"]] = row["failure"]
+    return sig, results, failures
+
+
+def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extractor: Extractor | None = None) -> dict:
+    """Extract one batch and write one part per document; a part already holding this signature is kept."""
+    ns = settings.namespace
+    extractor = extractor or _extractor(settings)
+    chunks = [Chunk(**r) for r in pq.read_table(io.BytesIO(objects.get(batch_key))).to_pylist()]
+    by_doc: dict[str, list[Chunk]] = defaultdict(list)
+    for c in chunks:
+        by_doc[c.doc_id].append(c)
+    todo, kept = [], 0
+    for doc_id, doc_chunks in by_doc.items():
+        part = _read_part(objects, part_key(ns, doc_id))
+        if part and part[0] == signature(doc_chunks, extractor):
+            kept += 1
+        else:
+            todo += doc_chunks
+    llm = getattr(extractor, "llm", None)
+    before = llm.meter.snapshot() if llm is not None else {}
+    cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")  # a local accelerator; parts are shared
+    try:
+        run = extract_chunks(todo, extractor, cache)
+    finally:
+        cache.close()
+    usage = llm.meter.since(before) if llm is not None else []  # recorded by collect_parts, with the warehouse
+    for doc_id in {c.doc_id for c in todo}:
+        rows = [{"chunk_id": c.chunk_id,
+                 "extraction": json.dumps(asdict(run.results[c.chunk_id])) if c.chunk_id in run.results else None,
+                 "failure": run.failures.get(c.chunk_id)} for c in by_doc[doc_id]]
+        sig = signature(by_doc[doc_id], extractor)
+        failed = any(r["failure"] for r in rows)  # held as such, but planned again next run: failures are retried
+        objects.put(part_key(ns, doc_id), _parquet(pa.Table.from_pylist(rows, PART_SCHEMA),
+                                                   {"signature": RETRY + sig if failed else sig}))
+    return {"documents": len(by_doc), "parts_kept": kept, "chunks": len(chunks), "cached": run.cached,
+            "computed": run.computed, "failed": len(run.failures), "llm_usage": usage}
+
+
+def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, batches: list[Batch],
+                  stats: list[dict], run_id: str | None = None) -> dict:
+    """Load the parts of the batches' documents into the warehouse; drop parts of documents that are gone."""
+    ns = settings.namespace
+    extractor = _extractor(settings)
+    by_doc: dict[str, list[Chunk]] = defaultdict(list)
+    for c in load_chunks(con, ns):
+        by_doc[c.doc_id].append(c)
+    results: dict[str, Extraction] = {}
+    failures: dict[str, str] = {}
+    held = []
+    for doc_id in sorted({d for b in batches for d in b.doc_ids if d in by_doc}):
+        part = _read_part(objects, part_key(ns, doc_id))
+        if part is None or part[0].removeprefix(RETRY) != signature(by_doc[doc_id], extractor):
+            raise RuntimeError(f"extraction part of document {doc_id} is missing or stale in {objects.uri}: "
+                               "a batch step failed; run the index again (finished parts are kept)")
+        results.update(part[1])
+        failures.update(part[2])
+        held.append((ns, doc_id, part[0]))
+    scope = [c.chunk_id for _, d, _ in held for c in by_doc[d]]
+    with transaction(con):
+        written = store_extractions(con, ns, results, failures, scope)
+        gone = [r[0] for r in con.execute("SELECT doc_id FROM extraction_parts WHERE namespace = ? AND doc_id NOT IN "
+                                          "(SELECT doc_id FROM chunks WHERE namespace = ?)", [ns, ns]).fetchall()]
+        con.execute("DELETE FROM extraction_parts WHERE namespace = ? AND doc_id IN (SELECT unnest(?))",
+                    [ns, gone + [d for _, d, _ in held]])
+        if held:
+            con.executemany("INSERT INTO extraction_parts VALUES (?, ?, ?)", held)
+    for doc_id in gone:
+        objects.delete(part_key(ns, doc_id))
+    for b in batches:
+        objects.delete(b.key)
+    totals = Counter()
+    for s in stats:
+        totals.update({k: v for k, v in s.items() if isinstance(v, int)})
+    for s in stats:  # the batches' token usage, one token_usage row per operation
+        for u in s.get("llm_usage", []):
+            con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
+                        "VALUES (?, ?, ?, ?, ?, ?)", [ns, run_id, u["operation"], u["model"], u["prompt_tokens"],
+                                                      u["completion_tokens"]])
+    n_chunks = sum(len(v) for v in by_doc.values())
+    # cached: chunks whose held extraction was reused, from a part, the local cache, or the warehouse itself
+    return {"documents_extracted": len(held), "documents_removed": len(gone), "chunks": n_chunks,
+            "cached": n_chunks - totals["computed"] - totals["failed"], "computed": totals["computed"], "failed": totals["failed"],
+            "parts_kept": totals["parts_kept"], "extractor": f"{extractor.name}:{extractor.model}", **written}
+
+
+def make_extractor(settings: Settings, llm=None):
+    if settings.extractor == "nlp":
+        return NlpExtractor(noun_phrases=settings.nlp_noun_phrases)
+    if settings.extractor == "llm":
+        if llm is None:
+            raise ValueError("extractor 'llm' needs an LLM endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY) or "
+                             "LAZYHIPPO_LLM=openai, or use --extractor nlp")
+        return LlmExtractor(llm)
+    raise ValueError(f"unknown extractor {settings.extractor!r} (expected 'nlp' or 'llm')")
+
+
+EXTRACTION_SCHEMAS = {
+    "extracted_entities": pa.schema([("chunk_id", pa.string()), ("name", pa.string()), ("type", pa.string()),
+                                     ("description", pa.string())]),
+    "extracted_relations": pa.schema([("chunk_id", pa.string()), ("source", pa.string()), ("target", pa.string()),
+                                      ("description", pa.string()), ("weight", pa.float64())]),
+    "extracted_facts": pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("text", pa.string()),
+                                  ("names", pa.list_(pa.string()))]),
+    "extraction_failures": pa.schema([("chunk_id", pa.string()), ("reason", pa.string())]),
+}
+
+
+def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+                      failures: dict[str, str], scope: list[str] | None = None) -> dict:
+    """Write the extracted_* rows of `results` (chunk_id -> extraction): the namespace's rows, or only those of
+    the chunks in `scope`; rows of chunks no longer in `chunks` go either way."""
+    rows: dict[str, list[dict]] = {t: [] for t in EXTRACTION_SCHEMAS}
+    for cid, ex in results.items():
+        rows["extracted_entities"] += [{"chunk_id": cid, **e} for e in ex.entities]
+        rows["extracted_relations"] += [{"chunk_id": cid, **r} for r in ex.relations]
+        rows["extracted_facts"] += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]}
+                                    for i, f in enumerate(ex.facts)]
+    rows["extraction_failures"] = [{"chunk_id": c, "reason": r} for c, r in failures.items()]
+    where, params = ("AND chunk_id IN (SELECT unnest(?))", [scope]) if scope is not None else ("", [])
+    for table, schema in EXTRACTION_SCHEMAS.items():
+        replace_rows(con, table, ns, _ns(pa.Table.from_pylist(rows[table], schema), ns), where, params)
+        con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
+                    "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
+    return {"raw_entities": len(rows["extracted_entities"]), "raw_relations": len(rows["extracted_relations"]),
+            "facts": len(rows["extracted_facts"])}
+
+
+def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,
+                    progress: Progress | None = None, run_id: str | None = None, llm="auto") -> ExtractionsResult:
+    """Cached extraction of every chunk. An endpoint error stops the stage after caching what finished
+    (and recording the tokens spent): a re-run calls the model only for what is missing."""
+    ns = settings.namespace
+    llm = resolve_llm(settings, llm) if settings.extractor == "llm" else None
+    extractor = extractor or make_extractor(settings, llm)
+    llm = getattr(extractor, "llm", None)
+    before = llm.meter.snapshot() if llm is not None else {}
+    chunks = load_chunks(con, ns)
+    cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")
+    try:
+        run = extract_chunks(chunks, extractor, cache,
+                             progress=(lambda i, n: progress("extractions", i, n)) if progress else None)
+    finally:
+        cache.close()
+        usage = record_usage(con, ns, run_id, llm, before)
+    written = store_extractions(con, ns, run.results, run.failures)
+    return ExtractionsResult(chunks=len(chunks), cached=run.cached, computed=run.computed, failed=len(run.failures),
+                             failures=run.failures, extractor=f"{extractor.name}:{extractor.model}",
+                             **written, prompt_tokens=sum(u["prompt_tokens"] for u in usage),
+                             completion_tokens=sum(u["completion_tokens"] for u in usage), llm_usage=usage)
+
+

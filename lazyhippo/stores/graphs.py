@@ -1,0 +1,70 @@
+"""Graph store protocol. `embedded`: the DuckDB warehouse plus in-process algorithms; `neo4j`: Bolt + GDS.
+
+The warehouse always holds the tables (it feeds exports and the SQL models); a graph store runs the
+graph-wide algorithms and, for Neo4j, keeps the served graph in sync.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import duckdb
+import numpy as np
+
+from lazyhippo.graph import algorithms as graph
+from lazyhippo.graph.algorithms import Communities, KnnEdge
+
+
+class GraphStore(Protocol):
+    name: str
+    exact_knn: bool  # knn() is the exact search: an update may search only the entities it can change
+
+    def sync(self, con: duckdb.DuckDBPyConnection, namespace: str, asset: str) -> dict:
+        """Push the warehouse rows the asset `asset` produced to the store; returns figures for metadata."""
+        ...
+
+    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]: ...
+
+    def communities(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
+                    algorithm: str, initial: list[int] | None = None) -> Communities:
+        """`initial`: the previous partition (per node), which embedded Leiden refines; GDS starts over."""
+        ...
+
+    def pagerank(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]]) -> dict[str, float]: ...
+
+    def ppr_backend(self, namespace: str):
+        """The query engine's PPR backend over this store's graph; None: the in-process default."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedGraphStore:
+    name = "embedded"
+    exact_knn = True
+
+    def __init__(self) -> None:
+        self._built: tuple | None = None  # (node_ids, edges, igraph): communities and PageRank share one build
+
+    def _graph(self, node_ids, edges):
+        if self._built is None or self._built[0] is not node_ids or self._built[1] is not edges:
+            self._built = (node_ids, edges, graph.weighted_igraph(node_ids, edges))
+        return self._built[2]
+
+    def sync(self, con, namespace, asset):
+        return {}
+
+    def knn(self, namespace, ids, vectors, top_k, cutoff):
+        return graph.knn_edges(ids, vectors, top_k, cutoff)
+
+    def communities(self, namespace, node_ids, edges, algorithm, initial=None):
+        return graph.detect_communities(node_ids, edges, algorithm, initial=initial, g=self._graph(node_ids, edges))
+
+    def pagerank(self, namespace, node_ids, edges):
+        return graph.pagerank(node_ids, edges, g=self._graph(node_ids, edges))
+
+    def ppr_backend(self, namespace):
+        return None
+
+    def close(self):
+        pass

@@ -1,0 +1,391 @@
+"""DuckDB warehouse: the embedded store every stage reads and writes, namespaced per row.
+
+Concurrency (DuckDB locks the file per process, so a reader would break a writer): an index run owns the work
+file `warehouse.duckdb`, serialized between processes by a lock that waits (`WriterSession`). At the end of a
+successful run the namespace's rows are written to a new file atomically renamed onto
+`published/<namespace>.duckdb`, the read-only snapshot every query and `status` opens. Readers therefore never
+touch the writer's file and always see the last complete index; `index_notice` tells them when the latest run
+is still going, failed, or was killed. Writers outside an index run use a `WriterSession` too (it publishes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+from filelock import FileLock, Timeout
+
+from lazyhippo.graph.names import norm_keys
+from lazyhippo.settings import Settings
+from lazyhippo.sql import SQL_DIR
+
+TABLES = (
+    "documents", "deleted_documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
+    "extracted_facts", "extraction_failures", "entities", "relations", "mentions", "facts",
+    "embeddings", "knn_edges", "entity_scores", "communities", "community_summaries", "community_reports", "token_usage",
+    "stage_inputs",
+)
+_LOCK = "warehouse.lock"
+_STATE = "index_state.json"
+# homes whose writer lock this process holds -> the thread running that index run (it reads its own work;
+# every other thread, e.g. a server answering queries meanwhile, reads the published snapshot)
+_HELD: dict[Path, int] = {}
+
+
+class IndexIncomplete(RuntimeError):
+    """No complete index to read: the only run so far failed or was killed."""
+
+
+def snapshot_dir(settings: Settings) -> Path:
+    """Where the published snapshots live; its modification time changes whenever one is replaced."""
+    return settings.home / "published"
+
+
+def snapshot_path(settings: Settings) -> Path:
+    """Per namespace, so publishing one knowledge base never publishes another's half-built rows."""
+    return snapshot_dir(settings) / f"{settings.namespace}.duckdb"
+
+
+def published_namespaces(settings: Settings) -> list[str]:
+    _published(settings)
+    return sorted(p.stem for p in snapshot_dir(settings).glob("*.duckdb"))
+
+
+def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    # a whole vector of names per call (a per-row Python call costs more than the work)
+    con.create_function("lh_norm", norm_keys, [duckdb.sqltype("VARCHAR")], duckdb.sqltype("VARCHAR"),
+                        type="arrow", side_effects=False)
+    con.execute("CREATE OR REPLACE TEMP MACRO lh_entity_id(s) AS 'e_' || substr(sha256(lh_norm(s)), 1, 16)")
+    return con
+
+
+def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(settings.db_path))
+    con.execute((SQL_DIR / "schema.sql").read_text())
+    return _with_functions(con)
+
+
+def _owns(settings: Settings) -> bool:
+    return _HELD.get(settings.home.resolve()) == threading.get_ident()
+
+
+def read_path(settings: Settings) -> Path | None:
+    """The file a reader of `settings` opens: its run's work file inside a run, else the published snapshot."""
+    return settings.db_path if _owns(settings) else _published(settings)
+
+
+@contextmanager
+def connect(settings: Settings, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Writers get the work file (inside a run, or a caller that owns the home); readers get the published
+    snapshot, except inside this process's own run, which reads what it has written so far."""
+    if read_only and not _owns(settings):
+        path = _published(settings)
+        if path is not None:
+            con = _with_functions(duckdb.connect(str(path), read_only=True))
+        else:  # nothing complete yet: an empty in-memory warehouse with the schema
+            con = duckdb.connect()
+            con.execute((SQL_DIR / "schema.sql").read_text())
+            _with_functions(con)
+    else:
+        con = _open_writer(settings)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+_IN_TRANSACTION: set[int] = set()  # ids of connections inside transaction()
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """All or nothing; inside an open transaction() it simply joins it (tracked here: in DuckDB a second BEGIN
+    fails and aborts the open transaction)."""
+    if id(con) in _IN_TRANSACTION:
+        yield con
+        return
+    con.begin()
+    _IN_TRANSACTION.add(id(con))
+    try:
+        yield con
+    except BaseException:
+        con.rollback()
+        raise
+    else:
+        con.commit()
+    finally:
+        _IN_TRANSACTION.discard(id(con))
+
+
+def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, rows: pa.Table | None,
+                 where: str = "", params: Sequence = ()) -> int:
+    """Delete this namespace's rows (optionally narrowed by `where`) and insert `rows`, in one transaction."""
+    with transaction(con):
+        con.execute(f"DELETE FROM {table} WHERE namespace = ? {where}", [namespace, *params])
+        if rows is None or rows.num_rows == 0:
+            return 0
+        con.register("_incoming", rows)
+        try:
+            cols = ", ".join(rows.column_names)
+            con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming")
+        finally:
+            con.unregister("_incoming")
+    return rows.num_rows
+
+
+MODEL_KEYS = {"entities": ("entity_id",), "relations": ("relation_id",), "mentions": ("chunk_id", "entity_id"),
+              "facts": ("fact_id",)}
+
+
+def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
+    """The temporary table `lh_names` the SQL models join: every name the namespace's extractions use, with its
+    normalized key and entity id, so `lh_norm` (Python) runs once per distinct name, not once per row."""
+    con.execute("""CREATE OR REPLACE TEMP TABLE lh_names AS
+        SELECT name, norm_name, 'e_' || substr(sha256(norm_name), 1, 16) AS entity_id
+        FROM (SELECT name, lh_norm(name) AS norm_name FROM (
+            SELECT name FROM extracted_entities WHERE namespace = $ns
+            UNION SELECT source FROM extracted_relations WHERE namespace = $ns
+            UNION SELECT target FROM extracted_relations WHERE namespace = $ns
+            UNION SELECT unnest(names) FROM extracted_facts WHERE namespace = $ns))""", {"ns": namespace})
+    return con.execute("SELECT count(*) FROM lh_names").fetchall()[0][0]
+
+
+def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) -> int:
+    """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name.
+    Only rows that differ are deleted and inserted: an update that touches a few entities writes a few rows.
+    (The new rows go through Arrow: DuckDB 2.0 loses a large temporary table's rows filled inside a transaction.)"""
+    sql = (SQL_DIR / f"{model}.sql").read_text()
+    cols = ", ".join(c[0] for c in con.execute(f"DESCRIBE {model}").fetchall())
+    key = MODEL_KEYS[model]
+    old = f"SELECT {cols} FROM {model} WHERE namespace = $namespace"
+    p = {"namespace": namespace}
+    with transaction(con):
+        new = con.sql(f"SELECT {cols} FROM ({sql})", params=p).to_arrow_table()
+        con.register("lh_model", new)
+        try:
+            con.execute(f"DELETE FROM {model} t USING (SELECT {', '.join(key)} FROM ({old} EXCEPT SELECT * FROM lh_model)) d "
+                        f"WHERE t.namespace = $namespace AND {' AND '.join(f't.{k} = d.{k}' for k in key)}", p)
+            con.execute(f"INSERT INTO {model} ({cols}) SELECT * FROM lh_model EXCEPT {old}", p)
+        finally:
+            con.unregister("lh_model")
+    return new.num_rows
+
+
+def count(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> int:
+    return con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchone()[0]
+
+
+def counts(settings: Settings) -> dict[str, int]:
+    with connect(settings, read_only=True) as con:
+        return {t: count(con, t, settings.namespace) for t in TABLES}
+
+
+def read_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str) -> tuple[list[str], np.ndarray]:
+    tbl = con.sql("SELECT item_id, vector FROM embeddings WHERE namespace = ? AND kind = ? ORDER BY item_id",
+                  params=[namespace, kind]).to_arrow_table()
+    ids = tbl.column("item_id").to_pylist()
+    if not ids:
+        return [], np.zeros((0, 0), dtype=np.float32)
+    col = tbl.column("vector").combine_chunks()
+    flat = col.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return ids, flat.reshape(len(ids), -1)
+
+
+# ---- index runs: one writer at a time, readers on the published snapshot ----
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def read_state(settings: Settings) -> dict:
+    """Per namespace: the latest index run (id, pid, host, status, times) and when it was last published."""
+    path = settings.home / _STATE
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _write_state(settings: Settings, **entry) -> None:
+    state = read_state(settings)
+    state[settings.namespace] = {**state.get(settings.namespace, {}), **entry}
+    path = settings.home / _STATE
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, path)
+
+
+def process_alive(pid: int, host: str) -> bool:
+    """Whether the process that started a run still runs (only decidable on its own host: assume yes elsewhere)."""
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def publish(settings: Settings) -> Path:
+    """Write the namespace's rows to a temporary file and atomically rename it onto its snapshot (readers that
+    have the old one open keep it). Only this namespace: another namespace's unfinished run stays unpublished.
+    When the work file holds nothing else, the checkpointed file itself is copied (much faster)."""
+    target = snapshot_path(settings)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    with connect(settings) as con:
+        con.execute("SET enable_progress_bar = false")
+        alone = not any(con.execute(f"SELECT 1 FROM {t} WHERE namespace <> ? LIMIT 1", [settings.namespace]).fetchone()
+                        for t in TABLES)
+        if alone:
+            con.execute("CHECKPOINT")
+        else:
+            _copy_namespace(con, settings.namespace, tmp)
+    if alone:
+        shutil.copyfile(settings.db_path, tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def _copy_namespace(con: duckdb.DuckDBPyConnection, namespace: str, path: Path) -> None:
+    work = con.execute("SELECT current_database()").fetchone()[0]
+    con.execute(f"ATTACH '{_sql_quote(path)}' AS lh_snapshot")
+    try:
+        for table in TABLES:  # readers need the rows, not the keys
+            con.execute(f"CREATE TABLE lh_snapshot.{table} AS SELECT * FROM {work}.{table} WHERE namespace = ?",
+                        [namespace])
+    finally:
+        con.execute("DETACH lh_snapshot")
+
+
+def _sql_quote(path: Path) -> str:
+    return str(path).replace("'", "''")
+
+
+def _published(settings: Settings) -> Path | None:
+    """The namespace's snapshot, if any complete run published one."""
+    path = snapshot_path(settings)
+    if not path.exists() and not snapshot_dir(settings).exists() and settings.db_path.exists():
+        _publish_legacy(settings)
+    return path if path.exists() else None
+
+
+def _publish_legacy(settings: Settings) -> None:
+    """A home indexed before snapshots existed: publish its namespaces once, if no run is busy with it."""
+    lock = FileLock(settings.home / _LOCK, thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return
+    try:
+        with connect(settings) as con:
+            names = [r[0] for r in con.execute("SELECT DISTINCT namespace FROM chunks").fetchall()]
+        state = read_state(settings)
+        for ns in names:
+            if state.get(ns, {}).get("status", "complete") == "complete":
+                publish(settings.with_(namespace=ns))
+        snapshot_dir(settings).mkdir(exist_ok=True)
+    finally:
+        lock.release()
+
+
+def index_notice(settings: Settings) -> str | None:
+    """What a reader should know about the namespace's latest index run, or None when it is complete.
+
+    Raises IndexIncomplete when there is nothing complete to answer from."""
+    entry = read_state(settings).get(settings.namespace)
+    if not entry or entry.get("status") == "complete":
+        return None
+    run = f"index run {entry.get('run_id')} (started {entry.get('started_at')})"
+    if entry["status"] == "running" and process_alive(entry.get("pid", 0), entry.get("host", "")):
+        what = f"{run} is still in progress"
+    elif entry["status"] == "running":
+        what = f"{run} did not finish: its process {entry.get('pid')} is gone (killed?)"
+    elif entry["status"] == "pending":
+        what = f"{run} read new documents; the graph run that publishes them has not finished"
+    else:
+        what = f"{run} failed"
+    published = entry.get("published_at")
+    if not published:
+        raise IndexIncomplete(f"namespace {settings.namespace!r} has no complete index: the {what}; "
+                              "run `lazyhippo index` again")
+    return f"the {what}; answering from the last complete index, published {published}"
+
+
+class WriterSession:
+    """One index run's hold on a home: the first write waits for the lock, `finish` publishes on success.
+
+    Used by the library's `run_index` and by the Dagster resource for a whole run (CLI and UI alike), so two
+    runs in one home queue behind each other instead of failing on DuckDB's file lock."""
+
+    def __init__(self, settings: Settings, run_id: str, on_wait: Callable[[str], None] | None = None,
+                 poll_seconds: float = 1.0):
+        self.settings, self.run_id, self.on_wait, self.poll = settings, run_id, on_wait, poll_seconds
+        self._lock = FileLock(settings.home / _LOCK, thread_local=False)
+        self.waited = 0.0
+
+    @property
+    def held(self) -> bool:
+        return self._lock.is_locked
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            if self.on_wait:
+                busy = {ns: e.get("run_id") for ns, e in read_state(self.settings).items() if e.get("status") == "running"}
+                self.on_wait(f"waiting for the index run holding {self.settings.home} ({busy or 'unknown run'})")
+            self._lock.acquire(poll_interval=self.poll)
+        self.waited = time.monotonic() - t0
+        _HELD[self.settings.home.resolve()] = threading.get_ident()
+        _write_state(self.settings, run_id=self.run_id, pid=os.getpid(), host=socket.gethostname(),
+                     status="running", started_at=_now(), finished_at=None)
+
+    @contextmanager
+    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        self.acquire()
+        with connect(self.settings) as con:
+            yield con
+
+    def finish(self, success: bool, publish_now: bool = True) -> None:
+        """Publish (success) or record the failure, then let the next run in. A run that wrote nothing is a no-op.
+        Without `publish_now` (a run over document partitions) readers keep the last complete index until the
+        graph run that follows publishes: never new chunks beside an old graph."""
+        if not self.held:
+            return
+        try:
+            if success and not publish_now:
+                _write_state(self.settings, status="pending", finished_at=_now())
+            elif success:
+                publish(self.settings)
+                _write_state(self.settings, status="complete", finished_at=_now(), published_at=_now())
+            else:
+                _write_state(self.settings, status="failed", finished_at=_now())
+        finally:
+            _HELD.pop(self.settings.home.resolve(), None)
+            self._lock.release(force=True)
+
+    def __enter__(self) -> "WriterSession":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish(exc_type is None)
