@@ -64,7 +64,7 @@ class LazyhippoResource(dg.ConfigurableResource):
     _writer: Optional[WriterSession] = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """One writer session per run: the first stage that writes waits for the home's lock, and the namespace
+        """One writer lock per run: the first stage that writes waits for the home's lock, and the namespace
         is published for readers only when every step of the run succeeded (a query run never locks)."""
         self._settings = None  # filled once per run, on first use, with the run's partition as namespace
         tags = context.run.tags if context.run is not None else {}
@@ -86,7 +86,7 @@ class LazyhippoResource(dg.ConfigurableResource):
             with writer.connect() as con:
                 yield con
         finally:
-            if writer is not self._writer:  # used outside a run: its own short session
+            if writer is not self._writer:  # used outside a run: its own short hold of the lock
                 writer.finish(success=True)
 
 

@@ -12,7 +12,7 @@ SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" /
 
 @pytest.fixture(scope="session")
 def sample_settings(tmp_path_factory) -> Settings:
-    """The sample corpus indexed once per session on the embedded default (library path, no Dagster)."""
+    """The sample corpus indexed once per test run on the embedded default (library path, no Dagster)."""
     settings = Settings(home=tmp_path_factory.mktemp("sample_index"), source=str(SAMPLE_CORPUS))
     run_index(settings)
     return settings

@@ -2,7 +2,7 @@
 
 Import them into a test module (`from tests.services_fixtures import neo4j_store, minio_store, namespaces`).
 An unreachable server skips with the reason, or fails with it when CI is set or LAZYHIPPO_REQUIRE_SERVICES=1.
-Every test namespace is unique per session and removed from Neo4j and MinIO afterwards.
+Every test namespace is unique per test run and removed from Neo4j and MinIO afterwards.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 _SESSION = uuid.uuid4().hex[:8]
-_CREATED: list[str] = []   # namespaces handed out; the server fixtures remove them at session end
+_CREATED: list[str] = []   # namespaces handed out; the server fixtures remove them at the end of the run
 
 
 def unavailable(reason: str) -> None:
@@ -64,7 +64,7 @@ def minio_store():
 
 @pytest.fixture(scope="session")
 def namespaces():
-    """`namespaces("label")` -> a fresh namespace, removed from Neo4j and MinIO when the session ends."""
+    """`namespaces("label")` -> a fresh namespace, removed from Neo4j and MinIO when the test run ends."""
 
     def new(label: str = "ns") -> str:
         ns = f"test_{_SESSION}_{label}_{len(_CREATED)}"

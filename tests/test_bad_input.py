@@ -63,7 +63,7 @@ def test_jsonl_duplicate_id_is_reported_null_text_is_an_error_and_a_bom_is_accep
 def test_an_empty_or_wrong_source_never_wipes_the_namespace(tmp_path):
     settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
     _ingest(settings)
-    before = counts(settings)  # not published yet: read the work file through a session
+    before = counts(settings)  # not published yet: read the work file through the writer
     with connect(settings) as con:
         n = con.execute("SELECT count(*) FROM documents").fetchone()[0]
     (tmp_path / "empty").mkdir()

@@ -38,7 +38,7 @@ def test_the_sensor_watches_the_source_the_job_indexes(tmp_path):
     from lazyhippo_dagster.sensors import source_changed
 
     (tmp_path / "a.md").write_text("# A\n\nAda Fenwick founded the observatory.\n")
-    # the resource has a run lifecycle (the index run's writer session), so its context is opened with `with`
+    # the resource has a run lifecycle (the index run's writer lock), so its context is opened with `with`
     with dg.build_sensor_context(resources={"lazyhippo": LazyhippoResource(source=str(tmp_path))},
                                  instance=dg.DagsterInstance.ephemeral()) as context:
         request = source_changed(context).run_requests[0]

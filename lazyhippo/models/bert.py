@@ -90,7 +90,7 @@ def quantize(graph: Path, out: Path) -> None:
 
 
 class BertEncoder:
-    """Tokenizer and ONNX session for a sentence-transformers BERT folder; `graph` is its built ONNX file.
+    """Tokenizer and ONNX Runtime inference for a sentence-transformers BERT folder; `graph` is its built ONNX file.
 
     Each text runs alone (no padding, and int8 activations are scaled per text, so a text's vector never
     depends on the texts embedded with it), on one thread per core: ONNX Runtime releases the GIL."""

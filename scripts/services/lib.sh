@@ -56,7 +56,7 @@ pid_alive() {
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# launch PIDFILE LOGFILE CMD...: detached from this shell (own session), stdin closed.
+# launch PIDFILE LOGFILE CMD...: detached from this shell (setsid), stdin closed.
 launch() {
     local pidfile="$1" logfile="$2"
     shift 2

@@ -30,7 +30,7 @@ __all__ = ["Neo4jGraphStore", "Neo4jConnection", "Neo4jStoreError", "AlgorithmOp
 
 
 class Neo4jGraphStore:
-    """GraphStore on Neo4j 5 + GDS 2.x. Thread-safe for the read paths (the driver pools sessions)."""
+    """GraphStore on Neo4j 5 + GDS 2.x. Thread-safe for the read paths (the driver pools its connections)."""
 
     name = "neo4j"
 
