@@ -2,7 +2,7 @@
 
 The stock `SqliteEventLogStorage` builds a new SQLAlchemy engine for every write (so no statement is ever
 compiled from cache) and stores a batch one event at a time: ~12 ms per event, minutes for a run over thousands
-of document partitions (dagster-io/dagster#18789). This subclass keeps one engine per shard (still `NullPool`:
+of document partitions. This subclass keeps one engine per shard (still `NullPool`:
 a fresh SQLite connection per write, safe across processes and forks) and writes a batch of asset events in
 one transaction per shard, the way dagster-postgres does. Dagster hands it batches when
 `DAGSTER_EVENT_BATCH_SIZE` is set (`enable_event_batches`): the planned and materialization events of a run

@@ -1,4 +1,4 @@
-"""Issue 9 (5-9, 11, 13): bad input becomes a per-file report and never stops or corrupts a run."""
+"""Bad input becomes a per-file report and never stops or corrupts a run."""
 
 from __future__ import annotations
 

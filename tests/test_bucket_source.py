@@ -1,4 +1,4 @@
-"""Issue 11: a MinIO bucket prefix as the source: the sensor diffs objects by (key, size, etag) with the same
+"""A MinIO bucket prefix as the source: the sensor diffs objects by (key, size, etag) with the same
 run-key rules as the folder sensor, and an index run reads the prefix through a mirror. Real MinIO on loopback."""
 
 from __future__ import annotations

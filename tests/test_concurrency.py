@@ -1,4 +1,4 @@
-"""Issue 9 (1-4): readers never break an index run and read the last complete index; runs in one home queue;
+"""Readers never break an index run and read the last complete index; runs in one home queue;
 killed runs are detected; replacing writes are transactional."""
 
 from __future__ import annotations

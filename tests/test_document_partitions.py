@@ -1,4 +1,4 @@
-"""Issue 11: the per-document assets are partitioned by document; a run covers a key range of one namespace,
+"""The per-document assets are partitioned by document; a run covers a key range of one namespace,
 and the graph run that follows drops the documents whose file vanished."""
 
 from __future__ import annotations

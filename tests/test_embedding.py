@@ -1,4 +1,4 @@
-"""Issue 10: embedder profiles without torch. The ONNX BERT forward pass reproduces the packaged MiniLM as
+"""Embedder profiles without torch. The ONNX BERT forward pass reproduces the packaged MiniLM as
 sentence-transformers runs it; the static profile is distilled from it; an unknown profile is a clear error."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9 (6, 10, 12, 14, 16): one Unicode name normalization, options checked before a run, vectors that
+"""One Unicode name normalization, options checked before a run, vectors that
 match their text, one namespace rule, live progress."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 11: graph-wide stages recompute only what an update touched, and give what a full recompute gives."""
+"""Graph-wide stages recompute only what an update touched, and give what a full recompute gives."""
 
 from __future__ import annotations
 

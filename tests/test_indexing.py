@@ -1,4 +1,4 @@
-"""Issue 2: the indexing platform on the embedded default."""
+"""The indexing platform on the embedded default."""
 
 from __future__ import annotations
 

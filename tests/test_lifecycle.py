@@ -1,4 +1,4 @@
-"""Issue 11: document lifecycle on the embedded store: delete with rebuild, incremental reindex."""
+"""Document lifecycle on the embedded store: delete with rebuild, incremental reindex."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 5: the benchmark asset checks pass on the sample index and fail on contexts/graphs built to violate them."""
+"""The benchmark asset checks pass on the sample index and fail on contexts/graphs built to violate them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11: extraction fans out in batches over worker processes, through per-document parts in the object store."""
+"""Extraction fans out in batches over worker processes, through per-document parts in the object store."""
 
 from __future__ import annotations
 

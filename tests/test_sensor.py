@@ -1,4 +1,4 @@
-"""Issue 11: the source sensor diffs documents against its cursor and names each change in its run key."""
+"""The source sensor diffs documents against its cursor and names each change in its run key."""
 
 from __future__ import annotations
 

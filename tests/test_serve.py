@@ -424,7 +424,7 @@ def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
 
 
 def test_answers_say_when_the_latest_index_run_did_not_finish(pool, home):
-    """A run killed half-way leaves the last complete index served, and every answer says so (issue 9)."""
+    """A run killed half-way leaves the last complete index served, and every answer says so."""
     from lazyhippo.stores.warehouse import _write_state
 
     with running(pool) as url:
