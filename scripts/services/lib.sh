@@ -163,3 +163,10 @@ apt_install() {
     fi
     APT_UPDATED=1
 }
+
+# already_running NAME PIDFILE PATTERN WAITFN: true (after waiting until it answers) when NAME runs already
+already_running() {
+    pid_alive "$2" "$3" >/dev/null || return 1
+    log "$1: already running (pid $(cat "$2"))"
+    "$4"
+}

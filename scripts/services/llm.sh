@@ -59,11 +59,7 @@ wait_llm() { wait_ready llm "$LLM_PID_FILE" "$LLM_PATTERN" "$LLM_LOG" llm_ready 
 
 start_llm() {
     need curl "curl not found (needed for the llm health check; apt-get install curl)"
-    if pid_alive "$LLM_PID_FILE" "$LLM_PATTERN" >/dev/null; then
-        log "llm: already running (pid $(cat "$LLM_PID_FILE"))"
-        wait_llm
-        return 0
-    fi
+    already_running llm "$LLM_PID_FILE" "$LLM_PATTERN" wait_llm && return 0
     llm_installed || die "llm: not installed (or version changed): run '$0 install llm' first"
     port_taken llm "$LLM_PORT" LAZYHIPPO_LLM_PORT llm_ready && return 0
     log "llm: starting llama.cpp server ($LLM_ALIAS) on 127.0.0.1:$LLM_PORT"

@@ -60,11 +60,7 @@ wait_minio() { wait_ready minio "$MINIO_PID_FILE" "$MINIO_PATTERN" "$MINIO_LOG" 
 
 start_minio() {
     need curl "curl not found (needed for the MinIO health check; apt-get install curl)"
-    if pid_alive "$MINIO_PID_FILE" "$MINIO_PATTERN" >/dev/null; then
-        log "minio: already running (pid $(cat "$MINIO_PID_FILE"))"
-        wait_minio
-        return 0
-    fi
+    already_running minio "$MINIO_PID_FILE" "$MINIO_PATTERN" wait_minio && return 0
     minio_installed || die "minio: not installed (or version changed): run '$0 install minio' first"
     port_taken minio "$MINIO_PORT" MINIO_PORT minio_ready " (credentials not checked)" && return 0
     ((${#MINIO_ROOT_USER} >= 3)) || die "minio: MINIO_ROOT_USER must be at least 3 characters"

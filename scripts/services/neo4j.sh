@@ -190,11 +190,7 @@ wait_neo4j() {
 }
 
 start_neo4j() {
-    if pid_alive "$NEO4J_PID_FILE" "$NEO4J_PATTERN" >/dev/null; then
-        log "neo4j: already running (pid $(cat "$NEO4J_PID_FILE"))"
-        wait_neo4j
-        return 0
-    fi
+    already_running neo4j "$NEO4J_PID_FILE" "$NEO4J_PATTERN" wait_neo4j && return 0
     neo4j_installed || die "neo4j: not installed (or version changed): run '$0 install neo4j' first"
     require_java
     # Accept a Neo4j with GDS that takes our password (login-checked); refuse anything else on the port.

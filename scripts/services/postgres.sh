@@ -86,11 +86,7 @@ wait_postgres() {
 }
 
 start_postgres() {
-    if pid_alive "$PG_PID_FILE" "$PG_PATTERN" >/dev/null; then
-        log "postgres: already running (pid $(cat "$PG_PID_FILE"))"
-        wait_postgres
-        return 0
-    fi
+    already_running postgres "$PG_PID_FILE" "$PG_PATTERN" wait_postgres && return 0
     postgres_installed || die "postgres: not installed: run '$0 install postgres' first"
     port_taken postgres "$LAZYHIPPO_PG_PORT" LAZYHIPPO_PG_PORT pg_login " (login ok)" && return 0
     log "postgres: starting PostgreSQL $(cat "$PG_DATA/PG_VERSION") on 127.0.0.1:$LAZYHIPPO_PG_PORT (data $PG_DATA)"

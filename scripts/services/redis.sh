@@ -56,11 +56,7 @@ redis_ping() {
 wait_redis() { wait_ready redis "$REDIS_PID_FILE" "$REDIS_PATTERN" "$REDIS_LOG" redis_ping "redis://127.0.0.1:$LAZYHIPPO_REDIS_PORT"; }
 
 start_redis() {
-    if pid_alive "$REDIS_PID_FILE" "$REDIS_PATTERN" >/dev/null; then
-        log "redis: already running (pid $(cat "$REDIS_PID_FILE"))"
-        wait_redis
-        return 0
-    fi
+    already_running redis "$REDIS_PID_FILE" "$REDIS_PATTERN" wait_redis && return 0
     redis_installed || die "redis: not installed: run '$0 install redis' first"
     port_taken redis "$LAZYHIPPO_REDIS_PORT" LAZYHIPPO_REDIS_PORT redis_ping " (password ok)" && return 0
     write_redis_conf
