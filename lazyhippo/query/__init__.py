@@ -7,9 +7,10 @@ in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster 
 """
 
 from lazyhippo.graph.ppr import EmbeddedPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
-from lazyhippo.query.answer import NO_ANSWER, QueryResult, answer_question, extractive_answer, retrieve
+from lazyhippo.query.answer import NO_ANSWER, QueryResult, Retrieval, answer_question, extractive_answer, retrieve, search
 from lazyhippo.query.config import (
                                     DEFAULT_CONFIG,
+                                    ChunkSelectionParams,
                                     ContextParams,
                                     GlobalParams,
                                     GraphParams,
@@ -27,6 +28,7 @@ from lazyhippo.query.rerank import (
                                     Reranker,
                                     RerankError,
                                     RerankStage,
+                                    configured_reranker,
 )
 from lazyhippo.query.routes import (
                                     ROUTES,
@@ -40,7 +42,7 @@ from lazyhippo.query.routes import (
 from lazyhippo.query.types import PreparedQuery, ScoredChunk
 
 __all__ = [
-    "answer_question", "retrieve", "QueryResult", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
+    "answer_question", "retrieve", "search", "Retrieval", "QueryResult", "ChunkSelectionParams", "configured_reranker", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
     "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex",
     "load_index", "clear_cache", "PPRBackend", "EmbeddedPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
     "Reranker", "RerankStage", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
