@@ -163,6 +163,9 @@ def test_the_http_api_and_the_mcp_tool_rerank_with_the_server_setting(sample_set
             off = httpx.post(f"{url}/api/query", json={"question": QUESTION, "route": "local", "rerank": "none"},
                              timeout=120)
             assert off.status_code == 200 and off.json()["diagnostics"]["rerank"] == {"status": "off"}
+            unusable = httpx.post(f"{url}/api/query", json={"question": QUESTION, "rerank": "cross-encoder"},
+                                  timeout=120)  # no cross-encoder model in the folder LAZYHIPPO_RERANK_MODEL names
+            assert unusable.status_code == 400 and "LAZYHIPPO_RERANK_MODEL" in unusable.json()["error"]
 
         async def call() -> dict:
             async with Client(build_server(pool)) as client:

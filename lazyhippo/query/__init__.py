@@ -7,7 +7,15 @@ in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster 
 """
 
 from lazyhippo.graph.ppr import EmbeddedPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
-from lazyhippo.query.answer import NO_ANSWER, QueryResult, Retrieval, answer_question, extractive_answer, retrieve, search
+from lazyhippo.query.answer import (
+                                    NO_ANSWER,
+                                    QueryResult,
+                                    Retrieval,
+                                    answer_question,
+                                    extractive_answer,
+                                    retrieve,
+                                    search,
+)
 from lazyhippo.query.config import (
                                     DEFAULT_CONFIG,
                                     ChunkSelectionParams,

@@ -220,4 +220,7 @@ def _reranker(provider: str, env: Environment) -> Reranker:
         return HttpReranker(env.rerank_url, env.rerank_model, env.rerank_api_key, timeout=TIMEOUT + 1.0)
     if not env.rerank_model:
         raise ValueError("rerank 'cross-encoder' needs a local model folder: set LAZYHIPPO_RERANK_MODEL")
-    return CrossEncoderReranker(env.rerank_model)
+    try:
+        return CrossEncoderReranker(env.rerank_model)
+    except (RuntimeError, OSError) as exc:  # the extra is not installed, or no model in that folder
+        raise ValueError(f"rerank 'cross-encoder' with LAZYHIPPO_RERANK_MODEL={env.rerank_model!r}: {exc}") from exc
