@@ -36,6 +36,7 @@ from lazyhippo.query.rerank import (
                                     Reranker,
                                     RerankError,
                                     RerankStage,
+                                    RerankUnavailable,
                                     configured_reranker,
 )
 from lazyhippo.query.routes import (
@@ -53,7 +54,7 @@ __all__ = [
     "answer_question", "retrieve", "search", "Retrieval", "QueryResult", "ChunkSelectionParams", "configured_reranker", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
     "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex",
     "load_index", "clear_cache", "PPRBackend", "EmbeddedPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
-    "Reranker", "RerankStage", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
+    "Reranker", "RerankStage", "RerankUnavailable", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
     "assemble_context", "render_context", "noise_reason", "extractive_answer", "NO_ANSWER", "ROUTES",
     "auto_route", "classify_query", "split_question", "PreparedQuery", "RouteRequest", "RouteResult", "run_route",
 ]

@@ -156,19 +156,19 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     model = _resolve_llm(settings, llm)
     before = model.meter.snapshot() if hasattr(model, "meter") else {}
     turns = bound_history(history or [], history_budget)
-    search = standalone_question(question, turns, model)
+    standalone = standalone_question(question, turns, model)
     t1 = time.perf_counter()
     candidates = max(top_k * 3, cfg.candidates)
-    used_route, kind, out = _retrieve(idx, search, route, candidates, cfg, emb, ppr, model)
+    used_route, kind, out = _retrieve(idx, standalone, route, candidates, cfg, emb, ppr, model)
     chunks, diag, evidence = out.chunks, out.diagnostics, out.evidence
-    if search != question:
-        diag["search_question"] = search
+    if standalone != question:
+        diag["search_question"] = standalone
     t["retrieve_ms"] = (time.perf_counter() - t1) * 1000
     for c in chunks:
         c.channels.setdefault("retrieval", c.score)
     stage = _reranker(settings, reranker)
     t2 = time.perf_counter()
-    chunks = _rerank(stage, search, chunks, diag)
+    chunks = _rerank(stage, standalone, chunks, diag)
     if stage is not None:
         t["rerank_ms"] = (time.perf_counter() - t2) * 1000
     t3 = time.perf_counter()

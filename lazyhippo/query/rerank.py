@@ -41,6 +41,10 @@ class RerankError(RuntimeError):
     pass
 
 
+class RerankUnavailable(ValueError):
+    """The settings name a reranker this process cannot build (no endpoint, no model, no extra)."""
+
+
 class HttpReranker:
     """Any rerank endpoint speaking the common JSON shape: POST {model, query, documents[, top_n]} ->
     {"results": [{"index", "relevance_score"}]} (Cohere, Jina, Voyage, vLLM, LiteLLM) or a bare list of
@@ -214,13 +218,13 @@ def configured_reranker(settings: Settings, env: Environment | None = None) -> R
 def _reranker(provider: str, env: Environment) -> Reranker:
     if provider == "http":
         if not env.rerank_url:
-            raise ValueError("rerank 'http' needs the endpoint: set LAZYHIPPO_RERANK_URL (and LAZYHIPPO_RERANK_MODEL, "
+            raise RerankUnavailable("rerank 'http' needs the endpoint: set LAZYHIPPO_RERANK_URL (and LAZYHIPPO_RERANK_MODEL, "
                              "LAZYHIPPO_RERANK_API_KEY if the service wants them)")
         # the socket outlives the stage's timeout: a slow service reads as a timeout, not as a socket error
         return HttpReranker(env.rerank_url, env.rerank_model, env.rerank_api_key, timeout=TIMEOUT + 1.0)
     if not env.rerank_model:
-        raise ValueError("rerank 'cross-encoder' needs a local model folder: set LAZYHIPPO_RERANK_MODEL")
+        raise RerankUnavailable("rerank 'cross-encoder' needs a local model folder: set LAZYHIPPO_RERANK_MODEL")
     try:
         return CrossEncoderReranker(env.rerank_model)
     except (RuntimeError, OSError) as exc:  # the extra is not installed, or no model in that folder
-        raise ValueError(f"rerank 'cross-encoder' with LAZYHIPPO_RERANK_MODEL={env.rerank_model!r}: {exc}") from exc
+        raise RerankUnavailable(f"rerank 'cross-encoder' with LAZYHIPPO_RERANK_MODEL={env.rerank_model!r}: {exc}") from exc

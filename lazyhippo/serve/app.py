@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field
 
-from lazyhippo.query import ROUTES
+from lazyhippo.query import ROUTES, RerankUnavailable
 from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.pool import IndexPool, UnknownNamespace, limit_threads
 from lazyhippo.settings import check_namespace as valid_namespace
@@ -198,7 +198,7 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
                                  choices=choices)
         except UnknownNamespace:
             raise HTTPException(404, f"unknown namespace {namespace!r} (known: {', '.join(pool.namespaces()) or 'none'})")
-        except ValueError as exc:  # a choice the server cannot honour (e.g. a reranker it has no endpoint for)
+        except RerankUnavailable as exc:  # a reranker this server has no endpoint or model for
             raise HTTPException(400, str(exc))
         except Exception as exc:  # noqa: BLE001 - the client gets a 503, the log gets the details
             log.exception("query failed in namespace %s", namespace)
