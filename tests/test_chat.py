@@ -64,6 +64,20 @@ def test_chat_cli_carries_history_offline(sample_settings, monkeypatch):
     assert "Tomas Reyes" in text.split("2 earlier turns sent")[0].rsplit("lazyhippo>", 1)[-1]
 
 
+
+def test_chat_cli_takes_the_query_settings(sample_settings, monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    home = str(sample_settings.home)
+    out = CliRunner().invoke(app, ["chat", "--home", home, "--route", "local", "--chunk-selection", "weight",
+                                   "--max-related-chunks", "1"], input="Who founded the Marlow Observatory?\n\n")
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "rerank off" in text and text.count("(c_") == 1 and "[2]" not in text  # one related chunk, cited
+    bad = CliRunner().invoke(app, ["chat", "--home", home, "--chunk-selection", "random"], input="\n")
+    said = " ".join(bad.output.replace("│", " ").split())
+    assert bad.exit_code == 2 and "--chunk-selection" in said and "'random' is not one of" in said
+
 # ---------------------------------------------------------------- every surface sends the history to the LLM
 
 FOLLOW_UP = "Who succeeded her?"
