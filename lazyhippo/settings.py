@@ -32,6 +32,8 @@ class ObjectStoreKind(str, Enum):
 
 
 LlmKind = Literal["none", "openai"]
+RERANK_PROVIDERS = ("none", "http", "cross-encoder")
+CHUNK_SELECTIONS = ("graph", "vector", "weight")
 
 MIN_CHUNK_TOKENS = 16  # below this a chunk cannot hold a sentence
 NAMESPACE_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -49,7 +51,11 @@ def check_namespace(namespace: str) -> str:
 # Settings field -> environment variable read by `from_env`
 ENV = {"home": "LAZYHIPPO_HOME", "namespace": "LAZYHIPPO_NAMESPACE", "source": "LAZYHIPPO_SOURCE",
        "extractor": "LAZYHIPPO_EXTRACTOR", "embedder": "LAZYHIPPO_EMBEDDER", "llm_model": "LAZYHIPPO_LLM_MODEL",
-       "graph_store": "LAZYHIPPO_GRAPH_STORE", "object_store": "LAZYHIPPO_OBJECT_STORE", "llm": "LAZYHIPPO_LLM"}
+       "graph_store": "LAZYHIPPO_GRAPH_STORE", "object_store": "LAZYHIPPO_OBJECT_STORE", "llm": "LAZYHIPPO_LLM",
+       "rerank": "LAZYHIPPO_RERANK", "rerank_top_n": "LAZYHIPPO_RERANK_TOP_N",
+       "chunk_selection": "LAZYHIPPO_CHUNK_SELECTION", "max_related_chunks": "LAZYHIPPO_MAX_RELATED_CHUNKS"}
+# fields that change how an index is queried, not what it holds (an index built with other values is the same)
+QUERY_FIELDS = ("rerank", "rerank_top_n", "chunk_selection", "max_related_chunks")
 
 
 @dataclass(frozen=True)
@@ -71,12 +77,20 @@ class Settings:
     community_algorithm: str = "leiden"  # or "louvain"
     graph_store: str = "embedded"   # a GraphStoreKind value
     object_store: str = "local"     # an ObjectStoreKind value
+    # query time: the reranker (URL, model and key in `environment()`) and how the local routes pick chunks
+    rerank: str = "none"            # a RERANK_PROVIDERS value
+    rerank_top_n: int = 20          # best retrieved chunks the reranker reorders
+    chunk_selection: str | None = None   # a CHUNK_SELECTIONS value; None: the query config's (graph)
+    max_related_chunks: int | None = None  # chunks the vector/weight selections keep; None: the query config's (20)
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
         """Defaults, then LAZYHIPPO_* variables, then `overrides` (None values are ignored). Without
         LAZYHIPPO_LLM, an LLM is used when OPENAI_BASE_URL or OPENAI_API_KEY is set."""
         env = {k: os.environ[v] for k, v in ENV.items() if os.environ.get(v)}
+        for k in ("rerank_top_n", "max_related_chunks"):
+            if k in env:
+                env[k] = _int(ENV[k], env[k])
         if "llm" not in env and (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")):
             env["llm"] = "openai"
         return cls().with_(**env).with_(**overrides)
@@ -86,6 +100,15 @@ class Settings:
         if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:
             raise ValueError(f"chunk_size {self.chunk_size} / chunk_overlap {self.chunk_overlap}: need chunk_size >= "
                              f"{MIN_CHUNK_TOKENS} and 0 <= chunk_overlap < chunk_size")
+        if self.rerank not in RERANK_PROVIDERS:
+            raise ValueError(f"rerank {self.rerank!r} is not one of {', '.join(RERANK_PROVIDERS)} ({ENV['rerank']})")
+        if self.chunk_selection is not None and self.chunk_selection not in CHUNK_SELECTIONS:
+            raise ValueError(f"chunk_selection {self.chunk_selection!r} is not one of {', '.join(CHUNK_SELECTIONS)} "
+                             f"({ENV['chunk_selection']})")
+        for name in ("rerank_top_n", "max_related_chunks"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (got {value}; {ENV[name]})")
 
     def with_(self, **changes) -> "Settings":
         known = {f.name for f in fields(self)}
@@ -146,6 +169,13 @@ def credential(*names: str, required: bool = True) -> str | None:
     return None
 
 
+def _int(variable: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{variable}={value!r} is not a whole number") from None
+
+
 def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -168,6 +198,9 @@ class Environment:
     minio_bucket: str = "lazyhippo"
     minio_secure: bool = False
     datasets: Path = Path("../shared/datasets")   # LAZYHIPPO_DATASETS: benchmark question sets
+    rerank_url: str | None = None          # LAZYHIPPO_RERANK_URL: a /rerank endpoint (Cohere/Jina JSON)
+    rerank_model: str | None = None        # LAZYHIPPO_RERANK_MODEL: its model name, or a cross-encoder's local path
+    rerank_api_key: str | None = field(default=None, repr=False)  # LAZYHIPPO_RERANK_API_KEY
 
     def compute_threads(self, cap: int = 4) -> int:
         """LAZYHIPPO_THREADS when set, else the cores this process may use, at most `cap`."""
@@ -192,4 +225,7 @@ def environment() -> Environment:
         minio_bucket=env.get("MINIO_BUCKET") or defaults.minio_bucket,
         minio_secure=_flag(env.get("MINIO_SECURE")),
         datasets=Path(env.get("LAZYHIPPO_DATASETS") or defaults.datasets),
+        rerank_url=env.get("LAZYHIPPO_RERANK_URL") or None,
+        rerank_model=env.get("LAZYHIPPO_RERANK_MODEL") or None,
+        rerank_api_key=env.get("LAZYHIPPO_RERANK_API_KEY") or None,
     )

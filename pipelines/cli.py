@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from lazyhippo.models.embedders import PROFILES
-from lazyhippo.serve.chat import chat, print_usage, run_usage
+from lazyhippo.serve.chat import MaxRelatedOpt, RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, run_usage
 from lazyhippo.settings import SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
@@ -178,7 +178,9 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
               top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
               as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
               home: Path = HomeOpt, namespace: str = NsOpt,
-              graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j")) -> None:
+              graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
+              rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
+              chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
     root = home
     _checked(check_query_options, question, namespace, route=route, top_k=top_k, budget=budget, graph_store=graph_store)
@@ -187,7 +189,10 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
     if not counts(settings)["chunks"]:
         console.print(f"[red]error:[/red] namespace {namespace!r} in {root} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
-    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
+    chosen = {"rerank": rerank, "rerank_top_n": rerank_top_n, "chunk_selection": chunk_selection,
+              "max_related_chunks": max_related_chunks}
+    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace,
+                                                **{k: v for k, v in chosen.items() if v is not None}},
                                   "graph_store": {"kind": graph_store}},
                   ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}})
     data = result.output_for_node("answer_question")
@@ -196,7 +201,7 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         return
     out = Console()
     out.print(f"[bold]Q:[/bold] {question}  [dim](route {data['route']}, {data['context_tokens']} context tokens)[/dim]")
-    out.print(f"[bold]A:[/bold] {data['answer']}")
+    out.print(f"[bold]A:[/bold] {data['answer']}  [dim](rerank {data['diagnostics']['rerank']['status']})[/dim]")
     for cite in data["citations"]:
         where = " ".join(x for x in (f"§ {cite['section']}" if cite.get("section") else "",
                                      f"p. {cite['page']}" if cite.get("page") else "") if x)
@@ -280,6 +285,9 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
                tables: str = typer.Option("entities,relations,chunks", help="Comma-separated tables."),
                out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default ./export-<namespace>)."),
                batch_rows: int = typer.Option(5000, min=1, help="Rows per streamed batch (bounds memory)."),
+               include_vectors: bool = typer.Option(False, "--include-vectors",
+                                                    help="Add each row's embedding as a `vector` column (chunks, "
+                                                         "entities, facts, community_summaries)."),
                home: Path = HomeOpt, namespace: str = NsOpt) -> None:
     """Write tables of one namespace as files, streamed in batches: one file per table (one sheet per table in
     lazyhippo.xlsx)."""
@@ -299,7 +307,7 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
     target = (out or Path(f"export-{namespace}")).resolve()
     with connect(settings, read_only=True) as con:
         try:
-            done = export_tables(con, namespace, fmt, names, target, batch_rows)
+            done = export_tables(con, namespace, fmt, names, target, batch_rows, include_vectors)
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
@@ -313,7 +321,9 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
           max_body_bytes: int = typer.Option(64 * 1024, help="Largest request body accepted."),
           max_question_chars: int = typer.Option(2000), max_budget: int = typer.Option(32000, help="Largest context budget."),
           workers: int = typer.Option(1, min=1, help="Query engines: >1 runs that many engine processes, each with its "
-                                      "own warm indexes (more cores, more memory), fed by one front process.")) -> None:
+                                      "own warm indexes (more cores, more memory), fed by one front process."),
+          rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
+          chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
     """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics."""
     from lazyhippo.serve.app import Limits, api_key_for
     from lazyhippo.serve.app import serve as run_server
@@ -324,7 +334,8 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
     root = home
-    settings = Settings.from_env(home=root)
+    settings = Settings.from_env(home=root, rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
+                                 max_related_chunks=max_related_chunks)
     if not settings.db_path.exists():
         console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
     console.print(f"serving {root} on http://{host}:{port} (docs at /docs)")
@@ -333,11 +344,13 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
 
 
 @app.command("mcp")
-def mcp_cmd(home: Path = HomeOpt) -> None:
-    """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve and lazyhippo_namespaces."""
+def mcp_cmd(home: Path = HomeOpt, rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
+            chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
+    """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve, lazyhippo_answer and lazyhippo_namespaces."""
     from lazyhippo.serve.mcp import run_stdio
 
-    run_stdio(Settings.from_env(home=home))
+    run_stdio(Settings.from_env(home=home, rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
+                                max_related_chunks=max_related_chunks))
 
 
 bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time, Dagster partition cost.", no_args_is_help=True)

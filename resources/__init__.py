@@ -44,6 +44,12 @@ class LazyhippoResource(dg.ConfigurableResource):
     knn_top_k: Optional[int] = None
     knn_cutoff: Optional[float] = None
     community_algorithm: Optional[str] = None
+    # query time: reranker (none | http | cross-encoder; its URL, model and key from LAZYHIPPO_RERANK_*) and
+    # chunk selection of the local routes (graph | vector | weight)
+    rerank: Optional[str] = None
+    rerank_top_n: Optional[int] = None
+    chunk_selection: Optional[str] = None
+    max_related_chunks: Optional[int] = None
     # benchmark asset checks (questions.json / themes.json beside the source are used when present)
     check_budget: int = 4000
     noise_share_max: float = 0.25

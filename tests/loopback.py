@@ -83,6 +83,7 @@ class OpenAIProxy:
 
         self.upstream = upstream.rstrip("/")
         self.prompts: list[str] = []
+        self.requests: list[dict] = []  # every chat request passed on, as sent
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -115,6 +116,7 @@ class OpenAIProxy:
                     threading.Thread(target=outer.stop, daemon=True).start()
                     return
                 outer.prompts.append(prompt)
+                outer.requests.append(json.loads(body))
                 status, raw = self._forward(body)
                 if outer.corrupt is not None and outer.corrupt(prompt):
                     payload = json.loads(raw)

@@ -50,6 +50,24 @@ def test_bad_options_fail_before_work_naming_the_option(sample_settings, tmp_pat
     assert bad.exit_code == 2 and "nope" in bad.output and not (tmp_path / "x").exists()
 
 
+def test_include_vectors_adds_each_rows_embedding(sample_settings, tmp_path):
+    with connect(sample_settings) as con:
+        stored = {(kind, item): vec for kind, item, vec in con.execute(
+            "SELECT kind, item_id, vector FROM embeddings WHERE namespace = 'default'").fetchall()}
+    runner = CliRunner()
+    home = str(sample_settings.home)
+    out = runner.invoke(app, ["export", "--format", "parquet", "--tables", "chunks,entities,relations",
+                              "--include-vectors", "--out", str(tmp_path / "with"), "--home", home])
+    assert out.exit_code == 0, out.output
+    for table, kind, key in (("chunks", "chunk", "chunk_id"), ("entities", "entity", "entity_id")):
+        rows = pq.read_table(tmp_path / "with" / f"{table}.parquet").to_pylist()
+        assert rows and all(r["vector"] == pytest.approx(stored[(kind, r[key])]) for r in rows)
+    assert "vector" not in pq.read_table(tmp_path / "with" / "relations.parquet").column_names  # not embedded
+    out = runner.invoke(app, ["export", "--format", "csv", "--tables", "chunks", "--out", str(tmp_path / "without"),
+                              "--home", home])
+    assert out.exit_code == 0 and "vector" not in pcsv.read_csv(tmp_path / "without" / "chunks.csv").column_names
+
+
 MEASURE = """
 import json, sys, tracemalloc
 from pathlib import Path

@@ -57,3 +57,36 @@ def test_mcp_tools_over_stdio_with_the_sdk_client(sample_settings, tmp_path):
         assert [p["chunk_id"] for p in out[mode]["passages"]] == [c.chunk_id for c in engine]
     for key, needle in (("bad_mode", "fastest"), ("bad_ns", "unknown namespace 'nowhere'"), ("empty", "query is empty")):
         assert out[key].is_error and needle in out[key].content[0].text
+
+
+def test_task_modes_give_5_10_20_passages_each_with_its_entities(sample_settings):
+    from lazyhippo.query import load_index
+    from lazyhippo.serve.mcp import TASK_MODES, build_server
+    from lazyhippo.serve.pool import IndexPool
+
+    async def call(pool, **args) -> dict:
+        async with Client(build_server(pool)) as client:
+            return _payload(await client.call_tool("lazyhippo_retrieve", {"query": SUCCESSOR_Q, **args}))
+
+    pool = IndexPool(sample_settings).start()
+    try:
+        out = {mode: asyncio.run(call(pool, mode=mode)) for mode in ("execution", "planning", "brainstorming", "local")}
+        limited = asyncio.run(call(pool, mode="planning", limit=2))
+    finally:
+        pool.stop()
+    assert TASK_MODES == {"execution": 5, "planning": 10, "brainstorming": 20}
+    idx = load_index(sample_settings)
+    for mode, count in TASK_MODES.items():
+        engine = retrieve(sample_settings, SUCCESSOR_Q, route="auto", top_k=count)  # the route picked by the question
+        assert out[mode]["mode"] == mode and out[mode]["route"] == "local"
+        assert [p["chunk_id"] for p in out[mode]["passages"]] == [c.chunk_id for c in engine]
+    assert len(out["execution"]["passages"]) == 5 and len(out["planning"]["passages"]) == 10
+    assert len(out["brainstorming"]["passages"]) == len(retrieve(sample_settings, SUCCESSOR_Q, top_k=20)) > 10
+    assert len(out["local"]["passages"]) == 8 and len(limited["passages"]) == 2
+    for p in out["brainstorming"]["passages"]:  # the entities the passage mentions, most mentioned first
+        row = idx.mentions.counts[idx.chunks.pos[p["chunk_id"]]]
+        names = {idx.entities.names[e] for e in row.indices}
+        assert p["entities"] and set(p["entities"]) <= names and len(p["entities"]) == min(10, len(names))
+        counts = {idx.entities.names[e]: n for e, n in zip(row.indices, row.data)}
+        assert [counts[n] for n in p["entities"]] == sorted((counts[n] for n in p["entities"]), reverse=True)
+    assert "Tomas Reyes" in {e for p in out["execution"]["passages"] for e in p["entities"]}

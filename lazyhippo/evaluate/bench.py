@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from lazyhippo.models.embedders import embedding_model_name
-from lazyhippo.settings import Settings
+from lazyhippo.settings import QUERY_FIELDS, Settings
 
 Ranker = Callable[[str], list[str]]  # question -> ranked passage keys (ids when gold is by id, else titles)
 
@@ -107,7 +107,8 @@ def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings 
 
     settings = (settings or Settings.from_env()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
     stamp_file = workdir / "bench_corpus.json"
-    stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items() if k != "home"},
+    stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items()
+                                                              if k != "home" and k not in QUERY_FIELDS},
              "embedding_model": embedding_model_name(settings.embedder, settings.embedding_model)}
     if stamp_file.exists():
         old = json.loads(stamp_file.read_text())

@@ -7,9 +7,18 @@ in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster 
 """
 
 from lazyhippo.graph.ppr import EmbeddedPPR, PPRBackend, PPRResult, personalized_pagerank, transition_matrix
-from lazyhippo.query.answer import NO_ANSWER, QueryResult, answer_question, extractive_answer, retrieve
+from lazyhippo.query.answer import (
+                                    NO_ANSWER,
+                                    QueryResult,
+                                    Retrieval,
+                                    answer_question,
+                                    extractive_answer,
+                                    retrieve,
+                                    search,
+)
 from lazyhippo.query.config import (
                                     DEFAULT_CONFIG,
+                                    ChunkSelectionParams,
                                     ContextParams,
                                     GlobalParams,
                                     GraphParams,
@@ -27,6 +36,8 @@ from lazyhippo.query.rerank import (
                                     Reranker,
                                     RerankError,
                                     RerankStage,
+                                    RerankUnavailable,
+                                    configured_reranker,
 )
 from lazyhippo.query.routes import (
                                     ROUTES,
@@ -40,10 +51,10 @@ from lazyhippo.query.routes import (
 from lazyhippo.query.types import PreparedQuery, ScoredChunk
 
 __all__ = [
-    "answer_question", "retrieve", "QueryResult", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
+    "answer_question", "retrieve", "search", "Retrieval", "QueryResult", "ChunkSelectionParams", "configured_reranker", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
     "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex",
     "load_index", "clear_cache", "PPRBackend", "EmbeddedPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
-    "Reranker", "RerankStage", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
+    "Reranker", "RerankStage", "RerankUnavailable", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
     "assemble_context", "render_context", "noise_reason", "extractive_answer", "NO_ANSWER", "ROUTES",
     "auto_route", "classify_query", "split_question", "PreparedQuery", "RouteRequest", "RouteResult", "run_route",
 ]

@@ -17,13 +17,13 @@ from lazyhippo.models.embedders import get_embedder
 from lazyhippo.models.llm import configured_llm
 from lazyhippo.models.tokens import count_tokens
 from lazyhippo.query.communities import CommunityEvidence
-from lazyhippo.query.config import DEFAULT_CONFIG, QueryConfig
+from lazyhippo.query.config import QueryConfig, config_for
 from lazyhippo.query.context import ContextChunk, assemble_context, render_context
 from lazyhippo.query.loader import GraphIndex, load_index
-from lazyhippo.query.rerank import RerankStage
+from lazyhippo.query.rerank import RerankStage, configured_reranker
 from lazyhippo.query.routes import RouteRequest, RouteResult, check_route, classify_query, run_route
 from lazyhippo.query.text import sentences, strip_heading, tokens
-from lazyhippo.query.types import PreparedQuery, ScoredChunk
+from lazyhippo.query.types import PreparedQuery, ScoredChunk, chunk_entities
 from lazyhippo.settings import Settings
 
 NO_ANSWER = "No relevant information was found in the index."
@@ -44,6 +44,7 @@ class QueryResult:
     diagnostics: dict = field(default_factory=dict)
     usage: list[dict] = field(default_factory=list)  # LLM tokens per operation for this question
     history: list[dict] = field(default_factory=list)  # the turns that were sent along (after the budget)
+    tokens: dict = field(default_factory=lambda: {"input": 0, "output": 0})  # `usage` summed: LLM tokens in, out
 
     @property
     def context_text(self) -> str:
@@ -81,33 +82,72 @@ def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConf
     return used, req.kind, out
 
 
+def _reranker(settings: Settings, reranker) -> RerankStage | None:
+    return configured_reranker(settings) if reranker == "auto" else reranker
+
+
+def _rerank(stage: RerankStage | None, question: str, chunks: list[ScoredChunk], diag: dict) -> list[ScoredChunk]:
+    """The chunks reordered by `stage`; `diag["rerank"]` says whether it ran, was skipped by its breaker,
+    timed out or failed (the retrieval order is kept), or is off."""
+    if stage is None:
+        diag["rerank"] = {"status": "off"}
+        return chunks
+    chunks, diag["rerank"] = stage.apply(question, chunks)
+    return chunks
+
+
+@dataclass
+class Retrieval:
+    route: str               # the route used (auto resolved)
+    query_type: str
+    chunks: list[ScoredChunk]
+    diagnostics: dict
+    entities: list[list[str]] = field(default_factory=list)  # per chunk, the entities it mentions (when asked)
+
+
 @one_blas_thread
+def search(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
+           config: QueryConfig | None = None, ppr=None, embedder=None, llm=None, index: GraphIndex | None = None,
+           reranker="auto", with_entities: bool = False) -> Retrieval:
+    """Ranked chunks (with document title, scores and citation metadata) without answer synthesis, and how they
+    were found. `index` is an already loaded index to use (a server's warm one); by default the cached one is
+    loaded. `reranker="auto"` uses the one the settings name (none by default), None turns it off.
+    `with_entities`: also the names of the entities each chunk mentions."""
+    cfg = config_for(settings, config)
+    idx = index or load_index(settings, cfg.graph)
+    stage = _reranker(settings, reranker)
+    k = max(top_k, stage.top_n) if stage is not None else top_k  # the reranker sees its top_n candidates
+    used, kind, out = _retrieve(idx, question, route, k, cfg, _embedder(settings, embedder), ppr, llm)
+    chunks = _rerank(stage, question, out.chunks, out.diagnostics)
+    chunks = chunks[:top_k]
+    entities = [chunk_entities(idx, c.chunk_id) for c in chunks] if with_entities else []
+    return Retrieval(used, kind, chunks, out.diagnostics, entities)
+
+
 def retrieve(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
              config: QueryConfig | None = None, ppr=None, embedder=None, llm=None,
-             index: GraphIndex | None = None) -> list[ScoredChunk]:
-    """Ranked chunks (with document title, scores and citation metadata) without answer synthesis.
-    `index` is an already loaded index to use (a server's warm one); by default the cached one is loaded."""
-    cfg = config or DEFAULT_CONFIG
-    idx = index or load_index(settings, cfg.graph)
-    _, _, out = _retrieve(idx, question, route, top_k, cfg, _embedder(settings, embedder), ppr, llm)
-    return out.chunks[:top_k]
+             index: GraphIndex | None = None, reranker="auto") -> list[ScoredChunk]:
+    """The chunks of `search`."""
+    return search(settings, question, route, top_k, config=config, ppr=ppr, embedder=embedder, llm=llm, index=index,
+                  reranker=reranker).chunks
 
 
 @one_blas_thread
 def answer_question(settings: Settings, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
-                    *, config: QueryConfig | None = None, reranker: RerankStage | None = None, llm="auto", ppr=None,
+                    *, config: QueryConfig | None = None, reranker="auto", llm="auto", ppr=None,
                     embedder=None, index: GraphIndex | None = None, history: list[dict] | None = None,
                     history_budget: int = 2000) -> QueryResult:
     """Answer `question` from the index of `settings`: route -> (rerank) -> context assembly -> answer.
 
     `llm="auto"` uses the configured OpenAI-compatible endpoint if any (else extractive); pass None to
-    force the offline answer or an LLM object to use it. `reranker` is a RerankStage (breaker included).
+    force the offline answer or an LLM object to use it. `reranker` is a RerankStage (breaker included); "auto"
+    uses the one the settings name (none by default).
     `ppr` is a PPRBackend (or function) replacing the embedded power iteration, e.g. Neo4j GDS. `index` is
     an already loaded index (a server's warm one, kept for the whole call even if a newer one is swapped in).
     `history`: earlier turns ({"role": "user"|"assistant", "content"}), newest last; the newest that fit
     `history_budget` tokens are sent to the LLM and make a follow-up question standalone for retrieval.
     """
-    cfg = config or DEFAULT_CONFIG
+    cfg = config_for(settings, config)
     t = {}
     t0 = time.perf_counter()
     idx = index or load_index(settings, cfg.graph)
@@ -116,19 +156,20 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     model = _resolve_llm(settings, llm)
     before = model.meter.snapshot() if hasattr(model, "meter") else {}
     turns = bound_history(history or [], history_budget)
-    search = standalone_question(question, turns, model)
+    standalone = standalone_question(question, turns, model)
     t1 = time.perf_counter()
     candidates = max(top_k * 3, cfg.candidates)
-    used_route, kind, out = _retrieve(idx, search, route, candidates, cfg, emb, ppr, model)
+    used_route, kind, out = _retrieve(idx, standalone, route, candidates, cfg, emb, ppr, model)
     chunks, diag, evidence = out.chunks, out.diagnostics, out.evidence
-    if search != question:
-        diag["search_question"] = search
+    if standalone != question:
+        diag["search_question"] = standalone
     t["retrieve_ms"] = (time.perf_counter() - t1) * 1000
     for c in chunks:
         c.channels.setdefault("retrieval", c.score)
-    if reranker is not None:
-        t2 = time.perf_counter()
-        chunks, diag["rerank"] = reranker.apply(question, chunks)
+    stage = _reranker(settings, reranker)
+    t2 = time.perf_counter()
+    chunks = _rerank(stage, standalone, chunks, diag)
+    if stage is not None:
         t["rerank_ms"] = (time.perf_counter() - t2) * 1000
     t3 = time.perf_counter()
     neighbours = _neighbour_fn(idx) if cfg.context.group_neighbours else None
@@ -150,6 +191,7 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
         answer, cited = extractive_answer(question, context, emb, cfg.answer_sentences)
     t["answer_ms"] = (time.perf_counter() - t4) * 1000
     t["total_ms"] = (time.perf_counter() - t0) * 1000
+    usage = model.meter.since(before) if hasattr(model, "meter") else []
     by_n = {c.n: c for c in context}
     citations = [by_n[n].citation for n in cited if n in by_n]
     passage_model = getattr(getattr(emb, "passages", emb), "name", None)
@@ -158,7 +200,8 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     return QueryResult(question=question, route=used_route, query_type=kind, answer=answer, citations=citations,
                        context=context, timings={k: round(v, 3) for k, v in t.items()},
                        context_tokens=stats["tokens"], budget=budget, llm=llm_name, diagnostics=diag,
-                       usage=model.meter.since(before) if hasattr(model, "meter") else [], history=turns)
+                       usage=usage, history=turns, tokens={"input": sum(u["prompt_tokens"] for u in usage),
+                                                           "output": sum(u["completion_tokens"] for u in usage)})
 
 
 def _neighbour_fn(idx: GraphIndex):
@@ -251,7 +294,8 @@ def _anchored(sentence: str, title: str) -> str:
 _CITE_RUN = re.compile(r"( ?)((?:\[\d+(?:\s*,\s*\d+)*\])+)")
 ANSWER_SYSTEM = ("You answer questions from a numbered context. Cite every claim with its source number in brackets, "
                  "like [1] or [2][3], and only numbers that appear in the context. If the context does not "
-                 "contain the answer, say so.")
+                 "contain the answer, say so. Answer in the language of the question, whatever the language of "
+                 "the context.")
 MAP_SCHEMA = {"type": "object", "required": ["answer", "score"],
               "properties": {"answer": {"type": "string", "maxLength": 600}, "score": {"type": "integer"}}}
 

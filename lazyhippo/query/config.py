@@ -91,6 +91,18 @@ class ContextParams:
 
 
 @dataclass(frozen=True)
+class ChunkSelectionParams:
+    """How the local routes (local, multi_hop) turn the graph's answer into chunks. `graph` ranks every chunk by
+    its PPR score (HippoRAG 2, the default); LightRAG's two picks take the chunks that mention the question's
+    entities (the `entities` with the most PPR mass) and keep `max_related_chunks` of them: `vector` by their
+    similarity to the question, `weight` by the PPR mass of the entities each one mentions."""
+
+    mode: str = "graph"               # graph | vector | weight
+    max_related_chunks: int = 20
+    entities: int = 20                # top entities by PPR mass whose chunks are the candidates
+
+
+@dataclass(frozen=True)
 class QueryConfig:
     graph: GraphParams = GraphParams()
     local: LocalParams = LocalParams()
@@ -101,6 +113,7 @@ class QueryConfig:
     candidates: int = 50              # chunks handed from retrieval to assembly (before budget)
     answer_sentences: int = 3         # sentences in an extractive answer
     drift_max_subquestions: int = 4
+    selection: ChunkSelectionParams = ChunkSelectionParams()
 
     def with_(self, **sections) -> "QueryConfig":
         """`cfg.with_(local={"damping": 0.6})` -> a copy with those fields changed."""
@@ -113,3 +126,12 @@ class QueryConfig:
 
 
 DEFAULT_CONFIG = QueryConfig()
+
+
+def config_for(settings, config: QueryConfig | None = None) -> QueryConfig:
+    """`config` (default: DEFAULT_CONFIG) with the query-time choices `settings` makes (LAZYHIPPO_*, resource
+    config, CLI options); the same object when it makes none, so the default path is untouched."""
+    config = config or DEFAULT_CONFIG
+    chosen = {k: v for k, v in (("mode", settings.chunk_selection), ("max_related_chunks", settings.max_related_chunks))
+              if v is not None and v != getattr(config.selection, k)}
+    return config.with_(selection=chosen) if chosen else config

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lazyhippo.graph.ppr import PPRBackend, get_ppr_backend
-from lazyhippo.query.config import LocalParams
+from lazyhippo.query.config import ChunkSelectionParams, LocalParams
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.text import STOPWORDS
 from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
@@ -31,6 +31,7 @@ class LocalScores:
     ppr: np.ndarray
     diagnostics: dict
     named: frozenset[int] = frozenset()  # entities the question names (exact span matches)
+    mass: np.ndarray | None = None       # every entity's PPR mass
 
 
 @dataclass
@@ -230,7 +231,7 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
             "links": seeds.links[:20],
             "top_entities": [{"name": idx.entities.names[e], "mass": round(float(mass[e]), 5)} for e in top_ents]}
-    return LocalScores(scores, ppr_part, diag, frozenset(seeds.named))
+    return LocalScores(scores, ppr_part, diag, frozenset(seeds.named), mass)
 
 
 def _non_hub_entities(idx: GraphIndex, c: int, p: LocalParams) -> np.ndarray:
@@ -321,12 +322,42 @@ def bridge_places(idx: GraphIndex, q: PreparedQuery, order: np.ndarray, pool: np
     return np.concatenate([order[:start], picked, rest[~np.isin(rest, picked)]])
 
 
+def related_chunks(idx: GraphIndex, q: PreparedQuery, ls: LocalScores, p: ChunkSelectionParams
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """LightRAG's chunk picks: the chunks mentioning any of the `p.entities` entities with the most PPR mass,
+    ranked by similarity to the question (`vector`) or by the summed mass of those entities they mention
+    (`weight`); the best `max_related_chunks` as (chunk indices, their ranking values), best first. Only chunks
+    the walk reached count (on multi_hop, those inside its subgraph)."""
+    none = np.zeros(0, dtype=np.int64), np.zeros(0)
+    mass = ls.mass
+    if mass is None or not idx.n_entities:
+        return none
+    ents = [e for e in top_indices(mass, p.entities) if mass[e] > 0]
+    if not ents:
+        return none
+    weights = np.zeros(idx.n_entities, dtype=np.float64)
+    weights[ents] = mass[ents]
+    weight = np.asarray(idx.mentions.counts.sign() @ weights).ravel()
+    cand = np.flatnonzero((weight > 0) & (ls.ppr > 0))
+    values = (q.dense[cand].astype(np.float64) if p.mode == "vector" else weight[cand])
+    order = np.lexsort((cand, -values))[:p.max_related_chunks]
+    return cand[order], values[order]
+
+
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
-                   extra_seeds: dict[int, float] | None = None, route: str = "local") -> tuple[list[ScoredChunk], dict]:
+                   extra_seeds: dict[int, float] | None = None, route: str = "local",
+                   selection: ChunkSelectionParams = ChunkSelectionParams()) -> tuple[list[ScoredChunk], dict]:
     """The best `top_k` chunks, the first reordered by `cover_question` and their 7th-8th places contested by
     `bridge_places`, each taking the score of the rank it lands on (so assembly, which sorts by score, keeps
-    the order)."""
+    the order). With a `vector` or `weight` selection, the chunks `related_chunks` picks instead."""
     ls = local_scores(idx, q, p, ppr, extra_seeds)
+    if selection.mode != "graph":
+        picked, values = related_chunks(idx, q, ls, selection)
+        dense = q.dense
+        chunks = [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=dense[c], selection=v)
+                  for c, v in zip(picked[:top_k], values[:top_k])]
+        return chunks, {**ls.diagnostics, "chunk_selection": {"mode": selection.mode, "related": len(picked),
+                                                              "max_related_chunks": selection.max_related_chunks}}
     scores = ls.scores
     depth = max(top_k, p.coverage_pool, p.bridge_depth)
     ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)

@@ -201,7 +201,8 @@ def retrieve_hybrid(req: RouteRequest) -> RouteResult:
 
 
 def retrieve_local_route(req: RouteRequest) -> RouteResult:
-    return RouteResult(*retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, req.ppr))
+    return RouteResult(*retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, req.ppr,
+                                       selection=req.cfg.selection))
 
 
 def retrieve_global_route(req: RouteRequest) -> RouteResult:
@@ -214,7 +215,8 @@ def retrieve_multi_hop(req: RouteRequest) -> RouteResult:
     """Local scoring with PPR confined to the subgraph within `max_hops` of the linked entities (always
     in memory: a store-side PPR backend does not apply)."""
     backend = SubgraphPPR(req.cfg.multi_hop, req.cfg.local.hub_df_share)
-    chunks, diag = retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, backend, route="multi_hop")
+    chunks, diag = retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, backend, route="multi_hop",
+                                  selection=req.cfg.selection)
     inside = np.zeros(len(req.idx.graph.node_ids), dtype=bool)
     inside[backend.nodes] = True  # the dense tiebreak scores every passage: keep the subgraph's only
     chunks = [c for c in chunks if inside[req.idx.chunks.pos[c.chunk_id] + req.idx.n_entities]]

@@ -83,6 +83,16 @@ class PreparedQuery:
         return self._bm25
 
 
+def chunk_entities(idx: GraphIndex, chunk_id: str, limit: int = 10) -> list[str]:
+    """Names of the entities a chunk mentions, the most mentioned first (ties by entity order)."""
+    c = idx.chunks.pos.get(chunk_id)
+    if c is None or not idx.n_entities:
+        return []
+    row = idx.mentions.counts[c]
+    order = np.lexsort((row.indices, -row.data))[:limit]
+    return [idx.entities.names[row.indices[i]] for i in order]
+
+
 def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest scores, best first (stable for ties)."""
     if k <= 0 or scores.size == 0:

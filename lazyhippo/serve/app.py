@@ -17,7 +17,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Optional
 
 from fastapi import Depends, FastAPI, Form, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field
 
-from lazyhippo.query import ROUTES
+from lazyhippo.query import ROUTES, RerankUnavailable
 from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.pool import IndexPool, UnknownNamespace, limit_threads
 from lazyhippo.settings import check_namespace as valid_namespace
@@ -73,7 +73,13 @@ class QueryRequest(BaseModel):
     route: str = "auto"
     top_k: int = Field(8, ge=1)
     budget: int = Field(32000, ge=1)
-    history: list[Turn] = Field(default_factory=list, description="Earlier turns; the user's help resolve follow-ups.")
+    history: list[Turn] = Field(default_factory=list, description="Earlier turns, oldest first: sent to the LLM with "
+                                "the question (the newest that fit its budget) and used to make a follow-up standalone.")
+    rerank: Optional[Literal["none", "http", "cross-encoder"]] = Field(None, description="Reranker for this question "
+                                                                       "(default: the server's).")
+    chunk_selection: Optional[Literal["graph", "vector", "weight"]] = Field(None, description="How local routes pick "
+                                                                            "chunks (default: the server's).")
+    max_related_chunks: Optional[int] = Field(None, ge=1, description="Chunks the vector/weight selections keep.")
 
 
 class FixedRouteRequest(BaseModel):
@@ -172,7 +178,7 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
             raise HTTPException(401, "missing or wrong API key", headers={"WWW-Authenticate": "Bearer"})
 
     def run_query(request: Request, question: str, namespace: str, route: str, top_k: int, budget: int,
-                  history: list[Turn] = ()) -> JSONResponse:
+                  history: list[Turn] = (), choices: dict | None = None) -> JSONResponse:
         if route != "auto" and route not in ROUTES:
             raise HTTPException(400, f"unknown route {route!r} (expected auto or one of {', '.join(ROUTES)})")
         request.state.route = route  # a metrics label: only known routes, so the label set stays bounded
@@ -187,11 +193,13 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
             raise HTTPException(400, f"budget {budget} is over the limit {limits.max_budget} tokens")
         if len(history) > limits.max_history:
             raise HTTPException(400, f"history has {len(history)} turns; the limit is {limits.max_history}")
-        earlier = " ".join(t.content for t in history[-2:] if t.role == "user")
         try:
-            result = pool.answer(namespace, f"{earlier} {question}" if earlier else question, route, top_k, budget)
+            result = pool.answer(namespace, question, route, top_k, budget, history=[t.model_dump() for t in history],
+                                 choices=choices)
         except UnknownNamespace:
             raise HTTPException(404, f"unknown namespace {namespace!r} (known: {', '.join(pool.namespaces()) or 'none'})")
+        except RerankUnavailable as exc:  # a reranker this server has no endpoint or model for
+            raise HTTPException(400, str(exc))
         except Exception as exc:  # noqa: BLE001 - the client gets a 503, the log gets the details
             log.exception("query failed in namespace %s", namespace)
             raise HTTPException(503, f"query backend unavailable ({type(exc).__name__}); retry later")
@@ -201,7 +209,9 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
         if notice:  # the latest index run is unfinished, failed or was killed: the answer is from an older index
             data["notice"] = notice
         request.state.route = data["route"]
-        return JSONResponse(data)  # already plain JSON types: skips FastAPI's slower generic encoder
+        # LLM tokens of this answer (per operation and model in the body's `usage`)
+        tokens = {"X-Token-Input": str(data["tokens"]["input"]), "X-Token-Output": str(data["tokens"]["output"])}
+        return JSONResponse(data, headers=tokens)  # already plain JSON types: skips FastAPI's slower generic encoder
 
     @app.get("/health", tags=["operations"])
     def health() -> dict:
@@ -221,7 +231,9 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
     @app.post("/api/query", tags=["query"])
     def query(body: QueryRequest, request: Request, _: None = Depends(authorized)) -> JSONResponse:
         """Any route (auto, local, global, drift, hybrid, multi_hop): the JSON of `lazyhippo query --json`."""
-        return run_query(request, body.question, body.namespace, body.route, body.top_k, body.budget, body.history)
+        choices = body.model_dump(include={"rerank", "chunk_selection", "max_related_chunks"}, exclude_none=True)
+        return run_query(request, body.question, body.namespace, body.route, body.top_k, body.budget, body.history,
+                         choices)
 
     @app.post("/api/kg/qa", tags=["query"])
     def kg_qa(body: FixedRouteRequest, request: Request, _: None = Depends(authorized)) -> JSONResponse:

@@ -10,7 +10,28 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lazyhippo.settings import Settings
+from lazyhippo.settings import CHUNK_SELECTIONS, RERANK_PROVIDERS, Settings
+
+
+def _one_of(choices: tuple[str, ...]):
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in choices:
+            raise typer.BadParameter(f"{value!r} is not one of: {', '.join(choices)}")
+        return value
+    return check
+
+
+# the query-time options of every command that answers (query, chat, serve, mcp); unset, LAZYHIPPO_* decide
+RerankOpt = typer.Option(None, "--rerank", callback=_one_of(RERANK_PROVIDERS),
+                         help="Reranker: none | http | cross-encoder [$LAZYHIPPO_RERANK or none]; endpoint, model and "
+                              "key from $LAZYHIPPO_RERANK_URL, $LAZYHIPPO_RERANK_MODEL, $LAZYHIPPO_RERANK_API_KEY.")
+RerankTopNOpt = typer.Option(None, "--rerank-top-n", min=1, help="Best chunks the reranker reorders "
+                             "[$LAZYHIPPO_RERANK_TOP_N or 20].")
+SelectionOpt = typer.Option(None, "--chunk-selection", callback=_one_of(CHUNK_SELECTIONS),
+                            help="How local routes pick chunks: graph (PPR), vector or weight (LightRAG) "
+                                 "[$LAZYHIPPO_CHUNK_SELECTION or graph].")
+MaxRelatedOpt = typer.Option(None, "--max-related-chunks", min=1, help="Chunks the vector/weight selections keep "
+                             "[$LAZYHIPPO_MAX_RELATED_CHUNKS or 20].")
 
 
 def print_usage(rows: list[dict], out: Console, title: str = "LLM tokens") -> None:
@@ -38,14 +59,17 @@ def run_usage(settings: Settings, run_id: str) -> list[dict]:
 
 def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder [$LAZYHIPPO_HOME or ./.lazyhippo]."),
          namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="[$LAZYHIPPO_NAMESPACE or default]"),
-         route: str = typer.Option("auto", help="local | global | drift | hybrid | auto"),
+         route: str = typer.Option("auto", help="local | global | drift | hybrid | multi_hop | auto"),
          top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
-         history_budget: int = typer.Option(2000, help="Tokens of earlier turns sent along with each question.")) -> None:
+         history_budget: int = typer.Option(2000, help="Tokens of earlier turns sent along with each question."),
+         rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
+         chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
     """Ask questions in turn (empty line or Ctrl-D ends); each answer sees the conversation so far."""
     from lazyhippo.query import answer_question
     from lazyhippo.stores.warehouse import counts
 
-    settings = Settings.from_env(home=home, namespace=namespace)
+    settings = Settings.from_env(home=home, namespace=namespace, rerank=rerank, rerank_top_n=rerank_top_n,
+                                 chunk_selection=chunk_selection, max_related_chunks=max_related_chunks)
     err = Console(stderr=True)
     if not counts(settings)["chunks"]:
         err.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
@@ -61,7 +85,8 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
             break
         res = answer_question(settings, question, route=route, top_k=top_k, budget=budget, history=history,
                               history_budget=history_budget)
-        out.print(f"[bold]lazyhippo>[/bold] {res.answer}  [dim](route {res.route}, {len(res.history)} earlier turns sent)[/dim]")
+        out.print(f"[bold]lazyhippo>[/bold] {res.answer}  [dim](route {res.route}, {len(res.history)} earlier turns sent, "
+                  f"rerank {res.diagnostics['rerank']['status']})[/dim]")
         for cite in res.citations:
             out.print(f"  [{cite['n']}] {cite['title']} ({cite['chunk_id']})")
         print_usage(res.usage, out)

@@ -92,14 +92,14 @@ class EnginePool:
     # ------------------------------------------------------------ queries
 
     def answer(self, namespace: str, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
-               llm="auto") -> QueryResult:
+               llm="auto", history: list[dict] | None = None, choices: dict | None = None) -> QueryResult:
         try:
             engine = self._idle.get(timeout=self.wait_seconds)
         except queue.Empty:
             raise EngineGone(f"no query engine came free within {self.wait_seconds:g} s") from None
         try:
             engine.queries.send(dict(namespace=namespace, question=question, route=route, top_k=top_k,
-                                     budget=budget, llm=llm))
+                                     budget=budget, llm=llm, history=history, choices=choices))
             engine.answered += 1
             ok, value = engine.queries.recv()
         except (EOFError, OSError):

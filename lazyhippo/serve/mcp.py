@@ -1,11 +1,13 @@
 """`lazyhippo mcp`: an MCP server over stdio (the official `mcp` SDK) for agents, on the same warm indexes as
-the HTTP API. Tools: `lazyhippo_retrieve(query, limit, mode)` returns cited passages with scores;
+the HTTP API. Tools: `lazyhippo_retrieve(query, limit, mode)` returns cited passages with scores and their
+entities; `lazyhippo_answer(question, history)` a cited answer that sees the conversation so far;
 `lazyhippo_namespaces()` lists the knowledge bases. Nothing but the protocol goes to stdout."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import Literal, Optional
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -16,35 +18,78 @@ from lazyhippo.settings import Settings
 
 MAX_LIMIT = 50
 MAX_QUERY_CHARS = 2000
+MAX_HISTORY = 10
+# the agent's task, besides the route names: how many passages it wants (the auto route picks the route)
+TASK_MODES = {"execution": 5, "planning": 10, "brainstorming": 20}
+Selection = Optional[Literal["graph", "vector", "weight"]]
+
+
+def _checked_query(query: str) -> str:
+    query = query.strip()
+    if not query:
+        raise ToolError("query is empty")
+    if len(query) > MAX_QUERY_CHARS:
+        raise ToolError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
+    return query
 
 
 def build_server(pool: IndexPool) -> MCPServer:
     server = MCPServer("lazyhippo", instructions="Retrieve cited passages from lazyhippo knowledge graphs. Use mode "
-                       "multi_hop or local for questions that chain facts across documents, global for themes.")
+                       "execution (5 passages), planning (10) or brainstorming (20) by task, or a route: multi_hop or "
+                       "local for questions that chain facts across documents, global for themes.")
+
+    def unknown_namespace(namespace: str) -> ToolError:
+        return ToolError(f"unknown namespace {namespace!r} (known: {', '.join(pool.namespaces()) or 'none'})")
 
     @server.tool()
-    def lazyhippo_retrieve(query: str, limit: int = 8, mode: str = "local", namespace: str = "default") -> dict:
-        """Passages answering `query`, best first, each with its score and citation (title, source, chunk id).
-        Modes: local (entity graph PPR), multi_hop (breadth-first hops from the named entities, then PPR),
-        global (community summaries), drift (per sub-question), hybrid (dense + BM25 + graph fused)."""
-        query = query.strip()
-        if not query:
-            raise ToolError("query is empty")
-        if len(query) > MAX_QUERY_CHARS:
-            raise ToolError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
+    def lazyhippo_retrieve(query: str, limit: Optional[int] = None, mode: str = "local", namespace: str = "default",
+                           chunk_selection: Selection = None) -> dict:
+        """Passages answering `query`, best first, each with its score, citation (title, source, chunk id) and the
+        entities it mentions. Modes by task: execution (5 passages), planning (10), brainstorming (20), the route
+        chosen from the question; or a route (8 passages): local (entity graph PPR), multi_hop (breadth-first hops
+        from the named entities, then PPR), global (community summaries), drift (per sub-question), hybrid (dense +
+        BM25 + graph fused). `limit` overrides the count; `chunk_selection` (graph | vector | weight) how the local
+        routes pick passages."""
+        query = _checked_query(query)
+        if mode not in ROUTES and mode not in TASK_MODES:
+            raise ToolError(f"unknown mode {mode!r} (expected one of {', '.join([*TASK_MODES, *ROUTES])})")
+        route, count = ("auto", TASK_MODES[mode]) if mode in TASK_MODES else (mode, 8)
+        limit = count if limit is None else limit
         if not 1 <= limit <= MAX_LIMIT:
             raise ToolError(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
-        if mode not in ROUTES:
-            raise ToolError(f"unknown mode {mode!r} (expected one of {', '.join(ROUTES)})")
         try:
-            chunks = pool.retrieve(namespace, query, route=mode, top_k=limit)
+            found = pool.retrieve(namespace, query, route=route, top_k=limit, with_entities=True,
+                                  choices={"chunk_selection": chunk_selection} if chunk_selection else None)
         except UnknownNamespace:
-            raise ToolError(f"unknown namespace {namespace!r} (known: {', '.join(pool.namespaces()) or 'none'})")
+            raise unknown_namespace(namespace)
         notice = pool.notice(namespace)
-        return {"query": query, "mode": mode, "namespace": namespace, **({"notice": notice} if notice else {}), "passages": [
+        return {"query": query, "mode": mode, "route": found.route, "namespace": namespace,
+                "rerank": found.diagnostics["rerank"]["status"], **({"notice": notice} if notice else {}), "passages": [
             {"rank": i + 1, "score": round(c.score, 6), "title": c.title, "text": c.text, "chunk_id": c.chunk_id,
-             "doc_id": c.doc_id, "source": c.source, "section": c.section, "page": c.page}
-            for i, c in enumerate(chunks)]}
+             "doc_id": c.doc_id, "source": c.source, "section": c.section, "page": c.page, "entities": entities}
+            for i, (c, entities) in enumerate(zip(found.chunks, found.entities))]}
+
+    @server.tool()
+    def lazyhippo_answer(question: str, history: Optional[list[dict[str, str]]] = None, route: str = "auto",
+                         namespace: str = "default", top_k: int = 8) -> dict:
+        """A cited answer to `question` (the LLM's when the server has one, else extractive). `history`: the earlier
+        turns of the conversation, oldest first, as {"role": "user" | "assistant", "content"}; the newest that fit
+        the budget reach the LLM and make a follow-up question standalone."""
+        question = _checked_query(question)
+        history = history or []
+        if len(history) > MAX_HISTORY:
+            raise ToolError(f"history has {len(history)} turns; the limit is {MAX_HISTORY}")
+        if not 1 <= top_k <= MAX_LIMIT:
+            raise ToolError(f"top_k must be between 1 and {MAX_LIMIT}, got {top_k}")
+        try:
+            result = pool.answer(namespace, question, route=route, top_k=top_k, history=history)
+        except UnknownNamespace:
+            raise unknown_namespace(namespace)
+        except ValueError as exc:  # a malformed turn, an unknown route
+            raise ToolError(str(exc))
+        return {"question": question, "answer": result.answer, "route": result.route, "citations": result.citations,
+                "history_turns": len(result.history), "rerank": result.diagnostics["rerank"]["status"],
+                "usage": result.usage, "tokens": result.tokens}
 
     @server.tool()
     def lazyhippo_namespaces() -> dict:

@@ -26,14 +26,14 @@ from lazyhippo.query import (
     GraphIndex,
     QueryConfig,
     QueryResult,
-    ScoredChunk,
+    Retrieval,
     answer_question,
     load_index,
-    retrieve,
+    search,
 )
 from lazyhippo.query.loader import db_version
 from lazyhippo.query.routes import check_route
-from lazyhippo.settings import Settings, environment
+from lazyhippo.settings import QUERY_FIELDS, Settings, environment
 from lazyhippo.stores.warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir
 
 log = logging.getLogger(__name__)
@@ -108,24 +108,28 @@ class IndexPool:
             return self._warm[namespace]
 
     def answer(self, namespace: str, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
-               llm="auto") -> QueryResult:
+               llm="auto", history: list[dict] | None = None, choices: dict | None = None) -> QueryResult:
+        """`history`: earlier turns of the conversation; `choices`: query-time settings for this question
+        (rerank, chunk_selection, ...) over the server's."""
         check_route(route)
         warm = self.get(namespace)
         self._count()
         with self._slots:
-            return answer_question(warm.settings, question, route=route, top_k=top_k, budget=budget,
-                                   config=self.config, llm=llm, embedder=self.embedder, index=warm.index)
+            return answer_question(query_settings(warm.settings, choices), question, route=route, top_k=top_k,
+                                   budget=budget, config=self.config, llm=llm, embedder=self.embedder,
+                                   index=warm.index, history=history)
 
     def notice(self, namespace: str) -> str | None:
         return namespace_notice(self.settings, namespace)
 
-    def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8) -> list[ScoredChunk]:
+    def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8,
+                 choices: dict | None = None, with_entities: bool = False) -> Retrieval:
         check_route(route)
         warm = self.get(namespace)
         self._count()
         with self._slots:
-            return retrieve(warm.settings, question, route=route, top_k=top_k, config=self.config,
-                            embedder=self.embedder, index=warm.index)
+            return search(query_settings(warm.settings, choices), question, route=route, top_k=top_k,
+                          config=self.config, embedder=self.embedder, index=warm.index, with_entities=with_entities)
 
     def _count(self) -> None:
         with self._count_lock:
@@ -219,6 +223,16 @@ class IndexPool:
     def status(self) -> dict:
         return {ns: {"chunks": w.index.n_chunks, "entities": w.index.n_entities, "loaded_at": w.index.loaded_at,
                      "load_seconds": round(w.index.load_seconds, 3)} for ns, w in sorted(self._warm.items())}
+
+
+def query_settings(settings: Settings, choices: dict | None) -> Settings:
+    """`settings` with a request's query-time choices (None values: the server's); nothing else can change."""
+    if not choices:
+        return settings
+    unknown = set(choices) - set(QUERY_FIELDS)
+    if unknown:
+        raise ValueError(f"not query-time settings: {', '.join(sorted(unknown))} (choose from {', '.join(QUERY_FIELDS)})")
+    return settings.with_(**choices)
 
 
 def list_namespaces(settings: Settings) -> list[str]:

@@ -44,13 +44,25 @@ def check_request(fmt: str, tables: list[str]) -> None:
         raise ValueError(f"--tables {','.join(unknown) or '(empty)'}: choose from {', '.join(EXPORTABLE)}")
 
 
-def batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, batch_rows: int) -> Iterator[pa.RecordBatch]:
+# tables whose rows are embedded: the kind of their vectors and their id column
+VECTORS = {"chunks": ("chunk", "chunk_id"), "entities": ("entity", "entity_id"), "facts": ("fact", "fact_id"),
+           "community_summaries": ("community", "community_id")}
+
+
+def batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, batch_rows: int,
+            include_vectors: bool = False) -> Iterator[pa.RecordBatch]:
     """The namespace's rows of `table` (without the namespace column), batch by batch, in stored order (a sort
-    would hold the whole table)."""
+    would hold the whole table); with `include_vectors`, an embedded table gains each row's `vector` (null when
+    the row has none)."""
     # a relation streams; a DB-API result (con.execute) would first copy every row into DuckDB's memory
-    reader = con.sql(f"SELECT * EXCLUDE (namespace) FROM {table} WHERE namespace = ?",
-                     params=[namespace]).to_arrow_reader(batch_rows)
-    yield from reader
+    if include_vectors and table in VECTORS:
+        kind, key = VECTORS[table]
+        sql = (f"SELECT t.* EXCLUDE (namespace), e.vector FROM {table} t LEFT JOIN embeddings e ON "
+               f"e.namespace = t.namespace AND e.kind = ? AND e.item_id = t.{key} WHERE t.namespace = ?")
+        params = [kind, namespace]
+    else:
+        sql, params = f"SELECT * EXCLUDE (namespace) FROM {table} WHERE namespace = ?", [namespace]
+    yield from con.sql(sql, params=params).to_arrow_reader(batch_rows)
 
 
 def _cell(v) -> object:
@@ -152,12 +164,12 @@ class _Writer:
 
 
 def export_tables(con: duckdb.DuckDBPyConnection, namespace: str, fmt: str, tables: list[str], out: Path,
-                  batch_rows: int = 5000) -> list[Exported]:
+                  batch_rows: int = 5000, include_vectors: bool = False) -> list[Exported]:
     check_request(fmt, tables)
     out.mkdir(parents=True, exist_ok=True)
     writer = _Writer(fmt, out)
     try:
-        return [writer.write(t, batches(con, t, namespace, batch_rows)) for t in tables]
+        return [writer.write(t, batches(con, t, namespace, batch_rows, include_vectors)) for t in tables]
     finally:
         writer.close()
 
