@@ -41,8 +41,9 @@ def table(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> dg.TableMeta
 
 
 def preview(con, sql: str, params: Sequence, columns: Sequence[str]) -> dg.TableMetadataValue:
-    """A query's rows, handed from DuckDB to polars as Arrow (its columns renamed: joins repeat names)."""
-    return frame_table(pl.from_arrow(con.sql(sql, params=list(params)).to_arrow_table().rename_columns(list(columns))))
+    """A few rows of a query (a DB-API result: the stage may leave one open on the connection, which a relation
+    would refuse), named `columns` (joins repeat names)."""
+    return table(con.execute(sql, list(params)).fetchall(), columns)
 
 
 def figures(values: dict) -> dict:
