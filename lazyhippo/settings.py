@@ -168,6 +168,7 @@ class Environment:
     minio_bucket: str = "lazyhippo"
     minio_secure: bool = False
     datasets: Path = Path("../shared/datasets")   # LAZYHIPPO_DATASETS: benchmark question sets
+    verbose: bool = False                  # LAZYHIPPO_VERBOSE (`lazyhippo --verbose`): libraries' notices and debug logs
 
     def compute_threads(self, cap: int = 4) -> int:
         """LAZYHIPPO_THREADS when set, else the cores this process may use, at most `cap`."""
@@ -192,4 +193,5 @@ def environment() -> Environment:
         minio_bucket=env.get("MINIO_BUCKET") or defaults.minio_bucket,
         minio_secure=_flag(env.get("MINIO_SECURE")),
         datasets=Path(env.get("LAZYHIPPO_DATASETS") or defaults.datasets),
+        verbose=_flag(env.get("LAZYHIPPO_VERBOSE")),
     )

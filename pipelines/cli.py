@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lazyhippo.logs import configure_logging
 from lazyhippo.models.embedders import PROFILES
 from lazyhippo.serve.chat import chat, print_usage, run_usage
 from lazyhippo.settings import SAMPLE_CORPUS, Settings, environment
@@ -28,8 +29,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
 @app.callback()
-def _main() -> None:
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the libraries' notices, warnings "
+                                                                      "and debug logs [$LAZYHIPPO_VERBOSE].")) -> None:
     restore_interrupts()  # a CLI started in the background (pipelines/interrupts.py)
+    if verbose:
+        os.environ.setdefault("LAZYHIPPO_VERBOSE", "1")  # worker processes and servers started from here inherit it
+    configure_logging(environment().verbose)
 
 
 console = Console(stderr=True)
