@@ -37,8 +37,6 @@ from lazyhippo.stores.warehouse import replace_rows, transaction
 
 RETRY = "retry:"
 PART_SCHEMA = {"chunk_id": pl.String, "extraction": pl.String, "failure": pl.String}
-BATCH_SCHEMA = {"chunk_id": pl.String, "doc_id": pl.String, "title": pl.String, "position": pl.Int64,
-                "section": pl.String, "page": pl.Int64, "text": pl.String, "content_hash": pl.String, "n_tokens": pl.Int64}
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,8 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
         if sum(len(by_doc[d]) for d in current) >= batch_chunks or doc_id == todo[-1]:
             name = f"b{len(batches):05d}"
             key = f"{ns}/work/{run_id}/{name}.parquet"
-            objects.put(key, _parquet(pl.DataFrame([c for d in current for c in by_doc[d]], BATCH_SCHEMA)))
+            # the types from every row: a section or page may first appear after the first hundred chunks
+            objects.put(key, _parquet(pl.DataFrame([c for d in current for c in by_doc[d]], infer_schema_length=None)))
             batches.append(Batch(key, name, tuple(current)))
             current = []
     return batches, {"documents": len(by_doc), "documents_to_extract": len(todo), "batches": len(batches),
