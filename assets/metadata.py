@@ -6,38 +6,43 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import dagster as dg
+import polars as pl
 
 OWNERS = ["team:lazyhippo"]
 TEXT_WIDTH = 200
 
 
-def _cell(v: Any):
-    if v is None or isinstance(v, (bool, int, float)):
-        return v
-    s = str(v)
-    return s if len(s) <= TEXT_WIDTH else s[: TEXT_WIDTH - 1] + "…"
-
-
-def _type(values: Sequence[Any]) -> str:
-    kinds = {type(v) for v in values if v is not None}
-    if kinds and kinds <= {bool}:
+def _kind(dtype: pl.DataType) -> str:
+    if dtype == pl.Boolean:
         return "bool"
-    if kinds and kinds <= {int}:
-        return "int"
-    if kinds and kinds <= {int, float}:
-        return "float"
-    return "string"
+    return "int" if dtype.is_integer() else "float" if dtype.is_float() else "string"
+
+
+def _text(name: str, dtype: pl.DataType) -> pl.Expr:
+    """A text cell cut to TEXT_WIDTH characters (lists joined), so a preview stays small in the event log."""
+    col = pl.col(name).list.eval(pl.element().cast(pl.String)).list.join(", ") if isinstance(dtype, pl.List) \
+        else pl.col(name).cast(pl.String)
+    return (pl.when(col.str.len_chars() > TEXT_WIDTH).then(col.str.slice(0, TEXT_WIDTH - 1) + "…")
+            .otherwise(col).alias(name))
+
+
+def frame_table(frame: pl.DataFrame) -> dg.TableMetadataValue:
+    """A polars frame as `MetadataValue.table` with a `TableSchema` whose column types follow the frame's."""
+    frame = frame.with_columns(pl.col(pl.Decimal).cast(pl.Float64))  # SQL's round() and numerics are decimals
+    frame = frame.with_columns(_text(n, t) for n, t in frame.schema.items() if _kind(t) == "string")
+    schema = dg.TableSchema(columns=[dg.TableColumn(n, _kind(t)) for n, t in frame.schema.items()])
+    return dg.MetadataValue.table([dg.TableRecord(r) for r in frame.iter_rows(named=True)], schema)
 
 
 def table(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> dg.TableMetadataValue:
-    """Rows as `MetadataValue.table` with a `TableSchema` whose column types follow the values."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    schema = dg.TableSchema(columns=[dg.TableColumn(c, _type([r[i] for r in cells]))
-                                     for i, c in enumerate(columns)])
-    return dg.MetadataValue.table([dg.TableRecord(dict(zip(columns, r))) for r in cells], schema)
+    """Python rows as a typed table: a column of ints and floats is float, of mixed kinds text."""
+    return frame_table(pl.DataFrame([tuple(r) for r in rows], schema=list(columns), orient="row", strict=False,
+                                    infer_schema_length=None))
 
 
 def preview(con, sql: str, params: Sequence, columns: Sequence[str]) -> dg.TableMetadataValue:
+    """A few rows of a query (a DB-API result: the stage may leave one open on the connection, which a relation
+    would refuse), named `columns` (joins repeat names)."""
     return table(con.execute(sql, list(params)).fetchall(), columns)
 
 

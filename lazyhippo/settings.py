@@ -201,6 +201,7 @@ class Environment:
     rerank_url: str | None = None          # LAZYHIPPO_RERANK_URL: a /rerank endpoint (Cohere/Jina JSON)
     rerank_model: str | None = None        # LAZYHIPPO_RERANK_MODEL: its model name, or a cross-encoder's local path
     rerank_api_key: str | None = field(default=None, repr=False)  # LAZYHIPPO_RERANK_API_KEY
+    verbose: bool = False                  # LAZYHIPPO_VERBOSE (`lazyhippo --verbose`): libraries' notices and debug logs
 
     def compute_threads(self, cap: int = 4) -> int:
         """LAZYHIPPO_THREADS when set, else the cores this process may use, at most `cap`."""
@@ -228,4 +229,5 @@ def environment() -> Environment:
         rerank_url=env.get("LAZYHIPPO_RERANK_URL") or None,
         rerank_model=env.get("LAZYHIPPO_RERANK_MODEL") or None,
         rerank_api_key=env.get("LAZYHIPPO_RERANK_API_KEY") or None,
+        verbose=_flag(env.get("LAZYHIPPO_VERBOSE")),
     )

@@ -10,16 +10,23 @@ from pathlib import Path
 from typing import Callable
 
 import dagster as dg
+import polars as pl
 
 from lazyhippo_dagster.runner import index_chain, instance_for, run_config
 
 PER_DOCUMENT_STEPS = ("documents", "chunks", "extractions.")
 
 
-def _step_spans(instance: dg.DagsterInstance, run_id: str) -> dict[str, tuple[float, float]]:
-    starts = {r.dagster_event.step_key: r.timestamp for r in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)}
-    ends = {r.dagster_event.step_key: r.timestamp for r in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_SUCCESS)}
-    return {k: (starts[k], ends[k]) for k in starts if k in ends}
+def _per_document_seconds(instance: dg.DagsterInstance, run_ids: list[str]) -> float:
+    """First start to last success of the per-document steps of the runs (0 when none ran: a removal alone)."""
+    kinds = (dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS)
+    events = pl.DataFrame([(run_id, r.dagster_event.step_key, kind.value, r.timestamp) for run_id in run_ids
+                           for kind in kinds for r in instance.all_logs(run_id, of_type=kind)],
+                          schema={"run": pl.String, "step": pl.String, "kind": pl.String, "at": pl.Float64}, orient="row")
+    steps = (events.filter(pl.any_horizontal([pl.col("step").str.starts_with(p) for p in PER_DOCUMENT_STEPS]))
+             .pivot(on="kind", index=["run", "step"], values="at", on_columns=[k.value for k in kinds],
+                    aggregate_function="last").drop_nulls())
+    return steps[kinds[1].value].max() - steps[kinds[0].value].min() if steps.height else 0.0
 
 
 def _timed_index(home: Path, source: Path, workers: int | None, namespace: str = "bench") -> dict:
@@ -33,9 +40,7 @@ def _timed_index(home: Path, source: Path, workers: int | None, namespace: str =
     seconds = time.perf_counter() - t0
     if not result.success:
         raise RuntimeError(f"bench index run {result.run_id} failed (see `dagster dev`)")
-    spans = [v for run_id in result.run_ids for k, v in _step_spans(instance, run_id).items()
-             if k.startswith(PER_DOCUMENT_STEPS)]
-    per_doc = max(e for _, e in spans) - min(s for s, _ in spans) if spans else 0.0  # a removal alone reads nothing
+    per_doc = _per_document_seconds(instance, result.run_ids)
     return {"seconds": round(seconds, 2), "per_document_seconds": round(per_doc, 2), "run_id": result.run_id}
 
 
@@ -77,3 +82,12 @@ def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | 
     out["changed_share_of_full"] = round(out["changed_one"]["seconds"] / base, 3)
     out["deleted_share_of_full"] = round(out["deleted_one"]["seconds"] / base, 3)
     return out
+
+
+def index_table(result: dict) -> pl.DataFrame:
+    """One row per timed run: the whole time, the per-document stages, and the rest (graph-wide stages, overhead)."""
+    runs = ["full_1", f"full_{result['workers']}", "full_in_process", "changed_one", "deleted_one"]
+    return (pl.DataFrame([{"run": r, "seconds": result[r]["seconds"], "per-document stages s": result[r]["per_document_seconds"]}
+                          for r in runs])
+            .with_columns((pl.col("seconds") - pl.col("per-document stages s")).round(2)
+                          .alias("graph-wide stages and run overhead s")))

@@ -12,11 +12,13 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+import polars as pl
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lazyhippo.logs import configure_logging
 from lazyhippo.models.embedders import PROFILES
 from lazyhippo.serve.chat import MaxRelatedOpt, RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, run_usage
 from lazyhippo.settings import SAMPLE_CORPUS, Settings, environment
@@ -28,8 +30,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
 @app.callback()
-def _main() -> None:
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the libraries' notices, warnings "
+                                                                      "and debug logs [$LAZYHIPPO_VERBOSE].")) -> None:
     restore_interrupts()  # a CLI started in the background (pipelines/interrupts.py)
+    if verbose:
+        os.environ.setdefault("LAZYHIPPO_VERBOSE", "1")  # worker processes and servers started from here inherit it
+    configure_logging(environment().verbose)
 
 
 console = Console(stderr=True)
@@ -374,6 +380,16 @@ def _progress_bar():
     return bar, update
 
 
+def _print_frame(frame, title: str) -> None:
+    """A benchmark's result table (a polars frame) on the terminal: text left, figures right."""
+    table = Table(title=title)
+    for name, dtype in frame.schema.items():
+        table.add_column(name, justify="right" if dtype.is_numeric() else "left")
+    for row in frame.iter_rows():
+        table.add_row(*("" if v is None else str(v) for v in row))
+    Console().print(table)
+
+
 def _dataset_run(name: str, embedder: Optional[str], workdir: Path) -> tuple[Path, Path, Path]:
     """(corpus, questions, workspace) of a shared set by name; one workspace per set and embedder profile."""
     from lazyhippo.evaluate.bench import dataset_files
@@ -414,23 +430,13 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
             result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
                                          graph_store=graph_store, settings=settings)
         results[name] = result
-        table = Table(title=f"retrieval on {name} ({graph_store} store): {result['questions']} questions, "
-                            f"scored by {result['scored_by']}, "
-                            f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
-        cols = ["method", "recall_at_2", "recall_at_5", "all_supporting_at_8", "latency_p50_ms", "latency_p95_ms"]
-        for c in cols:
-            table.add_column(c, justify="left" if c == "method" else "right")
-        for m in result["methods"].values():
-            table.add_row(*(str(m[c]) for c in cols))
-        Console().print(table)
+        _print_frame(pl.DataFrame(list(result["methods"].values())),
+                     f"retrieval on {name} ({graph_store} store): {result['questions']} questions, "
+                     f"scored by {result['scored_by']}, "
+                     f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
     if len(results) > 1:
-        rows = [summary_row(n, r) for n, r in results.items()]
-        table = Table(title=f"summary: route {route}, top {k}, embedder {embedder}")
-        for c in rows[0]:
-            table.add_column(c, justify="left" if c == "set" else "right")
-        for r in rows:
-            table.add_row(*(str(v) for v in r.values()))
-        Console().print(table)
+        _print_frame(pl.DataFrame([summary_row(n, r) for n, r in results.items()]),
+                     f"summary: route {route}, top {k}, embedder {embedder}")
     if json_out:
         json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     for name, result in results.items():
@@ -457,14 +463,9 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
     with bar:
         settings, info = ensure_index(corpus, workdir, update, Settings.from_env(embedder=embedder))
         result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
-    table = Table(title=f"query latency on {corpus.name} ({graph_store} store)")
     cols = ("p50_ms", "p95_ms", "answer_p50_ms", "answer_p95_ms")
-    table.add_column("route")
-    for c in cols + ("n",):
-        table.add_column(c, justify="right")
-    for route, r in result.items():
-        table.add_row(route, *(f"{r[c]:.2f}" for c in cols), str(r["n"]))
-    Console().print(table)
+    _print_frame(pl.DataFrame([{"route": route, **r} for route, r in result.items()]).with_columns(pl.col(cols).round(2)),
+                 f"query latency on {corpus.name} ({graph_store} store)")
     print(json.dumps({"graph_store": graph_store, **{f"{route}_{c}": round(r[c], 2) for route, r in result.items() for c in cols}}))
 
 
@@ -475,20 +476,14 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first).")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
     to date after one changed and after one deleted document."""
-    from lazyhippo_dagster.bench_index import run_index_bench
+    from lazyhippo_dagster.bench_index import index_table, run_index_bench
 
     corpus = corpus or _wiki("corpus.jsonl")
     if not corpus.is_file():
         console.print(f"[red]error:[/red] corpus {corpus} does not exist")
         raise typer.Exit(2)
     result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
-    table = Table(title=f"index on {corpus.name}: {result['documents']} documents")
-    for c in ("run", "seconds", "per-document stages s", "graph-wide stages and run overhead s"):
-        table.add_column(c, justify="left" if c == "run" else "right")
-    for key in ("full_1", f"full_{workers}", "full_in_process", "changed_one", "deleted_one"):
-        r = result[key]
-        table.add_row(key, str(r["seconds"]), str(r["per_document_seconds"]), f"{r['seconds'] - r['per_document_seconds']:.2f}")
-    Console().print(table)
+    _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents")
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
 
 
@@ -529,7 +524,7 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
     import httpx
 
     from lazyhippo.evaluate.bench import ensure_index
-    from lazyhippo.evaluate.bench_serve import run_load
+    from lazyhippo.evaluate.bench_serve import LOAD_COLUMNS, load_table, run_load
 
     bar, update = _progress_bar()
     with bar:
@@ -560,20 +555,14 @@ def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seco
         server.terminate()
         server.wait(30)
         log.close()
-    table = Table(title=f"lazyhippo serve under load: {clients} clients, {len(asked)} questions from {questions.name}, "
-                        f"{workers} worker(s), " + (f"{rate:g} queries/s offered" if rate else "closed loop"))
-    cols = ("requests", "errors", "qps", "p50_ms", "p95_ms", "p99_ms", "server_cpu_ms_per_query")
-    table.add_column("route")
-    for c in cols:
-        table.add_column(c, justify="right")
-    for r in reports:
-        table.add_row(r.route, *(str(getattr(r, c)) for c in cols))
-    Console().print(table)
+    _print_frame(load_table(reports), f"lazyhippo serve under load: {clients} clients, {len(asked)} questions from "
+                                      f"{questions.name}, {workers} worker(s), "
+                                      + (f"{rate:g} queries/s offered" if rate else "closed loop"))
     for r in reports:
         for sample in r.error_samples:
             console.print(f"[yellow]{r.route} error:[/yellow] {sample}")
     print(json.dumps({"clients": clients, "seconds": seconds, "workers": workers, "rate": rate, "cpus": os.cpu_count(),
-                      **{f"{r.route}_{c}": getattr(r, c) for r in reports for c in cols}}))
+                      **{f"{r.route}_{c}": getattr(r, c) for r in reports for c in LOAD_COLUMNS[1:]}}))
 
 
 if __name__ == "__main__":

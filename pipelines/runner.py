@@ -25,9 +25,12 @@ def instance_for(home: Path) -> dg.DagsterInstance:
     return dg.DagsterInstance.get()
 
 
-# Runs launched from the UI: the daemon marks a run whose worker died as failed (run monitoring), and the
-# queue starts one index run per home at a time (the CLI's in-process runs wait on the warehouse lock instead).
+# Offline by design: no usage statistics (nor the first-run notice about them). Runs launched from the UI: the
+# daemon marks a run whose worker died as failed (run monitoring), and the queue starts one index run per home
+# at a time (the CLI's in-process runs wait on the warehouse lock instead).
 INSTANCE_CONFIG = """\
+telemetry:
+  enabled: false
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30

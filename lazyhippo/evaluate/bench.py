@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
+import polars as pl
 
 from lazyhippo.models.embedders import embedding_model_name
 from lazyhippo.settings import QUERY_FIELDS, Settings
@@ -58,7 +58,8 @@ def all_supporting_at_k(ranked: Sequence[str], gold: Sequence[str], k: int) -> f
 
 
 def percentile_ms(seconds: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(seconds) * 1000.0, q)) if seconds else 0.0
+    """The q-th percentile in milliseconds, interpolated linearly between the two nearest values."""
+    return float((pl.Series(seconds, dtype=pl.Float64) * 1000.0).quantile(q / 100, "linear")) if seconds else 0.0
 
 
 @dataclass
@@ -88,8 +89,9 @@ def evaluate(method: str, ranker: Ranker, questions: Sequence[dict], k: int = 8,
                      "all_supporting_at_8": all_supporting_at_k(ranked, gold, 8)})
         if progress:
             progress(method, i + 1, len(questions))
-    mean = lambda key: float(np.mean([r[key] for r in rows])) if rows else 0.0  # noqa: E731
-    return MethodReport(method, mean("recall_at_2"), mean("recall_at_5"), mean("all_supporting_at_8"),
+    metrics = ("recall_at_2", "recall_at_5", "all_supporting_at_8")
+    means = pl.DataFrame({m: [r[m] for r in rows] for m in metrics}, schema=dict.fromkeys(metrics, pl.Float64)).mean()
+    return MethodReport(method, *(float(means[m][0] or 0.0) for m in metrics),
                         percentile_ms(lat, 50), percentile_ms(lat, 95), rows)
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Sequence
 from urllib.parse import urlsplit
 
+import polars as pl
+
 from lazyhippo.evaluate.bench import percentile_ms
 
 
@@ -102,6 +104,15 @@ def run_load(base_url: str, questions: Sequence[str], route: str, clients: int =
     return LoadReport(route, clients, rate, round(elapsed, 2), len(lat), failed[0], round(len(lat) / elapsed, 2),
                       round(percentile_ms(lat, 50), 2), round(percentile_ms(lat, 95), 2), round(percentile_ms(lat, 99), 2),
                       cpu_ms, errors[:5])
+
+
+LOAD_COLUMNS = ("route", "requests", "errors", "qps", "p50_ms", "p95_ms", "p99_ms", "server_cpu_ms_per_query")
+
+
+def load_table(reports: Sequence[LoadReport]) -> pl.DataFrame:
+    """One row per loaded route (error samples aside: they are printed under the table)."""
+    return pl.DataFrame([{c: getattr(r, c) for c in LOAD_COLUMNS} for r in reports],
+                        schema_overrides={"server_cpu_ms_per_query": pl.Float64})
 
 
 class Connection:

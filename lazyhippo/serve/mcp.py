@@ -5,16 +5,15 @@ entities; `lazyhippo_answer(question, history)` a cited answer that sees the con
 
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Literal, Optional
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from lazyhippo.logs import configure_logging
 from lazyhippo.query import ROUTES
 from lazyhippo.serve.pool import IndexPool, UnknownNamespace
-from lazyhippo.settings import Settings
+from lazyhippo.settings import Settings, environment
 
 MAX_LIMIT = 50
 MAX_QUERY_CHARS = 2000
@@ -101,7 +100,7 @@ def build_server(pool: IndexPool) -> MCPServer:
 
 
 def run_stdio(settings: Settings) -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    configure_logging(environment().verbose)  # stderr is the client's log: warnings only, unless verbose
     pool = IndexPool(settings).start()
     try:
         build_server(pool).run("stdio")

@@ -7,6 +7,7 @@ stays bounded by the batch size, not the graph size (a 50,000-entity graph expor
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -15,7 +16,6 @@ from typing import Iterator
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lazyhippo.settings import Settings
 from lazyhippo.stages.results import ExportsResult
@@ -179,18 +179,15 @@ EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "fa
 
 
 def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
-    """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run."""
-    import io
-
+    """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run: polars writes each
+    table DuckDB hands over as Arrow."""
     ns = settings.namespace
     manifest = {}
     for table in EXPORT_TABLES:
-        data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).to_arrow_table()
+        data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).pl()
         buf = io.BytesIO()
-        pq.write_table(data, buf, compression="zstd")
+        data.write_parquet(buf, compression="zstd")
         key = f"{ns}/tables/{table}.parquet"
-        manifest[table] = {"key": key, "rows": data.num_rows, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
+        manifest[table] = {"key": key, "rows": data.height, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
     store.put(f"{ns}/runs/{run_id}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
     return ExportsResult(objects=manifest, store=store.uri, run_key=f"{ns}/runs/{run_id}/manifest.json")
-
-

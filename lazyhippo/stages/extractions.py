@@ -16,8 +16,8 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
 import duckdb
+import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lazyhippo.models.extractors import (
     Extraction,
@@ -36,7 +36,7 @@ from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import replace_rows, transaction
 
 RETRY = "retry:"
-PART_SCHEMA = pa.schema([("chunk_id", pa.string()), ("extraction", pa.string()), ("failure", pa.string())])
+PART_SCHEMA = {"chunk_id": pl.String, "extraction": pl.String, "failure": pl.String}
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,9 @@ def signature(chunks: list[Chunk], extractor: Extractor) -> str:
     return sha("|".join(sorted(ExtractionCache.key(c, extractor) for c in chunks)), 24)
 
 
-def _parquet(table: pa.Table, metadata: dict[str, str] | None = None) -> bytes:
-    if metadata:
-        table = table.replace_schema_metadata(metadata)
+def _parquet(frame: pl.DataFrame, metadata: dict[str, str] | None = None) -> bytes:
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
+    frame.write_parquet(buf, compression="zstd", metadata=metadata)
     return buf.getvalue()
 
 
@@ -84,8 +82,8 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
         if sum(len(by_doc[d]) for d in current) >= batch_chunks or doc_id == todo[-1]:
             name = f"b{len(batches):05d}"
             key = f"{ns}/work/{run_id}/{name}.parquet"
-            rows = [asdict(c) for d in current for c in by_doc[d]]
-            objects.put(key, _parquet(pa.Table.from_pylist(rows)))
+            # the types from every row: a section or page may first appear after the first hundred chunks
+            objects.put(key, _parquet(pl.DataFrame([c for d in current for c in by_doc[d]], infer_schema_length=None)))
             batches.append(Batch(key, name, tuple(current)))
             current = []
     return batches, {"documents": len(by_doc), "documents_to_extract": len(todo), "batches": len(batches),
@@ -94,16 +92,14 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
 
 def _read_part(objects: ObjectStore, key: str) -> tuple[str, dict[str, Extraction], dict[str, str]] | None:
     try:
-        table = pq.read_table(io.BytesIO(objects.get(key)))
+        data = objects.get(key)
+        frame = pl.read_parquet(data)
+        sig = pl.read_parquet_metadata(data).get("signature", "")
     except Exception:  # noqa: BLE001 - a missing or torn part is simply extracted again
         return None
-    sig = (table.schema.metadata or {}).get(b"signature", b"").decode()
-    results, failures = {}, {}
-    for row in table.to_pylist():
-        if row["extraction"] is not None:
-            results[row["chunk_id"]] = Extraction(**json.loads(row["extraction"]))
-        else:
-            failures[row["chunk_id"]] = row["failure"]
+    done = frame.filter(pl.col("extraction").is_not_null())
+    results = {cid: Extraction(**json.loads(ex)) for cid, ex in done.select("chunk_id", "extraction").iter_rows()}
+    failures = dict(frame.filter(pl.col("extraction").is_null()).select("chunk_id", "failure").iter_rows())
     return sig, results, failures
 
 
@@ -111,7 +107,7 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
     """Extract one batch and write one part per document; a part already holding this signature is kept."""
     ns = settings.namespace
     extractor = extractor or _extractor(settings)
-    chunks = [Chunk(**r) for r in pq.read_table(io.BytesIO(objects.get(batch_key))).to_pylist()]
+    chunks = [Chunk(**r) for r in pl.read_parquet(objects.get(batch_key)).iter_rows(named=True)]
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in chunks:
         by_doc[c.doc_id].append(c)
@@ -136,7 +132,7 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
                  "failure": run.failures.get(c.chunk_id)} for c in by_doc[doc_id]]
         sig = signature(by_doc[doc_id], extractor)
         failed = any(r["failure"] for r in rows)  # held as such, but planned again next run: failures are retried
-        objects.put(part_key(ns, doc_id), _parquet(pa.Table.from_pylist(rows, PART_SCHEMA),
+        objects.put(part_key(ns, doc_id), _parquet(pl.DataFrame(rows, PART_SCHEMA),
                                                    {"signature": RETRY + sig if failed else sig}))
     return {"documents": len(by_doc), "parts_kept": kept, "chunks": len(chunks), "cached": run.cached,
             "computed": run.computed, "failed": len(run.failures), "llm_usage": usage}

@@ -184,7 +184,8 @@ def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) ->
 
 
 def count(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> int:
-    return con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchone()[0]
+    # fetchall finishes the result: a relation (con.sql) on this connection would refuse an unfinished one
+    return con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchall()[0][0]
 
 
 def counts(settings: Settings) -> dict[str, int]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import polars as pl
+
     from lazyhippo.graph.algorithms import MergedGraph
 
 log = logging.getLogger(__name__)
@@ -156,11 +158,11 @@ class Neo4jClient:
         self.query("CALL db.awaitIndexes(300)")
         self._schema_ready = True
 
-    def write_batches(self, cypher: str, rows: list[dict], params: dict) -> int:
-        """`cypher` runs once per batch of `rows` (as $rows) and returns `n`; the sum of the n."""
+    def write_batches(self, cypher: str, rows: pl.DataFrame, params: dict) -> int:
+        """`cypher` runs once per slice of `rows` (as $rows, one map per row) and returns `n`; the sum of the n."""
         written = 0
-        for i in range(0, len(rows), self.batch_size):
-            out = self.query(cypher, {**params, "rows": rows[i:i + self.batch_size]}, write=True)
+        for part in rows.iter_slices(self.batch_size):
+            out = self.query(cypher, {**params, "rows": part.to_dicts()}, write=True)
             written += int(out[0]["n"]) if out else 0
         return written
 

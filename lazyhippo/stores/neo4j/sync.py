@@ -1,6 +1,7 @@
 """The only writer of the served graph: pushes what an asset produced in DuckDB to Neo4j.
 
-Loading is batched `UNWIND $rows AS row MERGE ...` on the (namespace, id) keys, so re-materializing creates no
+Rows leave DuckDB as Arrow into polars frames (nested `props` built in SQL as structs) and reach Neo4j as
+batched `UNWIND $rows AS row MERGE ...` on the (namespace, id) keys, so re-materializing creates no
 duplicate; every write stamps `sync_token`, and what a sync did not stamp in its namespace is deleted afterwards
 (merge + delete stale). Labels and relationship types are constants here; all values travel as parameters.
 """
@@ -9,10 +10,9 @@ from __future__ import annotations
 
 import uuid
 
-import numpy as np
+import polars as pl
 
 from lazyhippo.stores.neo4j.client import Neo4jClient
-from lazyhippo.stores.warehouse import read_vectors
 
 # assets whose rows change the graph PPR walks: the namespace's graph version is bumped after them
 GRAPH_ASSETS = frozenset({"documents", "chunks", "entities", "knn_edges"})
@@ -38,8 +38,8 @@ class Neo4jSync:
             self.client.bump_version(namespace, token)
         return out
 
-    def _merge_nodes(self, label: str, ns: str, rows: list[dict], token: str) -> dict:
-        """rows: {"id": ..., "props": {...}}; replaces the namespace's `label` nodes."""
+    def _merge_nodes(self, label: str, ns: str, rows: pl.DataFrame, token: str) -> dict:
+        """rows: id, props (a struct); replaces the namespace's `label` nodes."""
         c = self.client
         n = c.write_batches(f"UNWIND $rows AS row MERGE (n:{label} {{namespace: $ns, id: row.id}}) "
                             f"SET n += row.props, n.sync_token = $token RETURN count(n) AS n", rows, {"ns": ns, "token": token})
@@ -49,99 +49,95 @@ class Neo4jSync:
                      "deleting stale nodes")
         return {f"{label.lower()}_nodes": n, f"{label.lower()}_deleted": before - c.count_nodes(ns, label)}
 
-    def _merge_rels(self, rel: str, src: str, dst: str, ns: str, rows: list[dict], token: str) -> dict:
-        """rows: {"s": source id, "t": target id, "props": {...}}; replaces the namespace's `rel` relationships."""
+    def _merge_rels(self, rel: str, src: str, dst: str, ns: str, rows: pl.DataFrame, token: str) -> dict:
+        """rows: s (source id), t (target id), props (a struct, or no column: none); replaces the namespace's
+        `rel` relationships."""
         c = self.client
         n = c.write_batches(f"UNWIND $rows AS row "
                             f"MATCH (a:{src} {{namespace: $ns, id: row.s}}) MATCH (b:{dst} {{namespace: $ns, id: row.t}}) "
-                            f"MERGE (a)-[r:{rel}]->(b) SET r += row.props, r.namespace = $ns, r.sync_token = $token "
-                            f"RETURN count(r) AS n", rows, {"ns": ns, "token": token})
+                            f"MERGE (a)-[r:{rel}]->(b) SET r += coalesce(row.props, {{}}), r.namespace = $ns, "
+                            f"r.sync_token = $token RETURN count(r) AS n", rows, {"ns": ns, "token": token})
         c.autocommit(f"MATCH (a:{src} {{namespace: $ns}})-[r:{rel}]->() WHERE r.sync_token IS NULL OR r.sync_token <> $token "
                      f"CALL (r) {{ DELETE r }} IN TRANSACTIONS OF 10000 ROWS", {"ns": ns, "token": token},
                      "deleting stale relationships")
-        return {rel.lower(): n, f"{rel.lower()}_missing_endpoints": len(rows) - n}
+        return {rel.lower(): n, f"{rel.lower()}_missing_endpoints": rows.height - n}
 
-    def _set_on_entities(self, ns: str, cypher_set: str, rows: list[dict], clear: str) -> int:
+    def _set_on_entities(self, ns: str, cypher_set: str, rows: pl.DataFrame, clear: str) -> int:
         """SET properties on entities by id; the entities not in `rows` lose them (`clear`: REMOVE list)."""
         c = self.client
         n = c.write_batches(f"UNWIND $rows AS row MATCH (e:Entity {{namespace: $ns, id: row.id}}) SET {cypher_set} "
                             f"RETURN count(e) AS n", rows, {"ns": ns})
         c.query(f"MATCH (e:Entity {{namespace: $ns}}) WHERE NOT e.id IN $ids REMOVE {clear}",
-                {"ns": ns, "ids": [r["id"] for r in rows]}, write=True)
+                {"ns": ns, "ids": rows["id"].to_list()}, write=True)
         return n
 
+    @staticmethod
+    def _rows(con, sql: str, ns: str) -> pl.DataFrame:
+        """The namespace's rows of `sql` (its one parameter), handed from DuckDB to polars as Arrow."""
+        return con.sql(sql, params=[ns]).pl()
+
     def _documents(self, con, ns, token) -> dict:
-        rows = [{"id": r[0], "props": {"source": r[1], "title": r[2], "kind": r[3], "content_hash": r[4], "n_chars": r[5]}}
-                for r in con.execute("SELECT doc_id, source, title, kind, content_hash, n_chars FROM documents "
-                                     "WHERE namespace = ? ORDER BY doc_id", [ns]).fetchall()]
+        rows = self._rows(con, "SELECT doc_id AS id, struct_pack(source, title, kind, content_hash, n_chars) AS props "
+                               "FROM documents WHERE namespace = ? ORDER BY doc_id", ns)
         return self._merge_nodes("Document", ns, rows, token)
 
     def _chunks(self, con, ns, token) -> dict:
-        rows = [{"id": r[0], "props": {"doc_id": r[1], "title": r[2], "position": r[3], "section": r[4], "page": r[5],
-                                       "text": r[6], "content_hash": r[7], "n_tokens": r[8]}}
-                for r in con.execute("SELECT chunk_id, doc_id, title, position, section, page, text, content_hash, n_tokens "
-                                     "FROM chunks WHERE namespace = ? ORDER BY chunk_id", [ns]).fetchall()]
+        rows = self._rows(con, "SELECT chunk_id AS id, struct_pack(doc_id, title, position, section, page, text, "
+                               "content_hash, n_tokens) AS props FROM chunks WHERE namespace = ? ORDER BY chunk_id", ns)
         out = self._merge_nodes("Chunk", ns, rows, token)
+        props = pl.col("props").struct
         out.update(self._merge_rels("PART_OF", "Chunk", "Document", ns,
-                                    [{"s": r["id"], "t": r["props"]["doc_id"], "props": {"position": r["props"]["position"]}}
-                                     for r in rows], token))
+                                    rows.select(s="id", t=props.field("doc_id"), props=pl.struct(props.field("position"))),
+                                    token))
         return out
 
     def _entities(self, con, ns, token) -> dict:
         """Entities with their relations and mentions (the `entity_graph_tables` multi-asset)."""
-        rows = [{"id": r[0], "props": {"name": r[1], "norm_name": r[2], "type": r[3], "description": r[4],
-                                       "mention_count": r[5], "degree": r[6]}}
-                for r in con.execute("SELECT entity_id, name, norm_name, type, description, mention_count, degree "
-                                     "FROM entities WHERE namespace = ? ORDER BY entity_id", [ns]).fetchall()]
+        rows = self._rows(con, "SELECT entity_id AS id, struct_pack(name, norm_name, type, description, mention_count, "
+                               "degree) AS props FROM entities WHERE namespace = ? ORDER BY entity_id", ns)
         out = self._merge_nodes("Entity", ns, rows, token)
-        rel_rows = [{"s": r[0], "t": r[1], "props": {"id": r[2], "weight": r[3], "description": r[4], "n_chunks": r[5]}}
-                    for r in con.execute("SELECT source_id, target_id, relation_id, weight, description, n_chunks "
-                                         "FROM relations WHERE namespace = ? ORDER BY relation_id", [ns]).fetchall()]
-        out.update(self._merge_rels("RELATED_TO", "Entity", "Entity", ns, rel_rows, token))
+        rels = self._rows(con, "SELECT source_id AS s, target_id AS t, struct_pack(id := relation_id, weight, description, "
+                               "n_chunks) AS props FROM relations WHERE namespace = ? ORDER BY relation_id", ns)
+        out.update(self._merge_rels("RELATED_TO", "Entity", "Entity", ns, rels, token))
         # is_title: the chunk's document title names the entity (same normalization as the entity ids)
-        men_rows = [{"s": r[0], "t": r[1], "props": {"count": r[2], "is_title": bool(r[3])}}
-                    for r in con.execute("""
-                        SELECT m.chunk_id, m.entity_id, m.count,
-                               coalesce(e.norm_name = lh_norm(c.title)
-                                        OR e.norm_name = lh_norm(regexp_replace(c.title, '^(?i)(the|a|an)\\s+', '')), false)
-                        FROM mentions m
-                        LEFT JOIN chunks c ON c.namespace = m.namespace AND c.chunk_id = m.chunk_id
-                        LEFT JOIN entities e ON e.namespace = m.namespace AND e.entity_id = m.entity_id
-                        WHERE m.namespace = ? ORDER BY m.chunk_id, m.entity_id""", [ns]).fetchall()]
-        out.update(self._merge_rels("MENTIONS", "Chunk", "Entity", ns, men_rows, token))
+        mentions = self._rows(con, """
+            SELECT m.chunk_id AS s, m.entity_id AS t, struct_pack(count := m.count, is_title := coalesce(
+                       e.norm_name = lh_norm(c.title)
+                       OR e.norm_name = lh_norm(regexp_replace(c.title, '^(?i)(the|a|an)\\s+', '')), false)) AS props
+            FROM mentions m
+            LEFT JOIN chunks c ON c.namespace = m.namespace AND c.chunk_id = m.chunk_id
+            LEFT JOIN entities e ON e.namespace = m.namespace AND e.entity_id = m.entity_id
+            WHERE m.namespace = ? ORDER BY m.chunk_id, m.entity_id""", ns)
+        out.update(self._merge_rels("MENTIONS", "Chunk", "Entity", ns, mentions, token))
         return out
 
     def _knn_edges(self, con, ns, token) -> dict:
         """The entity text embeddings and the SEMANTICALLY_SIMILAR edges, as the warehouse holds them."""
-        ids, vectors = read_vectors(con, ns, "entity")
-        vec_rows = [{"id": i, "v": [float(x) for x in v]} for i, v in zip(ids, np.asarray(vectors, dtype=np.float32))]
-        out = {"embeddings_written": self._set_on_entities(ns, "e.embedding = row.v", vec_rows, "e.embedding")}
-        rows = [{"s": r[0], "t": r[1], "props": {"score": r[2], "rank": r[3]}}
-                for r in con.execute("SELECT source_id, target_id, score, rank FROM knn_edges WHERE namespace = ? "
-                                     "ORDER BY source_id, target_id", [ns]).fetchall()]
+        vectors = self._rows(con, "SELECT item_id AS id, vector AS v FROM embeddings WHERE namespace = ? AND kind = 'entity' "
+                                  "ORDER BY item_id", ns)
+        out = {"embeddings_written": self._set_on_entities(ns, "e.embedding = row.v", vectors, "e.embedding")}
+        rows = self._rows(con, "SELECT source_id AS s, target_id AS t, struct_pack(score, rank) AS props FROM knn_edges "
+                               "WHERE namespace = ? ORDER BY source_id, target_id", ns)
         out.update(self._merge_rels("SEMANTICALLY_SIMILAR", "Entity", "Entity", ns, rows, token))
         return out
 
     def _communities(self, con, ns, token) -> dict:
-        rows = [{"id": r[0], "props": {"level": r[1], "size": r[2], "modularity": r[3]}}
-                for r in con.execute("SELECT community_id, level, size, modularity FROM communities WHERE namespace = ? "
-                                     "ORDER BY community_id", [ns]).fetchall()]
+        rows = self._rows(con, "SELECT community_id AS id, struct_pack(level, size, modularity) AS props FROM communities "
+                               "WHERE namespace = ? ORDER BY community_id", ns)
         out = self._merge_nodes("Community", ns, rows, token)
-        scores = [{"id": r[0], "c": r[1], "pr": r[2]} for r in con.execute(
-            "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = ? ORDER BY entity_id", [ns]).fetchall()]
+        scores = self._rows(con, "SELECT entity_id AS id, community_id AS c, pagerank AS pr FROM entity_scores "
+                                 "WHERE namespace = ? ORDER BY entity_id", ns)
         out["scored_entities"] = self._set_on_entities(ns, "e.community_id = row.c, e.pagerank = row.pr", scores,
                                                        "e.community_id, e.pagerank")
-        out.update(self._merge_rels("BELONGS_TO", "Entity", "Community", ns,
-                                    [{"s": s["id"], "t": s["c"], "props": {}} for s in scores], token))
+        out.update(self._merge_rels("BELONGS_TO", "Entity", "Community", ns, scores.select(s="id", t="c"), token))
         return out
 
     def _summaries(self, con, ns, token) -> dict:
-        rows = [{"id": r[0], "title": r[1], "summary": r[2], "hubs": list(r[3] or [])} for r in con.execute(
-            "SELECT community_id, title, summary, hub_entities FROM community_summaries WHERE namespace = ? "
-            "ORDER BY community_id", [ns]).fetchall()]
+        rows = self._rows(con, "SELECT community_id AS id, title, summary, coalesce(hub_entities, []) AS hubs "
+                               "FROM community_summaries WHERE namespace = ? ORDER BY community_id", ns)
         n = self.client.write_batches("UNWIND $rows AS row MATCH (c:Community {namespace: $ns, id: row.id}) "
                                       "SET c.title = row.title, c.summary = row.summary, c.hub_entities = row.hubs "
                                       "RETURN count(c) AS n", rows, {"ns": ns})
         self.client.query("MATCH (c:Community {namespace: $ns}) WHERE NOT c.id IN $ids "
-                          "REMOVE c.title, c.summary, c.hub_entities", {"ns": ns, "ids": [r["id"] for r in rows]}, write=True)
-        return {"summaries": n, "summaries_missing_community": len(rows) - n}
+                          "REMOVE c.title, c.summary, c.hub_entities", {"ns": ns, "ids": rows["id"].to_list()}, write=True)
+        return {"summaries": n, "summaries_missing_community": rows.height - n}
