@@ -150,15 +150,17 @@ def worker_queues(i: int) -> list[str]:
     return [WAREHOUSE_QUEUE, STEP_QUEUE] if i == 1 else [STEP_QUEUE]
 
 
-def up(root: Path, workers: int = 2, port: int | None = None, timeout: float = 120.0) -> Cluster:
+def up(root: Path, workers: int = 2, port: int | None = None, snapshots: str | None = None,
+       timeout: float = 120.0) -> Cluster:
     """Start the daemon, the webserver and `workers` Celery workers (one process each, concurrency 1) and wait
-    until the webserver answers and every worker replies to a ping."""
+    until the webserver answers and every worker replies to a ping. With `snapshots` (s3://bucket/prefix) every
+    publish also uploads the namespace's snapshot there, for `lazyhippo serve --snapshots` replicas."""
     if workers < 1:
         raise ValueError(f"--workers {workers}: at least 1 (worker 1 serves the warehouse queue)")
     cluster = Cluster(Path(root).resolve())
     if alive(cluster):
         raise RuntimeError(f"a cluster already runs from {cluster.root} (`lazyhippo cluster down` first)")
-    base = {**os.environ, **cluster_environment()}
+    base = {**os.environ, **cluster_environment(), **({"LAZYHIPPO_SNAPSHOTS": snapshots} if snapshots else {})}
     bin_dir = Path(sys.executable).parent
     cluster.control.mkdir(parents=True, exist_ok=True)
     (cluster.control / "workspace.yaml").write_text(WORKSPACE_YAML)
@@ -290,7 +292,7 @@ def wait(cluster: Cluster, run_id: str, timeout: float = 1800.0, instance: dg.Da
         time.sleep(1)
 
 
-def index(cluster: Cluster, namespace: str, source: str, resources: dict | None = None,
+def index(cluster: Cluster, namespace: str, source: str, resources: dict | None = None, ops: dict | None = None,
           timeout: float = 1800.0) -> list[dg.DagsterRun]:
     """`index_documents` over the source's documents, then `index_graph` of the namespace, both through the run
     queue. Partitions are staged against an empty baseline (the launcher holds no warehouse): every document is
@@ -301,13 +303,14 @@ def index(cluster: Cluster, namespace: str, source: str, resources: dict | None 
     from lazyhippo_dagster.sensors import LAUNCHER_RUNS_GRAPH
 
     config = {"resources": {"lazyhippo": {"config": {**(resources or {}), "namespace": namespace, "source": source}}}}
+    docs_config = {**config, **({"ops": ops} if ops else {})}  # op config of the extraction steps
     settings = Settings(home=cluster.control / "lazyhippo", namespace=namespace, source=source)
     instance = cluster.instance()
     add_namespace_partition(instance, namespace)
     keys = stage_documents(instance, settings)
     runs = []
     if keys:
-        run_id = submit(cluster, "index_documents", config, {**range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"})
+        run_id = submit(cluster, "index_documents", docs_config, {**range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"})
         runs.append(wait(cluster, run_id, timeout, instance))
         if not runs[-1].is_success:
             return runs

@@ -34,6 +34,7 @@ from lazyhippo.query import (
 from lazyhippo.query.loader import db_version
 from lazyhippo.query.routes import check_route
 from lazyhippo.settings import Settings, environment
+from lazyhippo.stores.snapshots import SnapshotSync
 from lazyhippo.stores.warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class IndexPool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.swaps = 0
+        self.snapshots: SnapshotSync | None = None  # pulling published snapshots from the object store
         self.answered = 0                    # queries answered (answer and retrieve)
         self._count_lock = threading.Lock()
         # queries are CPU-bound Python: more running at once than cores only adds interpreter-lock churn
@@ -190,8 +192,11 @@ class IndexPool:
             except Exception:  # noqa: BLE001 - the poller retries; the old index keeps serving
                 log.warning("refresh after an index run failed; retrying in the background", exc_info=True)
 
-    def start(self, preload: bool = True) -> "IndexPool":
-        """Read the namespace list (and load every index when `preload`), then refresh in the background."""
+    def start(self, preload: bool = True, sync_snapshots: bool = True) -> "IndexPool":
+        """Read the namespace list (and load every index when `preload`), then refresh in the background.
+        With LAZYHIPPO_SNAPSHOTS (and `sync_snapshots`), the snapshots are pulled from the object store first."""
+        if sync_snapshots:
+            self.snapshots = snapshot_sync(self.settings)
         known = list_namespaces(self.settings)  # (publishes a home indexed before snapshots existed)
         if known:
             self._version = db_version(snapshot_dir(self.settings))
@@ -205,6 +210,8 @@ class IndexPool:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.snapshots is not None:
+            self.snapshots.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
         gc.unfreeze()  # the indexes are ordinary garbage again once the server stops
@@ -219,6 +226,12 @@ class IndexPool:
     def status(self) -> dict:
         return {ns: {"chunks": w.index.n_chunks, "entities": w.index.n_entities, "loaded_at": w.index.loaded_at,
                      "load_seconds": round(w.index.load_seconds, 3)} for ns, w in sorted(self._warm.items())}
+
+
+def snapshot_sync(settings: Settings) -> SnapshotSync | None:
+    """The server's pull of published snapshots when LAZYHIPPO_SNAPSHOTS (`serve --snapshots`) names a store."""
+    uri = environment().snapshots
+    return SnapshotSync(settings, uri).start() if uri else None
 
 
 def list_namespaces(settings: Settings) -> list[str]:
