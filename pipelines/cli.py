@@ -521,15 +521,26 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
 def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
                 workers: int = typer.Option(2, min=2, help="Worker processes of the parallel run (against 1)."),
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
-                workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first).")) -> None:
+                workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
+                executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
+                                             "PostgreSQL, Redis and MinIO)")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
-    to date after one changed and after one deleted document."""
-    from lazyhippo_dagster.bench_index import run_index_bench
+    to date after one changed and after one deleted document. With --executor celery: 1 and N Celery workers of a
+    loopback cluster, and the event cost per document partition on PostgreSQL against SQLite."""
+    from lazyhippo_dagster.bench_index import run_cluster_index_bench, run_index_bench
 
     corpus = corpus or _wiki("corpus.jsonl")
     if not corpus.is_file():
         console.print(f"[red]error:[/red] corpus {corpus} does not exist")
         raise typer.Exit(2)
+    if executor not in ("multiprocess", "celery"):
+        console.print(f"[red]error:[/red] --executor {executor!r}: expected multiprocess or celery")
+        raise typer.Exit(2)
+    if executor == "celery":
+        result = run_cluster_index_bench(corpus, workdir.resolve(), workers, limit,
+                                         progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+        print(json.dumps(result))
+        return
     result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
     table = Table(title=f"index on {corpus.name}: {result['documents']} documents")
     for c in ("run", "seconds", "per-document stages s", "graph-wide stages and run overhead s"):

@@ -113,13 +113,17 @@ class Cluster:
         """The cluster's instance for a launcher in this process: the login given in memory, not via os.environ."""
         from dagster._core.instance.ref import InstanceRef
 
-        env = cluster_environment()
-        login = {"username": env["LAZYHIPPO_PG_USER"], "password": env["LAZYHIPPO_PG_PASSWORD"],
-                 "hostname": env["LAZYHIPPO_PG_HOST"], "db_name": env["LAZYHIPPO_PG_DB"],
-                 "port": int(env["LAZYHIPPO_PG_PORT"]), "scheme": "postgresql+psycopg2"}
-        ref = InstanceRef.from_dir(str(self.dagster_home),
-                                   overrides={"storage": {"postgres": {"postgres_db": login}}})
+        ref = InstanceRef.from_dir(str(self.dagster_home), overrides={"storage": postgres_storage()})
         return dg.DagsterInstance.from_ref(ref)
+
+
+def postgres_storage() -> dict:
+    """The dagster.yaml `storage` block with the login's values, for an instance built in this process only."""
+    env = cluster_environment()
+    return {"postgres": {"postgres_db": {
+        "username": env["LAZYHIPPO_PG_USER"], "password": env["LAZYHIPPO_PG_PASSWORD"],
+        "hostname": env["LAZYHIPPO_PG_HOST"], "db_name": env["LAZYHIPPO_PG_DB"],
+        "port": int(env["LAZYHIPPO_PG_PORT"]), "scheme": "postgresql+psycopg2"}}}
 
 
 def _home_env(base: dict, folder: Path, **extra: str) -> dict:
