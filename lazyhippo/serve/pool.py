@@ -35,7 +35,7 @@ from lazyhippo.query.loader import db_version
 from lazyhippo.query.routes import check_route
 from lazyhippo.settings import Settings, environment
 from lazyhippo.stores.snapshots import SnapshotSync
-from lazyhippo.stores.warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir
+from lazyhippo.stores.warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir, snapshot_path
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class IndexPool:
 def snapshot_sync(settings: Settings) -> SnapshotSync | None:
     """The server's pull of published snapshots when LAZYHIPPO_SNAPSHOTS (`serve --snapshots`) names a store."""
     uri = environment().snapshots
-    return SnapshotSync(settings, uri).start() if uri else None
+    return SnapshotSync(uri, lambda ns: snapshot_path(settings.with_(namespace=ns))).start() if uri else None
 
 
 def list_namespaces(settings: Settings) -> list[str]:

@@ -16,8 +16,8 @@ import os
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
-from lazyhippo.settings import Settings
 from lazyhippo.stores.objects import ObjectStore
 
 KEEP_VERSIONS = 3  # older versions are deleted after a publish (a slow reader may still fetch the previous one)
@@ -62,8 +62,9 @@ def upload(store: ObjectStore, prefix: str, namespace: str, path: Path) -> dict:
 class SnapshotSync:
     """Keeps a server's `published/` folder at the newest manifest of every namespace under the prefix."""
 
-    def __init__(self, settings: Settings, uri: str):
-        self.settings, self.uri = settings, uri
+    def __init__(self, uri: str, target: Callable[[str], Path]):
+        """`target(namespace)`: the local snapshot file the server reads (`warehouse.snapshot_path`)."""
+        self.uri, self.target = uri, target
         self.store, self.prefix = open_store(uri, timeout=5, retries=0)
         self.versions: dict[str, str] = {}
         self.reachable: bool | None = None
@@ -75,8 +76,6 @@ class SnapshotSync:
     def pull(self) -> list[str]:
         """Fetch every namespace whose manifest names a version this server does not have; the namespaces
         swapped. A store that cannot be reached leaves everything as it is (and is reported by `status`)."""
-        from lazyhippo.stores.warehouse import snapshot_path
-
         swapped = []
         with self._lock:
             try:
@@ -89,7 +88,7 @@ class SnapshotSync:
                     data = self.store.get(manifest["key"])
                     if hashlib.md5(data).hexdigest() != manifest["md5"]:
                         raise ValueError(f"{manifest['key']}: content does not match its manifest's md5")
-                    target = snapshot_path(self.settings.with_(namespace=namespace))
+                    target = self.target(namespace)
                     target.parent.mkdir(parents=True, exist_ok=True)
                     tmp = target.with_name(f".{target.name}.{os.getpid()}.pull")
                     tmp.write_bytes(data)
