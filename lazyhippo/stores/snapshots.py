@@ -62,10 +62,11 @@ def upload(store: ObjectStore, prefix: str, namespace: str, path: Path) -> dict:
 class SnapshotSync:
     """Keeps a server's `published/` folder at the newest manifest of every namespace under the prefix."""
 
-    def __init__(self, uri: str, target: Callable[[str], Path]):
-        """`target(namespace)`: the local snapshot file the server reads (`warehouse.snapshot_path`)."""
+    def __init__(self, uri: str, target: Callable[[str], Path], store: ObjectStore | None = None):
+        """`target(namespace)`: the local snapshot file the server reads (`warehouse.snapshot_path`); `store`:
+        the store `uri` names, opened here unless given."""
         self.uri, self.target = uri, target
-        self.store, self.prefix = open_store(uri, timeout=5, retries=0)
+        self.store, self.prefix = (store, parse_uri(uri)[1]) if store is not None else open_store(uri, timeout=5, retries=0)
         self.versions: dict[str, str] = {}
         self.reachable: bool | None = None
         self.error: str | None = None
