@@ -57,10 +57,11 @@ def cluster(tmp_path_factory, minio_store):  # noqa: F811
         _reachable(env["LAZYHIPPO_CELERY_BROKER"].rsplit(":", 1)[1].split("/")[0])
     except (MissingCredentials, OSError) as exc:
         unavailable(f"PostgreSQL / Redis not usable (`scripts/services.sh start postgres redis`): {exc}")
-    os.environ["MINIO_BUCKET"] = minio_store.bucket  # the test bucket, cleaned per namespace at the end
     root = tmp_path_factory.mktemp("cluster")
     prefix = f"snapshots-{root.name}"
-    c = clusters.up(root, workers=3, snapshots=f"s3://{minio_store.bucket}/{prefix}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIO_BUCKET", minio_store.bucket)  # the test bucket, cleaned per namespace at the end
+        c = clusters.up(root, workers=3, snapshots=f"s3://{minio_store.bucket}/{prefix}")
     yield c, prefix
     clusters.down(root)
     for key in minio_store.list(f"{prefix}/"):
@@ -189,12 +190,22 @@ def test_two_namespaces_index_side_by_side_through_the_queue(cluster, corpus, tm
         t.join(600)
     assert all(r.is_success for n in spaces for r in results[n])
     runs = [r for n in spaces for r in results[n]]
-    spans = {r.run_id: (r.tags["lazyhippo/namespace"],) for r in runs}
-    assert {v[0] for v in spans.values()} == set(spaces)  # every run carries its namespace: the queue's limit key
+    assert {r.tags["lazyhippo/namespace"] for r in runs} == set(spaces)  # the queue's limit key
     stats = {r.run_id: c.instance().get_run_stats(r.run_id) for r in runs}
     docs = [r for r in runs if r.job_name == "index_documents"]
     a, b = (stats[r.run_id] for r in docs)
     assert a.start_time < b.end_time and b.start_time < a.end_time  # the two namespaces' runs overlapped
+
+    # two runs of one namespace, queued together, run one after the other
+    from lazyhippo_dagster import cluster as clusters
+
+    config = {"resources": {"lazyhippo": {"config": {"namespace": spaces[0], "source": str(small)}}}}
+    tags = {"dagster/partition": spaces[0], "lazyhippo/namespace": spaces[0]}
+    ids = [clusters.submit(c, "index_graph", config, tags) for _ in range(2)]
+    done = [clusters.wait(c, run_id, 600) for run_id in ids]
+    assert all(r.is_success for r in done)
+    a, b = (c.instance().get_run_stats(run_id) for run_id in ids)
+    assert a.end_time <= b.start_time or b.end_time <= a.start_time
 
 
 def _health(url: str) -> dict | None:
