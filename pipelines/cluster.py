@@ -238,7 +238,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def alive(cluster: Cluster) -> dict[str, bool]:
-    return {name: _pid_alive(pid) for name, pid in cluster.state().get("pids", {}).items()} or {}
+    return {name: _pid_alive(pid) for name, pid in cluster.state().get("pids", {}).items()}
 
 
 def down(root: Path, timeout: float = 30.0) -> list[str]:
