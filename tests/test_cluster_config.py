@@ -123,3 +123,15 @@ def test_cluster_up_refuses_zero_workers(tmp_path):
 
     with pytest.raises(ValueError, match="--workers 0"):
         up(tmp_path, workers=0)
+
+
+def test_a_celery_pool_process_extracts_in_itself(monkeypatch):
+    """Celery's pool processes are daemonic: starting the per-core extraction processes there would fail."""
+    import multiprocessing
+
+    from lazyhippo.models.extractors import extract_processes
+
+    monkeypatch.setenv("LAZYHIPPO_THREADS", "2")
+    assert extract_processes() == 2
+    monkeypatch.setitem(multiprocessing.current_process()._config, "daemon", True)
+    assert extract_processes() == 1
