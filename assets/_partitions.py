@@ -20,8 +20,12 @@ namespaces = dg.DynamicPartitionsDefinition(name="namespaces")
 documents = dg.DynamicPartitionsDefinition(name="documents")
 
 # steps that open the DuckDB warehouse: one at a time within a run (the multiprocess executor's
-# tag_concurrency_limits), while the extraction batches, which only touch the object store, run side by side
-WAREHOUSE_TAGS = {"lazyhippo/warehouse": "1"}
+# tag_concurrency_limits), while the extraction batches, which only touch the object store, run side by side;
+# on Celery they go to the `warehouse` queue, which the one worker holding the warehouse serves
+WAREHOUSE_TAG = "lazyhippo/warehouse"
+WAREHOUSE_TAGS = {WAREHOUSE_TAG: "1", "dagster-celery/queue": "warehouse"}
+# every run the product launches names its namespace: a cluster's run queue runs one at a time per namespace
+NAMESPACE_TAG = "lazyhippo/namespace"
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 
@@ -49,7 +53,7 @@ def split_keys(keys: list[str]) -> tuple[str, frozenset[str]]:
 
 def range_tags(keys: list[str]) -> dict[str, str]:
     """Run tags for one run over `keys` (contiguous in partition order, as `partition_changes` leaves them)."""
-    return {RANGE_START: keys[0], RANGE_END: keys[-1]}
+    return {RANGE_START: keys[0], RANGE_END: keys[-1], NAMESPACE_TAG: split_keys(keys)[0]}
 
 
 def partition_changes(held: list[str], namespace: str, doc_ids, touched) -> tuple[list[str], list[str], list[str]]:

@@ -202,6 +202,12 @@ class Environment:
     rerank_model: str | None = None        # LAZYHIPPO_RERANK_MODEL: its model name, or a cross-encoder's local path
     rerank_api_key: str | None = field(default=None, repr=False)  # LAZYHIPPO_RERANK_API_KEY
     verbose: bool = False                  # LAZYHIPPO_VERBOSE (`lazyhippo --verbose`): libraries' notices and debug logs
+    # a Dagster cluster (lazyhippo_dagster.cluster): the executor its runs use when their config names none,
+    # and the Celery broker and result backend (URLs that carry the Redis password)
+    executor: str | None = None                   # LAZYHIPPO_EXECUTOR: "celery" in every cluster process
+    celery_broker: str | None = field(default=None, repr=False)
+    celery_backend: str | None = field(default=None, repr=False)
+    snapshots: str | None = None                  # LAZYHIPPO_SNAPSHOTS: s3://bucket/prefix published snapshots go to
 
     def compute_threads(self, cap: int = 4) -> int:
         """LAZYHIPPO_THREADS when set, else the cores this process may use, at most `cap`."""
@@ -230,4 +236,31 @@ def environment() -> Environment:
         rerank_model=env.get("LAZYHIPPO_RERANK_MODEL") or None,
         rerank_api_key=env.get("LAZYHIPPO_RERANK_API_KEY") or None,
         verbose=_flag(env.get("LAZYHIPPO_VERBOSE")),
+        executor=env.get("LAZYHIPPO_EXECUTOR") or None,
+        celery_broker=env.get("LAZYHIPPO_CELERY_BROKER") or None,
+        celery_backend=env.get("LAZYHIPPO_CELERY_BACKEND") or None,
+        snapshots=env.get("LAZYHIPPO_SNAPSHOTS") or None,
     )
+
+
+def cluster_environment() -> dict[str, str]:
+    """The variables every process of a Dagster cluster gets (daemon, webserver, workers): the PostgreSQL
+    login its dagster.yaml names (the file holds no secret), the Celery broker and result backend on Redis,
+    and the shared object store. From the environment, else the services credentials file."""
+    from urllib.parse import quote
+
+    redis = (f"redis://:{quote(credential('LAZYHIPPO_REDIS_PASSWORD'), safe='')}@"
+             f"{credential('LAZYHIPPO_REDIS_HOST', required=False) or '127.0.0.1'}:{credential('LAZYHIPPO_REDIS_PORT')}")
+    env = environment()
+    return {
+        "LAZYHIPPO_PG_USER": credential("LAZYHIPPO_PG_USER"), "LAZYHIPPO_PG_PASSWORD": credential("LAZYHIPPO_PG_PASSWORD"),
+        "LAZYHIPPO_PG_HOST": credential("LAZYHIPPO_PG_HOST", required=False) or "127.0.0.1",
+        "LAZYHIPPO_PG_PORT": credential("LAZYHIPPO_PG_PORT"), "LAZYHIPPO_PG_DB": credential("LAZYHIPPO_PG_DB"),
+        "LAZYHIPPO_EXECUTOR": "celery",
+        "LAZYHIPPO_CELERY_BROKER": env.celery_broker or f"{redis}/0",
+        "LAZYHIPPO_CELERY_BACKEND": env.celery_backend or f"{redis}/1",
+        "LAZYHIPPO_OBJECT_STORE": "minio", "MINIO_ENDPOINT": env.minio_endpoint, "MINIO_BUCKET": env.minio_bucket,
+        "MINIO_ROOT_USER": credential("MINIO_ACCESS_KEY", "MINIO_ROOT_USER"),
+        "MINIO_ROOT_PASSWORD": credential("MINIO_SECRET_KEY", "MINIO_ROOT_PASSWORD"),
+        "LAZYHIPPO_MODEL_CACHE": str(env.model_cache),
+    }

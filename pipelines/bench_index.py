@@ -51,10 +51,8 @@ def _rewrite_jsonl(path: Path, edit: Callable[[list[dict]], list[dict]]) -> None
     tmp.replace(path)
 
 
-def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | None = None,
-                    progress: Callable[[str], None] = print) -> dict:
-    """Each full index starts from an empty home (no extraction cache). 1 vs N processes both run on the
-    multiprocess executor (like for like); updates run in-process, as `lazyhippo index` does."""
+def _fresh_source(corpus: Path, workdir: Path, limit: int | None) -> tuple[Path, Path, list[str]]:
+    """An emptied `workdir` with the first `limit` rows of `corpus` as the source folder."""
     if workdir.exists():
         shutil.rmtree(workdir)
     source = workdir / "source"
@@ -62,6 +60,50 @@ def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | 
     lines = [line for line in corpus.read_text().splitlines() if line.strip()][:limit]
     data = source / corpus.name
     data.write_text("\n".join(lines) + "\n")
+    return source, data, lines
+
+
+def run_cluster_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | None = None,
+                            progress: Callable[[str], None] = print, probe_documents: int = 400) -> dict:
+    """Full index through a loopback cluster (`lazyhippo cluster up`) with 1 and with `workers` Celery workers:
+    the per-document stages' speedup; then Dagster's event cost per document partition on the cluster's
+    PostgreSQL against the embedded instance's batched SQLite log (bench_partitions' probe), as a ratio."""
+    import uuid
+
+    from lazyhippo.stores.minio import MinioObjectStore
+    from lazyhippo_dagster import cluster
+    from lazyhippo_dagster.bench_partitions import postgres_event_cost
+
+    source, _, lines = _fresh_source(corpus, workdir, limit)
+    out: dict = {"corpus": str(corpus), "documents": len(lines), "workers": workers, "executor": "celery"}
+    for n in (1, workers):
+        progress(f"full index through the cluster with {n} Celery worker(s)")
+        c = cluster.up(workdir / f"cluster_{n}", workers=n)
+        namespace = f"bench-{uuid.uuid4().hex[:8]}"
+        try:
+            t0 = time.perf_counter()
+            runs = cluster.index(c, namespace, str(source))
+            seconds = time.perf_counter() - t0
+            if not all(r.is_success for r in runs):
+                raise RuntimeError(f"bench cluster runs {[r.run_id for r in runs]} did not all succeed")
+            instance = c.instance()
+            per_doc = _per_document_seconds(instance, [r.run_id for r in runs])
+            out[f"full_{n}"] = {"seconds": round(seconds, 2), "run_id": runs[-1].run_id,
+                                "per_document_seconds": round(per_doc, 2)}
+        finally:
+            cluster.down(c.root)
+            MinioObjectStore.from_env().delete_prefix(f"{namespace}/")
+    out["speedup_per_document"] = round(out["full_1"]["per_document_seconds"] / out[f"full_{workers}"]["per_document_seconds"], 2)
+    progress(f"event cost per document partition: PostgreSQL against SQLite ({probe_documents} partitions)")
+    out["events"] = postgres_event_cost(probe_documents, cluster.postgres_storage())
+    return out
+
+
+def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | None = None,
+                    progress: Callable[[str], None] = print) -> dict:
+    """Each full index starts from an empty home (no extraction cache). 1 vs N processes both run on the
+    multiprocess executor (like for like); updates run in-process, as `lazyhippo index` does."""
+    source, data, lines = _fresh_source(corpus, workdir, limit)
     out: dict = {"corpus": str(corpus), "documents": len(lines), "workers": workers}
     for n in (1, workers):
         progress(f"full index with {n} worker process(es)")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Callable
 
 import dagster as dg
 
@@ -32,19 +34,26 @@ def probe_assets() -> tuple[dg.DynamicPartitionsDefinition, list[dg.AssetsDefini
     return parts, [probe_a, probe_b]
 
 
-def _probe(documents: int, storage: str | None) -> float:
+def _sqlite(storage: str | None) -> Callable[[str], dict]:
+    return lambda tmp: {} if storage is None else {
+        "event_log_storage": {"module": "lazyhippo_dagster.event_log", "class": storage,
+                              "config": {"base_dir": str(Path(tmp) / "history" / "runs")}}}
+
+
+def _probe(documents: int, overrides: Callable[[str], dict]) -> float:
+    """Seconds of one run over `documents` partitions on an instance with `overrides(tmp_dir)`."""
     parts, (probe_a, probe_b) = probe_assets()
-    keys = [f"bench/d_{i:08d}" for i in range(documents)]
-    with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test(temp_dir=tmp, overrides={} if storage is None else {
-            "event_log_storage": {"module": "lazyhippo_dagster.event_log", "class": storage,
-                                  "config": {"base_dir": str(Path(tmp) / "history" / "runs")}}}) as instance:
+    keys = [f"bench-{uuid.uuid4().hex[:8]}/d_{i:08d}" for i in range(documents)]  # unique in a shared database
+    with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test(temp_dir=tmp, overrides=overrides(tmp)) as instance:
         instance.add_dynamic_partitions(parts.name, keys)
         t0 = time.perf_counter()
         result = dg.materialize([probe_a, probe_b], instance=instance, tags={
             "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]},
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
         seconds = time.perf_counter() - t0
-        recorded = len(instance.get_materialized_partitions(probe_b.key))
+        recorded = len(instance.get_materialized_partitions(probe_b.key) & set(keys))
+        for key in keys:
+            instance.delete_dynamic_partition(parts.name, key)
     if not result.success or recorded != documents:
         raise RuntimeError(f"bench partitions run failed ({recorded} of {documents} partitions recorded)")
     return seconds
@@ -56,8 +65,18 @@ def run_partition_bench(documents: int, project_documents: int) -> dict:
     enable_event_batches()
     out: dict = {"documents": documents, "project_documents": project_documents}
     for name, storage in STORAGES.items():
-        seconds = _probe(documents, storage)
+        seconds = _probe(documents, _sqlite(storage))
         out[name] = {"seconds": round(seconds, 2), "ms_per_partition_and_asset": round(seconds / (documents * ASSETS) * 1000, 2),
                      "projected_index_seconds": round(seconds / (documents * ASSETS) * project_documents * INDEX_ASSETS, 1)}
     out["speedup"] = round(out["stock"]["seconds"] / out["batched"]["seconds"], 1)
     return out
+
+
+def postgres_event_cost(documents: int, storage: dict) -> dict:
+    """The same probe on a PostgreSQL instance (`storage`: its dagster.yaml `storage` block), against the batched
+    SQLite log of the embedded instance: ms per partition and asset on each, and their ratio."""
+    enable_event_batches()
+    pg = _probe(documents, lambda tmp: {"storage": storage}) / (documents * ASSETS) * 1000
+    sqlite = _probe(documents, _sqlite(STORAGES["batched"])) / (documents * ASSETS) * 1000
+    return {"documents": documents, "postgres_ms_per_partition_and_asset": round(pg, 2),
+            "sqlite_ms_per_partition_and_asset": round(sqlite, 2), "postgres_over_sqlite": round(pg / sqlite, 2)}

@@ -329,10 +329,22 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
           workers: int = typer.Option(1, min=1, help="Query engines: >1 runs that many engine processes, each with its "
                                       "own warm indexes (more cores, more memory), fed by one front process."),
           rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
-          chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
+          chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
+          snapshots: Optional[str] = typer.Option(None, help="s3://bucket/prefix: serve the snapshots published there "
+                                                  "(pulled when their manifest changes) [$LAZYHIPPO_SNAPSHOTS].")) -> None:
     """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics."""
     from lazyhippo.serve.app import Limits, api_key_for
     from lazyhippo.serve.app import serve as run_server
+
+    if snapshots:
+        from lazyhippo.stores.snapshots import parse_uri
+
+        try:
+            parse_uri(snapshots)
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+        os.environ["LAZYHIPPO_SNAPSHOTS"] = snapshots  # the server's index pool (and its engine processes) read it
 
     try:
         api_key_for(host)
@@ -361,6 +373,56 @@ def mcp_cmd(home: Path = HomeOpt, rerank: Optional[str] = RerankOpt, rerank_top_
 
 bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time, Dagster partition cost.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
+cluster_app = typer.Typer(no_args_is_help=True, help="A Dagster deployment on loopback: PostgreSQL instance, run queue, "
+                          "daemon, webserver and Celery workers (docs/scale-out.md).")
+app.add_typer(cluster_app, name="cluster")
+ClusterRoot = typer.Option(Path(".lazyhippo-cluster"), "--root", help="Folder of the cluster's processes.")
+
+
+@cluster_app.command("up")
+def cluster_up(root: Path = ClusterRoot, workers: int = typer.Option(2, min=1, help="Celery workers (worker 1 also "
+                                                                     "serves the warehouse queue)."),
+               port: Optional[int] = typer.Option(None, help="Webserver port [a free one]."),
+               snapshots: Optional[str] = typer.Option(None, help="s3://bucket/prefix published snapshots go to.")) -> None:
+    """Start the daemon, the webserver and N Celery workers, each in its own folder (needs `services.sh start
+    postgres redis minio`)."""
+    from lazyhippo_dagster import cluster
+
+    try:
+        c = cluster.up(root, workers, port, snapshots)
+    except (RuntimeError, TimeoutError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1)
+    console.print_json(json.dumps(cluster.status(c.root)))
+
+
+@cluster_app.command("down")
+def cluster_down(root: Path = ClusterRoot) -> None:
+    """Stop every process of the cluster."""
+    from lazyhippo_dagster import cluster
+
+    console.print(f"stopped: {', '.join(cluster.down(root)) or 'nothing was running'}")
+
+
+@cluster_app.command("status")
+def cluster_status(root: Path = ClusterRoot) -> None:
+    """Which processes run, the webserver's address, the workers that answer, where the warehouse lives."""
+    from lazyhippo_dagster import cluster
+
+    console.print_json(json.dumps(cluster.status(root)))
+
+
+@cluster_app.command("index")
+def cluster_index(source: Path = typer.Argument(..., help="Folder or file readable by the warehouse worker."),
+                  namespace: str = typer.Option("default", "--namespace", "-n"), root: Path = ClusterRoot) -> None:
+    """Index through the cluster's run queue: `index_documents`, then `index_graph`."""
+    from lazyhippo_dagster import cluster
+
+    runs = cluster.index(cluster.Cluster(root.resolve()), namespace, str(source.resolve()))
+    for run in runs:
+        console.print(f"{run.job_name} {run.run_id}: {run.status.value}")
+    if not all(r.is_success for r in runs):
+        raise typer.Exit(1)
 
 
 def _wiki(name: str) -> Path:
@@ -473,15 +535,26 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
 def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
                 workers: int = typer.Option(2, min=2, help="Worker processes of the parallel run (against 1)."),
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
-                workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first).")) -> None:
+                workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
+                executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
+                                             "PostgreSQL, Redis and MinIO)")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
-    to date after one changed and after one deleted document."""
-    from lazyhippo_dagster.bench_index import index_table, run_index_bench
+    to date after one changed and after one deleted document. With --executor celery: 1 and N Celery workers of a
+    loopback cluster, and the event cost per document partition on PostgreSQL against SQLite."""
+    from lazyhippo_dagster.bench_index import index_table, run_cluster_index_bench, run_index_bench
 
     corpus = corpus or _wiki("corpus.jsonl")
     if not corpus.is_file():
         console.print(f"[red]error:[/red] corpus {corpus} does not exist")
         raise typer.Exit(2)
+    if executor not in ("multiprocess", "celery"):
+        console.print(f"[red]error:[/red] --executor {executor!r}: expected multiprocess or celery")
+        raise typer.Exit(2)
+    if executor == "celery":
+        result = run_cluster_index_bench(corpus, workdir.resolve(), workers, limit,
+                                         progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+        print(json.dumps(result))
+        return
     result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
     _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents")
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))

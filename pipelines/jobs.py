@@ -1,20 +1,25 @@
 import dagster as dg
 
 from lazyhippo_dagster.assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
+from lazyhippo_dagster.executors import index_executor
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource
 
 # per-document assets over a range of document partitions: multiprocess unless configured otherwise, so
 # extraction batches run in parallel (`lazyhippo index --workers N` sets max_concurrent; the CLI's default
-# single-process run is in-process)
+# single-process run is in-process); in a cluster, Celery: extraction batches on any worker, the steps that
+# write the warehouse on its queue (their op tags)
 index_documents_job = dg.define_asset_job(
-    "index_documents", selection=dg.AssetSelection.groups("per_document"), executor_def=dg.multi_or_in_process_executor,
+    "index_documents", selection=dg.AssetSelection.groups("per_document"),
+    executor_def=index_executor("multiprocess", queue="dagster"),
     # the run queue starts one at a time (see runner.INSTANCE_CONFIG); its new rows are published by the graph run
     tags={"lazyhippo/writer": "warehouse", "lazyhippo/publish": "after_graph"},
     description="Read, chunk and extract the documents of the run's partitions (a key range of one namespace).",
 )
 
 index_graph_job = dg.define_asset_job(
-    "index_graph", selection=dg.AssetSelection.groups("graph", "exports"), executor_def=dg.in_process_executor,
+    # every step writes or reads the warehouse: in a cluster, all on the warehouse worker's queue
+    "index_graph", selection=dg.AssetSelection.groups("graph", "exports"),
+    executor_def=index_executor("in_process", queue="warehouse"),
     tags={"lazyhippo/writer": "warehouse"},
     description="Bring the namespace's graph up to date with its documents: entities to communities to Parquet "
                 "exports, with every asset check. Runs once per batch of changed document partitions.",
@@ -22,7 +27,7 @@ index_graph_job = dg.define_asset_job(
 
 # the query-quality checks read questions beside the source, which a rebuild does not know: the audit runs alone
 rebuild_graph_job = dg.define_asset_job(
-    "rebuild_graph", executor_def=dg.in_process_executor, tags={"lazyhippo/writer": "warehouse"},
+    "rebuild_graph", executor_def=index_executor("in_process", queue="warehouse"), tags={"lazyhippo/writer": "warehouse"},
     selection=dg.AssetSelection.groups("graph", "exports")
     - dg.AssetSelection.checks(context_quality_check, theme_coverage_check, retrieval_quality_check),
     description="Rebuild the graph-wide assets (entities onward) from the per-document tables: after `lazyhippo delete`.",

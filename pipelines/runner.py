@@ -11,6 +11,7 @@ from typing import Callable
 
 import dagster as dg
 
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG
 from lazyhippo_dagster.event_log import enable_event_batches
 
 
@@ -152,6 +153,7 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
         return index_chain(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step)
     if namespace is not None:
         add_namespace_partition(instance, namespace)
+        tags[NAMESPACE_TAG] = namespace
     job = defs.resolve_job_def(job_name)
     return _watched(instance, tags, on_step, lambda: job.execute_in_process(
         run_config=config, instance=instance, tags=tags, raise_on_error=False, partition_key=namespace))
@@ -187,7 +189,8 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
             return RunChain(results)
     graph_job = defs.resolve_job_def("index_graph")
     results.append(_watched(instance, tags, on_step, lambda: graph_job.execute_in_process(
-        run_config=config_for(graph_job), instance=instance, tags=tags, raise_on_error=False, partition_key=namespace,
+        run_config=config_for(graph_job), instance=instance, tags={**tags, NAMESPACE_TAG: namespace},
+        raise_on_error=False, partition_key=namespace,
         run_id=graph_run_id)))
     return RunChain(results)
 
@@ -226,14 +229,14 @@ def _watched(instance: dg.DagsterInstance, tags: dict, on_step: Callable[[str, s
 def execute_parallel(home: Path, config: dict, workers: int, tags: dict) -> dg.ExecuteJobResult:
     """Run the per-document job with the multiprocess executor (`workers` processes): extraction batches in
     parallel. `tags` name its document partitions (a key range)."""
-    from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS
+    from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAG
     from lazyhippo_dagster.definitions import index_documents_job_def
 
     instance = instance_for(home)
     # forkserver with the definitions preloaded: each step forks in milliseconds instead of importing everything
     cfg = {**config, "execution": {"config": {"multiprocess": {
         "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["lazyhippo_dagster.definitions", "lazyhippo_dagster.worker_preload"]}},
-        "tag_concurrency_limits": [{"key": key, "limit": 1} for key in WAREHOUSE_TAGS]}}}}
+        "tag_concurrency_limits": [{"key": WAREHOUSE_TAG, "limit": 1}]}}}}
     with dg.execute_job(dg.reconstructable(index_documents_job_def), instance, run_config=cfg, raise_on_error=False,
                         tags=tags) as result:
         return result

@@ -4,7 +4,7 @@ then `nightly_audit` brings the graph up to date (dropping vanished documents) a
 import dagster as dg
 
 from lazyhippo.sources.changes import indexed_state
-from lazyhippo_dagster.assets._partitions import namespaces
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, namespaces
 from lazyhippo_dagster.jobs import index_documents_job, index_graph_job
 from lazyhippo_dagster.resources import LazyhippoResource
 from lazyhippo_dagster.sensors import change_plan, scan
@@ -45,4 +45,4 @@ def nightly_audit(context: dg.ScheduleEvaluationContext, lazyhippo: LazyhippoRes
     namespace = lazyhippo.settings().namespace
     if not _indexed(context, namespace):
         return dg.SkipReason(f"namespace {namespace!r} is not indexed yet (index it, or turn the source sensor on)")
-    return dg.RunRequest(partition_key=namespace, tags={"lazyhippo/pass": "consistency"})
+    return dg.RunRequest(partition_key=namespace, tags={"lazyhippo/pass": "consistency", NAMESPACE_TAG: namespace})

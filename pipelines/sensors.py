@@ -14,7 +14,7 @@ import duckdb
 from lazyhippo.sources.bucket import bucket_source, open_bucket, scan_bucket
 from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state, scan_source
 from lazyhippo.stores.objects import ObjectStoreError
-from lazyhippo_dagster.assets._partitions import RANGE_START, documents, namespaces, partition_changes, range_tags
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, RANGE_START, documents, namespaces, partition_changes, range_tags
 from lazyhippo_dagster.jobs import index_documents_job, index_graph_job
 from lazyhippo_dagster.resources import LazyhippoResource
 
@@ -39,7 +39,7 @@ def change_plan(instance: dg.DagsterInstance, namespace: str, state: SourceState
         return requests, dg.RunRequest(job_name=index_documents_job.name, run_key=state.run_key(change),
                                        tags={**tags, **range_tags(run)})
     return requests, dg.RunRequest(job_name=index_graph_job.name, run_key=state.run_key(change),
-                                   partition_key=namespace, tags=tags)
+                                   partition_key=namespace, tags={**tags, NAMESPACE_TAG: namespace})
 
 
 def scan(settings, previous: SourceState) -> tuple[SourceState, SourceChange] | str:
@@ -88,4 +88,5 @@ def graph_after_documents(context: dg.RunStatusSensorContext):
     key = run.tags.get("dagster/partition") or run.tags[RANGE_START]
     namespace = key.split("/", 1)[0]
     return dg.RunRequest(run_key=f"graph-after-{run.run_id}", partition_key=namespace,
-                         tags={"lazyhippo/after_run": run.run_id, "lazyhippo/change": run.tags.get("lazyhippo/change", "")})
+                         tags={"lazyhippo/after_run": run.run_id, "lazyhippo/change": run.tags.get("lazyhippo/change", ""),
+                               NAMESPACE_TAG: namespace})

@@ -173,6 +173,41 @@ class LLMResource(dg.ConfigurableResource):
         return self._clients[model]
 
 
+class StepOutputsIOManager(dg.ConfigurableIOManagerFactory):
+    """Where steps hand each other their (small) outputs: with a shared object store (MinIO/S3), pickles in it
+    under `dagster/<run_id>/<step>/<output>`, so a step on one worker reads what a step on another wrote;
+    with the local one, Dagster's own pickles under the instance's storage folder, as by default."""
+
+    object_store: ObjectStoreResource
+
+    def create_io_manager(self, context: dg.InitResourceContext) -> dg.IOManager:
+        settings = Settings.from_env()
+        if ObjectStoreKind(self.object_store.kind or settings.object_store) == ObjectStoreKind.local:
+            from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
+
+            return PickledObjectFilesystemIOManager(base_dir=context.instance.storage_directory())
+        return ObjectStoreIOManager(self.object_store.open(settings))
+
+
+class ObjectStoreIOManager(dg.IOManager):
+    def __init__(self, store: ObjectStore):
+        self.store = store
+
+    @staticmethod
+    def _key(context: dg.OutputContext) -> str:
+        return "/".join(["dagster", *context.get_identifier()])
+
+    def handle_output(self, context: dg.OutputContext, obj) -> None:
+        import pickle
+
+        self.store.put(self._key(context), pickle.dumps(obj))
+
+    def load_input(self, context: dg.InputContext):
+        import pickle
+
+        return pickle.loads(self.store.get(self._key(context.upstream_output)))
+
+
 def _run_failed(context: dg.InitResourceContext) -> bool:
     if context.instance is None or context.run is None:
         return False
@@ -180,5 +215,6 @@ def _run_failed(context: dg.InitResourceContext) -> bool:
 
 
 def default_resources() -> dict:
-    return {"lazyhippo": LazyhippoResource(), "graph_store": GraphStoreResource(), "object_store": ObjectStoreResource(),
-            "llm": LLMResource()}
+    object_store = ObjectStoreResource()
+    return {"lazyhippo": LazyhippoResource(), "graph_store": GraphStoreResource(), "object_store": object_store,
+            "llm": LLMResource(), "io_manager": StepOutputsIOManager(object_store=object_store)}

@@ -117,10 +117,11 @@ def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str]
 
 def extract_processes() -> int:
     """Processes for offline extraction: one per core (at most 4); 1 in a child process (a step of the
-    multiprocess executor shares the cores with its siblings already) or where `LAZYHIPPO_THREADS=1`."""
+    multiprocess executor shares the cores with its siblings already), in a daemonic process (a Celery worker's
+    pool process, which may not start children) or where `LAZYHIPPO_THREADS=1`."""
     import multiprocessing
 
-    if multiprocessing.parent_process() is not None:
+    if multiprocessing.parent_process() is not None or multiprocessing.current_process().daemon:
         return 1
     return environment().compute_threads()
 

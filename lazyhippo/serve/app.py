@@ -217,7 +217,8 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
     def health() -> dict:
         """Liveness, the warm indexes and the query engines with the queries each was given (no auth)."""
         return {"status": "ok", "namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps,
-                "worker_pid": os.getpid(), "engines": pool.engines()}
+                "worker_pid": os.getpid(), "engines": pool.engines(),
+                "snapshots": pool.snapshots.status() if pool.snapshots else None}
 
     @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     def prometheus(_: None = Depends(authorized)) -> PlainTextResponse:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from lazyhippo.query import DEFAULT_CONFIG, QueryConfig, QueryResult
-from lazyhippo.serve.pool import IndexPool, limit_threads, namespace_notice
+from lazyhippo.serve.pool import IndexPool, limit_threads, namespace_notice, snapshot_sync
 from lazyhippo.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,12 @@ class EnginePool:
         self._engines: list[_Engine] = []
         self._idle: queue.Queue[_Engine] = queue.Queue()  # FIFO of waiting threads: the first waiter gets the next free engine
         self._stopping = False
+        self.snapshots = None
 
     def start(self) -> "EnginePool":
-        """Start every engine and wait until each has loaded its indexes."""
+        """Start every engine and wait until each has loaded its indexes (pulled snapshots first, by this process:
+        the engines reload them like after a local run)."""
+        self.snapshots = snapshot_sync(self.settings)
         starting = [self._spawn() for _ in range(self.workers)]
         for engine in starting:
             self._ready(engine)
@@ -184,7 +187,7 @@ def engine_main(settings: Settings, config: QueryConfig, settle_seconds: float, 
                 queries: Connection, control: Connection) -> None:
     """One engine process: answers the queries on `queries` one at a time until the front closes it."""
     limit_threads()
-    pool = IndexPool(settings, config, settle_seconds, poll_seconds, max_concurrent=1).start()
+    pool = IndexPool(settings, config, settle_seconds, poll_seconds, max_concurrent=1).start(sync_snapshots=False)
     threading.Thread(target=_serve_control, args=(pool, control), name="lazyhippo-engine-control", daemon=True).start()
     queries.send(os.getpid())
     while True:

@@ -34,7 +34,8 @@ from lazyhippo.query import (
 from lazyhippo.query.loader import db_version
 from lazyhippo.query.routes import check_route
 from lazyhippo.settings import QUERY_FIELDS, Settings, environment
-from lazyhippo.stores.warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir
+from lazyhippo.stores.snapshots import SnapshotSync
+from lazyhippo.stores.warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir, snapshot_path
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class IndexPool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.swaps = 0
+        self.snapshots: SnapshotSync | None = None  # pulling published snapshots from the object store
         self.answered = 0                    # queries answered (answer and retrieve)
         self._count_lock = threading.Lock()
         # queries are CPU-bound Python: more running at once than cores only adds interpreter-lock churn
@@ -194,8 +196,11 @@ class IndexPool:
             except Exception:  # noqa: BLE001 - the poller retries; the old index keeps serving
                 log.warning("refresh after an index run failed; retrying in the background", exc_info=True)
 
-    def start(self, preload: bool = True) -> "IndexPool":
-        """Read the namespace list (and load every index when `preload`), then refresh in the background."""
+    def start(self, preload: bool = True, sync_snapshots: bool = True) -> "IndexPool":
+        """Read the namespace list (and load every index when `preload`), then refresh in the background.
+        With LAZYHIPPO_SNAPSHOTS (and `sync_snapshots`), the snapshots are pulled from the object store first."""
+        if sync_snapshots:
+            self.snapshots = snapshot_sync(self.settings)
         known = list_namespaces(self.settings)  # (publishes a home indexed before snapshots existed)
         if known:
             self._version = db_version(snapshot_dir(self.settings))
@@ -209,6 +214,8 @@ class IndexPool:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.snapshots is not None:
+            self.snapshots.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
         gc.unfreeze()  # the indexes are ordinary garbage again once the server stops
@@ -233,6 +240,10 @@ def query_settings(settings: Settings, choices: dict | None) -> Settings:
     if unknown:
         raise ValueError(f"not query-time settings: {', '.join(sorted(unknown))} (choose from {', '.join(QUERY_FIELDS)})")
     return settings.with_(**choices)
+def snapshot_sync(settings: Settings) -> SnapshotSync | None:
+    """The server's pull of published snapshots when LAZYHIPPO_SNAPSHOTS (`serve --snapshots`) names a store."""
+    uri = environment().snapshots
+    return SnapshotSync(uri, lambda ns: snapshot_path(settings.with_(namespace=ns))).start() if uri else None
 
 
 def list_namespaces(settings: Settings) -> list[str]:

@@ -27,7 +27,7 @@ import pyarrow as pa
 from filelock import FileLock, Timeout
 
 from lazyhippo.graph.names import norm_keys
-from lazyhippo.settings import Settings
+from lazyhippo.settings import Settings, environment
 from lazyhippo.sql import SQL_DIR
 
 TABLES = (
@@ -260,6 +260,12 @@ def publish(settings: Settings) -> Path:
     if alone:
         shutil.copyfile(settings.db_path, tmp)
     os.replace(tmp, target)
+    uri = environment().snapshots
+    if uri:  # servers on other hosts pull it from there (lazyhippo.stores.snapshots)
+        from lazyhippo.stores.snapshots import open_store, upload
+
+        store, prefix = open_store(uri)
+        upload(store, prefix, settings.namespace, target)
     return target
 
 

@@ -1,0 +1,230 @@
+"""A Dagster deployment past one machine, on loopback: PostgreSQL instance and run queue, Celery workers on Redis
+in separate folders (own HOME, TMPDIR, homes), step outputs and snapshots through MinIO."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import httpx
+import pytest
+
+from lazyhippo.index import run_index
+from lazyhippo.query import answer_question
+from lazyhippo.settings import Settings, environment
+from tests.services_fixtures import minio_store, namespaces, unavailable  # noqa: F401 - fixtures
+from tests.test_lifecycle import graph_snapshot
+from tests.test_scale_out import extracted
+
+pytestmark = pytest.mark.services
+CORPUS = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "2wikimultihopqa" / "corpus.jsonl"
+PASSAGES = 160
+QUESTIONS = ["Who was the wife of Lothair II?", "Which bishop of Elmham is mentioned?", "Where was the film director born?"]
+SMALL_BATCHES = {"extractions": {"ops": {"plan_extraction_batches": {"config": {"batch_chunks": 40}}}}}
+
+
+def _reachable(port: str) -> None:
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=3):
+        pass
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    if not CORPUS.exists():
+        pytest.skip(f"shared 2WikiMultiHopQA corpus not found at {CORPUS}")
+    folder = tmp_path_factory.mktemp("wiki")
+    with CORPUS.open() as f:
+        (folder / "corpus.jsonl").write_text("".join(next(f) for _ in range(PASSAGES)))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, minio_store):  # noqa: F811
+    from lazyhippo.settings import MissingCredentials, cluster_environment
+    from lazyhippo_dagster import cluster as clusters
+
+    try:
+        env = cluster_environment()
+        _reachable(env["LAZYHIPPO_PG_PORT"])
+        _reachable(env["LAZYHIPPO_CELERY_BROKER"].rsplit(":", 1)[1].split("/")[0])
+    except (MissingCredentials, OSError) as exc:
+        unavailable(f"PostgreSQL / Redis not usable (`scripts/services.sh start postgres redis`): {exc}")
+    root = tmp_path_factory.mktemp("cluster")
+    prefix = f"snapshots-{root.name}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINIO_BUCKET", minio_store.bucket)  # the test bucket, cleaned per namespace at the end
+        c = clusters.up(root, workers=3, snapshots=f"s3://{minio_store.bucket}/{prefix}")
+    yield c, prefix
+    clusters.down(root)
+    for key in minio_store.list(f"{prefix}/"):
+        minio_store.delete(key)
+
+
+def _index(c, namespace: str, source: Path, ops: dict | None = SMALL_BATCHES):
+    from lazyhippo_dagster import cluster as clusters
+
+    return clusters.index(c, namespace, str(source), ops=ops, timeout=600)
+
+
+def _workers_of(instance, run_id: str) -> dict[str, str]:
+    """step key -> Celery worker that ran it (dagster-celery's engine event)."""
+    out = {}
+    for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+        md = e.dagster_event.engine_event_data.metadata
+        if "Celery worker" in md:
+            out[e.step_key] = md["Celery worker"].value
+    return out
+
+
+def _top8(url: str, namespace: str, question: str) -> list[str]:
+    r = httpx.post(f"{url}/api/query", json={"question": question, "namespace": namespace, "route": "local",
+                                             "top_k": 8}, timeout=60)
+    r.raise_for_status()
+    return [c["chunk_id"] for c in r.json()["context"]]
+
+
+def _local_top8(settings: Settings, question: str) -> list[str]:
+    return [c["chunk_id"] for c in answer_question(settings, question, route="local", top_k=8, llm=None).to_dict()["context"]]
+
+
+def test_cluster_indexes_like_one_process_survives_a_killed_worker_and_serves_replicas(
+        cluster, corpus, tmp_path, namespaces, minio_store):  # noqa: F811
+    c, prefix = cluster
+    instance = c.instance()
+    ns = namespaces("cluster")
+
+    # one namespace through the run queue, a worker process killed with -9 in the middle of an extraction batch
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("runs", _index(c, ns, corpus)))
+    thread.start()
+    killed = None
+    deadline = time.monotonic() + 300
+    while killed is None and thread.is_alive() and time.monotonic() < deadline:
+        runs = instance.get_runs(dg.RunsFilter(tags={"lazyhippo/namespace": ns}, job_name="index_documents"), limit=1)
+        if runs:
+            starts = instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_START)
+            batch = [e for e in starts if "extract_documents[" in e.step_key]
+            if batch:
+                killed = (batch[0].step_key, batch[0].dagster_event.pid)
+                os.kill(killed[1], signal.SIGKILL)
+        time.sleep(0.2)
+    thread.join(600)
+    docs_run, graph_run = result["runs"]
+    assert docs_run.is_success and graph_run.is_success
+    assert killed is not None, "no extraction batch started"
+    starts = [e.step_key for e in instance.all_logs(docs_run.run_id, of_type=dg.DagsterEventType.STEP_START)]
+    assert starts.count(killed[0]) == 2  # the killed step ran again elsewhere: a retry, not a failed run
+
+    workers = _workers_of(instance, docs_run.run_id)
+    batch_workers = {w for step, w in workers.items() if "extract_documents[" in step}
+    assert len(batch_workers) >= 2, workers
+    warehouse_steps = {w for step, w in {**workers, **_workers_of(instance, graph_run.run_id)}.items()
+                       if "extract_documents[" not in step}
+    assert warehouse_steps == {"w1@" + socket.gethostname()}  # one worker writes the warehouse
+    for i in (2, 3):  # the other workers hold no warehouse, no snapshot
+        assert not list((c.worker_dir(i) / "lazyhippo").glob("**/*.duckdb"))
+
+    # the same rows as the in-process library path
+    reference = Settings(home=tmp_path / "ref", namespace=ns, source=str(corpus))
+    run_index(reference)
+    ours = Settings(home=c.warehouse_home, namespace=ns)
+    assert extracted(ours) == extracted(reference)
+    assert graph_snapshot(ours) == graph_snapshot(reference)
+
+    # a serving replica in its own folder, fed from the object store only
+    replica = tmp_path / "replica"
+    for sub in ("home", "tmp", "index"):
+        (replica / sub).mkdir(parents=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "LAZYHIPPO_HOME", "DAGSTER_HOME"))}
+    env.update(HOME=str(replica / "home"), TMPDIR=str(replica / "tmp"), DAGSTER_HOME=str(replica / "dagster"),
+               LAZYHIPPO_MODEL_CACHE=str(environment().model_cache))  # prepared once per host by scripts/setup.sh
+    proc = subprocess.Popen([sys.executable, "-c", "from lazyhippo_dagster.cli import app; app()", "serve", "--home", str(replica / "index"),
+                             "--port", str(port), "--snapshots", f"s3://{minio_store.bucket}/{prefix}"],
+                            cwd=replica, env=env, stdout=open(replica / "serve.log", "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        health = _wait_for(lambda: _health(url), lambda h: h and ns in h["namespaces"], proc, replica)
+        assert health["snapshots"]["reachable"] and ns in health["snapshots"]["versions"]
+        for q in QUESTIONS:
+            assert _top8(url, ns, q) == _local_top8(reference, q)
+
+        # a re-index (a third of the passages gone) reaches the running replica without a restart
+        lines = (corpus / "corpus.jsonl").read_text().splitlines(keepends=True)
+        smaller = tmp_path / "smaller"
+        smaller.mkdir()
+        (smaller / "corpus.jsonl").write_text("".join(lines[: 2 * PASSAGES // 3]))
+        version = health["snapshots"]["versions"][ns]
+        assert all(r.is_success for r in _index(c, ns, smaller, ops=None))
+        _wait_for(lambda: _health(url), lambda h: h and h["snapshots"]["versions"].get(ns) != version, proc, replica)
+        reindexed = Settings(home=c.warehouse_home, namespace=ns)  # the in-process engine on the new snapshot
+        for q in QUESTIONS:
+            _wait_for(lambda: _top8(url, ns, q), lambda top: top == _local_top8(reindexed, q), proc, replica)
+        assert _health(url)["warm"][ns]["chunks"] < health["warm"][ns]["chunks"]  # the smaller index, swapped in
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_two_namespaces_index_side_by_side_through_the_queue(cluster, corpus, tmp_path, namespaces):
+    c, _ = cluster
+    small = tmp_path / "small"
+    small.mkdir()
+    small.joinpath("corpus.jsonl").write_text("".join((corpus / "corpus.jsonl").read_text().splitlines(True)[:30]))
+    spaces = [namespaces("side"), namespaces("side")]
+    results: dict = {}
+    threads = [threading.Thread(target=lambda n=n: results.setdefault(n, _index(c, n, small))) for n in spaces]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert all(r.is_success for n in spaces for r in results[n])
+    runs = [r for n in spaces for r in results[n]]
+    assert {r.tags["lazyhippo/namespace"] for r in runs} == set(spaces)  # the queue's limit key
+    stats = {r.run_id: c.instance().get_run_stats(r.run_id) for r in runs}
+    docs = [r for r in runs if r.job_name == "index_documents"]
+    a, b = (stats[r.run_id] for r in docs)
+    assert a.start_time < b.end_time and b.start_time < a.end_time  # the two namespaces' runs overlapped
+
+    # two runs of one namespace, queued together, run one after the other (documents runs with nothing new to
+    # extract: the cheapest real runs)
+    from lazyhippo_dagster import cluster as clusters
+    from lazyhippo_dagster.assets._partitions import range_tags
+    from lazyhippo_dagster.sensors import LAUNCHER_RUNS_GRAPH
+
+    config = {"resources": {"lazyhippo": {"config": {"namespace": spaces[0], "source": str(small)}}}}
+    keys = [k for k in c.instance().get_dynamic_partitions("documents") if k.startswith(f"{spaces[0]}/")]
+    ids = [clusters.submit(c, "index_documents", config, {**range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"})
+           for _ in range(2)]
+    done = [clusters.wait(c, run_id, 600) for run_id in ids]
+    assert all(r.is_success for r in done)
+    a, b = (c.instance().get_run_stats(run_id) for run_id in ids)
+    assert a.end_time <= b.start_time or b.end_time <= a.start_time
+
+
+def _health(url: str) -> dict | None:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).json()
+    except httpx.TransportError:
+        return None
+
+
+def _wait_for(get, ok, proc, folder: Path, timeout: float = 180.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = get()
+        if ok(value):
+            return value
+        assert proc.poll() is None, (folder / "serve.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, f"timed out; last: {json.dumps(value)[:2000]}"
+        time.sleep(1)

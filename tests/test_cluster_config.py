@@ -1,0 +1,137 @@
+"""The parts of the cluster deployment that need no server: the instance config, the executor choice, the
+namespace tag on launched runs, and snapshots published through an object store and pulled by a replica."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lazyhippo.settings import SAMPLE_CORPUS
+from lazyhippo.stores.minio import MinioObjectStore
+from lazyhippo.stores.objects import LocalObjectStore
+from lazyhippo.stores.snapshots import SnapshotSync, parse_uri, upload
+
+
+def test_the_cluster_instance_is_postgres_with_one_run_per_namespace_and_names_its_secrets_only(tmp_path, monkeypatch):
+    from dagster._core.instance.config import dagster_instance_config
+
+    from lazyhippo_dagster.cluster import instance_yaml
+
+    monkeypatch.setenv("LAZYHIPPO_PG_PASSWORD", "s3cret-value")
+    (tmp_path / "dagster.yaml").write_text(instance_yaml())
+    config, _ = dagster_instance_config(str(tmp_path))  # valid for Dagster
+    assert "s3cret-value" not in (tmp_path / "dagster.yaml").read_text()
+    assert config["storage"]["postgres"]["postgres_db"]["password"] == {"env": "LAZYHIPPO_PG_PASSWORD"}
+    coordinator = config["run_coordinator"]
+    assert coordinator["class"] == "QueuedRunCoordinator"
+    assert coordinator["config"]["tag_concurrency_limits"] == [
+        {"key": "lazyhippo/namespace", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
+
+
+def test_index_jobs_run_on_celery_in_a_cluster_process_and_stay_local_elsewhere(monkeypatch):
+    from lazyhippo_dagster.definitions import defs
+
+    documents = defs.resolve_job_def("index_documents").executor_def
+    graph = defs.resolve_job_def("index_graph").executor_def
+    monkeypatch.delenv("LAZYHIPPO_EXECUTOR", raising=False)
+    assert documents.get_requirements({}) and not graph.get_requirements({})  # multiprocess / in-process
+    monkeypatch.setenv("LAZYHIPPO_EXECUTOR", "celery")
+    assert graph.get_requirements({}) == documents.get_requirements({})  # both distributed
+    assert not graph.get_requirements({"in_process": {}})  # a run's own choice wins
+
+
+def test_the_celery_app_needs_the_broker_from_the_environment(monkeypatch):
+    from lazyhippo_dagster.executors import celery_app_args
+
+    monkeypatch.delenv("LAZYHIPPO_CELERY_BROKER", raising=False)
+    with pytest.raises(ValueError, match="LAZYHIPPO_CELERY_BROKER"):
+        celery_app_args()
+    monkeypatch.setenv("LAZYHIPPO_CELERY_BROKER", "redis://:pw@127.0.0.1:1/0")
+    monkeypatch.setenv("LAZYHIPPO_CELERY_BACKEND", "redis://:pw@127.0.0.1:1/1")
+    args = celery_app_args("warehouse")
+    assert args["config_source"]["task_default_queue"] == "warehouse"
+    assert args["config_source"]["task_acks_late"] and args["config_source"]["task_reject_on_worker_lost"]
+
+
+def test_warehouse_steps_go_to_the_warehouse_queue_and_extraction_batches_do_not():
+    from lazyhippo_dagster.definitions import defs
+
+    job = defs.resolve_job_def("index_documents")
+    queues = {node.name: node.tags.get("dagster-celery/queue") for node in job.graph.node_dict["extractions"].definition.nodes}
+    assert queues == {"plan_extraction_batches": "warehouse", "extract_documents": None, "load_extraction_parts": "warehouse"}
+    assert job.graph.node_named("documents").tags["dagster-celery/queue"] == "warehouse"
+
+
+def test_runs_the_product_launches_carry_their_namespace():
+    import dagster as dg
+
+    from lazyhippo.sources.changes import SourceChange, SourceState, scan_source
+    from lazyhippo_dagster.assets._partitions import range_tags
+    from lazyhippo_dagster.sensors import change_plan
+
+    assert range_tags(["kb/a", "kb/b"])["lazyhippo/namespace"] == "kb"
+    with dg.instance_for_test() as instance:
+        state, _ = scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())
+        _, graph_run = change_plan(instance, "kb", state, SourceChange(removed={"gone.txt": ["x"]}))
+        _, docs_run = change_plan(instance, "kb", state, scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())[1])
+    assert graph_run.tags["lazyhippo/namespace"] == "kb" and docs_run.tags["lazyhippo/namespace"] == "kb"
+
+
+def test_a_replica_pulls_the_newest_snapshot_when_its_manifest_changes_and_keeps_it_when_the_store_is_gone(tmp_path):
+    store = LocalObjectStore(tmp_path / "bucket")
+    snapshot = tmp_path / "kb.duckdb"
+    snapshot.write_bytes(b"first")
+    first = upload(store, "snaps", "kb", snapshot)
+    local = tmp_path / "replica" / "published"
+    sync = SnapshotSync("s3://bucket/snaps", lambda ns: local / f"{ns}.duckdb", store=store)
+    assert sync.pull() == ["kb"] and (local / "kb.duckdb").read_bytes() == b"first"
+    assert sync.pull() == []  # same manifest: nothing fetched
+    snapshot.write_bytes(b"second")
+    second = upload(store, "snaps", "kb", snapshot)
+    manifest = json.loads(store.get("snaps/kb/manifest.json"))
+    assert manifest["version"] == second["version"] != first["version"] and store.get(manifest["key"]) == b"second"
+    assert sync.pull() == ["kb"] and (local / "kb.duckdb").read_bytes() == b"second"
+    assert sync.status()["reachable"] and sync.status()["versions"] == {"kb": second["version"]}
+
+    sync.store = MinioObjectStore("127.0.0.1:1", "bucket", "user", "password", timeout=1, retries=0)  # nothing listens
+    assert sync.pull() == []
+    status = sync.status()
+    assert status["reachable"] is False and "unreachable" in status["state"] and status["error"]
+    assert (local / "kb.duckdb").read_bytes() == b"second" and status["versions"] == {"kb": second["version"]}
+
+
+def test_a_snapshot_whose_content_does_not_match_its_manifest_is_not_swapped_in(tmp_path):
+    store = LocalObjectStore(tmp_path / "bucket")
+    (tmp_path / "kb.duckdb").write_bytes(b"good")
+    manifest = upload(store, "", "kb", tmp_path / "kb.duckdb")
+    store.put(manifest["key"], b"tampered")
+    sync = SnapshotSync("s3://bucket", lambda ns: tmp_path / "out" / f"{ns}.duckdb", store=store)
+    assert sync.pull() == [] and not (tmp_path / "out" / "kb.duckdb").exists()
+    assert "md5" in sync.status()["error"]
+
+
+@pytest.mark.parametrize("uri", ["bucket/prefix", "s3://", "http://host/x"])
+def test_a_snapshot_uri_that_is_not_s3_is_refused_by_name(uri):
+    with pytest.raises(ValueError, match="s3://bucket/prefix"):
+        parse_uri(uri)
+
+
+def test_cluster_up_refuses_zero_workers(tmp_path):
+    from lazyhippo_dagster.cluster import up
+
+    with pytest.raises(ValueError, match="--workers 0"):
+        up(tmp_path, workers=0)
+
+
+def test_a_celery_pool_process_extracts_in_itself(monkeypatch):
+    """Celery's pool processes are daemonic: starting the per-core extraction processes there would fail."""
+    import multiprocessing
+
+    from lazyhippo.models.extractors import extract_processes
+
+    monkeypatch.setenv("LAZYHIPPO_THREADS", "2")
+    assert extract_processes() == 2
+    monkeypatch.setitem(multiprocessing.current_process()._config, "daemon", True)
+    assert extract_processes() == 1
