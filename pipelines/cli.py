@@ -385,10 +385,16 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
-                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)")) -> None:
+                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)"),
+                    split: str = typer.Option("all", help="tune | confirm | all: the half of each set's questions chosen by a "
+                                                          "hash of the question text (decide on tune, report confirm).")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
-    passage id when the questions carry `supporting_ids`."""
-    from lazyhippo.evaluate.bench import DATASETS, headline, run_retrieval_bench, summary_row
+    passage id when the questions carry `supporting_ids`. The summary shows the tune and confirm halves side
+    by side."""
+    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, run_retrieval_bench, summary_row
+
+    if split not in SPLITS:
+        raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
 
     corpus, questions = corpus or _wiki("corpus.jsonl"), questions or _wiki("questions_dev.json")
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
@@ -399,9 +405,9 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
         bar, update = _progress_bar()
         with bar:
             result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
-                                         graph_store=graph_store, settings=settings)
+                                         graph_store=graph_store, settings=settings, split=split)
         results[name] = result
-        table = Table(title=f"retrieval on {name} ({graph_store} store): {result['questions']} questions, "
+        table = Table(title=f"retrieval on {name} ({graph_store} store): {result['questions']} questions ({split}), "
                             f"scored by {result['scored_by']}, "
                             f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
         cols = ["method", "recall_at_2", "recall_at_5", "all_supporting_at_8", "latency_p50_ms", "latency_p95_ms"]
@@ -410,18 +416,41 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
         for m in result["methods"].values():
             table.add_row(*(str(m[c]) for c in cols))
         Console().print(table)
-    if len(results) > 1:
-        rows = [summary_row(n, r) for n, r in results.items()]
-        table = Table(title=f"summary: route {route}, top {k}, embedder {embedder}")
-        for c in rows[0]:
-            table.add_column(c, justify="left" if c == "set" else "right")
-        for r in rows:
-            table.add_row(*(str(v) for v in r.values()))
-        Console().print(table)
+    rows = [summary_row(n, r) for n, r in results.items()]
+    table = Table(title=f"summary: route {route}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
+    for c in rows[0]:
+        table.add_column(c, justify="left" if c == "set" else "right")
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    Console().print(table)
     if json_out:
         json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     for name, result in results.items():
         print(json.dumps({"dataset": name, **headline(result)}))
+
+
+@bench.command("keep")
+def bench_keep(base: Path = typer.Argument(..., help="`bench retrieval --json` output of the current defaults."),
+               candidate: Path = typer.Argument(..., help="The same with the change."),
+               removal: bool = typer.Option(False, "--removal", help="The change removes something: no gain needed, only no loss.")) -> None:
+    """The keep rule on the confirm halves: no set loses more than one question's worth on recall@2, recall@5
+    or all_supporting@8, and (unless --removal) one gains. Exits 1 when the change is not kept."""
+    from lazyhippo.evaluate.bench import keep_change
+
+    def rows(path: Path) -> dict[str, list[dict]]:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"{path}: {exc}") from exc
+        results = {data["corpus"]: data} if "methods" in data else data
+        return {name: r["per_question"][r["route"]] for name, r in results.items()}
+
+    try:
+        verdict = keep_change(rows(base), rows(candidate), require_gain=not removal)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    print(json.dumps(verdict, indent=1))
+    raise typer.Exit(0 if verdict["keep"] else 1)
 
 
 @bench.command("query")
