@@ -184,9 +184,10 @@ def served_ppr(settings: Settings, store) -> object | None:
     return store.ppr_backend(settings.namespace)
 
 
-def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False) -> dict[str, Ranker]:
-    """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder).
-    Rankers return passage ids (`by_id`) or titles."""
+def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False,
+                      assist=None) -> dict[str, Ranker]:
+    """The route under test (with `assist`, a RetrievalAssist, its LLM steps) and the two baselines on the
+    same index: BM25 and dense-only (same embedder). Rankers return passage ids (`by_id`) or titles."""
     from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query import retrieve
     from lazyhippo.query.loader import load_index
@@ -202,15 +203,16 @@ def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: b
         return rank
 
     return {route: lambda q: [passage_id(c.source) if by_id else c.title
-                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],
+                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr, assist=assist)],
             "bm25": channel("bm25"), "dense": channel("dense")}
 
 
 def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
                         progress=None, graph_store: str = "embedded", settings: Settings | None = None,
-                        split: str = "all") -> dict:
+                        split: str = "all", assist=None) -> dict:
     """Quality of `route` on the index of `corpus` over the questions of `split`, ranked through
-    `graph_store` (neo4j: the index is pushed to the server first and PPR runs over the graph it serves)."""
+    `graph_store` (neo4j: the index is pushed to the server first and PPR runs over the graph it serves).
+    With `assist` (a RetrievalAssist) the route uses its LLM steps and the tokens it used are reported."""
     from lazyhippo.stores import open_graph_store
 
     questions = select_split(json.loads(Path(questions_file).read_text()), split)
@@ -218,8 +220,11 @@ def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route
     settings, index_info = ensure_index(Path(corpus), Path(workdir), progress, settings)
     store = open_graph_store(graph_store)
     try:
-        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids")
+        before = assist.llm.meter.snapshot() if assist else {}
+        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids",
+                                    assist=assist)
         reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
+        usage = assist.llm.meter.since(before) if assist else []
     finally:
         store.close()
     by = {r.method: r for r in reports}
@@ -228,6 +233,7 @@ def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route
         "graph_store": graph_store, "scored_by": field_, "embedder": settings.embedder, **index_info,
         "methods": {r.method: r.headline() for r in reports},
         "halves": {r.method: split_figures(r.per_question) for r in reports},
+        **({"llm": {"model": assist.llm.model, "usage": usage, "breaker": assist.breaker.state}} if assist else {}),
         "margin_over_dense": {m: round(getattr(by[route], m) - getattr(by["dense"], m), 4)
                               for m in ("recall_at_2", "recall_at_5", "all_supporting_at_8")},
         "per_question": {r.method: r.per_question for r in reports},
@@ -255,7 +261,8 @@ def headline(result: dict) -> dict:
     halves = {f"{half}_{k}": round(v, 4) for half, fig in result["halves"][route].items() for k, v in fig.items()}
     return {"route": route, **{f"{route}_{k}": v for k, v in m[route].items() if k != "method"}, **halves,
             "dense_recall_at_5": m["dense"]["recall_at_5"], "bm25_recall_at_5": m["bm25"]["recall_at_5"],
-            "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"]}
+            "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"],
+            **({"llm_usage": result["llm"]["usage"]} if "llm" in result else {})}
 
 
 def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Sequence[str], repeat: int = 3,

@@ -1,7 +1,7 @@
 """Public entry points: `retrieve` (ranked chunks, no answer) and `answer_question` (route, rerank,
 assemble, answer). Offline answers are extractive (best-supported sentences, cited [n]); with an
 OpenAI-compatible LLM configured the same context is synthesized into a cited answer. The local and
-hybrid routes never call an LLM while retrieving."""
+hybrid routes never call an LLM while retrieving, unless a caller passes a RetrievalAssist (local route)."""
 
 from __future__ import annotations
 
@@ -72,11 +72,11 @@ def _resolve_llm(settings: Settings, llm):
     return configured_llm(settings) if llm == "auto" else llm
 
 
-def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConfig, emb, ppr, llm
+def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConfig, emb, ppr, llm, assist=None
               ) -> tuple[str, str, RouteResult]:
     """Classify the question once, run the route (auto resolves here); (route used, query type, result)."""
     check_route(route)
-    req = RouteRequest(idx, PreparedQuery(idx, question, emb), classify_query(question), cfg, k, ppr, llm)
+    req = RouteRequest(idx, PreparedQuery(idx, question, emb), classify_query(question), cfg, k, ppr, llm, assist)
     used, out = run_route(route, req)
     return used, req.kind, out
 
@@ -84,12 +84,16 @@ def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConf
 @one_blas_thread
 def retrieve(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
              config: QueryConfig | None = None, ppr=None, embedder=None, llm=None,
-             index: GraphIndex | None = None) -> list[ScoredChunk]:
+             index: GraphIndex | None = None, assist=None, diagnostics: dict | None = None) -> list[ScoredChunk]:
     """Ranked chunks (with document title, scores and citation metadata) without answer synthesis.
-    `index` is an already loaded index to use (a server's warm one); by default the cached one is loaded."""
+    `index` is an already loaded index to use (a server's warm one); by default the cached one is loaded.
+    `assist` (a RetrievalAssist) opts the local route into its LLM steps; `diagnostics`, when given, is
+    filled with the route's."""
     cfg = config or DEFAULT_CONFIG
     idx = index or load_index(settings, cfg.graph)
-    _, _, out = _retrieve(idx, question, route, top_k, cfg, _embedder(settings, embedder), ppr, llm)
+    _, _, out = _retrieve(idx, question, route, top_k, cfg, _embedder(settings, embedder), ppr, llm, assist)
+    if diagnostics is not None:
+        diagnostics.update(out.diagnostics)
     return out.chunks[:top_k]
 
 

@@ -11,6 +11,7 @@ its own PPR mass plus the mass of the entities it mentions (shared by their pass
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from lazyhippo.query.config import LocalParams
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.text import STOPWORDS
 from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
+
+FactFilter = Callable[[list[str]], "list[int] | None"]  # fact texts -> positions kept, None: keep the offline choice
 
 _CONNECTORS = {"of", "the", "de", "la", "le", "du", "von", "van", "der", "den", "di", "da", "del", "and", "&", "y", "al"}
 
@@ -102,7 +105,10 @@ def name_phrases(raw: list[str]) -> list[tuple[int, int]]:
     return out
 
 
-def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
+def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: FactFilter | None = None) -> Seeds:
+    """Seeds of the question. `fact_filter` (recognition memory, e.g. an LLM) gets the texts of the best
+    2 * `fact_top_k` matched facts and returns the positions it keeps (the first `fact_top_k` seed); None
+    from it keeps the offline choice."""
     seeds = Seeds()
     raw = q.raw_tokens
     matches = _span_matches(idx, raw, p.max_ngram)
@@ -167,6 +173,11 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
         order = np.lexsort((-picked, -boosted))  # best first; ties: the later fact first
         scored = [(float(boosted[i]), int(picked[i])) for i in order[:p.fact_top_k]]
         top = [(sc, f) for sc, f in scored if fs[f] >= p.fact_min]
+        if fact_filter is not None:
+            shown = [(float(boosted[i]), int(picked[i])) for i in order[:2 * p.fact_top_k]]  # room to replace
+            kept = fact_filter([idx.facts.texts[f] for _, f in shown])
+            if kept is not None:
+                top = [shown[i] for i in kept][:p.fact_top_k]
         if top:
             best = top[0][0]
             for sc, f in top:
@@ -198,9 +209,9 @@ def personalization(idx: GraphIndex, q: PreparedQuery, seeds: Seeds, p: LocalPar
 
 
 def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBackend | None = None,
-                 extra_seeds: dict[int, float] | None = None) -> LocalScores:
+                 extra_seeds: dict[int, float] | None = None, fact_filter: FactFilter | None = None) -> LocalScores:
     """Score every chunk: PPR mass from the linked seeds, plus title mass and a dense tiebreak."""
-    seeds = link_query(idx, q, p)
+    seeds = link_query(idx, q, p, fact_filter)
     for e, w in (extra_seeds or {}).items():
         seeds.add_entity(e, w, mode="sum")
     vec = personalization(idx, q, seeds, p)
@@ -322,11 +333,12 @@ def bridge_places(idx: GraphIndex, q: PreparedQuery, order: np.ndarray, pool: np
 
 
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
-                   extra_seeds: dict[int, float] | None = None, route: str = "local") -> tuple[list[ScoredChunk], dict]:
+                   extra_seeds: dict[int, float] | None = None, route: str = "local",
+                   fact_filter: FactFilter | None = None) -> tuple[list[ScoredChunk], dict]:
     """The best `top_k` chunks, the first reordered by `cover_question` and their 7th-8th places contested by
     `bridge_places`, each taking the score of the rank it lands on (so assembly, which sorts by score, keeps
     the order)."""
-    ls = local_scores(idx, q, p, ppr, extra_seeds)
+    ls = local_scores(idx, q, p, ppr, extra_seeds, fact_filter)
     scores = ls.scores
     depth = max(top_k, p.coverage_pool, p.bridge_depth)
     ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)
