@@ -3,9 +3,9 @@
 Seeds: (1) exact/normalized n-gram matches of query spans against entity names and document titles,
 weighted by IDF (hub entities count less) and by how name-like the span is; (2) embedding links of the
 query's name-like phrases to entities; (3) facts (entity-bearing sentences) matched to the query by
-embedding, whose entities are seeded like HippoRAG 2's triples; (4) passages by dense similarity with
-a small weight. PPR spreads that mass over relations, synonym (KNN) edges and mentions; a chunk scores
-its own PPR mass plus the mass of the entities it mentions (shared by their passage count).
+embedding and BM25, whose entities are seeded like HippoRAG 2's triples; (4) passages by dense
+similarity with a small weight (so a question that names nothing in the graph still finds passages). PPR spreads that mass over relations, synonym (KNN) edges and mentions; a
+chunk scores its own PPR mass plus the mass of its document's title entity.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
         boosted = fs[picked] * (1.0 + p.fact_seed_boost * affinity[picked])
         order = np.lexsort((-picked, -boosted))  # best first; ties: the later fact first
         scored = [(float(boosted[i]), int(picked[i])) for i in order[:p.fact_top_k]]
-        top = [(sc, f) for sc, f in scored if fs[f] >= p.fact_min]
+        top = scored
         if fact_filter is not None:
             shown = [(float(boosted[i]), int(picked[i])) for i in order[:2 * p.fact_top_k]]  # room to replace
             kept = fact_filter([idx.facts.texts[f] for _, f in shown])
@@ -185,8 +185,6 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
                 lo, hi = idx.facts.entities.indptr[f], idx.facts.entities.indptr[f + 1]
                 for e in idx.facts.entities.indices[lo:hi]:
                     seeds.add_entity(int(e), p.fact_weight * rel * _idf(idx, int(e)))
-                if p.fact_passage_weight > 0:
-                    seeds.add_chunk(int(idx.facts.chunk[f]), p.fact_passage_weight * rel)
                 seeds.links.append({"fact": idx.facts.texts[f][:160], "cosine": round(float(fs[f]), 3)})
     return seeds
 
@@ -210,7 +208,7 @@ def personalization(idx: GraphIndex, q: PreparedQuery, seeds: Seeds, p: LocalPar
 
 def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBackend | None = None,
                  extra_seeds: dict[int, float] | None = None, fact_filter: FactFilter | None = None) -> LocalScores:
-    """Score every chunk: PPR mass from the linked seeds, plus title mass and a dense tiebreak."""
+    """Score every chunk: PPR mass from the linked seeds, plus the mass of its document's title entity."""
     seeds = link_query(idx, q, p, fact_filter)
     for e, w in (extra_seeds or {}).items():
         seeds.add_entity(e, w, mode="sum")
@@ -226,8 +224,6 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
         scores = pr[idx.n_entities:].copy()
         mass = pr[:idx.n_entities]
     ppr_part = scores.copy()
-    if p.entity_mass_weight > 0 and idx.n_entities:
-        scores += p.entity_mass_weight * (idx.mentions.mass_share @ mass)
     if p.title_mass_weight > 0 and idx.n_entities:
         has = idx.mentions.title_entity >= 0
         tm = np.zeros(idx.n_chunks)
@@ -235,8 +231,6 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
         base = idx.mentions.title_base_entity >= 0  # "David Bradley" carries mass for "David Bradley (director)"
         tm[base] = np.maximum(tm[base], p.title_base_factor * mass[idx.mentions.title_base_entity[base]])
         scores += p.title_mass_weight * tm
-    if p.dense_tiebreak > 0:
-        scores += p.dense_tiebreak * np.clip(q.dense, 0, None) * max(float(scores.max()), 1e-9)
     top_ents = top_indices(mass, 10) if idx.n_entities else []
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
             "links": seeds.links[:20],

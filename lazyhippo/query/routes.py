@@ -221,7 +221,7 @@ def retrieve_multi_hop(req: RouteRequest) -> RouteResult:
     backend = SubgraphPPR(req.cfg.multi_hop, req.cfg.local.hub_df_share)
     chunks, diag = retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, backend, route="multi_hop")
     inside = np.zeros(len(req.idx.graph.node_ids), dtype=bool)
-    inside[backend.nodes] = True  # the dense tiebreak scores every passage: keep the subgraph's only
+    inside[backend.nodes] = True  # dense passage seeds sit outside the subgraph too: keep the subgraph's only
     chunks = [c for c in chunks if inside[req.idx.chunks.pos[c.chunk_id] + req.idx.n_entities]]
     return RouteResult(chunks, {**diag, "max_hops": req.cfg.multi_hop.max_hops, "subgraph_nodes": len(backend.nodes)})
 
