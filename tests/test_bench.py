@@ -231,3 +231,22 @@ def test_bench_keep_command_reads_two_bench_outputs(tmp_path):
     out = CliRunner().invoke(app, ["bench", "keep", str(tmp_path / "gain.json"), str(tmp_path / "base.json")])
     assert out.exit_code == 1 and json.loads(out.output)["lost"] == ["c.jsonl recall_at_2", "c.jsonl recall_at_5",
                                                                      "c.jsonl all_supporting_at_8"]
+
+
+def test_bench_retrieval_llm_needs_an_endpoint_and_reports_its_tokens(wiki_slice, tmp_path, monkeypatch):
+    from tests.loopback import FakeOpenAI
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("LAZYHIPPO_LLM", raising=False)
+    args = ["bench", "retrieval", "--corpus", str(wiki_slice / "corpus.jsonl"), "--questions",
+            str(wiki_slice / "questions.json"), "--workdir", str(tmp_path / "ws"), "--json", str(tmp_path / "out.json")]
+    out = CliRunner().invoke(app, [*args, "--llm"])
+    assert out.exit_code == 2 and "no LLM endpoint is configured" in out.output
+    with FakeOpenAI(lambda p: '{"keep": [1, 2]}' if "Candidate facts" in p else '{"done": true}') as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("LAZYHIPPO_LLM_MODEL", "m")
+        out = CliRunner().invoke(app, [*args, "--llm", "--llm-rounds", "2"])
+    assert out.exit_code == 0, out.output
+    usage = {u["operation"]: u for u in json.loads((tmp_path / "out.json").read_text())["llm"]["usage"]}
+    assert usage["recognition"]["calls"] == 5 and usage["bridge"]["calls"] == 5  # one each per question
