@@ -163,6 +163,9 @@ def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, m
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 1
     monkeypatch.setattr(bench, "embedding_model_name", lambda kind, model="": "static-minilm-256-next")
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is False and len(calls) == 2
+    monkeypatch.setattr("lazyhippo.models.extractors.NlpExtractor.prompt_version", "nlp-next")  # extraction changed
+    assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is False and len(calls) == 3
+    assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 3
 
 
 def test_bench_partitions_records_every_partition_and_projects_from_its_event_cost():

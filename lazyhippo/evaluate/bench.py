@@ -153,13 +153,16 @@ def file_sha(path: Path) -> str:
 
 
 def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings | None = None) -> tuple[Settings, dict]:
-    """Index `corpus` into `workdir` unless it already holds this exact corpus (same hash, same settings)."""
+    """Index `corpus` into `workdir` unless it already holds this exact corpus (same hash, same settings, same
+    offline extraction version: a change to what extraction keeps must rebuild the graph it is measured on)."""
     from lazyhippo.index import run_index
+    from lazyhippo.models.extractors import NlpExtractor
 
     settings = (settings or Settings.from_env()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
     stamp_file = workdir / "bench_corpus.json"
     stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items() if k != "home"},
-             "embedding_model": embedding_model_name(settings.embedder, settings.embedding_model)}
+             "embedding_model": embedding_model_name(settings.embedder, settings.embedding_model),
+             "extraction": NlpExtractor.prompt_version if settings.extractor == "nlp" else settings.extractor}
     if stamp_file.exists():
         old = json.loads(stamp_file.read_text())
         if {k: old.get(k) for k in stamp} == stamp:
