@@ -466,6 +466,23 @@ def _dataset_run(name: str, embedder: Optional[str], workdir: Path) -> tuple[Pat
     return corpus, questions, workdir / (name if embedder == Settings().embedder else f"{name}-{embedder}")
 
 
+def _retrieval_assist(settings: Settings, timeout: float, rounds: int):
+    """The LLM steps of the local route on the configured endpoint, one try per step (the timeout and the
+    breaker fall back to the offline ranking); a clear error when no endpoint is configured."""
+    from lazyhippo.models.llm import LLMConfig, LLMError, OpenAIChat
+    from lazyhippo.query.assist import RetrievalAssist
+
+    if settings.llm != "openai":
+        raise typer.BadParameter("no LLM endpoint is configured: set OPENAI_BASE_URL (and OPENAI_API_KEY, "
+                                 "LAZYHIPPO_LLM_MODEL)", param_hint="--llm")
+    client = OpenAIChat(LLMConfig.from_env(settings.llm_model, timeout=timeout, max_retries=0))
+    try:
+        client.check()
+    except LLMError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--llm") from exc
+    return RetrievalAssist(client, timeout=timeout, rounds=rounds)
+
+
 @bench.command("retrieval")
 def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | all: a shared set by name "
                                                                   "(overrides --corpus/--questions)."),
@@ -476,33 +493,69 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
-                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)")) -> None:
+                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)"),
+                    split: str = typer.Option("all", help="tune | confirm | all: the half of each set's questions chosen by a "
+                                                          "hash of the question text (decide on tune, report confirm)."),
+                    llm: bool = typer.Option(False, "--llm", help="LLM-assisted local route (recognition memory, iterative "
+                                                                  "multi-hop) through the configured endpoint (OPENAI_BASE_URL)."),
+                    llm_timeout: float = typer.Option(10.0, help="Seconds per LLM step before it falls back to the offline ranking."),
+                    llm_rounds: int = typer.Option(3, min=1, max=3, help="Retrievals per question with --llm.")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
-    passage id when the questions carry `supporting_ids`."""
-    from lazyhippo.evaluate.bench import DATASETS, headline, run_retrieval_bench, summary_row
+    passage id when the questions carry `supporting_ids`. The summary shows the tune and confirm halves side
+    by side."""
+    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, run_retrieval_bench, summary_row
+
+    if split not in SPLITS:
+        raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
 
     corpus, questions = corpus or _wiki("corpus.jsonl"), questions or _wiki("questions_dev.json")
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
     runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
     settings = Settings.from_env(embedder=embedder)
+    if llm and route != "local":
+        raise typer.BadParameter("--llm assists the local route only", param_hint="--route")
+    assist = _retrieval_assist(settings, llm_timeout, llm_rounds) if llm else None
     results = {}
     for name, corpus_file, questions_file, wd in runs:
         bar, update = _progress_bar()
         with bar:
             result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
-                                         graph_store=graph_store, settings=settings)
+                                         graph_store=graph_store, settings=settings, split=split, assist=assist)
         results[name] = result
         _print_frame(pl.DataFrame(list(result["methods"].values())),
-                     f"retrieval on {name} ({graph_store} store): {result['questions']} questions, "
+                     f"retrieval on {name} ({graph_store} store): {result['questions']} questions ({split}), "
                      f"scored by {result['scored_by']}, "
                      f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
-    if len(results) > 1:
-        _print_frame(pl.DataFrame([summary_row(n, r) for n, r in results.items()]),
-                     f"summary: route {route}, top {k}, embedder {embedder}")
+    _print_frame(pl.DataFrame([summary_row(n, r) for n, r in results.items()]),
+                 f"summary: route {route}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
     if json_out:
         json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     for name, result in results.items():
         print(json.dumps({"dataset": name, **headline(result)}))
+
+
+@bench.command("keep")
+def bench_keep(base: Path = typer.Argument(..., help="`bench retrieval --json` output of the current defaults."),
+               candidate: Path = typer.Argument(..., help="The same with the change."),
+               removal: bool = typer.Option(False, "--removal", help="The change removes something: no gain needed, only no loss.")) -> None:
+    """The keep rule on the confirm halves: no set loses more than one question's worth on recall@2, recall@5
+    or all_supporting@8, and (unless --removal) one gains. Exits 1 when the change is not kept."""
+    from lazyhippo.evaluate.bench import keep_change
+
+    def rows(path: Path) -> dict[str, list[dict]]:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"{path}: {exc}") from exc
+        results = {data["corpus"]: data} if "methods" in data else data
+        return {name: r["per_question"][r["route"]] for name, r in results.items()}
+
+    try:
+        verdict = keep_change(rows(base), rows(candidate), require_gain=not removal)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    print(json.dumps(verdict, indent=1))
+    raise typer.Exit(0 if verdict["keep"] else 1)
 
 
 @bench.command("query")

@@ -16,6 +16,7 @@ from lazyhippo.evaluate.bench import (
     passage_id,
     percentile_ms,
     recall_at_k,
+    split_of,
 )
 from lazyhippo_dagster.cli import app
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
@@ -64,6 +65,14 @@ def test_bench_retrieval_end_to_end_on_a_slice(wiki_slice, tmp_path):
     assert result["methods"]["local"]["recall_at_5"] >= 0.7  # gold passages are findable in a small slice
     again = CliRunner().invoke(app, args)
     assert json.loads(again.stdout.strip().splitlines()[-1])["reused_index"] is True
+    assert set(result["halves"]["local"]) == {split_of(q["question"]) for q in json.loads((wiki_slice / "questions.json").read_text())}
+    confirm = CliRunner().invoke(app, [*args, "--split", "confirm"])
+    assert confirm.exit_code == 0, confirm.output
+    rows = json.loads((tmp_path / "out.json").read_text())["per_question"]["local"]
+    assert rows and {split_of(r["question"]) for r in rows} == {"confirm"}
+    assert [r for r in result["per_question"]["local"] if split_of(r["question"]) == "confirm"] == rows
+    bad = CliRunner().invoke(app, [*args, "--split", "dev"])
+    assert bad.exit_code == 2 and "unknown split" in bad.output
 
 
 def test_gold_by_id_when_every_question_has_ids():
@@ -126,14 +135,19 @@ def test_bench_retrieval_on_neo4j_ranks_like_the_embedded_store(wiki_slice, tmp_
         assert neo["methods"]["local"][k] == emb["methods"]["local"][k]
 
 
-def test_summary_row_has_the_route_baselines_and_index_time():
+def test_summary_row_has_both_halves_the_baselines_and_index_time():
     from lazyhippo.evaluate.bench import summary_row
 
     m = lambda r2, r5, a8: {"recall_at_2": r2, "recall_at_5": r5, "all_supporting_at_8": a8, "latency_p50_ms": 4.04}  # noqa: E731
+    half = lambda n, r2, r5, a8: {"questions": n, **m(r2, r5, a8)}  # noqa: E731
     result = {"route": "local", "index_seconds": 12.34, "reused": True,
-              "methods": {"local": m(0.5, 0.75, 0.5), "bm25": m(0.1, 0.4, 0.0), "dense": m(0.2, 0.3, 0.0)}}
-    assert summary_row("musique", result) == {"set": "musique", "r@2": 0.5, "r@5": 0.75, "all@8": 0.5, "bm25 r@5": 0.4,
-                                              "dense r@5": 0.3, "p50 ms": 4.0, "index s": 12.3, "reused": True}
+              "methods": {"local": m(0.5, 0.75, 0.5), "bm25": m(0.1, 0.4, 0.0), "dense": m(0.2, 0.3, 0.0)},
+              "halves": {"local": {"tune": half(3, 0.4, 0.7, 0.3333), "confirm": half(2, 0.6, 0.8, 0.6667)}}}
+    assert summary_row("musique", result) == {
+        "set": "musique", "n t/c": "3/2", "r@2 t": 0.4, "r@2 c": 0.6, "r@5 t": 0.7, "r@5 c": 0.8, "all@8 t": 0.333,
+        "all@8 c": 0.667, "bm25 r@5": 0.4, "dense r@5": 0.3, "p50 ms": 4.0, "index s": 12.3, "reused": True}
+    result["halves"]["local"].pop("confirm")
+    assert summary_row("musique", result)["all@8 c"] == "-" and summary_row("musique", result)["n t/c"] == "3/0"
 
 
 def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, monkeypatch):
@@ -149,6 +163,9 @@ def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, m
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 1
     monkeypatch.setattr(bench, "embedding_model_name", lambda kind, model="": "static-minilm-256-next")
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is False and len(calls) == 2
+    monkeypatch.setattr("lazyhippo.models.extractors.NlpExtractor.prompt_version", "nlp-next")  # extraction changed
+    assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is False and len(calls) == 3
+    assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 3
 
 
 def test_bench_partitions_records_every_partition_and_projects_from_its_event_cost():
@@ -159,3 +176,80 @@ def test_bench_partitions_records_every_partition_and_projects_from_its_event_co
     for r in (out["stock"], out["batched"]):
         assert r["ms_per_partition_and_asset"] > 0
         assert r["projected_index_seconds"] == pytest.approx(r["ms_per_partition_and_asset"] / 1000 * 1000 * 3, rel=0.05)
+
+
+def test_split_is_a_deterministic_disjoint_half_covering_every_question():
+    """The same question always lands in the same half; the halves are disjoint, cover the set, and each
+    holds about half of it (on the shared sets' sizes)."""
+    from lazyhippo.evaluate.bench import select_split, split_of
+
+    questions = [{"question": f"Who directed film number {i}?"} for i in range(400)]
+    tune, confirm = select_split(questions, "tune"), select_split(questions, "confirm")
+    assert select_split(questions, "tune") == tune and [split_of(q["question"]) for q in tune] == ["tune"] * len(tune)
+    texts = lambda qs: {q["question"] for q in qs}  # noqa: E731
+    assert not texts(tune) & texts(confirm) and texts(tune) | texts(confirm) == texts(questions)
+    assert select_split(questions, "all") == questions
+    assert 160 <= len(tune) <= 240
+    assert split_of("  Who directed film number 3? ") == split_of("Who directed film number 3?")
+    with pytest.raises(ValueError, match="unknown split 'dev'"):
+        select_split(questions, "dev")
+
+
+def _rows(values: dict[str, tuple[float, float, float]]) -> list[dict]:
+    return [{"question": q, "recall_at_2": a, "recall_at_5": b, "all_supporting_at_8": c} for q, (a, b, c) in values.items()]
+
+
+def _confirm_questions(n: int) -> list[str]:
+    from lazyhippo.evaluate.bench import split_of
+
+    return [q for q in (f"question {i}" for i in range(100)) if split_of(q) == "confirm"][:n]
+
+
+def test_keep_rule_allows_one_lost_question_and_needs_a_gain():
+    from lazyhippo.evaluate.bench import keep_change, split_of
+
+    qs = _confirm_questions(4)
+    tune_q = next(q for q in (f"other {i}" for i in range(100)) if split_of(q) == "tune")
+    base = {"a": _rows({**{q: (0.5, 1.0, 1.0) for q in qs}, tune_q: (1.0, 1.0, 1.0)}),
+            "b": _rows({q: (0.5, 0.5, 0.0) for q in qs})}
+    one_lost = {"a": _rows({**{q: (0.5, 1.0, 1.0) for q in qs[1:]}, qs[0]: (0.5, 1.0, 0.0), tune_q: (0.0, 0.0, 0.0)}),
+                "b": _rows({**{q: (0.5, 0.5, 0.0) for q in qs[1:]}, qs[0]: (1.0, 1.0, 1.0)})}
+    verdict = keep_change(base, one_lost)
+    assert verdict["keep"] and verdict["gained"] and verdict["delta_questions"]["a all_supporting_at_8"] == -1.0
+    two_lost = {**one_lost, "a": _rows({**{q: (0.5, 1.0, 0.0) for q in qs[:2]}, **{q: (0.5, 1.0, 1.0) for q in qs[2:]}})}
+    assert keep_change(base, two_lost) == {**keep_change(base, two_lost), "keep": False, "lost": ["a all_supporting_at_8"]}
+    assert keep_change(base, base)["keep"] is False  # no gain: nothing to keep
+    assert keep_change(base, base, require_gain=False)["keep"] is True  # a removal that changes nothing stays removed
+    with pytest.raises(ValueError, match="'b' is missing"):
+        keep_change(base, {"a": base["a"]})
+
+
+def test_bench_keep_command_reads_two_bench_outputs(tmp_path):
+    qs = _confirm_questions(2)
+    result = lambda rows: {"route": "local", "corpus": "c.jsonl", "methods": {}, "per_question": {"local": rows}}  # noqa: E731
+    (tmp_path / "base.json").write_text(json.dumps(result(_rows({q: (0.0, 0.0, 0.0) for q in qs}))))
+    (tmp_path / "gain.json").write_text(json.dumps(result(_rows({q: (1.0, 1.0, 1.0) for q in qs}))))
+    out = CliRunner().invoke(app, ["bench", "keep", str(tmp_path / "base.json"), str(tmp_path / "gain.json")])
+    assert out.exit_code == 0 and json.loads(out.output)["keep"] is True
+    out = CliRunner().invoke(app, ["bench", "keep", str(tmp_path / "gain.json"), str(tmp_path / "base.json")])
+    assert out.exit_code == 1 and json.loads(out.output)["lost"] == ["c.jsonl recall_at_2", "c.jsonl recall_at_5",
+                                                                     "c.jsonl all_supporting_at_8"]
+
+
+def test_bench_retrieval_llm_needs_an_endpoint_and_reports_its_tokens(wiki_slice, tmp_path, monkeypatch):
+    from tests.loopback import FakeOpenAI
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("LAZYHIPPO_LLM", raising=False)
+    args = ["bench", "retrieval", "--corpus", str(wiki_slice / "corpus.jsonl"), "--questions",
+            str(wiki_slice / "questions.json"), "--workdir", str(tmp_path / "ws"), "--json", str(tmp_path / "out.json")]
+    out = CliRunner().invoke(app, [*args, "--llm"])
+    assert out.exit_code == 2 and "no LLM endpoint is configured" in out.output
+    with FakeOpenAI(lambda p: '{"keep": [1, 2]}' if "Candidate facts" in p else '{"done": true}') as fake:
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+        monkeypatch.setenv("LAZYHIPPO_LLM_MODEL", "m")
+        out = CliRunner().invoke(app, [*args, "--llm", "--llm-rounds", "2"])
+    assert out.exit_code == 0, out.output
+    usage = {u["operation"]: u for u in json.loads((tmp_path / "out.json").read_text())["llm"]["usage"]}
+    assert usage["recognition"]["calls"] == 5 and usage["bridge"]["calls"] == 5  # one each per question

@@ -179,6 +179,15 @@ def test_a_second_hop_wins_a_contested_place_through_an_entity_the_question_does
     assert top8(LocalParams().bridge_slots, everything_first_names) == plain
 
 
+def test_local_params_keep_only_what_carries_to_new_questions():
+    """The fact cosine floor, the dense tiebreak, entity mass and fact passages were ablated on the
+    benchmark's tune and confirm halves and changed nothing that carried."""
+    removed = {"fact_min", "dense_tiebreak", "entity_mass_weight", "fact_passage_weight"}
+    assert not removed & set(LocalParams.__dataclass_fields__)
+    with pytest.raises(TypeError):
+        QueryConfig().with_(local={"dense_tiebreak": 0.01})
+
+
 def test_retrieve_gives_ranked_chunks_with_titles(qsettings):
     for route in ("local", "hybrid", "drift", "global", "multi_hop"):
         chunks = retrieve(qsettings, "Which company funded the observatory where the Halden Telescope is?",
@@ -353,8 +362,8 @@ def test_budget_is_never_exceeded(overflow_settings):
 
 
 def test_ppr_scores_order_the_context(qsettings):
-    cfg = QueryConfig().with_(local={"title_mass_weight": 0.0, "dense_tiebreak": 0.0, "entity_mass_weight": 0.0,
-                                     "coverage_weight": 0.0})
+    """Without title mass and the reorder a chunk's score is its PPR mass, nothing added."""
+    cfg = QueryConfig().with_(local={"title_mass_weight": 0.0, "coverage_weight": 0.0})
     res = _offline(qsettings, SUCCESSOR_Q, route="local", top_k=10, config=cfg)
     clean = [c for c in res.context if not c.noise]
     ppr = [c.channels["ppr"] for c in clean]
@@ -560,7 +569,7 @@ def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
         scores[index.graph.node_pos[index.chunks.ids[idx.chunks.titles.index("River Sell")]]] = 1.0
         return scores
 
-    cfg = QueryConfig().with_(local={"damping": 0.6, "dense_tiebreak": 0.0})
+    cfg = QueryConfig().with_(local={"damping": 0.6})
     res = _offline(qsettings, SUCCESSOR_Q, route="local", config=cfg, ppr=fake_ppr)
     assert calls and calls[0][0] == 0.6 and calls[0][1] > 0
     assert res.context[0].title == "River Sell" and res.diagnostics["ppr_backend"] == "fake_ppr"

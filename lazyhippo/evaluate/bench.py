@@ -57,6 +57,57 @@ def all_supporting_at_k(ranked: Sequence[str], gold: Sequence[str], k: int) -> f
     return float(set(gold) <= set(distinct(ranked)[:k]))
 
 
+SPLITS = ("tune", "confirm", "all")
+KEEP_METRICS = ("recall_at_2", "recall_at_5", "all_supporting_at_8")
+
+
+def split_of(question: str) -> str:
+    """The half a question belongs to, by a hash of its text (the same rule for every set): a change to a
+    retrieval default is decided on the tune half and checked on the confirm half, which nobody tunes on."""
+    digest = hashlib.sha256(question.strip().encode("utf-8")).digest()
+    return "tune" if digest[0] % 2 == 0 else "confirm"
+
+
+def select_split(questions: Sequence[dict], split: str) -> list[dict]:
+    """The questions of one half (`tune` or `confirm`), or all of them."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})")
+    return list(questions) if split == "all" else [q for q in questions if split_of(q["question"]) == split]
+
+
+def split_figures(rows: Sequence[dict]) -> dict[str, dict]:
+    """Per half present in `rows` (per-question results): question count and the mean of each metric."""
+    out = {}
+    for half in ("tune", "confirm"):
+        part = [r for r in rows if split_of(r["question"]) == half]
+        if part:
+            out[half] = {"questions": len(part), **{m: sum(r[m] for r in part) / len(part) for m in KEEP_METRICS}}
+    return out
+
+
+def keep_change(base: dict[str, list[dict]], candidate: dict[str, list[dict]], require_gain: bool = True) -> dict:
+    """The keep rule over the confirm halves: `base` and `candidate` map a set name to the route's
+    per-question rows. A change is kept when no set's confirm half loses more than one question's worth on
+    recall@2, recall@5 or all_supporting@8 (a sum over its questions), and, with `require_gain`, at least
+    one of those sums rises (removing a knob only needs the first part)."""
+    deltas, lost, gained = {}, [], False
+    for name, rows in base.items():
+        if name not in candidate:
+            raise ValueError(f"set {name!r} is missing from the candidate results")
+        before = {r["question"]: r for r in rows if split_of(r["question"]) == "confirm"}
+        after = {r["question"]: r for r in candidate[name] if split_of(r["question"]) == "confirm"}
+        if before.keys() != after.keys():
+            raise ValueError(f"set {name!r}: the two runs hold different confirm questions")
+        for m in KEEP_METRICS:
+            d = sum(after[q][m] - before[q][m] for q in before)
+            deltas[f"{name} {m}"] = round(d, 4)
+            if d < -1.0 - 1e-9:
+                lost.append(f"{name} {m}")
+            gained |= d > 1e-9
+    return {"keep": not lost and (gained or not require_gain), "lost": lost, "gained": gained,
+            "delta_questions": deltas}
+
+
 def percentile_ms(seconds: Sequence[float], q: float) -> float:
     """The q-th percentile in milliseconds, interpolated linearly between the two nearest values."""
     return float((pl.Series(seconds, dtype=pl.Float64) * 1000.0).quantile(q / 100, "linear")) if seconds else 0.0
@@ -104,14 +155,17 @@ def file_sha(path: Path) -> str:
 
 
 def ensure_index(corpus: Path, workdir: Path, progress=None, settings: Settings | None = None) -> tuple[Settings, dict]:
-    """Index `corpus` into `workdir` unless it already holds this exact corpus (same hash, same settings)."""
+    """Index `corpus` into `workdir` unless it already holds this exact corpus (same hash, same settings, same
+    offline extraction version: a change to what extraction keeps must rebuild the graph it is measured on)."""
     from lazyhippo.index import run_index
+    from lazyhippo.models.extractors import NlpExtractor
 
     settings = (settings or Settings.from_env()).with_(home=workdir.resolve(), source=str(corpus.resolve()))
     stamp_file = workdir / "bench_corpus.json"
     stamp = {"corpus_sha256": file_sha(corpus), "settings": {k: str(v) for k, v in asdict(settings).items()
                                                               if k != "home" and k not in QUERY_FIELDS},
-             "embedding_model": embedding_model_name(settings.embedder, settings.embedding_model)}
+             "embedding_model": embedding_model_name(settings.embedder, settings.embedding_model),
+             "extraction": NlpExtractor.prompt_version if settings.extractor == "nlp" else settings.extractor}
     if stamp_file.exists():
         old = json.loads(stamp_file.read_text())
         if {k: old.get(k) for k in stamp} == stamp:
@@ -136,9 +190,10 @@ def served_ppr(settings: Settings, store) -> object | None:
     return store.ppr_backend(settings.namespace)
 
 
-def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False) -> dict[str, Ranker]:
-    """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder).
-    Rankers return passage ids (`by_id`) or titles."""
+def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False,
+                      assist=None) -> dict[str, Ranker]:
+    """The route under test (with `assist`, a RetrievalAssist, its LLM steps) and the two baselines on the
+    same index: BM25 and dense-only (same embedder). Rankers return passage ids (`by_id`) or titles."""
     from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query import retrieve
     from lazyhippo.query.loader import load_index
@@ -154,30 +209,37 @@ def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: b
         return rank
 
     return {route: lambda q: [passage_id(c.source) if by_id else c.title
-                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],
+                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr, assist=assist)],
             "bm25": channel("bm25"), "dense": channel("dense")}
 
 
 def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
-                        progress=None, graph_store: str = "embedded", settings: Settings | None = None) -> dict:
-    """Quality of `route` on the index of `corpus`, ranked through `graph_store` (neo4j: the index is
-    pushed to the server first and PPR runs over the graph it serves)."""
+                        progress=None, graph_store: str = "embedded", settings: Settings | None = None,
+                        split: str = "all", assist=None) -> dict:
+    """Quality of `route` on the index of `corpus` over the questions of `split`, ranked through
+    `graph_store` (neo4j: the index is pushed to the server first and PPR runs over the graph it serves).
+    With `assist` (a RetrievalAssist) the route uses its LLM steps and the tokens it used are reported."""
     from lazyhippo.stores import open_graph_store
 
-    questions = json.loads(Path(questions_file).read_text())
+    questions = select_split(json.loads(Path(questions_file).read_text()), split)
     field_ = gold_key(questions)
     settings, index_info = ensure_index(Path(corpus), Path(workdir), progress, settings)
     store = open_graph_store(graph_store)
     try:
-        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids")
+        before = assist.llm.meter.snapshot() if assist else {}
+        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids",
+                                    assist=assist)
         reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
+        usage = assist.llm.meter.since(before) if assist else []
     finally:
         store.close()
     by = {r.method: r for r in reports}
     return {
-        "corpus": str(corpus), "questions": len(questions), "route": route, "k": k, "graph_store": graph_store,
-        "scored_by": field_, "embedder": settings.embedder, **index_info,
+        "corpus": str(corpus), "questions": len(questions), "split": split, "route": route, "k": k,
+        "graph_store": graph_store, "scored_by": field_, "embedder": settings.embedder, **index_info,
         "methods": {r.method: r.headline() for r in reports},
+        "halves": {r.method: split_figures(r.per_question) for r in reports},
+        **({"llm": {"model": assist.llm.model, "usage": usage, "breaker": assist.breaker.state}} if assist else {}),
         "margin_over_dense": {m: round(getattr(by[route], m) - getattr(by["dense"], m), 4)
                               for m in ("recall_at_2", "recall_at_5", "all_supporting_at_8")},
         "per_question": {r.method: r.per_question for r in reports},
@@ -185,11 +247,16 @@ def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route
 
 
 def summary_row(name: str, result: dict) -> dict:
-    """One line of the all-datasets table (short keys, to fit a terminal): the route's three figures, the
-    baselines' recall@5, the route's p50 latency and the index time."""
+    """One line of the all-datasets table (short keys, to fit a terminal): the route's three figures on the
+    tune and the confirm half side by side ("-" for a half not run), the baselines' recall@5, the route's
+    p50 latency and the index time."""
     m, route = result["methods"], result["route"]
-    return {"set": name, "r@2": round(m[route]["recall_at_2"], 3), "r@5": round(m[route]["recall_at_5"], 3),
-            "all@8": round(m[route]["all_supporting_at_8"], 3), "bm25 r@5": round(m["bm25"]["recall_at_5"], 3),
+    halves = result["halves"][route]
+    sides = {f"{short} {h[0]}": round(halves[h][metric], 3) if h in halves else "-"
+             for short, metric in (("r@2", "recall_at_2"), ("r@5", "recall_at_5"), ("all@8", "all_supporting_at_8"))
+             for h in ("tune", "confirm")}
+    return {"set": name, "n t/c": "/".join(str(halves[h]["questions"]) if h in halves else "0" for h in ("tune", "confirm")),
+            **sides, "bm25 r@5": round(m["bm25"]["recall_at_5"], 3),
             "dense r@5": round(m["dense"]["recall_at_5"], 3), "p50 ms": round(m[route]["latency_p50_ms"], 1),
             "index s": round(result["index_seconds"], 1), "reused": result["reused"]}
 
@@ -197,9 +264,11 @@ def summary_row(name: str, result: dict) -> dict:
 def headline(result: dict) -> dict:
     route = result["route"]
     m = result["methods"]
-    return {"route": route, **{f"{route}_{k}": v for k, v in m[route].items() if k != "method"},
+    halves = {f"{half}_{k}": round(v, 4) for half, fig in result["halves"][route].items() for k, v in fig.items()}
+    return {"route": route, **{f"{route}_{k}": v for k, v in m[route].items() if k != "method"}, **halves,
             "dense_recall_at_5": m["dense"]["recall_at_5"], "bm25_recall_at_5": m["bm25"]["recall_at_5"],
-            "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"]}
+            "index_seconds": round(result["index_seconds"], 1), "reused_index": result["reused"],
+            **({"llm_usage": result["llm"]["usage"]} if "llm" in result else {})}
 
 
 def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Sequence[str], repeat: int = 3,

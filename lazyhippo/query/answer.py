@@ -1,7 +1,7 @@
 """Public entry points: `retrieve` (ranked chunks, no answer) and `answer_question` (route, rerank,
 assemble, answer). Offline answers are extractive (best-supported sentences, cited [n]); with an
 OpenAI-compatible LLM configured the same context is synthesized into a cited answer. The local and
-hybrid routes never call an LLM while retrieving."""
+hybrid routes never call an LLM while retrieving, unless a caller passes a RetrievalAssist (local route)."""
 
 from __future__ import annotations
 
@@ -73,11 +73,11 @@ def _resolve_llm(settings: Settings, llm):
     return configured_llm(settings) if llm == "auto" else llm
 
 
-def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConfig, emb, ppr, llm
+def _retrieve(idx: GraphIndex, question: str, route: str, k: int, cfg: QueryConfig, emb, ppr, llm, assist=None
               ) -> tuple[str, str, RouteResult]:
     """Classify the question once, run the route (auto resolves here); (route used, query type, result)."""
     check_route(route)
-    req = RouteRequest(idx, PreparedQuery(idx, question, emb), classify_query(question), cfg, k, ppr, llm)
+    req = RouteRequest(idx, PreparedQuery(idx, question, emb), classify_query(question), cfg, k, ppr, llm, assist)
     used, out = run_route(route, req)
     return used, req.kind, out
 
@@ -108,7 +108,7 @@ class Retrieval:
 @one_blas_thread
 def search(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
            config: QueryConfig | None = None, ppr=None, embedder=None, llm=None, index: GraphIndex | None = None,
-           reranker="auto", with_entities: bool = False) -> Retrieval:
+           reranker="auto", with_entities: bool = False, assist=None) -> Retrieval:
     """Ranked chunks (with document title, scores and citation metadata) without answer synthesis, and how they
     were found. `index` is an already loaded index to use (a server's warm one); by default the cached one is
     loaded. `reranker="auto"` uses the one the settings name (none by default), None turns it off.
@@ -117,7 +117,7 @@ def search(settings: Settings, question: str, route: str = "local", top_k: int =
     idx = index or load_index(settings, cfg.graph)
     stage = _reranker(settings, reranker)
     k = max(top_k, stage.top_n) if stage is not None else top_k  # the reranker sees its top_n candidates
-    used, kind, out = _retrieve(idx, question, route, k, cfg, _embedder(settings, embedder), ppr, llm)
+    used, kind, out = _retrieve(idx, question, route, k, cfg, _embedder(settings, embedder), ppr, llm, assist)
     chunks = _rerank(stage, question, out.chunks, out.diagnostics)
     chunks = chunks[:top_k]
     entities = [chunk_entities(idx, c.chunk_id) for c in chunks] if with_entities else []
@@ -126,10 +126,15 @@ def search(settings: Settings, question: str, route: str = "local", top_k: int =
 
 def retrieve(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
              config: QueryConfig | None = None, ppr=None, embedder=None, llm=None,
-             index: GraphIndex | None = None, reranker="auto") -> list[ScoredChunk]:
-    """The chunks of `search`."""
-    return search(settings, question, route, top_k, config=config, ppr=ppr, embedder=embedder, llm=llm, index=index,
-                  reranker=reranker).chunks
+             index: GraphIndex | None = None, reranker="auto", assist=None,
+             diagnostics: dict | None = None) -> list[ScoredChunk]:
+    """The chunks of `search`. `assist` (a RetrievalAssist) opts the local route into its LLM steps;
+    `diagnostics`, when given, is filled with the route's."""
+    found = search(settings, question, route, top_k, config=config, ppr=ppr, embedder=embedder, llm=llm, index=index,
+                   reranker=reranker, assist=assist)
+    if diagnostics is not None:
+        diagnostics.update(found.diagnostics)
+    return found.chunks
 
 
 @one_blas_thread

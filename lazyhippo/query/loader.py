@@ -75,7 +75,6 @@ class Mentions:
     counts: sp.csr_matrix             # (n_chunks, n_entities) mention counts
     title_entity: np.ndarray          # chunk index -> entity index of its title (-1 if none)
     title_base_entity: np.ndarray     # chunk index -> entity of the title without a "(...)" qualifier (-1 if none)
-    mass_share: sp.csr_matrix         # (n_chunks, n_entities): 1/df(e) where the chunk mentions e
 
 
 @dataclass(frozen=True)
@@ -259,9 +258,7 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
             cands = _named(names, base)
             if cands is not None and cands[0] != title_entity[i]:
                 title_base_entity[i] = cands[0]
-    inv = 1.0 / np.maximum(entities.df, 1.0)
-    mass_share = ((counts > 0).astype(np.float32) @ sp.diags(inv.astype(np.float32))).tocsr()
-    return Mentions(counts=counts, title_entity=title_entity, title_base_entity=title_base_entity, mass_share=mass_share)
+    return Mentions(counts=counts, title_entity=title_entity, title_base_entity=title_base_entity)
 
 
 def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) -> Facts:

@@ -3,14 +3,15 @@
 Seeds: (1) exact/normalized n-gram matches of query spans against entity names and document titles,
 weighted by IDF (hub entities count less) and by how name-like the span is; (2) embedding links of the
 query's name-like phrases to entities; (3) facts (entity-bearing sentences) matched to the query by
-embedding, whose entities are seeded like HippoRAG 2's triples; (4) passages by dense similarity with
-a small weight. PPR spreads that mass over relations, synonym (KNN) edges and mentions; a chunk scores
-its own PPR mass plus the mass of the entities it mentions (shared by their passage count).
+embedding and BM25, whose entities are seeded like HippoRAG 2's triples; (4) passages by dense
+similarity with a small weight (so a question that names nothing in the graph still finds passages). PPR spreads that mass over relations, synonym (KNN) edges and mentions; a
+chunk scores its own PPR mass plus the mass of its document's title entity.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from lazyhippo.query.config import ChunkSelectionParams, LocalParams
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.text import STOPWORDS
 from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
+
+FactFilter = Callable[[list[str]], "list[int] | None"]  # fact texts -> positions kept, None: keep the offline choice
 
 _CONNECTORS = {"of", "the", "de", "la", "le", "du", "von", "van", "der", "den", "di", "da", "del", "and", "&", "y", "al"}
 
@@ -103,7 +106,10 @@ def name_phrases(raw: list[str]) -> list[tuple[int, int]]:
     return out
 
 
-def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
+def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: FactFilter | None = None) -> Seeds:
+    """Seeds of the question. `fact_filter` (recognition memory, e.g. an LLM) gets the texts of the best
+    2 * `fact_top_k` matched facts and returns the positions it keeps (the first `fact_top_k` seed); None
+    from it keeps the offline choice."""
     seeds = Seeds()
     raw = q.raw_tokens
     matches = _span_matches(idx, raw, p.max_ngram)
@@ -167,7 +173,12 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
         boosted = fs[picked] * (1.0 + p.fact_seed_boost * affinity[picked])
         order = np.lexsort((-picked, -boosted))  # best first; ties: the later fact first
         scored = [(float(boosted[i]), int(picked[i])) for i in order[:p.fact_top_k]]
-        top = [(sc, f) for sc, f in scored if fs[f] >= p.fact_min]
+        top = scored
+        if fact_filter is not None:
+            shown = [(float(boosted[i]), int(picked[i])) for i in order[:2 * p.fact_top_k]]  # room to replace
+            kept = fact_filter([idx.facts.texts[f] for _, f in shown])
+            if kept is not None:
+                top = [shown[i] for i in kept][:p.fact_top_k]
         if top:
             best = top[0][0]
             for sc, f in top:
@@ -175,8 +186,6 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams) -> Seeds:
                 lo, hi = idx.facts.entities.indptr[f], idx.facts.entities.indptr[f + 1]
                 for e in idx.facts.entities.indices[lo:hi]:
                     seeds.add_entity(int(e), p.fact_weight * rel * _idf(idx, int(e)))
-                if p.fact_passage_weight > 0:
-                    seeds.add_chunk(int(idx.facts.chunk[f]), p.fact_passage_weight * rel)
                 seeds.links.append({"fact": idx.facts.texts[f][:160], "cosine": round(float(fs[f]), 3)})
     return seeds
 
@@ -199,9 +208,9 @@ def personalization(idx: GraphIndex, q: PreparedQuery, seeds: Seeds, p: LocalPar
 
 
 def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBackend | None = None,
-                 extra_seeds: dict[int, float] | None = None) -> LocalScores:
-    """Score every chunk: PPR mass from the linked seeds, plus title mass and a dense tiebreak."""
-    seeds = link_query(idx, q, p)
+                 extra_seeds: dict[int, float] | None = None, fact_filter: FactFilter | None = None) -> LocalScores:
+    """Score every chunk: PPR mass from the linked seeds, plus the mass of its document's title entity."""
+    seeds = link_query(idx, q, p, fact_filter)
     for e, w in (extra_seeds or {}).items():
         seeds.add_entity(e, w, mode="sum")
     vec = personalization(idx, q, seeds, p)
@@ -216,8 +225,6 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
         scores = pr[idx.n_entities:].copy()
         mass = pr[:idx.n_entities]
     ppr_part = scores.copy()
-    if p.entity_mass_weight > 0 and idx.n_entities:
-        scores += p.entity_mass_weight * (idx.mentions.mass_share @ mass)
     if p.title_mass_weight > 0 and idx.n_entities:
         has = idx.mentions.title_entity >= 0
         tm = np.zeros(idx.n_chunks)
@@ -225,8 +232,6 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
         base = idx.mentions.title_base_entity >= 0  # "David Bradley" carries mass for "David Bradley (director)"
         tm[base] = np.maximum(tm[base], p.title_base_factor * mass[idx.mentions.title_base_entity[base]])
         scores += p.title_mass_weight * tm
-    if p.dense_tiebreak > 0:
-        scores += p.dense_tiebreak * np.clip(q.dense, 0, None) * max(float(scores.max()), 1e-9)
     top_ents = top_indices(mass, 10) if idx.n_entities else []
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
             "links": seeds.links[:20],
@@ -346,11 +351,12 @@ def related_chunks(idx: GraphIndex, q: PreparedQuery, ls: LocalScores, p: ChunkS
 
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
                    extra_seeds: dict[int, float] | None = None, route: str = "local",
-                   selection: ChunkSelectionParams = ChunkSelectionParams()) -> tuple[list[ScoredChunk], dict]:
+                   selection: ChunkSelectionParams = ChunkSelectionParams(),
+                   fact_filter: FactFilter | None = None) -> tuple[list[ScoredChunk], dict]:
     """The best `top_k` chunks, the first reordered by `cover_question` and their 7th-8th places contested by
     `bridge_places`, each taking the score of the rank it lands on (so assembly, which sorts by score, keeps
     the order). With a `vector` or `weight` selection, the chunks `related_chunks` picks instead."""
-    ls = local_scores(idx, q, p, ppr, extra_seeds)
+    ls = local_scores(idx, q, p, ppr, extra_seeds, fact_filter)
     if selection.mode != "graph":
         picked, values = related_chunks(idx, q, ls, selection)
         dense = q.dense

@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from lazyhippo.query.assist import assisted_local
 from lazyhippo.query.communities import CommunityEvidence, hub_seeds, retrieve_global
 from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
@@ -29,6 +30,7 @@ class RouteRequest:
     top_k: int
     ppr: object = None        # PPRBackend replacing the embedded power iteration (e.g. Neo4j GDS)
     llm: object = None        # used by drift to split the question, when configured
+    assist: object = None     # RetrievalAssist: LLM steps of the local route, only when a caller opts in
 
     def prepare(self, text: str) -> PreparedQuery:
         """Another question (a drift sub-question) against the same index and embedder."""
@@ -201,6 +203,9 @@ def retrieve_hybrid(req: RouteRequest) -> RouteResult:
 
 
 def retrieve_local_route(req: RouteRequest) -> RouteResult:
+    if req.assist is not None:
+        return RouteResult(*assisted_local(req.idx, req.prepare, req.query.text, req.cfg.local, req.top_k, req.ppr,
+                                           req.assist))
     return RouteResult(*retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, req.ppr,
                                        selection=req.cfg.selection))
 
@@ -218,7 +223,7 @@ def retrieve_multi_hop(req: RouteRequest) -> RouteResult:
     chunks, diag = retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, backend, route="multi_hop",
                                   selection=req.cfg.selection)
     inside = np.zeros(len(req.idx.graph.node_ids), dtype=bool)
-    inside[backend.nodes] = True  # the dense tiebreak scores every passage: keep the subgraph's only
+    inside[backend.nodes] = True  # dense passage seeds sit outside the subgraph too: keep the subgraph's only
     chunks = [c for c in chunks if inside[req.idx.chunks.pos[c.chunk_id] + req.idx.n_entities]]
     return RouteResult(chunks, {**diag, "max_hops": req.cfg.multi_hop.max_hops, "subgraph_nodes": len(backend.nodes)})
 
