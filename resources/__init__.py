@@ -44,6 +44,7 @@ class LazyhippoResource(dg.ConfigurableResource):
     knn_top_k: Optional[int] = None
     knn_cutoff: Optional[float] = None
     community_algorithm: Optional[str] = None
+    mode: Optional[str] = None  # "replace" | "add" (lazyhippo.settings.Settings.mode)
     # benchmark asset checks (questions.json / themes.json beside the source are used when present)
     check_budget: int = 4000
     noise_share_max: float = 0.25
