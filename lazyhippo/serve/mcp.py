@@ -11,6 +11,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from lazyhippo.query import ROUTES
+from lazyhippo.serve.limits import text_problem
 from lazyhippo.serve.pool import IndexPool, UnknownNamespace
 from lazyhippo.settings import Settings
 
@@ -30,6 +31,8 @@ def build_server(pool: IndexPool) -> MCPServer:
         query = query.strip()
         if not query:
             raise ToolError("query is empty")
+        if problem := text_problem("query", query):  # the reply echoes the query: it must encode
+            raise ToolError(problem)
         if len(query) > MAX_QUERY_CHARS:
             raise ToolError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
         if not 1 <= limit <= MAX_LIMIT:
