@@ -25,6 +25,7 @@ from lazyhippo.settings import SAMPLE_CORPUS, Settings
 from lazyhippo.sources.files import read_path, read_source
 from lazyhippo.sources.pdf import ParseLimits
 from lazyhippo.stores.warehouse import snapshot_path
+from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 from tests.test_serve import (  # noqa: F401 - fixtures
     READ_KEY,
     REPO,
@@ -61,7 +62,7 @@ def test_kg_create_is_off_until_the_operator_names_source_roots(pool, tmp_path):
 def test_kg_create_refuses_every_path_outside_the_roots_with_one_answer(pool, tmp_path):
     root = tmp_path / "root"
     (root / "docs").mkdir(parents=True)
-    (root / "docs" / "a.txt").write_text("Inside the root.")
+    shutil.copy(SAMPLE_CORPUS / "ada_fenwick.md", root / "docs")
     (root / "credentials.env").write_text("NEO4J_PASSWORD=secret")
     (root / ".hidden").mkdir()
     (root / ".hidden" / "b.txt").write_text("hidden")
@@ -96,7 +97,7 @@ def test_a_burst_of_creates_and_uploads_never_blocks_the_server(pool, tmp_path, 
     throughout, and every accepted run ends."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     for i in range(4):
-        _rows(tmp_path / "root" / f"s{i}", "rows.jsonl", {f"r{i}": f"Keeper {i} tended the light at Skerry Point."})
+        _rows(tmp_path / "root" / f"s{i}", "rows.jsonl", {f"r{i}": f"Quillon Barrow {i} tended the light at Skerry Point."})
     codes: list[int] = []
     accepted: list[str] = []
 
@@ -104,7 +105,7 @@ def test_a_burst_of_creates_and_uploads_never_blocks_the_server(pool, tmp_path, 
         if i % 2:
             r = post(f"{url}/api/kg/create", json={"path": f"s{i // 2}", "namespace": f"burst{i}"}, headers=TOKEN_HEADERS)
         else:
-            r = post(f"{url}/api/kg/upload", files=[("files", ("a.txt", f"Upload {i} names Skerry Point.".encode()))],
+            r = post(f"{url}/api/kg/upload", files=[("files", ("a.txt", f"Ada Fenwick {i} founded the Marlow Observatory.".encode()))],
                      data={"namespace": f"burst{i}"}, headers=TOKEN_HEADERS)
         codes.append(r.status_code)
         if r.status_code == 202:
@@ -237,8 +238,6 @@ def test_index_mode_on_the_cli_on_both_stores(tmp_path, monkeypatch, graph_store
     namespace = "mode-cli"
     store = None
     if graph_store == "neo4j":
-        from tests.services_fixtures import namespaces as _  # noqa: F401 - the fixture module must load
-
         namespace = request.getfixturevalue("namespaces")("mode")
         store = request.getfixturevalue("neo4j_store")
     _rows(tmp_path / "v1", "a.jsonl", {"a1": "Ada Quist built the tide clock of Harwick."})
