@@ -22,6 +22,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 COUNTS = re.compile(r"documents: (\d+) added, (\d+) changed, (\d+) removed")
+KEPT_RUNS = 1000  # ended runs whose status stays available
 CAUSE = re.compile(r"^(?:error|root cause|\S+ failed): (.+)$", re.M)
 
 
@@ -67,6 +68,9 @@ class IndexRuns:
         except queue.Full:
             raise QueueFull(f"{self._queue.maxsize} index runs are waiting already; retry later") from None
         self._runs[run.run_id] = run
+        ended = [r for r in self._runs.values() if r.ended_at is not None]
+        for old in ended[:max(0, len(ended) - KEPT_RUNS)]:  # oldest first: dicts keep insertion order
+            del self._runs[old.run_id]
         return run
 
     def get(self, run_id: str) -> Run | None:
