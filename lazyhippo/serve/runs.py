@@ -119,10 +119,12 @@ class IndexRuns:
         log.warning("index run %s for namespace %s failed: %s", run.run_id, run.namespace, run.error)
 
     def _prune(self, done: Run) -> None:
-        """Upload folders of the namespace other than the one just indexed and those of runs still to come."""
+        """Remove the namespace's upload folders older than the one just indexed, except those of runs still to
+        come (newer ones, and uploads still being written, belong to requests in flight)."""
         keep = {done.source} | {r.source for r in self._runs.values() if r.upload and r.status in ("QUEUED", "STARTED")}
+        written = done.source.stat().st_mtime
         for folder in (self.home / "uploads" / done.namespace).iterdir():
-            if folder not in keep:
+            if folder not in keep and not folder.name.startswith(".") and folder.stat().st_mtime <= written:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def stop(self) -> None:
