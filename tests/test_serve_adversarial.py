@@ -72,10 +72,11 @@ def test_kg_create_refuses_every_path_outside_the_roots_with_one_answer(pool, tm
     outside.write_text("outside the root")
     probes = ["/etc/passwd", "/etc", str(root / "to_etc"), str(root / "passwd.txt"), str(root / "credentials.env"),
               str(root / ".hidden"), str(root / ".hidden" / "b.txt"), str(root / "docs" / ".." / ".." / "outside.txt"),
-              str(outside), "../outside.txt", str(root / "missing"), "/no/such/path", "", "docs\x00/etc/passwd"]
+              str(outside), "../outside.txt", str(root / "missing"), "/no/such/path", "", "docs\x00/etc/passwd",
+              "docs/\ud800", "~root/.bashrc"]
     with running(pool, roots=(root,)) as url:
-        answers = {p: post(f"{url}/api/kg/create", json={"path": p, "namespace": "leak"}, headers=TOKEN_HEADERS)
-                   for p in probes}
+        answers = {p: post(f"{url}/api/kg/create", content=json.dumps({"path": p, "namespace": "leak"}),  # ASCII escapes
+                           headers={**TOKEN_HEADERS, "content-type": "application/json"}) for p in probes}
         ok = post(f"{url}/api/kg/create", json={"path": "docs", "namespace": "inside"}, headers=TOKEN_HEADERS)
         assert ok.status_code == 202  # a path relative to the root
         assert wait_run(url, ok.json()["run_id"], seconds=300)["status"] == "SUCCESS"

@@ -17,6 +17,7 @@ from fastapi import APIRouter, HTTPException, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
+from lazyhippo.serve.limits import text_problem
 from lazyhippo.serve.routers import allowed_namespace, grant_of
 from lazyhippo.serve.runs import QueueFull, Run
 from lazyhippo.sources.files import SUPPORTED
@@ -45,7 +46,7 @@ def source_under_roots(path: str, roots: tuple[Path, ...]) -> Path:
     for root in roots:
         try:
             source = (root / Path(path).expanduser()).resolve(strict=True)  # an absolute path replaces the root
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError):  # missing, a symlink loop, not encodable as a file name
             continue
         inside = source.relative_to(root) if source == root or root in source.parents else None
         if inside is None or any(part.startswith(".") for part in inside.parts):
@@ -79,7 +80,9 @@ def _file_name(raw: str | None) -> str:
     name = Path(raw or "").name
     if not name or name.startswith(".") or "\x00" in name or "\\" in name:
         raise HTTPException(400, "every uploaded file needs a name that does not start with '.'")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    if problem := text_problem("file name", name):
+        raise HTTPException(400, problem)
+    if len(name.encode()) > MAX_NAME_BYTES:
         raise HTTPException(400, f"file name over {MAX_NAME_BYTES} bytes: {name[:40]!r}...")
     if Path(name).suffix.lower() not in SUPPORTED:
         raise HTTPException(400, f"file {name!r}: unsupported type (supported: {', '.join(sorted(SUPPORTED))})")
