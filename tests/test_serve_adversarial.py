@@ -155,14 +155,30 @@ def test_a_keyless_server_refuses_foreign_hosts_origins_and_writes_without_the_t
         assert get(f"{url}/health", headers={"Host": "[::1]"}).status_code == 200
 
 
-def test_the_serve_command_prints_its_token_when_keyless(home, tmp_path):
+def _running_with(marker: str) -> list[int]:
+    """Processes whose command line names `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_serve_command_prints_its_token_and_sigterm_ends_it_during_a_run(home, tmp_path):
+    """Keyless: the token printed at start lets a create through; SIGTERM in the middle of the run ends the
+    server and the run's process."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    src = tmp_path / "roots" / "sigterm-src"
+    shutil.copytree(SAMPLE_CORPUS, src)
     env = {k: v for k, v in os.environ.items() if k not in ("LAZYHIPPO_API_KEY", "LAZYHIPPO_READ_KEY")}
+    env.update(DAGSTER_HOME=str(tmp_path / "d"), LAZYHIPPO_SOURCE_ROOTS=str(tmp_path / "roots"))
     proc = subprocess.Popen([sys.executable, "-m", "lazyhippo_dagster.cli", "serve", "--home", str(home), "--port",
-                             str(port)], env={**env, "DAGSTER_HOME": str(tmp_path / "d")}, cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             str(port)], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         line = ""
         while "X-Lazyhippo-Token" not in line.replace("x-lazyhippo-token", "X-Lazyhippo-Token"):
@@ -174,15 +190,27 @@ def test_the_serve_command_prints_its_token_when_keyless(home, tmp_path):
         deadline = time.time() + 120
         while True:
             try:
-                r = post(f"{url}/api/kg/create", json={"path": "/tmp"}, headers={"X-Lazyhippo-Token": token})
+                r = post(f"{url}/api/kg/create", json={"path": "sigterm-src"}, headers={"X-Lazyhippo-Token": token})
                 break
             except httpx.TransportError:
                 assert time.time() < deadline
                 time.sleep(0.3)
-        assert r.status_code == 403 and "LAZYHIPPO_SOURCE_ROOTS" in r.text  # past the token: roots are unset
+        assert r.status_code == 202
+        while get(f"{url}/api/runs/{r.json()['run_id']}").json()["status"] == "QUEUED":
+            assert time.time() < deadline
+            time.sleep(0.2)
+        time.sleep(2)  # the index process is under way
+        assert _running_with(str(src))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) is not None
+        deadline = time.time() + 30
+        while _running_with(str(src)):
+            assert time.time() < deadline, "the run's process outlived the server"
+            time.sleep(0.2)
     finally:
-        proc.terminate()
-        proc.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
 
 
 # ---------------------------------------------------------------- 4. re-creating a knowledge base

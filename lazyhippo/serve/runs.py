@@ -9,9 +9,11 @@ wait on the child, which inherits the server's one compute thread (the other cor
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -138,7 +140,10 @@ class IndexRuns:
             if waiting is not None:
                 waiting.status, waiting.ended_at = "CANCELED", time.time()
         child = self._child
-        if child is not None:
-            child.terminate()
+        if child is not None:  # its own session: the processes it started end with it
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         self._queue.put(None)
         self._thread.join(30)
