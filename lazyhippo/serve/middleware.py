@@ -58,7 +58,7 @@ class Access:
     token: str | None = None
 
     @classmethod
-    def for_host(cls, env: Environment, host: str) -> "Access":
+    def for_host(cls, env: Environment, host: str) -> Access:
         """The keys from the environment; a keyless server must bind to loopback and gets a new token. A key
         shorter than 16 characters or without variety is refused (it would be guessed)."""
         keys = tuple((key, Grant(write, scope)) for key, write, scope in (

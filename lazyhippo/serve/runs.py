@@ -25,7 +25,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 COUNTS = re.compile(r"documents: (\d+) added, (\d+) changed, (\d+) removed")
 KEPT_RUNS = 1000  # ended runs whose status stays available
-CAUSE = re.compile(r"^(?:error|root cause|\S+ failed): (.+)$", re.M)
+CAUSE = re.compile(r"^(?:error|root cause|\S+ failed): (.+)$", re.MULTILINE)
 
 
 class QueueFull(RuntimeError):
