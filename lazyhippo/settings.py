@@ -34,6 +34,8 @@ class ObjectStoreKind(str, Enum):
 LlmKind = Literal["none", "openai"]
 RERANK_PROVIDERS = ("none", "http", "cross-encoder")
 CHUNK_SELECTIONS = ("graph", "vector", "weight")
+IndexMode = Literal["replace", "add"]
+INDEX_MODES = ("replace", "add")
 
 MIN_CHUNK_TOKENS = 16  # below this a chunk cannot hold a sentence
 NAMESPACE_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -82,6 +84,9 @@ class Settings:
     rerank_top_n: int = 20          # best retrieved chunks the reranker reorders
     chunk_selection: str | None = None   # a CHUNK_SELECTIONS value; None: the query config's (graph)
     max_related_chunks: int | None = None  # chunks the vector/weight selections keep; None: the query config's (20)
+    # "replace": the namespace becomes exactly the source (documents it no longer yields are dropped); "add":
+    # nothing is dropped; None (sensor, UI and rebuild runs): only what vanished from the source it was indexed from
+    mode: IndexMode | None = None
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -97,6 +102,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)  # before any stage or store sees it
+        if self.mode is not None and self.mode not in INDEX_MODES:
+            raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(INDEX_MODES)}")
         if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:
             raise ValueError(f"chunk_size {self.chunk_size} / chunk_overlap {self.chunk_overlap}: need chunk_size >= "
                              f"{MIN_CHUNK_TOKENS} and 0 <= chunk_overlap < chunk_size")
@@ -180,6 +187,13 @@ def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _names(value: str | None) -> frozenset[str] | None:
+    """A comma-separated namespace list (each checked); None when unset."""
+    if not (value or "").strip():
+        return None
+    return frozenset(check_namespace(n.strip()) for n in value.split(",") if n.strip())
+
+
 @dataclass(frozen=True)
 class Environment:
     """Process-level configuration, read from the environment by `environment()` at the edge (a run, a server,
@@ -190,7 +204,11 @@ class Environment:
     openai_base_url: str | None = None
     openai_api_key: str | None = field(default=None, repr=False)
     llm_model: str | None = None
-    api_key: str | None = field(default=None, repr=False)   # LAZYHIPPO_API_KEY: the HTTP API's key
+    api_key: str | None = field(default=None, repr=False)   # LAZYHIPPO_API_KEY: the HTTP API's write key
+    read_key: str | None = field(default=None, repr=False)  # LAZYHIPPO_READ_KEY: queries only
+    api_key_namespaces: frozenset[str] | None = None        # LAZYHIPPO_API_KEY_NAMESPACES: the write key's scope
+    read_key_namespaces: frozenset[str] | None = None       # LAZYHIPPO_READ_KEY_NAMESPACES (unset: every namespace)
+    source_roots: tuple[Path, ...] = ()    # LAZYHIPPO_SOURCE_ROOTS: folders `POST /api/kg/create` may read
     neo4j_uri: str | None = None
     neo4j_user: str | None = None
     neo4j_database: str | None = None
@@ -225,6 +243,10 @@ def environment() -> Environment:
         openai_api_key=env.get("OPENAI_API_KEY") or None,
         llm_model=env.get("LAZYHIPPO_LLM_MODEL") or None,
         api_key=env.get("LAZYHIPPO_API_KEY") or None,
+        read_key=env.get("LAZYHIPPO_READ_KEY") or None,
+        api_key_namespaces=_names(env.get("LAZYHIPPO_API_KEY_NAMESPACES")),
+        read_key_namespaces=_names(env.get("LAZYHIPPO_READ_KEY_NAMESPACES")),
+        source_roots=tuple(Path(p).expanduser() for p in (env.get("LAZYHIPPO_SOURCE_ROOTS") or "").split(os.pathsep) if p),
         neo4j_uri=env.get("NEO4J_URI") or None,
         neo4j_user=env.get("NEO4J_USER") or None,
         neo4j_database=env.get("NEO4J_DATABASE") or None,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -21,7 +22,7 @@ from rich.table import Table
 from lazyhippo.logs import configure_logging
 from lazyhippo.models.embedders import PROFILES
 from lazyhippo.serve.chat import MaxRelatedOpt, RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, run_usage
-from lazyhippo.settings import SAMPLE_CORPUS, Settings, environment
+from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
 from lazyhippo_dagster.options import OptionError, check_index_options, check_namespace_option, check_query_options
@@ -52,6 +53,9 @@ def _env_namespace(value: Optional[str]) -> str:
 HomeOpt = typer.Option(None, "--home", callback=_env_home, help="Index folder [$LAZYHIPPO_HOME or ./.lazyhippo].")
 NsOpt = typer.Option(None, "--namespace", "-n", callback=_env_namespace,
                      help="Knowledge base name [$LAZYHIPPO_NAMESPACE or default].")
+
+
+IndexModeOpt = Enum("IndexModeOpt", {m: m for m in INDEX_MODES}, type=str)  # a typed choice for typer
 
 
 def _checked(check, *args, **kwargs) -> None:
@@ -141,7 +145,9 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
           community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]"),
           workers: int = typer.Option(1, min=1, help="Worker processes: >1 runs the multiprocess executor, "
-                                                     "extraction batches in parallel (docs/scale-out.md).")) -> None:
+                                                     "extraction batches in parallel (docs/scale-out.md)."),
+          mode: IndexModeOpt = typer.Option("replace", "--mode", help="replace: the namespace becomes exactly this "
+                                            "source (documents it lacks are dropped); add: nothing is dropped.")) -> None:
     """Index through Dagster: one `index_documents` run over the added and changed documents' partitions, then the
     namespace's `index_graph` run, with a progress display (unset options: lazyhippo.settings.Settings)."""
     root = home
@@ -152,9 +158,12 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     result = _run("index", root, {
         "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                       "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
-                      "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
+                      "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm, "mode": mode.value},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
     }, namespace=namespace, workers=workers)
+    change = result.change
+    removed = 0 if mode == IndexModeOpt.add else len(change.removed)
+    console.print(f"documents: {len(change.added)} added, {len(change.changed)} changed, {removed} removed (mode {mode.value})")
     status(home=root, namespace=namespace, as_json=False)
     print_usage([u for run_id in result.run_ids for u in run_usage(Settings(home=root, namespace=namespace), run_id)], Console())
 
@@ -322,7 +331,8 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
 
 
 @app.command()
-def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopback: LAZYHIPPO_API_KEY is required)."),
+def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopback: LAZYHIPPO_API_KEY is required; "
+                                   "docs/security.md)."),
           port: int = typer.Option(8000), home: Path = HomeOpt,
           max_body_bytes: int = typer.Option(64 * 1024, help="Largest request body accepted."),
           max_question_chars: int = typer.Option(2000), max_budget: int = typer.Option(32000, help="Largest context budget."),
@@ -332,8 +342,9 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
           chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
           snapshots: Optional[str] = typer.Option(None, help="s3://bucket/prefix: serve the snapshots published there "
                                                   "(pulled when their manifest changes) [$LAZYHIPPO_SNAPSHOTS].")) -> None:
-    """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics."""
-    from lazyhippo.serve.app import Limits, api_key_for
+    """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics. Without
+    a key it prints a token that creating and uploading need; `kg_create` reads only under LAZYHIPPO_SOURCE_ROOTS."""
+    from lazyhippo.serve.app import Access, Limits
     from lazyhippo.serve.app import serve as run_server
 
     if snapshots:
@@ -347,7 +358,7 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
         os.environ["LAZYHIPPO_SNAPSHOTS"] = snapshots  # the server's index pool (and its engine processes) read it
 
     try:
-        api_key_for(host)
+        Access.for_host(environment(), host)
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)

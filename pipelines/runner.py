@@ -96,6 +96,7 @@ class RunChain:
     any), then the namespace's graph run; it stops at the first that fails."""
 
     results: list
+    change: object = None  # the source's SourceChange against the namespace: documents added, changed, removed
 
     @property
     def success(self) -> bool:
@@ -125,9 +126,9 @@ def settings_of(config: dict, namespace: str | None):
     return LazyhippoResource(**{**fields, **({"namespace": namespace} if namespace else {})}).settings()
 
 
-def stage_documents(instance: dg.DagsterInstance, settings) -> list[str]:
+def stage_documents(instance: dg.DagsterInstance, settings):
     """Compare the source with what the namespace holds (content hashes) and stage the document partitions:
-    the keys of the added and changed documents, one contiguous range for one run."""
+    the keys of the added and changed documents, one contiguous range for one run; and the change itself."""
     from lazyhippo.sources.changes import indexed_state
     from lazyhippo_dagster.assets._partitions import apply_partition_changes
     from lazyhippo_dagster.sensors import scan
@@ -137,7 +138,7 @@ def stage_documents(instance: dg.DagsterInstance, settings) -> list[str]:
         raise ValueError(scanned)
     state, change = scanned
     doc_ids = {d for f in state.files.values() for d in f.docs}
-    return apply_partition_changes(instance, settings.namespace, doc_ids, {**change.added, **change.changed})
+    return apply_partition_changes(instance, settings.namespace, doc_ids, {**change.added, **change.changed}), change
 
 
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,
@@ -160,8 +161,7 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
 
 
 def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: dict, namespace: str | None,
-                processes: int | None = None, on_step: Callable[[str, str], None] | None = None,
-                graph_run_id: str | None = None) -> RunChain:
+                processes: int | None = None, on_step: Callable[[str, str], None] | None = None) -> RunChain:
     """`index_documents` over the staged document partitions (none when nothing was added or changed), then
     `index_graph` for the namespace. With `processes` the documents run uses the multiprocess executor."""
     from lazyhippo_dagster.definitions import defs
@@ -174,7 +174,7 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
     settings = settings_of(config, namespace)
     namespace = settings.namespace
     add_namespace_partition(instance, namespace)
-    keys = stage_documents(instance, settings)
+    keys, change = stage_documents(instance, settings)
     results = []
     if keys:
         from lazyhippo_dagster.assets._partitions import range_tags
@@ -186,13 +186,12 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
             execute_parallel(home, doc_config, processes, doc_tags) if processes else
             documents_job.execute_in_process(run_config=doc_config, instance=instance, tags=doc_tags, raise_on_error=False))))
         if not results[-1].success:
-            return RunChain(results)
+            return RunChain(results, change)
     graph_job = defs.resolve_job_def("index_graph")
     results.append(_watched(instance, tags, on_step, lambda: graph_job.execute_in_process(
         run_config=config_for(graph_job), instance=instance, tags={**tags, NAMESPACE_TAG: namespace},
-        raise_on_error=False, partition_key=namespace,
-        run_id=graph_run_id)))
-    return RunChain(results)
+        raise_on_error=False, partition_key=namespace)))
+    return RunChain(results, change)
 
 
 def _watched(instance: dg.DagsterInstance, tags: dict, on_step: Callable[[str, str], None] | None,
@@ -240,35 +239,3 @@ def execute_parallel(home: Path, config: dict, workers: int, tags: dict) -> dg.E
     with dg.execute_job(dg.reconstructable(index_documents_job_def), instance, run_config=cfg, raise_on_error=False,
                         tags=tags) as result:
         return result
-
-
-def launch_index(home: Path, config: dict, tags: dict | None = None,
-                 on_done: Callable[[str, bool], None] | None = None, namespace: str | None = None) -> str:
-    """Start the `index` chain in a background thread of this process and return at once the run id its graph
-    run will have (the HTTP API's `POST /api/kg/create`); `on_done(run_id, success)` is called when it ends
-    (a failed documents run ends it before that run exists)."""
-    import uuid
-
-    instance = instance_for(home)
-    fail_dead_runs(instance)
-    run_id = str(uuid.uuid4())
-    tags = {**(tags or {}), **_process_tags()}
-
-    def target() -> None:
-        ok = False
-        try:
-            ok = index_chain(instance, home, config, tags, namespace, graph_run_id=run_id).success
-        finally:
-            if on_done:
-                on_done(run_id, ok)
-
-    threading.Thread(target=target, name=f"lazyhippo-run-{run_id[:8]}", daemon=True).start()
-    return run_id
-
-
-def run_status(home: Path, run_id: str) -> dict | None:
-    """Status of a run in the Dagster instance (None if the instance has no such run)."""
-    run = instance_for(home).get_run_by_id(run_id)
-    if run is None:
-        return None
-    return {"run_id": run.run_id, "job": run.job_name, "status": run.status.value, "tags": dict(run.tags)}

@@ -50,6 +50,7 @@ class LazyhippoResource(dg.ConfigurableResource):
     rerank_top_n: Optional[int] = None
     chunk_selection: Optional[str] = None
     max_related_chunks: Optional[int] = None
+    mode: Optional[str] = None  # "replace" | "add" (lazyhippo.settings.Settings.mode)
     # benchmark asset checks (questions.json / themes.json beside the source are used when present)
     check_budget: int = 4000
     noise_share_max: float = 0.25

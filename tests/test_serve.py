@@ -21,10 +21,11 @@ import uvicorn
 
 from lazyhippo.index import run_index
 from lazyhippo.query import answer_question
-from lazyhippo.serve.app import Limits, api_key_for, create_app
+from lazyhippo.serve.app import Access, Limits, create_app
+from lazyhippo.serve.middleware import Grant
 from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.pool import IndexPool
-from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.settings import SAMPLE_CORPUS, Settings, environment
 
 REPO = Path(__file__).resolve().parent.parent
 SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
@@ -35,10 +36,21 @@ get = functools.partial(httpx.get, timeout=TIMEOUT)
 post = functools.partial(httpx.post, timeout=TIMEOUT)
 
 
+TOKEN = "per-start-token-of-the-test-server"
+WRITE_KEY = "write-key-0123456789abcdef"
+READ_KEY = "read-key-0123456789abcdef"
+
+
+def keyed(read_scope: frozenset[str] | None = None) -> Access:
+    return Access(((WRITE_KEY, Grant(True)), (READ_KEY, Grant(False, read_scope))))
+
+
 @contextmanager
-def running(pool: IndexPool, api_key: str | None = None, limits: Limits = Limits()):
-    """A real uvicorn server on a free loopback port, in a thread; yields its base URL."""
-    config = uvicorn.Config(create_app(pool, api_key, limits), host="127.0.0.1", port=0, log_level="warning")
+def running(pool: IndexPool, access: Access | None = None, limits: Limits = Limits(), roots: tuple[Path, ...] = ()):
+    """A real uvicorn server on a free loopback port, in a thread; yields its base URL. Keyless by default,
+    with the token `TOKEN`."""
+    app = create_app(pool, access or Access(token=TOKEN), limits, source_roots=roots)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -167,64 +179,80 @@ def test_a_failing_backend_gives_503_without_internals(pool, monkeypatch):
     with running(pool) as url:
         monkeypatch.setattr(pool.embedder.inner, "embed", down)
         r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"})
-        assert r.status_code == 503 and r.json() == {"error": "query backend unavailable (ConnectionError); retry later"}
+        assert r.status_code == 503 and r.json() == {"error": "query backend unavailable; retry later"}
         monkeypatch.undo()
         assert post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local"}).status_code == 200
 
 
-def test_api_key_auth(pool, monkeypatch):
-    with running(pool, api_key="s3cret-key") as url:
+def test_api_key_auth(pool, monkeypatch, tmp_path):
+    """The write key creates and queries, the read key only queries (within its namespaces); /health shows no
+    state without a key."""
+    with running(pool, keyed(read_scope=frozenset({"default"})), roots=(tmp_path,)) as url:
         body = {"question": SUCCESSOR_Q, "route": "local"}
         assert post(f"{url}/api/query", json=body).status_code == 401
         assert post(f"{url}/api/query", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert post(f"{url}/api/query", json=body, headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
-        assert post(f"{url}/api/query", json=body, headers={"X-API-Key": "s3cret-key"}).status_code == 200
+        assert post(f"{url}/api/query", json=body, headers={"Authorization": f"Bearer {WRITE_KEY}"}).status_code == 200
+        assert post(f"{url}/api/query", json=body, headers={"X-API-Key": READ_KEY}).status_code == 200
         for path in ("/metrics", "/api/namespaces", "/api/runs/abc"):
             assert get(f"{url}{path}").status_code == 401
-        assert post(f"{url}/api/kg/create", json={"path": "/tmp"}).status_code == 401
-        assert get(f"{url}/health").status_code == 200
-    monkeypatch.delenv("LAZYHIPPO_API_KEY", raising=False)
-    assert api_key_for("127.0.0.1") is None and api_key_for("localhost") is None
+        assert post(f"{url}/api/kg/create", json={"path": str(tmp_path)}).status_code == 401
+        r = post(f"{url}/api/kg/create", json={"path": str(tmp_path)}, headers={"X-API-Key": READ_KEY})
+        assert r.status_code == 403 and r.json() == {"error": "this key may only query"}
+        other = post(f"{url}/api/query", json={**body, "namespace": "other"}, headers={"X-API-Key": READ_KEY})
+        assert other.status_code == 403 and "namespace 'other'" in other.text
+        assert get(f"{url}/health").json() == {"status": "ok"}  # no namespaces, no process ids
+        full = get(f"{url}/health", headers={"X-API-Key": READ_KEY}).json()
+        assert full["namespaces"] == ["default"] and full["engines"]
+    env = {"LAZYHIPPO_API_KEY": None, "LAZYHIPPO_READ_KEY": None}
+    for name in env:
+        monkeypatch.delenv(name, raising=False)
+    assert Access.for_host(environment(), "127.0.0.1").token and not Access.for_host(environment(), "localhost").keys
     with pytest.raises(ValueError, match="LAZYHIPPO_API_KEY"):
-        api_key_for("0.0.0.0")
-    monkeypatch.setenv("LAZYHIPPO_API_KEY", "k")
-    assert api_key_for("0.0.0.0") == "k"
+        Access.for_host(environment(), "0.0.0.0")
+    for weak in ("k", "x" * 40, "abcdefghijklmno"):  # short, or no variety
+        monkeypatch.setenv("LAZYHIPPO_API_KEY", weak)
+        with pytest.raises(ValueError, match="at least 16 random characters"):
+            Access.for_host(environment(), "0.0.0.0")
+    monkeypatch.setenv("LAZYHIPPO_API_KEY", WRITE_KEY)
+    access = Access.for_host(environment(), "0.0.0.0")
+    assert access.keys == ((WRITE_KEY, Grant(True)),) and access.token is None
 
 
-def test_kg_create_launches_the_dagster_index_job(pool, tmp_path, monkeypatch):
+def wait_run(url: str, run_id: str, headers: dict | None = None, seconds: float = 300) -> dict:
+    deadline = time.time() + seconds
+    while True:
+        status = get(f"{url}/api/runs/{run_id}", headers=headers).json()
+        if status["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            return status
+        assert time.time() < deadline, f"run {run_id} did not end: {status}"
+        time.sleep(0.5)
+
+
+def test_kg_create_and_upload_run_the_index_job_in_their_own_process(pool, tmp_path, monkeypatch):
+    """Each run is a `lazyhippo index` process; SUCCESS means the new index already answers."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     src = tmp_path / "src"
     shutil.copytree(SAMPLE_CORPUS, src)
     (src / "barrow.txt").write_text(NEW_DOC)
-    with running(pool) as url:
-        assert post(f"{url}/api/kg/create", json={"path": str(tmp_path / "missing")}).status_code == 400
-        assert post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "../x"}).status_code == 400
+    token = {"X-Lazyhippo-Token": TOKEN}
+    with running(pool, roots=(tmp_path,)) as url:
+        assert post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "../x"}, headers=token).status_code == 400
         assert get(f"{url}/api/runs/no-such-run").status_code == 404
-        r = post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "lights"})
-        assert r.status_code == 202
-        run_id = r.json()["run_id"]
-        deadline, status = time.time() + 300, None
-        while time.time() < deadline:
-            status = get(f"{url}/api/runs/{run_id}").json()
-            if status["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
-                break
-            time.sleep(1)
-        assert status["status"] == "SUCCESS" and status["job"] == "index_graph"
-        deadline = time.time() + 30
-        while "lights" not in get(f"{url}/api/namespaces").json()["namespaces"]:
-            assert time.time() < deadline
-            time.sleep(0.2)
+        r = post(f"{url}/api/kg/create", json={"path": str(src), "namespace": "lights"}, headers=token)
+        assert r.status_code == 202 and r.json()["status"] == "QUEUED" and r.json()["mode"] == "replace"
+        status = wait_run(url, r.json()["run_id"])
+        assert status["status"] == "SUCCESS", status
+        assert status["documents"] == {"added": 9, "changed": 0, "removed": 0}
+        assert "lights" in get(f"{url}/api/namespaces").json()["namespaces"]  # served once reported
         r = post(f"{url}/api/query", json={"question": NEW_Q, "namespace": "lights", "route": "local"})
         assert r.status_code == 200 and "Quillon Barrow" in r.json()["answer"]
-        files = [("files", (p.name, p.read_bytes())) for p in sorted(src.iterdir())]
-        assert post(f"{url}/api/kg/upload", files=[("files", (".env", b"x"))], data={"namespace": "up"}).status_code == 400
-        r = post(f"{url}/api/kg/upload", files=files, data={"namespace": "uploaded"})
+        files = [("files", (p.name, p.read_bytes())) for p in sorted(src.iterdir()) if p.suffix != ".json"]
+        for bad in (".env", "questions.json"):  # hidden, unsupported
+            assert post(f"{url}/api/kg/upload", files=[("files", (bad, b"x"))], data={"namespace": "up"},
+                        headers=token).status_code == 400
+        r = post(f"{url}/api/kg/upload", files=files, data={"namespace": "uploaded"}, headers=token)
         assert r.status_code == 202
-        run_id = r.json()["run_id"]
-        while get(f"{url}/api/runs/{run_id}").json()["status"] not in ("SUCCESS", "FAILURE", "CANCELED"):
-            assert time.time() < deadline + 300
-            time.sleep(1)
-        assert get(f"{url}/api/runs/{run_id}").json()["status"] == "SUCCESS"
+        assert wait_run(url, r.json()["run_id"])["status"] == "SUCCESS"
         r = post(f"{url}/api/query", json={"question": NEW_Q, "namespace": "uploaded", "route": "local"})
         assert r.status_code == 200 and "Quillon Barrow" in r.json()["answer"]
         assert r.json()["citations"][0]["source"] == "barrow.txt"
@@ -292,10 +320,9 @@ def test_engines_share_the_queries_of_one_connection_and_a_dead_one_is_replaced(
             codes = sorted(c.post("/api/query", json=body).status_code for _ in range(2))
             assert codes == [200, 503]
             deadline = time.time() + TIMEOUT
-            while len(now := c.get("/health").json()["engines"]) < 2:
-                assert time.time() < deadline, "the dead engine was not replaced"
+            while len(now := c.get("/health").json()["engines"]) < 2 or engines[0]["pid"] in [e["pid"] for e in now]:
+                assert time.time() < deadline, "the dead engine was not replaced"  # (in the background)
                 time.sleep(0.2)
-            assert engines[0]["pid"] not in [e["pid"] for e in now]
             assert all(c.post("/api/query", json=body).status_code == 200 for _ in range(4))
     finally:
         pool.stop()
@@ -331,7 +358,7 @@ def test_serve_command_on_loopback_with_an_api_key(home, tmp_path, workers):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LAZYHIPPO_API_KEY": "cli-key", "DAGSTER_HOME": str(tmp_path / "d")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LAZYHIPPO_API_KEY": WRITE_KEY, "DAGSTER_HOME": str(tmp_path / "d")}
     proc = subprocess.Popen([sys.executable, "-c", "from lazyhippo_dagster.cli import app; app()", "serve", "--home", str(home),
                              "--port", str(port), "--workers", str(workers)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -345,9 +372,9 @@ def test_serve_command_on_loopback_with_an_api_key(home, tmp_path, workers):
                 assert time.time() < deadline and proc.poll() is None, proc.stdout.read().decode() if proc.poll() is not None else "timeout"
                 time.sleep(0.5)
         assert post(f"{url}/api/query", json={"question": SUCCESSOR_Q}).status_code == 401
-        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q}, headers={"X-API-Key": "cli-key"})
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q}, headers={"X-API-Key": WRITE_KEY})
         assert r.status_code == 200 and r.json()["citations"]
-        engines = [e["pid"] for e in get(f"{url}/health").json()["engines"]]
+        engines = [e["pid"] for e in get(f"{url}/health", headers={"X-API-Key": WRITE_KEY}).json()["engines"]]
         assert len(engines) == workers and (workers == 1) == (engines == [proc.pid])
     finally:
         proc.terminate()

@@ -8,7 +8,10 @@ one at a time, and N engines use N cores.
 
 Each engine holds its own `IndexPool` (warm indexes, swapped on its own after another process's index run);
 the index runs the front launches reach every engine through `begin_write`/`end_write`. An engine that dies
-is replaced in the background; the query it was running gets an error (a 503 over HTTP).
+is replaced in the background; the query it was running gets an error (a 503 over HTTP). So is a stuck one
+(stopped, or looping): a query it does not answer within `query_seconds`, or a status probe it does not answer
+within `probe_seconds`, gets it killed. What `/health` shows is the engines' last answers to those probes, so
+no request ever waits on an engine but the query it was given.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
@@ -30,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class EngineGone(RuntimeError):
-    """The engine process running a query died; a new one is being started."""
+    """The engine process running a query died or was stuck; a new one is being started."""
 
 
 @dataclass
@@ -41,10 +45,19 @@ class _Engine:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one control exchange at a time
     answered: int = 0     # queries sent to it (only the front thread holding the engine counts)
 
-    def ask(self, message: str):
+    def ask(self, message: str, seconds: float):
+        """The engine's answer; EngineGone when it is dead or does not answer within `seconds`."""
         with self.lock:
+            return self._exchange(message, seconds)
+
+    def _exchange(self, message: str, seconds: float):
+        try:
             self.control.send(message)
-            return self.control.recv()
+            if self.control.poll(seconds):
+                return self.control.recv()
+        except (EOFError, OSError):
+            raise EngineGone(f"query engine {self.process.pid} is gone") from None
+        raise EngineGone(f"query engine {self.process.pid} did not answer within {seconds:g} s")
 
 
 class EnginePool:
@@ -52,24 +65,32 @@ class EnginePool:
     `workers` engine processes."""
 
     def __init__(self, settings: Settings, workers: int, config: QueryConfig = DEFAULT_CONFIG,
-                 settle_seconds: float = 2.0, poll_seconds: float = 1.0, wait_seconds: float = 60.0):
+                 settle_seconds: float = 2.0, poll_seconds: float = 1.0, wait_seconds: float = 60.0,
+                 query_seconds: float = 120.0, probe_seconds: float = 10.0, write_seconds: float = 600.0):
         self.settings = settings
         self.workers = workers
         self.wait_seconds = wait_seconds  # longest a query waits for a free engine before it is refused
+        self.query_seconds = query_seconds  # longest an engine may take over one query before it is killed
+        self.probe_seconds = probe_seconds  # longest an idle engine may take to answer a status probe
+        self.write_seconds = write_seconds  # longest an engine may take to load the new indexes after a run
+        self._info: dict[int, dict] = {}    # pid -> the engine's last answer to a status probe
         self._args = (settings, config, settle_seconds, poll_seconds)
         self._ctx = mp.get_context("spawn")  # the front runs threads (event loop, index runs): never fork it
         self._engines: list[_Engine] = []
         self._idle: queue.Queue[_Engine] = queue.Queue()  # FIFO of waiting threads: the first waiter gets the next free engine
         self._stopping = False
         self.snapshots = None
+        self._stop = threading.Event()
+        self._replacing = threading.Lock()
 
     def start(self) -> "EnginePool":
         """Start every engine and wait until each has loaded its indexes (pulled snapshots first, by this process:
-        the engines reload them like after a local run)."""
+        the engines reload them like after a local run), then probe them in the background."""
         self.snapshots = snapshot_sync(self.settings)
         starting = [self._spawn() for _ in range(self.workers)]
         for engine in starting:
             self._ready(engine)
+        threading.Thread(target=self._monitor, name="lazyhippo-engine-monitor", daemon=True).start()
         return self
 
     def _spawn(self) -> _Engine:
@@ -89,6 +110,7 @@ class EnginePool:
             engine.process.join(5)
             raise RuntimeError(f"a query engine exited while loading its indexes (exit code "
                                f"{engine.process.exitcode}); see the log above") from None
+        self._info[engine.process.pid] = engine.ask("info", self.write_seconds)
         self._engines.append(engine)
         self._idle.put(engine)
 
@@ -96,18 +118,28 @@ class EnginePool:
 
     def answer(self, namespace: str, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
                llm="auto", history: list[dict] | None = None, choices: dict | None = None) -> QueryResult:
-        try:
-            engine = self._idle.get(timeout=self.wait_seconds)
-        except queue.Empty:
-            raise EngineGone(f"no query engine came free within {self.wait_seconds:g} s") from None
+        deadline = time.monotonic() + self.wait_seconds
+        while True:  # an engine killed while idle is still in the queue: skipped
+            try:
+                engine = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise EngineGone(f"no query engine came free within {self.wait_seconds:g} s") from None
+            if engine in self._engines and engine.process.is_alive():
+                break
         try:
             engine.queries.send(dict(namespace=namespace, question=question, route=route, top_k=top_k,
                                      budget=budget, llm=llm, history=history, choices=choices))
             engine.answered += 1
+            if not engine.queries.poll(self.query_seconds):
+                self._restart(engine)
+                raise EngineGone(f"query engine {engine.process.pid} did not answer within {self.query_seconds:g} s; "
+                                 "restarting it")
             ok, value = engine.queries.recv()
         except (EOFError, OSError):
-            threading.Thread(target=self._replace, args=(engine,), name="lazyhippo-engine-restart", daemon=True).start()
+            self._restart(engine)
             raise EngineGone(f"query engine {engine.process.pid} died during the query; restarting it") from None
+        except EngineGone:
+            raise
         except Exception:  # e.g. an argument that does not pickle: the engine itself is fine
             self._idle.put(engine)
             raise
@@ -120,10 +152,10 @@ class EnginePool:
         return namespace_notice(self.settings, namespace)
 
     def namespaces(self) -> list[str]:
-        return self._infos()[0]["namespaces"]
+        return sorted(set().union(*(info["namespaces"] for info in self._infos())))
 
     def status(self) -> dict:
-        return self._infos()[0]["warm"]
+        return {ns: w for info in self._infos() for ns, w in info["warm"].items()}
 
     @property
     def swaps(self) -> int:
@@ -131,16 +163,26 @@ class EnginePool:
         return min(info["swaps"] for info in self._infos())
 
     def _infos(self) -> list[dict]:
-        """What each live engine reports; one dying meanwhile (its restart under way) is left out."""
-        infos = []
-        for engine in list(self._engines):
-            try:
-                infos.append(engine.ask("info"))
-            except (EOFError, OSError):
-                continue
+        """The live engines' last answers to a probe (never waits on an engine)."""
+        infos = [self._info[e.process.pid] for e in list(self._engines) if e.process.pid in self._info]
         if not infos:
             raise EngineGone("no query engine is running")
         return infos
+
+    def _monitor(self) -> None:
+        """Probe each idle engine's control thread every second: one that does not answer is killed and replaced.
+        An engine busy with a control exchange (loading new indexes) is left alone."""
+        while not self._stop.wait(1.0):
+            for engine in list(self._engines):
+                if not engine.lock.acquire(blocking=False):
+                    continue
+                try:
+                    self._info[engine.process.pid] = engine._exchange("info", self.probe_seconds)
+                except EngineGone as exc:
+                    log.warning("%s: killing it", exc)
+                    self._restart(engine)
+                finally:
+                    engine.lock.release()
 
     def engines(self) -> list[dict]:
         """Each engine's process id and the queries it was given: how evenly the load is spread."""
@@ -149,20 +191,38 @@ class EnginePool:
     # ------------------------------------------------------------ index runs, restarts, stop
 
     def begin_write(self) -> None:
-        for engine in list(self._engines):
-            engine.ask("begin_write")
+        self._each("begin_write", self.probe_seconds)
 
     def end_write(self) -> None:
-        """Every engine refreshes (and swaps in the new index) before this returns, as `IndexPool.end_write`."""
+        """Every engine refreshes (and swaps in the new index) before this returns, as `IndexPool.end_write`; one
+        that does not within `write_seconds` is replaced (the new one loads the new index)."""
+        self._each("end_write", self.write_seconds)
+
+    def _each(self, message: str, seconds: float) -> None:
         for engine in list(self._engines):
-            engine.ask("end_write")
+            try:
+                engine.ask(message, seconds)
+                self._info[engine.process.pid] = engine.ask("info", seconds)
+            except EngineGone as exc:
+                log.warning("%s: killing it", exc)
+                self._restart(engine)
+
+    def _restart(self, engine: _Engine) -> None:
+        """Kill the engine (a no-op when it is dead) and start a new one in the background."""
+        if engine.process.is_alive():
+            engine.process.kill()
+        threading.Thread(target=self._replace, args=(engine,), name="lazyhippo-engine-restart", daemon=True).start()
 
     def _replace(self, dead: _Engine) -> None:
         dead.process.join(5)
         dead.queries.close()
         dead.control.close()
         log.warning("query engine %s exited (code %s); starting a new one", dead.process.pid, dead.process.exitcode)
-        self._engines.remove(dead)
+        with self._replacing:
+            if dead not in self._engines:  # already being replaced
+                return
+            self._engines.remove(dead)
+            self._info.pop(dead.process.pid, None)
         if self._stopping:
             return
         try:
@@ -173,6 +233,7 @@ class EnginePool:
     def stop(self) -> None:
         """Closing its pipes ends an engine (it reads end-of-file); stragglers are terminated."""
         self._stopping = True
+        self._stop.set()
         for engine in list(self._engines):
             engine.queries.close()
             engine.control.close()

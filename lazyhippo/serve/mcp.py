@@ -6,6 +6,10 @@ entities; `lazyhippo_answer(question, history)` a cited answer that sees the con
 from __future__ import annotations
 
 from typing import Literal, Optional
+import json
+import os
+import re
+import threading
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -27,6 +31,8 @@ def _checked_query(query: str) -> str:
     query = query.strip()
     if not query:
         raise ToolError("query is empty")
+    if REPLACED in query:  # see `_valid_text_stdin`
+        raise ToolError("query holds text that is not valid Unicode (an unpaired surrogate or bytes that are not UTF-8)")
     if len(query) > MAX_QUERY_CHARS:
         raise ToolError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
     return query
@@ -99,9 +105,51 @@ def build_server(pool: IndexPool) -> MCPServer:
     return server
 
 
+REPLACED = "\ufffd"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_text(line: bytes) -> bytes:
+    """The JSON-RPC message with each unpaired surrogate escape (`"\\ud800"`) turned into U+FFFD: the SDK's
+    parser rejects such a message whole, and the request it carried was never answered."""
+    if b"\\ud" not in line.lower():
+        return line
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return line  # the SDK reports what is wrong with it
+
+    def clean(value):
+        if isinstance(value, str):
+            return _SURROGATE.sub(REPLACED, value)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        return value
+
+    return json.dumps(clean(message)).encode() + b"\n"
+
+
+def _valid_text_stdin() -> None:
+    """Put a pipe fed with `_valid_text` lines by a thread in place of stdin (the SDK then reads fd 0 as usual)."""
+    source = os.fdopen(os.dup(0), "rb")
+    read_end, write_end = os.pipe()
+    os.dup2(read_end, 0)
+    os.close(read_end)
+
+    def pump() -> None:
+        with source, os.fdopen(write_end, "wb", buffering=0) as sink:
+            for line in source:
+                sink.write(_valid_text(line))
+
+    threading.Thread(target=pump, name="lazyhippo-mcp-stdin", daemon=True).start()
+
+
 def run_stdio(settings: Settings) -> None:
     configure_logging(environment().verbose)  # stderr is the client's log: warnings only, unless verbose
     pool = IndexPool(settings).start()
+    _valid_text_stdin()
     try:
         build_server(pool).run("stdio")
     finally:

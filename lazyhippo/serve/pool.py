@@ -35,7 +35,8 @@ from lazyhippo.query.loader import db_version
 from lazyhippo.query.routes import check_route
 from lazyhippo.settings import QUERY_FIELDS, Settings, environment
 from lazyhippo.stores.snapshots import SnapshotSync
-from lazyhippo.stores.warehouse import IndexIncomplete, index_notice, published_namespaces, snapshot_dir, snapshot_path
+from lazyhippo.stores.warehouse import (IndexIncomplete, index_notice, published_namespaces, republish, snapshot_dir,
+                                        snapshot_path)
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,12 @@ class IndexPool:
             if time.monotonic() - self._seen[1] < self.settle_seconds:
                 return False
         with self._lock:
-            self._known = set(list_namespaces(self.settings))
+            known = set(list_namespaces(self.settings))
+            for ns in set(self._warm) - known:  # its snapshot was deleted: keep serving it, publish it again
+                if republish(self.settings.with_(namespace=ns)):
+                    log.warning("the published snapshot of namespace %s was gone: published it again", ns)
+                    known.add(ns)
+            self._known = known
             for ns in list(self._warm):
                 if ns in self._known:
                     self._load(ns)

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from lazyhippo.sources.pdf import PARSE_LIMITS, ParseLimits, read_pdf
+
 SUPPORTED = {".txt", ".md", ".pdf", ".jsonl"}
 MAX_WORD_CHARS = 1000  # a run without whitespace longer than this is an encoded blob or garbage, not text
 _JUNK = re.compile(r"\S{%d,}" % (MAX_WORD_CHARS + 1))
@@ -83,44 +85,28 @@ def _markdown_sections(text: str) -> tuple[str | None, list[Section]]:
     return title, sections
 
 
-def _read_pdf(path: Path) -> tuple[str | None, list[Section]]:
-    """Any failure of the parser on a malformed file (bad filters, encryption, broken xref, recursion) is that
-    file's error: untrusted input must never stop the folder."""
-    import logging
-
-    from pypdf import PdfReader
-
-    logging.getLogger("pypdf").setLevel(logging.ERROR)  # its repair warnings are noise; the failure is reported
-    try:
-        reader = PdfReader(str(path))
-        if reader.is_encrypted:
-            raise ValueError("encrypted PDF")
-        pages = [Section((p.extract_text() or "").strip(), None, i + 1) for i, p in enumerate(reader.pages)]
-        title = (reader.metadata or {}).get("/Title") if reader.metadata else None
-    except Exception as exc:  # noqa: BLE001 - a per-file boundary around a third-party parser
-        raise ValueError(f"unparsable PDF ({exc.__class__.__name__}: {str(exc)[:200]})") from None
-    return (str(title) if title else None), pages
-
-
-def read_path(path: Path, root: Path, max_bytes: int) -> Iterator[Document | ReadError]:
+def read_path(path: Path, root: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> Iterator[Document | ReadError]:
     """Yield documents of one file; a bad file yields one ReadError and never raises."""
     rel = path.relative_to(root).as_posix() if path != root else path.name
     try:
-        for item in _read_file(path, rel, max_bytes):
+        for item in _read_file(path, rel, max_bytes, limits):
             yield from _without_junk(item, rel) if isinstance(item, Document) else (item,)
     except (ValueError, OSError) as exc:
         yield ReadError(rel, str(exc))
 
 
-def _read_file(path: Path, rel: str, max_bytes: int) -> Iterator[Document | ReadError]:
+def _read_file(path: Path, rel: str, max_bytes: int, limits: ParseLimits) -> Iterator[Document | ReadError]:
     size = path.stat().st_size
     if size == 0:
         raise ValueError("empty file")
     if size > max_bytes:
         raise ValueError(f"too large ({size} bytes > max_file_bytes {max_bytes})")
     suffix = path.suffix.lower()
+    if suffix not in SUPPORTED:
+        raise ValueError(f"unsupported file type {suffix or '(none)'!r} (supported: {', '.join(sorted(SUPPORTED))})")
     if suffix == ".pdf":
-        title, sections = _read_pdf(path)
+        title, pages = read_pdf(path, limits)
+        sections = [Section(text, None, page) for text, page in pages]
         if not any(s.text for s in sections):
             raise ValueError("PDF has no extractable text")
         yield _make(rel, title or path.stem, "pdf", sections)
@@ -223,14 +209,14 @@ def iter_files(source: Path) -> list[Path]:
     return scan_source(source)[0]
 
 
-def read_source(source: Path, max_bytes: int) -> tuple[list[Document], list[ReadError]]:
+def read_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> tuple[list[Document], list[ReadError]]:
     source = source.resolve()
     root = source.parent if source.is_file() else source
     files, skipped = scan_source(source)
     docs: dict[str, Document] = {}
     errors: list[ReadError] = list(skipped)
     for path in files:
-        for item in read_path(path, root, max_bytes):
+        for item in read_path(path, root, max_bytes, limits):
             if isinstance(item, ReadError):
                 errors.append(item)
             else:

@@ -28,7 +28,7 @@ def read_namespace_source(settings: Settings) -> tuple[list[Document], list]:
 
 def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: frozenset[str] | None = None) -> DocumentsResult:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept. With
-    `only` (a run over some document partitions), the other documents keep their rows as they are."""
+    `only` (a run over some document partitions) or in mode "add", the other documents keep their rows as they are."""
     from lazyhippo.stages.incremental import write_inputs
 
     docs, errors = read_namespace_source(settings)
@@ -46,7 +46,8 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: f
         f"SELECT {', '.join(cols)} FROM documents WHERE namespace = ?", [ns]).fetchall()]
     before = {r["doc_id"]: r["content_hash"] for r in previous}
     kept = [r for r in previous if r["doc_id"] not in ids
-            and ((only is not None and r["doc_id"] not in only) or _from_files(r["source"], failed_files))]
+            and ((only is not None and r["doc_id"] not in only) or settings.mode == "add"
+                 or _from_files(r["source"], failed_files))]
     rows += kept
     replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
     write_inputs(con, ns, "documents", {"source": str(settings.source)})  # what `drop_vanished` may compare with

@@ -79,11 +79,17 @@ def remove_documents(settings: Settings, con: duckdb.DuckDBPyConnection, refs: l
 def drop_vanished(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore | None = None,
                   objects: ObjectStore | None = None) -> Deleted:
     """Remove the documents the source no longer yields (file gone, row removed), keeping those of files that
-    cannot be read right now: what a run over document partitions leaves to the graph-wide run. Only against the
-    source the namespace was indexed from: a run configured without it (a rebuild after a delete) drops nothing."""
-    from lazyhippo.stages.incremental import read_inputs
+    cannot be read right now: what a run over document partitions leaves to the graph-wide run. By the run's
+    mode: "add" drops nothing; "replace" makes the source the namespace's source (so a re-created knowledge base
+    serves nothing its new source lacks); no mode drops only against the source the namespace was indexed from
+    (a rebuild after a delete, configured without it, drops nothing)."""
+    from lazyhippo.stages.incremental import read_inputs, write_inputs
 
-    if read_inputs(con, settings.namespace, "documents").get("source") != str(settings.source):
+    if settings.mode == "add":
+        return Deleted((), (), 0)
+    if settings.mode == "replace":
+        write_inputs(con, settings.namespace, "documents", {"source": str(settings.source)})
+    elif read_inputs(con, settings.namespace, "documents").get("source") != str(settings.source):
         return Deleted((), (), 0)
     gone = _vanished(settings, con.execute("SELECT doc_id, source FROM documents WHERE namespace = ?",
                                            [settings.namespace]).fetchall())

@@ -311,6 +311,26 @@ def _publish_legacy(settings: Settings) -> None:
         lock.release()
 
 
+def republish(settings: Settings) -> bool:
+    """Publish the namespace again when its snapshot was deleted but the warehouse holds its complete index;
+    False when a run holds the home (it publishes when done) or there is nothing complete to publish."""
+    lock = FileLock(settings.home / _LOCK, thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    try:
+        if read_state(settings).get(settings.namespace, {}).get("status", "complete") != "complete":
+            return False
+        with connect(settings) as con:  # the work file: the lock is held
+            if not con.execute("SELECT 1 FROM chunks WHERE namespace = ? LIMIT 1", [settings.namespace]).fetchone():
+                return False
+        publish(settings)
+        return True
+    finally:
+        lock.release()
+
+
 def index_notice(settings: Settings) -> str | None:
     """What a reader should know about the namespace's latest index run, or None when it is complete.
 

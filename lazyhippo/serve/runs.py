@@ -1,0 +1,149 @@
+"""Index runs the HTTP API accepts, executed outside the serving process.
+
+Each run is one `lazyhippo index` process (Dagster's in-process runs reconfigure logging and hold locks that
+deadlocked a server running several at once); runs go one at a time (they write the same warehouse) from a
+bounded queue, so a burst of submissions is refused (429) rather than piling up. The server's threads only
+wait on the child, which inherits the server's one compute thread (the other cores keep answering queries). A run is SUCCESS once its index is served: the pool has swapped it in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+COUNTS = re.compile(r"documents: (\d+) added, (\d+) changed, (\d+) removed")
+KEPT_RUNS = 1000  # ended runs whose status stays available
+CAUSE = re.compile(r"^(?:error|root cause|\S+ failed): (.+)$", re.MULTILINE)
+
+
+class QueueFull(RuntimeError):
+    """Too many index runs wait already."""
+
+
+@dataclass
+class Run:
+    run_id: str
+    namespace: str
+    mode: str
+    source: Path = field(repr=False)
+    upload: bool = False
+    status: str = "QUEUED"   # QUEUED, STARTED, SUCCESS, FAILURE, CANCELED
+    submitted_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    documents: dict | None = None   # {"added", "changed", "removed"} once the run read its source
+    error: str | None = None
+
+    def public(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in ("source", "upload")}
+
+
+class IndexRuns:
+    """The run queue of one server over the home of `pool` (an IndexPool or EnginePool)."""
+
+    def __init__(self, pool, max_pending: int = 4, run_seconds: float = 6 * 3600):
+        self.pool = pool
+        self.home = Path(pool.settings.home)
+        self.run_seconds = run_seconds
+        self._queue: queue.Queue[Run | None] = queue.Queue(maxsize=max_pending)
+        self._runs: dict[str, Run] = {}
+        self._child: subprocess.Popen | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name="lazyhippo-index-runs", daemon=True)
+        self._thread.start()
+
+    def submit(self, source: Path, namespace: str, mode: str, upload: bool = False) -> Run:
+        run = Run(str(uuid.uuid4()), namespace, mode, source, upload)
+        try:
+            self._queue.put_nowait(run)
+        except queue.Full:
+            raise QueueFull(f"{self._queue.maxsize} index runs are waiting already; retry later") from None
+        self._runs[run.run_id] = run
+        ended = [r for r in self._runs.values() if r.ended_at is not None]
+        for old in ended[:max(0, len(ended) - KEPT_RUNS)]:  # oldest first: dicts keep insertion order
+            del self._runs[old.run_id]
+        return run
+
+    def get(self, run_id: str) -> Run | None:
+        return self._runs.get(run_id)
+
+    def _work(self) -> None:
+        while (run := self._queue.get()) is not None:
+            try:
+                self._execute(run)
+            except Exception as exc:  # noqa: BLE001 - one run's failure never stops the queue
+                log.exception("index run %s failed", run.run_id)
+                run.status, run.error = "FAILURE", f"the server could not run it ({type(exc).__name__})"
+            run.ended_at = time.time()
+
+    def _execute(self, run: Run) -> None:
+        if self._stopping:
+            run.status = "CANCELED"
+            return
+        run.status = "STARTED"
+        argv = [sys.executable, "-m", "lazyhippo_dagster.cli", "index", str(run.source), "--home", str(self.home),
+                "--namespace", run.namespace, "--mode", run.mode]
+        self.pool.begin_write()
+        try:
+            self._child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                out, _ = self._child.communicate(timeout=self.run_seconds)
+            except subprocess.TimeoutExpired:
+                self._child.kill()
+                out, _ = self._child.communicate()
+            code = self._child.returncode
+        finally:
+            self._child = None
+            self.pool.end_write()  # the new index is swapped in before the run is reported
+        text = out.decode("utf-8", "replace")
+        if counts := COUNTS.search(text):
+            run.documents = dict(zip(("added", "changed", "removed"), map(int, counts.groups())))
+        if code == 0 and run.namespace in self.pool.namespaces():
+            run.status = "SUCCESS"
+            if run.upload:
+                self._prune(run)
+            return
+        run.status = "CANCELED" if self._stopping else "FAILURE"
+        causes = CAUSE.findall(text)
+        run.error = causes[-1].strip() if causes else f"the index process exited with code {code}"
+        log.warning("index run %s for namespace %s failed: %s", run.run_id, run.namespace, run.error)
+
+    def _prune(self, done: Run) -> None:
+        """Remove the namespace's upload folders older than the one just indexed, except those of runs still to
+        come (newer ones, and uploads still being written, belong to requests in flight)."""
+        keep = {done.source} | {r.source for r in self._runs.values() if r.upload and r.status in ("QUEUED", "STARTED")}
+        written = done.source.stat().st_mtime
+        for folder in (self.home / "uploads" / done.namespace).iterdir():
+            if folder not in keep and not folder.name.startswith(".") and folder.stat().st_mtime <= written:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def stop(self) -> None:
+        """Cancel the waiting runs and end the running one."""
+        self._stopping = True
+        while True:
+            try:
+                waiting = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if waiting is not None:
+                waiting.status, waiting.ended_at = "CANCELED", time.time()
+        child = self._child
+        if child is not None:  # its own session: the processes it started end with it
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        self._queue.put(None)
+        self._thread.join(30)

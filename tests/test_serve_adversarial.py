@@ -1,0 +1,489 @@
+"""The HTTP API and the MCP tool tried as an adversary would, on loopback only: paths outside the source roots,
+bursts of index runs, requests from web pages, stale documents, a stuck engine, bodies sent before the key,
+parser bombs, hostile names and text. Each case is bounded in time; new cases join the group they attack."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lazyhippo.serve.engines import EnginePool
+from lazyhippo.serve.limits import Limits
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.sources.files import read_path, read_source
+from lazyhippo.sources.pdf import ParseLimits
+from lazyhippo.stores.warehouse import snapshot_path
+from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
+from tests.test_serve import (  # noqa: F401 - fixtures
+    READ_KEY,
+    REPO,
+    SUCCESSOR_Q,
+    TOKEN,
+    WRITE_KEY,
+    alive,
+    get,
+    home,
+    keyed,
+    pool,
+    post,
+    running,
+    wait_run,
+)
+
+TOKEN_HEADERS = {"X-Lazyhippo-Token": TOKEN}
+BAD_INPUT = Path(__file__).resolve().parent.parent.parent / "shared" / "badinput" / "pdfs"
+
+
+def _rows(folder: Path, name: str, rows: dict[str, str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("\n".join(json.dumps({"id": k, "title": k, "text": v}) for k, v in rows.items()))
+
+
+# ---------------------------------------------------------------- 1. kg_create reads only under source roots
+
+def test_kg_create_is_off_until_the_operator_names_source_roots(pool, tmp_path):
+    with running(pool) as url:
+        r = post(f"{url}/api/kg/create", json={"path": str(SAMPLE_CORPUS)}, headers=TOKEN_HEADERS)
+    assert r.status_code == 403 and "LAZYHIPPO_SOURCE_ROOTS" in r.json()["error"]
+
+
+def test_kg_create_refuses_every_path_outside_the_roots_with_one_answer(pool, tmp_path):
+    root = tmp_path / "root"
+    (root / "docs").mkdir(parents=True)
+    shutil.copy(SAMPLE_CORPUS / "ada_fenwick.md", root / "docs")
+    (root / "credentials.env").write_text("NEO4J_PASSWORD=secret")
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "b.txt").write_text("hidden")
+    (root / "to_etc").symlink_to("/etc")
+    (root / "passwd.txt").symlink_to("/etc/passwd")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("outside the root")
+    probes = ["/etc/passwd", "/etc", str(root / "to_etc"), str(root / "passwd.txt"), str(root / "credentials.env"),
+              str(root / ".hidden"), str(root / ".hidden" / "b.txt"), str(root / "docs" / ".." / ".." / "outside.txt"),
+              str(outside), "../outside.txt", str(root / "missing"), "/no/such/path", "", "docs\x00/etc/passwd",
+              "docs/\ud800", "~root/.bashrc"]
+    with running(pool, roots=(root,)) as url:
+        answers = {p: post(f"{url}/api/kg/create", content=json.dumps({"path": p, "namespace": "leak"}),  # ASCII escapes
+                           headers={**TOKEN_HEADERS, "content-type": "application/json"}) for p in probes}
+        ok = post(f"{url}/api/kg/create", json={"path": "docs", "namespace": "inside"}, headers=TOKEN_HEADERS)
+        assert ok.status_code == 202  # a path relative to the root
+        assert wait_run(url, ok.json()["run_id"], seconds=300)["status"] == "SUCCESS"
+        assert get(f"{url}/api/namespaces").json()["namespaces"] == ["default", "inside"]
+    for path, r in answers.items():
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["error"] == f"path {path!r} is not an indexable folder or file under a source root"
+
+
+def test_a_single_file_of_an_unsupported_type_is_never_read():
+    docs, errors = read_source(Path("/etc/passwd"), 10**6)
+    assert docs == [] and errors[0].reason.startswith("unsupported file type")
+
+
+# ---------------------------------------------------------------- 2. index runs out of the serving process
+
+def test_a_burst_of_creates_and_uploads_never_blocks_the_server(pool, tmp_path, monkeypatch):
+    """8 submissions at once: the queue takes what it can hold (the rest get 429), /health answers within 1 s
+    throughout, and every accepted run ends."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    for i in range(4):
+        _rows(tmp_path / "root" / f"s{i}", "rows.jsonl", {f"r{i}": f"Quillon Barrow {i} tended the light at Skerry Point."})
+    codes: list[int] = []
+    accepted: list[str] = []
+
+    def submit(i: int) -> None:
+        if i % 2:
+            r = post(f"{url}/api/kg/create", json={"path": f"s{i // 2}", "namespace": f"burst{i}"}, headers=TOKEN_HEADERS)
+        else:
+            r = post(f"{url}/api/kg/upload", files=[("files", ("a.txt", f"Ada Fenwick {i} founded the Marlow Observatory.".encode()))],
+                     data={"namespace": f"burst{i}"}, headers=TOKEN_HEADERS)
+        codes.append(r.status_code)
+        if r.status_code == 202:
+            accepted.append(r.json()["run_id"])
+
+    with running(pool, limits=Limits(max_pending_runs=3), roots=(tmp_path / "root",)) as url:
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(set(codes)) == [202, 429] and 3 <= len(accepted) <= 4
+        pending = set(accepted)
+        deadline = time.time() + 600
+        while pending:
+            t0 = time.perf_counter()
+            assert get(f"{url}/health", timeout=1).status_code == 200 and time.perf_counter() - t0 < 1
+            pending = {r for r in pending if get(f"{url}/api/runs/{r}").json()["status"] in ("QUEUED", "STARTED")}
+            assert time.time() < deadline
+            time.sleep(0.5)
+        assert all(get(f"{url}/api/runs/{r}").json()["status"] == "SUCCESS" for r in accepted)
+        assert threading.active_count() < 60
+
+
+# ---------------------------------------------------------------- 3. web pages against a keyless loopback server
+
+def test_a_keyless_server_refuses_foreign_hosts_origins_and_writes_without_the_token(pool, tmp_path):
+    (tmp_path / "a.txt").write_text("Planted text.")
+    upload = {"files": [("files", ("a.txt", b"Planted text."))], "data": {"namespace": "planted"}}
+    with running(pool, roots=(tmp_path,)) as url:
+        port = url.rsplit(":", 1)[1]
+        body = {"question": SUCCESSOR_Q, "route": "local"}
+        rebound = post(f"{url}/api/query", json=body, headers={"Host": f"attacker.example:{port}"})
+        assert rebound.status_code == 400 and "loopback host" in rebound.text
+        for origin in ("http://attacker.example", f"http://localhost:{int(port) + 1}", "null"):
+            r = post(f"{url}/api/kg/upload", **upload, headers={"Origin": origin})
+            assert r.status_code == 403, origin
+        assert post(f"{url}/api/query", json=body, headers={"Origin": url}).status_code == 200  # its own pages
+        for headers in ({}, {"X-Lazyhippo-Token": "guessed"}, {"Authorization": "Bearer guessed"}):
+            r = post(f"{url}/api/kg/upload", **upload, headers=headers)
+            assert r.status_code == 401 and "token printed at server start" in r.text
+            r = post(f"{url}/api/kg/create", json={"path": str(tmp_path)}, headers=headers)
+            assert r.status_code == 401
+        assert not (pool.settings.home / "uploads").exists()
+        assert get(f"{url}/health", headers={"Host": "localhost"}).status_code == 200
+        assert get(f"{url}/health", headers={"Host": "[::1]"}).status_code == 200
+
+
+def _running_with(marker: str) -> list[int]:
+    """Processes whose command line names `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_serve_command_prints_its_token_and_sigterm_ends_it_during_a_run(home, tmp_path):
+    """Keyless: the token printed at start lets a create through; SIGTERM in the middle of the run ends the
+    server and the run's process."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    src = tmp_path / "roots" / "sigterm-src"
+    shutil.copytree(SAMPLE_CORPUS, src)
+    env = {k: v for k, v in os.environ.items() if k not in ("LAZYHIPPO_API_KEY", "LAZYHIPPO_READ_KEY")}
+    env.update(DAGSTER_HOME=str(tmp_path / "d"), LAZYHIPPO_SOURCE_ROOTS=str(tmp_path / "roots"))
+    proc = subprocess.Popen([sys.executable, "-m", "lazyhippo_dagster.cli", "serve", "--home", str(home), "--port",
+                             str(port)], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "X-Lazyhippo-Token" not in line.replace("x-lazyhippo-token", "X-Lazyhippo-Token"):
+            line = proc.stderr.readline()
+            assert line, "the server ended without printing a token"
+        token = line.rsplit(":", 1)[1].strip()
+        assert len(token) >= 24
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                r = post(f"{url}/api/kg/create", json={"path": "sigterm-src"}, headers={"X-Lazyhippo-Token": token})
+                break
+            except httpx.TransportError:
+                assert time.time() < deadline
+                time.sleep(0.3)
+        assert r.status_code == 202
+        while get(f"{url}/api/runs/{r.json()['run_id']}").json()["status"] == "QUEUED":
+            assert time.time() < deadline
+            time.sleep(0.2)
+        time.sleep(2)  # the index process is under way
+        assert _running_with(str(src))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) is not None
+        deadline = time.time() + 30
+        while _running_with(str(src)):
+            assert time.time() < deadline, "the run's process outlived the server"
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+# ---------------------------------------------------------------- 4. re-creating a knowledge base
+
+def test_replace_drops_what_the_new_source_lacks_and_add_drops_nothing(pool, tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    root = tmp_path / "root"
+    _rows(root / "v1", "a.jsonl", {"a1": "Ada Quist built the tide clock of Harwick."})
+    _rows(root / "v1", "b.jsonl", {"b1": "Borin Tallow painted the harbour gates of Lindmoor."})
+    _rows(root / "v2", "a.jsonl", {"a1": "Ada Quist built the tide clock of Harwick."})
+    _rows(root / "v3", "c.jsonl", {"c1": "Cela Voss mapped the salt caves of Orrin."})
+    question = {"question": "Who painted the harbour gates of Lindmoor?", "namespace": "rm2", "route": "local"}
+
+    def create(path: str, mode: str | None = None) -> dict:
+        r = post(f"{url}/api/kg/create", json={"path": path, "namespace": "rm2", **({"mode": mode} if mode else {})},
+                 headers=TOKEN_HEADERS)
+        assert r.status_code == 202, r.text
+        status = wait_run(url, r.json()["run_id"])
+        assert status["status"] == "SUCCESS", status
+        return status
+
+    def sources() -> set[str]:
+        r = post(f"{url}/api/query", json=question)
+        return {c["source"].split("#")[0] for c in r.json()["context"]}
+
+    with running(pool, roots=(root,)) as url:
+        assert create("v1")["documents"] == {"added": 2, "changed": 0, "removed": 0}
+        assert "b.jsonl" in sources()
+        replaced = create("v2")  # the default mode is replace
+        assert replaced["mode"] == "replace" and replaced["documents"] == {"added": 0, "changed": 0, "removed": 1}
+        assert sources() == {"a.jsonl"}
+        added = create("v3", "add")
+        assert added["documents"] == {"added": 1, "changed": 0, "removed": 0}
+        assert sources() == {"a.jsonl", "c.jsonl"}
+        r = post(f"{url}/api/kg/create", json={"path": "v1", "namespace": "rm2", "mode": "merge"}, headers=TOKEN_HEADERS)
+        assert r.status_code == 422 and "mode" in r.text
+        uploads = []
+        for text in ("Dala Fenn rowed the ferry of Quell.", "Erik Munn kept the bells of Sarrow."):
+            r = post(f"{url}/api/kg/upload", files=[("files", ("u.txt", text.encode()))],
+                     data={"namespace": "rm2"}, headers=TOKEN_HEADERS)
+            uploads.append(wait_run(url, r.json()["run_id"]))
+        assert uploads[1]["documents"] == {"added": 0, "changed": 1, "removed": 0}  # a.jsonl, c.jsonl went with the first
+        assert uploads[0]["documents"]["removed"] == 2 and sources() == {"u.txt"}
+        assert len(list((pool.settings.home / "uploads" / "rm2").iterdir())) == 1  # older upload folders pruned
+
+
+@pytest.mark.parametrize("graph_store", ["embedded", pytest.param("neo4j", marks=pytest.mark.services)])
+def test_index_mode_on_the_cli_on_both_stores(tmp_path, monkeypatch, graph_store, request):
+    from typer.testing import CliRunner
+
+    from lazyhippo_dagster.cli import app
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    namespace = "mode-cli"
+    store = None
+    if graph_store == "neo4j":
+        namespace = request.getfixturevalue("namespaces")("mode")
+        store = request.getfixturevalue("neo4j_store")
+    _rows(tmp_path / "v1", "a.jsonl", {"a1": "Ada Quist built the tide clock of Harwick."})
+    _rows(tmp_path / "v1", "b.jsonl", {"b1": "Borin Tallow painted the harbour gates of Lindmoor."})
+    _rows(tmp_path / "v2", "a.jsonl", {"a1": "Ada Quist built the tide clock of Harwick."})
+    _rows(tmp_path / "v3", "c.jsonl", {"c1": "Cela Voss mapped the salt caves of Orrin."})
+    base = ["--home", str(tmp_path / "home"), "-n", namespace, "--graph-store", graph_store]
+
+    def index(folder: str, *mode: str) -> str:
+        out = CliRunner().invoke(app, ["index", str(tmp_path / folder), *base, *mode])
+        assert out.exit_code == 0, out.output
+        return " ".join(out.output.split())
+
+    def held() -> set[str]:
+        from lazyhippo.stores.warehouse import connect
+
+        with connect(Settings(home=tmp_path / "home", namespace=namespace), read_only=True) as con:
+            rows = {r[0].split("#")[0] for r in con.execute("SELECT source FROM documents WHERE namespace = ?",
+                                                             [namespace]).fetchall()}
+        if store is not None:  # the served graph holds the same documents
+            served = store.query("MATCH (c:Chunk {namespace: $ns}) RETURN DISTINCT c.doc_id AS d", {"ns": namespace})
+            with connect(Settings(home=tmp_path / "home", namespace=namespace), read_only=True) as con:
+                ids = {r[0] for r in con.execute("SELECT doc_id FROM documents WHERE namespace = ?", [namespace]).fetchall()}
+            assert {r["d"] for r in served} == ids
+        return rows
+
+    assert "2 added, 0 changed, 0 removed (mode replace)" in index("v1")
+    assert "0 added, 0 changed, 1 removed (mode replace)" in index("v2", "--mode", "replace")
+    assert held() == {"a.jsonl"}
+    assert "1 added, 0 changed, 0 removed (mode add)" in index("v3", "--mode", "add")
+    assert held() == {"a.jsonl", "c.jsonl"}
+    bad = CliRunner().invoke(app, ["index", str(tmp_path / "v1"), *base, "--mode", "merge"])
+    assert bad.exit_code == 2 and "merge" in bad.output
+
+
+# ---------------------------------------------------------------- 5. a stuck engine
+
+def test_a_stopped_engine_is_detected_killed_and_replaced(home):
+    pool = EnginePool(Settings(home=home), 2, query_seconds=5, probe_seconds=2).start()
+    body = {"question": SUCCESSOR_Q, "route": "local"}
+    stopped = pool.engines()[0]["pid"]
+    try:
+        with running(pool) as url, httpx.Client(base_url=url, timeout=60) as c:
+            assert c.post("/api/query", json=body).status_code == 200
+            os.kill(stopped, signal.SIGSTOP)
+            codes = []
+            t_end = time.time() + 20
+            while time.time() < t_end:
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    assert c.get("/health").status_code == 200 and time.perf_counter() - t0 < 1
+                t0 = time.perf_counter()
+                codes.append(c.post("/api/query", json=body).status_code)
+                assert time.perf_counter() - t0 < 10  # the stuck engine's query is cut off, not waited for
+                if stopped not in [e["pid"] for e in c.get("/health").json()["engines"]] and len(pool.engines()) == 2:
+                    break
+            assert not alive(stopped) and len(pool.engines()) == 2
+            assert set(codes) <= {200, 503} and codes.count(503) <= 1
+            assert all(c.post("/api/query", json=body).status_code == 200 for _ in range(4))
+    finally:
+        if alive(stopped):
+            os.kill(stopped, signal.SIGKILL)
+        pool.stop()
+
+
+# ---------------------------------------------------------------- 6. bodies before the key
+
+def _raw_post(url: str, path: str, headers: dict[str, str], first_bytes: bytes) -> tuple[str, float]:
+    """Send headers and the first bytes of a body, then read the status line without sending the rest."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": f"{host}:{port}", **headers}.items())
+        t0 = time.perf_counter()
+        s.sendall(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + first_bytes)
+        status = s.recv(4096).split(b"\r\n", 1)[0].decode()
+        return status, time.perf_counter() - t0
+
+
+def test_auth_is_decided_before_the_body_is_read(pool):
+    with running(pool, keyed()) as url:
+        status, seconds = _raw_post(url, "/api/kg/upload", {"Content-Type": "multipart/form-data; boundary=x",
+                                                            "Content-Length": str(40 * 1024 * 1024)}, b"--x\r\n")
+        assert status.endswith("401 Unauthorized") and seconds < 5
+        r = post(f"{url}/api/query", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 401
+    with running(pool) as url:  # keyless: a write without the token
+        status, _ = _raw_post(url, "/api/kg/upload", {"Content-Length": str(40 * 1024 * 1024)}, b"x" * 1024)
+        assert status.endswith("401 Unauthorized")
+
+
+# ---------------------------------------------------------------- 7. parser bombs
+
+def _content_bomb(path: Path, repeats: int) -> Path:
+    """Three pages sharing one content stream of `repeats` text operators, compressed to a few kilobytes."""
+    import zlib
+
+    stream = zlib.compress(b"BT /F1 1 Tf (a) Tj ET\n" * repeats, 9)
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R 4 0 R 5 0 R] /Count 3 >>",
+               *[b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 6 0 R "
+                 b"/Resources << /Font << /F1 7 0 R >> >> >>"] * 3,
+               b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+               b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for i, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    path.write_bytes(bytes(out))
+    return path
+
+
+def test_a_pdf_bomb_is_stopped_by_the_cpu_memory_and_text_limits(tmp_path):
+    bomb = _content_bomb(tmp_path / "bomb.pdf", 50_000)
+    assert bomb.stat().st_size < 8192
+    cases = [(ParseLimits(cpu_seconds=1), "over the CPU limit (1 s)"),
+             (ParseLimits(memory_bytes=80 << 20), "over the memory limit (80 MB)"),
+             (ParseLimits(max_chars=10_000), "extracted text over 10,000 characters")]
+    for limits, reason in cases:
+        t0 = time.perf_counter()
+        [error] = list(read_path(bomb, tmp_path, 10**6, limits))
+        assert error.source == "bomb.pdf" and reason in error.reason, error
+        assert time.perf_counter() - t0 < 30
+    small = _content_bomb(tmp_path / "small.pdf", 10)  # the same shape, small: read as usual
+    [doc] = list(read_path(small, tmp_path, 10**6))
+    assert [s.page for s in doc.sections] == [1, 2, 3]
+
+
+@pytest.mark.skipif(not BAD_INPUT.exists(), reason=f"shared bad-input PDFs not found at {BAD_INPUT}")
+def test_malformed_pdfs_stay_per_file_errors_in_the_child_process(tmp_path):
+    docs, errors = read_source(BAD_INPUT, 10**6, ParseLimits(cpu_seconds=10))
+    assert docs == [] and len(errors) == len(list(BAD_INPUT.glob("*.pdf")))
+
+
+# ---------------------------------------------------------------- 8. hostile names, text and files
+
+@pytest.mark.parametrize("name", ["x" * 300 + ".txt", "a\x00b.txt", "é" * 130 + ".txt", "..", "/", "notes.exe"])
+def test_hostile_upload_names_are_a_400_and_leave_nothing_behind(pool, name):
+    """The multipart body is written by hand: a client library would escape the NUL."""
+    body = (b'--b\r\nContent-Disposition: form-data; name="namespace"\r\n\r\nnames\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="files"; filename="' + name.encode() + b'"\r\n'
+            b"Content-Type: text/plain\r\n\r\nsome text\r\n--b--\r\n")
+    with running(pool) as url:
+        r = post(f"{url}/api/kg/upload", content=body,
+                 headers={**TOKEN_HEADERS, "Content-Type": "multipart/form-data; boundary=b"})
+    assert r.status_code == 400 and "Traceback" not in r.text
+    assert not list((pool.settings.home / "uploads").glob("names/*"))
+
+
+def test_an_empty_namespace_is_refused_not_taken_for_default(pool):
+    with running(pool) as url:
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "namespace": ""})
+        assert r.status_code == 400 and "invalid namespace ''" in r.text
+        r = post(f"{url}/api/kg/upload", files=[("files", ("a.txt", b"text"))], data={"namespace": ""},
+                 headers=TOKEN_HEADERS)
+        assert r.status_code == 400 and "invalid namespace ''" in r.text
+
+
+def test_an_unpaired_surrogate_is_bad_input_not_a_backend_failure(pool):
+    with running(pool) as url:
+        r = post(f"{url}/api/query", content=b'{"question": "Who founded \\ud800 the observatory?"}',
+                 headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "unpaired surrogate" in r.text
+        r = post(f"{url}/api/query", content=b'{"question": "Who?", "history": [{"role": "user", "content": "\\udfff"}]}',
+                 headers={"content-type": "application/json"})  # refused by the field's validation
+        assert r.status_code == 422 and "history.0.content" in r.text and "unicode" in r.text
+
+
+def test_an_unpaired_surrogate_over_mcp_gets_an_error_answer(sample_settings, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "lazyhippo_dagster.cli", "mcp", "--home", str(sample_settings.home)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
+                            env={**os.environ, "DAGSTER_HOME": str(tmp_path / "d")})
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+
+    def call(message: dict) -> None:
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        proc.stdin.flush()
+
+    try:
+        call({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "adversary", "version": "1"}}})
+        assert json.loads(lines.get(timeout=120))["id"] == 1
+        call({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+              "params": {"name": "lazyhippo_retrieve", "arguments": {"query": "Who \ud800 founded it?"}}})
+        reply = json.loads(lines.get(timeout=60))
+        assert reply["id"] == 2 and reply["result"]["isError"] and "not valid Unicode" in reply["result"]["content"][0]["text"]
+        call({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+              "params": {"name": "lazyhippo_retrieve", "arguments": {"query": SUCCESSOR_Q, "limit": 2}}})
+        reply = json.loads(lines.get(timeout=60))
+        assert reply["id"] == 3 and not reply["result"].get("isError")
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_deleted_snapshot_is_published_again_and_its_namespace_kept(pool, home):
+    settings = Settings(home=home)
+    snapshot_path(settings).unlink()
+    deadline = time.time() + 30
+    while not snapshot_path(settings).exists():
+        assert time.time() < deadline, "the snapshot was not published again"
+        time.sleep(0.1)
+    assert pool.namespaces() == ["default"]
+    with running(pool) as url:
+        assert post(f"{url}/api/query", json={"question": SUCCESSOR_Q}).status_code == 200
+
+
+def test_errors_name_no_exception_class(pool, monkeypatch):
+    def down(texts):
+        raise ConnectionRefusedError("refused by 10.0.0.7")
+
+    with running(pool, keyed()) as url:
+        monkeypatch.setattr(pool.embedder.inner, "embed", down)
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q}, headers={"X-API-Key": READ_KEY})
+        assert r.status_code == 503 and "Error" not in r.text and "10.0.0.7" not in r.text
+        r = post(f"{url}/api/kg/create", json={"path": "/tmp"}, headers={"X-API-Key": WRITE_KEY})
+        assert r.status_code == 403 and "Error" not in r.text
