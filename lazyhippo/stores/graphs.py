@@ -26,8 +26,10 @@ class GraphStore(Protocol):
     def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]: ...
 
     def communities(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
-                    algorithm: str, initial: list[int] | None = None) -> Communities:
-        """`initial`: the previous partition (per node), which embedded Leiden refines; GDS starts over."""
+                    algorithm: str, initial: list[int] | None = None, resolutions: tuple[float, ...] = (1.0,)
+                    ) -> Communities:
+        """Levels coarse to fine (see algorithms.detect_communities). `initial`: the previous finest partition
+        (per node), which embedded Leiden refines; GDS starts over."""
         ...
 
     def pagerank(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]]) -> dict[str, float]: ...
@@ -57,8 +59,9 @@ class EmbeddedGraphStore:
     def knn(self, namespace, ids, vectors, top_k, cutoff):
         return graph.knn_edges(ids, vectors, top_k, cutoff)
 
-    def communities(self, namespace, node_ids, edges, algorithm, initial=None):
-        return graph.detect_communities(node_ids, edges, algorithm, initial=initial, g=self._graph(node_ids, edges))
+    def communities(self, namespace, node_ids, edges, algorithm, initial=None, resolutions=(1.0,)):
+        return graph.detect_communities(node_ids, edges, algorithm, initial=initial, g=self._graph(node_ids, edges),
+                                        resolutions=resolutions)
 
     def pagerank(self, namespace, node_ids, edges):
         return graph.pagerank(node_ids, edges, g=self._graph(node_ids, edges))
