@@ -49,7 +49,10 @@ def check_namespace(namespace: str) -> str:
 # Settings field -> environment variable read by `from_env`
 ENV = {"home": "LAZYHIPPO_HOME", "namespace": "LAZYHIPPO_NAMESPACE", "source": "LAZYHIPPO_SOURCE",
        "extractor": "LAZYHIPPO_EXTRACTOR", "embedder": "LAZYHIPPO_EMBEDDER", "llm_model": "LAZYHIPPO_LLM_MODEL",
-       "graph_store": "LAZYHIPPO_GRAPH_STORE", "object_store": "LAZYHIPPO_OBJECT_STORE", "llm": "LAZYHIPPO_LLM"}
+       "graph_store": "LAZYHIPPO_GRAPH_STORE", "object_store": "LAZYHIPPO_OBJECT_STORE", "llm": "LAZYHIPPO_LLM",
+       "community_algorithm": "LAZYHIPPO_COMMUNITY_ALGORITHM",
+       "community_resolutions": "LAZYHIPPO_COMMUNITY_RESOLUTIONS", "knn_structural": "LAZYHIPPO_KNN_STRUCTURAL"}
+KNN_STRUCTURAL = ("off", "concat", "replace")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,11 @@ class Settings:
     community_algorithm: str = "leiden"  # or "louvain"
     graph_store: str = "embedded"   # a GraphStoreKind value
     object_store: str = "local"     # an ObjectStoreKind value
+    # community levels coarse to fine: Leiden runs once per resolution; Louvain keeps as many of its own passes
+    community_resolutions: tuple[float, ...] = (0.25, 0.5, 1.0)
+    # FastRP structural vectors in the entity KNN (Neo4j + GDS only): "concat" joins them to the text vectors,
+    # "replace" searches on them alone
+    knn_structural: str = "off"
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -82,7 +90,14 @@ class Settings:
         return cls().with_(**env).with_(**overrides)
 
     def __post_init__(self) -> None:
+        from lazyhippo.graph.algorithms import check_resolutions
+
         check_namespace(self.namespace)  # before any stage or store sees it
+        object.__setattr__(self, "community_resolutions", check_resolutions(self.community_resolutions))
+        if self.knn_structural not in KNN_STRUCTURAL:
+            raise ValueError(f"knn_structural {self.knn_structural!r}: expected one of {', '.join(KNN_STRUCTURAL)}")
+        if self.knn_structural != "off" and self.graph_store != "neo4j":
+            raise ValueError(f"knn_structural {self.knn_structural!r} needs graph_store 'neo4j' (FastRP runs in GDS)")
         if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:
             raise ValueError(f"chunk_size {self.chunk_size} / chunk_overlap {self.chunk_overlap}: need chunk_size >= "
                              f"{MIN_CHUNK_TOKENS} and 0 <= chunk_overlap < chunk_size")

@@ -92,11 +92,14 @@ class Communities:
     hierarchy: tuple[CommunityLevel, ...] = ()  # coarse to fine, each level refining the one above; last = finest
 
 
-def check_resolutions(resolutions: Sequence[float]) -> tuple[float, ...]:
-    """Community levels coarse to fine: one or more increasing positive resolutions."""
-    res = tuple(float(r) for r in resolutions)
+def check_resolutions(resolutions: Sequence[float] | str) -> tuple[float, ...]:
+    """Community levels coarse to fine: one or more increasing positive resolutions ("0.25,0.5,1.0" too)."""
+    try:
+        res = tuple(float(r) for r in (resolutions.split(",") if isinstance(resolutions, str) else resolutions))
+    except (TypeError, ValueError):
+        res = ()
     if not res or any(r <= 0 for r in res) or any(a >= b for a, b in zip(res, res[1:])):
-        raise ValueError(f"community resolutions {res!r}: need one or more positive values, increasing "
+        raise ValueError(f"community resolutions {resolutions!r}: need one or more positive values, increasing "
                          "(coarse to fine, e.g. 0.25,0.5,1.0)")
     return res
 

@@ -23,7 +23,10 @@ class GraphStore(Protocol):
         """Push the warehouse rows the asset `asset` produced to the store; returns figures for metadata."""
         ...
 
-    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]: ...
+    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
+            structural: str = "off") -> list[KnnEdge]:
+        """`structural`: FastRP vectors "concat"-enated to the text vectors or "replace"-ing them (GDS only)."""
+        ...
 
     def communities(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
                     algorithm: str, initial: list[int] | None = None, resolutions: tuple[float, ...] = (1.0,)
@@ -56,7 +59,9 @@ class EmbeddedGraphStore:
     def sync(self, con, namespace, asset):
         return {}
 
-    def knn(self, namespace, ids, vectors, top_k, cutoff):
+    def knn(self, namespace, ids, vectors, top_k, cutoff, structural="off"):
+        if structural != "off":
+            raise ValueError(f"knn_structural {structural!r} needs graph_store 'neo4j' (FastRP runs in GDS)")
         return graph.knn_edges(ids, vectors, top_k, cutoff)
 
     def communities(self, namespace, node_ids, edges, algorithm, initial=None, resolutions=(1.0,)):

@@ -56,8 +56,9 @@ class Neo4jGraphStore:
             self._ppr[namespace].invalidate()
         return out
 
-    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]:
-        return self.algorithms.knn(namespace, ids, vectors, top_k, cutoff)
+    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
+            structural: str = "off") -> list[KnnEdge]:
+        return self.algorithms.knn(namespace, ids, vectors, top_k, cutoff, structural)
 
     def communities(self, namespace: str, node_ids, edges, algorithm: str, initial=None,
                     resolutions=(1.0,)) -> Communities:

@@ -17,7 +17,6 @@ from lazyhippo.stores.neo4j.client import Neo4jClient
 @dataclass(frozen=True)
 class AlgorithmOptions:
     knn_engine: str = "gds"        # "gds": gds.knn; "exact": faiss in process
-    knn_structural: bool = False   # KNN on text + FastRP structural embeddings together (GDS only)
     fastrp_dim: int = 64
     knn_concurrency: int = 1       # 1: reproducible; more threads converge to the same neighbours, not bit-identical
     seed: int = 42
@@ -27,39 +26,49 @@ class AlgorithmOptions:
             raise ValueError(f"unknown knn_engine {self.knn_engine!r} (expected 'gds' or 'exact')")
 
 
+def _unit(x: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
+
+
 class Neo4jAlgorithms:
     def __init__(self, client: Neo4jClient, options: AlgorithmOptions = AlgorithmOptions()):
         self.client = client
         self.options = options
 
-    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]:
+    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
+            structural: str = "off") -> list[KnnEdge]:
         """Top-k cosine neighbours per entity above `cutoff`.
 
         `knn_engine="gds"` (default): `gds.knn` with exact settings (sampleRate 1, deltaThreshold 0, seeded, one
         thread). NN-descent with these settings matched the exact search on the sample corpus, but it stays a
         heuristic: on 63k entities it found 96% of the exact edges, 20x slower than faiss. `knn_engine="exact"`
-        runs the exact faiss search in process. With `knn_structural` (GDS only), FastRP embeddings of the
-        RELATED_TO graph join the text embedding (GDS averages the per-property cosines)."""
+        runs the exact faiss search in process. `structural`: FastRP embeddings of the served RELATED_TO graph
+        "concat" (joined to the text vector, both halves unit length: the cosine is the mean of the two cosines)
+        or "replace" (alone); "off": the text vectors only."""
         x = np.asarray(vectors, dtype=np.float32)
         if len(ids) < 2 or top_k <= 0:
             return []
+        if structural != "off":
+            fast = self.fastrp(namespace)
+            dim = int(self.options.fastrp_dim)
+            s = _unit(np.asarray([fast.get(i) or [0.0] * dim for i in ids], dtype=np.float32))
+            if structural == "replace":
+                x = s
+            elif structural == "concat":
+                x = np.hstack([_unit(x), s]) / np.float32(np.sqrt(2.0))
+            else:
+                raise ValueError(f"knn_structural {structural!r}: expected off, concat or replace")
         if self.options.knn_engine == "exact":
             return knn_edges(list(ids), x, top_k, cutoff)
-        structural = self.fastrp(namespace) if self.options.knn_structural and self.options.fastrp_dim > 0 else None
-        return self._gds_knn(namespace, list(ids), x, top_k, cutoff, structural)
+        return self._gds_knn(namespace, list(ids), x, top_k, cutoff)
 
-    def _gds_knn(self, namespace: str, ids: list[str], x: np.ndarray, top_k: int, cutoff: float,
-                 structural: dict[str, list[float]] | None) -> list[KnnEdge]:
+    def _gds_knn(self, namespace: str, ids: list[str], x: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]:
         opts = self.options
-        props = []
-        for i, v in enumerate(x):
-            p = {"embedding": [float(f) for f in v]}
-            if structural is not None:
-                p["embedding_structural"] = structural.get(ids[i]) or [0.0] * opts.fastrp_dim
-            props.append(p)
+        props = [{"embedding": [float(f) for f in v]} for v in x]
         with self.client.projection(namespace, "knn", len(ids), None, props) as g:
             rows = self.client.gds.knn.stream(
-                g, node_properties=["embedding", "embedding_structural"] if structural is not None else ["embedding"],
+                g, node_properties=["embedding"],
                 # GDS reports cosine rescaled to [0, 1] as (1 + cos) / 2: the cutoff goes in, scores come out mapped
                 top_k=int(top_k), similarity_cutoff=(1.0 + float(cutoff)) / 2.0, sample_rate=1.0, delta_threshold=0.0,
                 max_iterations=1000, random_joins=10, concurrency=opts.knn_concurrency, log_progress=False,

@@ -123,10 +123,15 @@ class Neo4jSync:
         return out
 
     def _communities(self, con, ns, token) -> dict:
-        rows = [{"id": r[0], "props": {"level": r[1], "size": r[2], "modularity": r[3]}}
-                for r in con.execute("SELECT community_id, level, size, modularity FROM communities WHERE namespace = ? "
-                                     "ORDER BY community_id", [ns]).fetchall()]
+        rows = [{"id": r[0], "props": {"level": r[1], "size": r[2], "modularity": r[3], "parent_id": r[4]}}
+                for r in con.execute("SELECT community_id, level, size, modularity, parent_id FROM communities "
+                                     "WHERE namespace = ? ORDER BY community_id", [ns]).fetchall()]
         out = self._merge_nodes("Community", ns, rows, token)
+        # the levels: a community BELONGS_TO the community of the level above that holds it
+        parents = self._merge_rels("BELONGS_TO", "Community", "Community", ns,
+                                   [{"s": r["id"], "t": r["props"]["parent_id"], "props": {}} for r in rows
+                                    if r["props"]["parent_id"] is not None], token)
+        out.update({f"community_{k}": v for k, v in parents.items()})
         scores = [{"id": r[0], "c": r[1], "pr": r[2]} for r in con.execute(
             "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = ? ORDER BY entity_id", [ns]).fetchall()]
         out["scored_entities"] = self._set_on_entities(ns, "e.community_id = row.c, e.pagerank = row.pr", scores,
