@@ -48,6 +48,8 @@ class SubgraphPPR:
             reached[adj[frontier].indices] = True
             reached &= ~seen
             frontier = np.flatnonzero(reached)
+            if not len(frontier):
+                break
             seen |= reached
             size += len(frontier)
             self.hops += 1
