@@ -22,7 +22,8 @@ from lazyhippo.serve.chat import chat, print_usage, run_usage
 from lazyhippo.settings import SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
-from lazyhippo_dagster.options import OptionError, check_index_options, check_namespace_option, check_query_options
+from lazyhippo_dagster.options import (OptionError, check_index_options, check_namespace_option, check_query_options,
+                                       resolutions_list)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -134,6 +135,10 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
           knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
           community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]"),
+          community_resolutions: Optional[str] = typer.Option(
+              None, help="Community levels coarse to fine: increasing resolutions, comma-separated [0.25,0.5,1.0]."),
+          knn_structural: Optional[str] = typer.Option(
+              None, help="FastRP structural vectors in the entity KNN (neo4j only): off | concat | replace [off]"),
           workers: int = typer.Option(1, min=1, help="Worker processes: >1 runs the multiprocess executor, "
                                                      "extraction batches in parallel (docs/scale-out.md).")) -> None:
     """Index through Dagster: one `index_documents` run over the added and changed documents' partitions, then the
@@ -142,11 +147,13 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
-             graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder)
+             graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder,
+             community_resolutions=community_resolutions, knn_structural=knn_structural)
     result = _run("index", root, {
         "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                       "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
-                      "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm},
+                      "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm,
+                      "community_resolutions": resolutions_list(community_resolutions), "knn_structural": knn_structural},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
     }, namespace=namespace, workers=workers)
     status(home=root, namespace=namespace, as_json=False)

@@ -44,6 +44,8 @@ class LazyhippoResource(dg.ConfigurableResource):
     knn_top_k: Optional[int] = None
     knn_cutoff: Optional[float] = None
     community_algorithm: Optional[str] = None
+    community_resolutions: Optional[list[float]] = None   # community levels coarse to fine
+    knn_structural: Optional[str] = None                  # off | concat | replace (FastRP, neo4j only)
     # benchmark asset checks (questions.json / themes.json beside the source are used when present)
     check_budget: int = 4000
     noise_share_max: float = 0.25

@@ -29,7 +29,7 @@ from lazyhippo.query import ROUTES
 from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.pool import IndexPool, UnknownNamespace, limit_threads
 from lazyhippo.settings import check_namespace as valid_namespace
-from lazyhippo.settings import environment
+from lazyhippo.settings import Settings, environment
 
 log = logging.getLogger("lazyhippo.api")
 API_KEY_ENV = "LAZYHIPPO_API_KEY"
@@ -86,6 +86,8 @@ class FixedRouteRequest(BaseModel):
 class CreateRequest(BaseModel):
     path: str = Field(description="Folder or file on the server to index.")
     namespace: str = "default"
+    community_resolutions: list[float] | None = Field(None, description="Community levels coarse to fine.")
+    knn_structural: Literal["off", "concat", "replace"] | None = Field(None, description="FastRP in the KNN (neo4j).")
 
 
 class _Metrics:
@@ -240,7 +242,7 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
 
-    def launch_index(source: Path, namespace: str, how: str) -> dict:
+    def launch_index(source: Path, namespace: str, how: str, **index_settings) -> dict:
         from lazyhippo_dagster.runner import launch_index, run_config
 
         pool.begin_write()
@@ -251,7 +253,8 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
                 failed.add(run_id)
             log.info("index run %s for namespace %s ended (success=%s)", run_id, namespace, ok)
 
-        config = run_config({"lazyhippo": {"home": str(home), "namespace": namespace, "source": str(source.resolve())}})
+        config = run_config({"lazyhippo": {"home": str(home), "namespace": namespace, "source": str(source.resolve()),
+                                           **{k: v for k, v in index_settings.items() if v is not None}}})
         run_id = launch_index(home, config, tags={"lazyhippo/api": how}, on_done=done, namespace=namespace)
         launched[run_id] = namespace
         return {"run_id": run_id, "namespace": namespace, "status_url": f"/api/runs/{run_id}"}
@@ -263,7 +266,12 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
         if not source.exists():
             raise HTTPException(400, f"path {body.path!r} does not exist on the server")
         check_namespace(body.namespace)
-        return launch_index(source, body.namespace, "kg_create")
+        try:  # the index settings the body sets, checked as the run would (a 400 now, not a failed run later)
+            Settings.from_env().with_(community_resolutions=body.community_resolutions, knn_structural=body.knn_structural)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        return launch_index(source, body.namespace, "kg_create", community_resolutions=body.community_resolutions,
+                            knn_structural=body.knn_structural)
 
     @app.post("/api/kg/upload", tags=["knowledge graphs"], status_code=202)
     def kg_upload(files: list[UploadFile], namespace: str = Form("default"), _: None = Depends(authorized)) -> dict:
