@@ -57,7 +57,7 @@ class GlobalParams:
     chunks_per_community: int = 6
     min_evidence: float = 0.20        # a community's evidence needs this relevance to be kept
     hub_seed_weight: float = 0.3      # weight of community hub entities when they seed the local route
-    level_min_score: float = 0.5      # the coarsest community level whose best match scores this much answers
+    level_min_score: float = 0.15     # the coarsest community level whose best match scores this much answers
 
 
 @dataclass(frozen=True)

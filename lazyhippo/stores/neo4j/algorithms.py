@@ -1,5 +1,6 @@
-"""Graph-wide algorithms on GDS, through the `graphdatascience` client. They only compute: the input is projected from parameters (exactly the graph
-the caller passes, as integer node ids), the result is returned, and the projection is dropped in `finally`.
+"""Graph-wide algorithms on GDS, through the `graphdatascience` client. They only compute: the input is projected
+from parameters (exactly the graph the caller passes, as integer node ids), the result is returned, and the
+projection is dropped when the algorithm returns (`Neo4jClient.projection`).
 The served graph is written by `sync` alone, from what the warehouse then holds.
 """
 
