@@ -392,10 +392,17 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
-                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)")) -> None:
+                    graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is pushed to it, PPR runs over the graph it serves)"),
+                    set_: list[str] = typer.Option([], "--set", help="A query setting of the route under test, "
+                                                   "section.field=value, repeatable (e.g. graph.synonym_min_score=0.6).")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
     passage id when the questions carry `supporting_ids`."""
-    from lazyhippo.evaluate.bench import DATASETS, headline, run_retrieval_bench, summary_row
+    from lazyhippo.evaluate.bench import DATASETS, headline, query_config, run_retrieval_bench, summary_row
+
+    try:
+        config = query_config(set_)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set") from None
 
     corpus, questions = corpus or _wiki("corpus.jsonl"), questions or _wiki("questions_dev.json")
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
@@ -406,7 +413,7 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
         bar, update = _progress_bar()
         with bar:
             result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
-                                         graph_store=graph_store, settings=settings)
+                                         graph_store=graph_store, settings=settings, config=config)
         results[name] = result
         table = Table(title=f"retrieval on {name} ({graph_store} store): {result['questions']} questions, "
                             f"scored by {result['scored_by']}, "

@@ -133,9 +133,9 @@ def served_ppr(settings: Settings, store) -> object | None:
     return store.ppr_backend(settings.namespace)
 
 
-def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False) -> dict[str, Ranker]:
-    """The route under test and the two baselines on the same index: BM25 and dense-only (same embedder).
-    Rankers return passage ids (`by_id`) or titles."""
+def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False, config=None) -> dict[str, Ranker]:
+    """The route under test (with `config`, a QueryConfig, else the defaults) and the two baselines on the same
+    index: BM25 and dense-only (same embedder). Rankers return passage ids (`by_id`) or titles."""
     from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query import retrieve
     from lazyhippo.query.loader import load_index
@@ -151,12 +151,13 @@ def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: b
         return rank
 
     return {route: lambda q: [passage_id(c.source) if by_id else c.title
-                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr)],
+                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr, config=config)],
             "bm25": channel("bm25"), "dense": channel("dense")}
 
 
 def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
-                        progress=None, graph_store: str = "embedded", settings: Settings | None = None) -> dict:
+                        progress=None, graph_store: str = "embedded", settings: Settings | None = None,
+                        config=None) -> dict:
     """Quality of `route` on the index of `corpus`, ranked through `graph_store` (neo4j: the index is
     pushed to the server first and PPR runs over the graph it serves)."""
     from lazyhippo.stores import open_graph_store
@@ -166,7 +167,8 @@ def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route
     settings, index_info = ensure_index(Path(corpus), Path(workdir), progress, settings)
     store = open_graph_store(graph_store)
     try:
-        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids")
+        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids",
+                                    config=config)
         reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
     finally:
         store.close()
@@ -224,3 +226,27 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
         return out
     finally:
         store.close()
+
+
+def query_config(assignments: Sequence[str]):
+    """A QueryConfig from `section.field=value` strings (the value as JSON, else as text), e.g.
+    `graph.synonym_min_score=0.6`; None without any. Unknown sections or fields raise ValueError."""
+    from lazyhippo.query import QueryConfig
+
+    if not assignments:
+        return None
+    sections: dict[str, dict] = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise ValueError(f"{item!r}: expected section.field=value, e.g. graph.synonym_min_score=0.6")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        sections.setdefault(section, {})[name] = value
+    try:
+        return QueryConfig().with_(**sections)
+    except (AttributeError, TypeError) as exc:
+        raise ValueError(f"{', '.join(assignments)}: {exc}") from None
