@@ -58,15 +58,19 @@ def test_step_three_local_route_when_no_community_matches(sample_settings):
 def test_coarse_level_first_finer_when_the_coarse_match_is_weak(sample_settings):
     idx, q = _query(sample_settings, THEMES_Q)
     levels = idx.communities.levels
-    assert set(levels.tolist()) == {0, 1, 2}
-    _, scores, level = matched_communities(idx, q, GlobalParams(level_min_score=-1.0))
+    assert set(levels.tolist()) == {0, 1, 2} and np.count_nonzero(levels == 0) == 2
+    _, scores, level = matched_communities(idx, q, GlobalParams(level_min_score=-1.0, top_communities=2))
     assert level == 0  # any coarse match is strong enough
-    top, _, level = matched_communities(idx, q, GlobalParams(level_min_score=float(scores[levels == 0].max()) + 1e-6))
+    weak = float(scores[levels == 0].max()) + 1e-6
+    top, _, level = matched_communities(idx, q, GlobalParams(level_min_score=weak, top_communities=2))
     assert level > 0 and all(levels[ci] == level for ci in top)
-    _, _, level = matched_communities(idx, q, GlobalParams(level_min_score=100.0))
+    _, _, level = matched_communities(idx, q, GlobalParams(level_min_score=100.0, top_communities=2))
     assert level == levels.max()  # nothing is strong: the finest level answers
+    # a level with fewer communities than the map step takes is too coarse to choose from: finer
+    _, _, level = matched_communities(idx, q, GlobalParams(level_min_score=-1.0, top_communities=3))
+    assert level == 1
     res = answer_question(sample_settings, THEMES_Q, route="global", llm=None)
-    assert res.diagnostics["level"] in (0, 1, 2) and res.diagnostics["communities"]
+    assert res.diagnostics["level"] == 2 and len(res.diagnostics["communities"]) >= 2
 
 
 def test_hybrid_seeds_community_hubs_for_every_question_type(sample_settings, monkeypatch):

@@ -56,15 +56,17 @@ def _relevance(idx: GraphIndex, q: PreparedQuery) -> np.ndarray:
 
 
 def matched_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams) -> tuple[list[int], np.ndarray, int]:
-    """The communities the question matches, best first, on one level: the coarsest level whose best match
-    reaches `level_min_score` (a broad theme), else the finest (a coarse match is too weak to trust). A community
-    matches with a score of at least `min_similarity` or a keyword of the question in its summary. Returns the
-    matched indices, every community's score and the level used."""
+    """The communities the question matches, best first, on one level: the coarsest level that has at least
+    `top_communities` communities (fewer leave the map step nothing to choose from) and whose best match reaches
+    `level_min_score`, else the finest (a coarse match is too weak to trust). A community matches with a score
+    of at least `min_similarity` or a keyword of the question in its summary. Returns the matched indices, every
+    community's score and the level used."""
     scores = community_scores(idx, q, p)
     if scores.size == 0:
         return [], scores, 0
     levels = idx.communities.levels
-    level = next((lv for lv in np.unique(levels) if scores[levels == lv].max() >= p.level_min_score), levels.max())
+    level = next((lv for lv in np.unique(levels) if np.count_nonzero(levels == lv) >= p.top_communities
+                  and scores[levels == lv].max() >= p.level_min_score), levels.max())
     on_level = np.where(levels == level, scores, -np.inf)
     kw = set(q.keywords)
     top = [int(ci) for ci in top_indices(on_level, p.top_communities)
