@@ -25,8 +25,8 @@ def _chain_index(n_entities: int, n_chunks: int, pairs: list[tuple[int, int]]):
 
 def test_hops_and_node_cap_follow_the_question_type():
     p = MultiHopParams()
-    assert [p.hops(k) for k in ("general", "technical", "relational", "multi_part", "exploratory")] == [1, 1, 3, 5, 5]
-    assert p.nodes("general") == p.nodes("technical") == 200 and p.nodes("relational") == p.max_nodes
+    assert [p.hops(k) for k in ("technical", "general", "relational", "multi_part", "exploratory")] == [1, 3, 3, 5, 5]
+    assert p.nodes("technical") == 200 and p.nodes("general") == p.nodes("relational") == p.max_nodes
     assert p.hops(None) == p.max_hops and MultiHopParams(max_hops=2).hops("multi_part") == 2
 
 
@@ -35,7 +35,7 @@ def test_expansion_depth_by_type_and_early_stop():
     pairs = [(0, 12 + i) for i in range(10)] + [(12 + i, 1 + i) for i in range(9)] + [(9, 22), (10, 22), (11, 22)]
     index = _chain_index(12, 11, pairs)
     start = np.array([0])
-    focused = SubgraphPPR(MultiHopParams(), 1.0, "general")
+    focused = SubgraphPPR(MultiHopParams(), 1.0, "technical")
     assert set(focused.expand(index, start)) == {0, *range(12, 22)} and focused.hops == 1
     wide = SubgraphPPR(MultiHopParams(min_new_nodes=0), 1.0, "multi_part")
     assert set(wide.expand(index, start)) == set(range(23)) and wide.hops == 4
@@ -49,10 +49,11 @@ def test_expansion_depth_by_type_and_early_stop():
 
 
 def test_route_reports_its_adaptive_expansion(sample_settings):
-    focused = answer_question(sample_settings, "Where is the Halden Telescope?", route="multi_hop", llm=None)
+    focused = answer_question(sample_settings, "Which telescope config does the Marlow Observatory use?",
+                              route="multi_hop", llm=None)
     relational = answer_question(sample_settings, "Who succeeded the founder of the Marlow Observatory as its director?",
                                  route="multi_hop", llm=None)
-    assert focused.diagnostics["query_type"] == "general" and focused.diagnostics["max_hops"] == 1
+    assert focused.diagnostics["query_type"] == "technical" and focused.diagnostics["max_hops"] == 1
     assert focused.diagnostics["max_nodes"] == 200 and focused.diagnostics["hops"] <= 1
     assert relational.diagnostics["query_type"] == "relational" and relational.diagnostics["max_hops"] == 3
     assert relational.diagnostics["subgraph_nodes"] > focused.diagnostics["subgraph_nodes"]

@@ -82,9 +82,9 @@ class MultiHopParams:
     max_nodes: int = 20_000           # expansion stops growing once the subgraph holds this many nodes
     # passage levels by question type: 1 = the passages naming the linked entities, 2 = and the passages of the
     # entities those name, ... (graph hops: 2 * levels - 1)
-    hops_by_type: dict = field(default_factory=lambda: {"technical": 1, "general": 1, "relational": 2,
+    hops_by_type: dict = field(default_factory=lambda: {"technical": 1, "general": 2, "relational": 2,
                                                         "multi_part": 3, "exploratory": 3})
-    nodes_by_type: dict = field(default_factory=lambda: {"technical": 200, "general": 200})  # focused questions
+    nodes_by_type: dict = field(default_factory=lambda: {"technical": 200})  # focused lookups (a term, an identifier)
     min_new_nodes: int = 3            # a hop that adds fewer new nodes than this ends the expansion
 
     def hops(self, kind: str | None) -> int:
