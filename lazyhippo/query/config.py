@@ -56,7 +56,7 @@ class GlobalParams:
     size_weight: float = 0.1          # prior for larger communities (log size, normalized)
     chunks_per_community: int = 6
     min_evidence: float = 0.20        # a community's evidence needs this relevance to be kept
-    hub_seed_weight: float = 0.3      # weight of community hub entities when they seed the local route
+    hub_seed_weight: float = 0.1      # weight of community hub entities when they seed the local route
     level_min_score: float = 0.15     # the coarsest community level whose best match scores this much answers
 
 
@@ -71,6 +71,7 @@ class HybridParams:
         "exploratory": {"dense": 1.0, "sparse": 0.5, "local": 1.0, "global": 1.5, "expand": 0.8},
         "relational": {"dense": 0.5, "sparse": 0.7, "local": 3.0, "global": 0.3, "expand": 0.5},
     })
+    level_min_score: float = float("inf")  # the global channel's level choice (GlobalParams); inf: the finest level
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -184,8 +184,9 @@ def retrieve_hybrid(req: RouteRequest) -> RouteResult:
     by the question's type; the local channel's PPR is seeded by the matched communities' hubs too."""
     idx, q, cfg, kind = req.idx, req.query, req.cfg, req.kind
     weights = cfg.hybrid.weights.get(kind if kind in cfg.hybrid.weights else "relational")
-    g_chunks, g_diag, evidence = retrieve_global(idx, q, cfg.global_, cfg.hybrid.depth, broad=kind == "exploratory")
-    ls = local_scores(idx, q, cfg.local, req.ppr, community_seeds(idx, q, cfg.global_, evidence))
+    gp = replace(cfg.global_, level_min_score=cfg.hybrid.level_min_score)
+    g_chunks, g_diag, evidence = retrieve_global(idx, q, gp, cfg.hybrid.depth, broad=kind == "exploratory")
+    ls = local_scores(idx, q, cfg.local, req.ppr, community_seeds(idx, q, gp, evidence))
     glob = np.zeros(idx.n_chunks)
     for ch in g_chunks:
         glob[idx.chunks.pos[ch.chunk_id]] = ch.score
