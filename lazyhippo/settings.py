@@ -96,8 +96,6 @@ class Settings:
         object.__setattr__(self, "community_resolutions", check_resolutions(self.community_resolutions))
         if self.knn_structural not in KNN_STRUCTURAL:
             raise ValueError(f"knn_structural {self.knn_structural!r}: expected one of {', '.join(KNN_STRUCTURAL)}")
-        if self.knn_structural != "off" and self.graph_store != "neo4j":
-            raise ValueError(f"knn_structural {self.knn_structural!r} needs graph_store 'neo4j' (FastRP runs in GDS)")
         if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:
             raise ValueError(f"chunk_size {self.chunk_size} / chunk_overlap {self.chunk_overlap}: need chunk_size >= "
                              f"{MIN_CHUNK_TOKENS} and 0 <= chunk_overlap < chunk_size")

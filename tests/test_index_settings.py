@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stores.graphs import EmbeddedGraphStore
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 
@@ -21,8 +22,9 @@ def test_environment_sets_levels_and_structural_knn(monkeypatch):
     monkeypatch.setenv("LAZYHIPPO_KNN_STRUCTURAL", "sideways")
     with pytest.raises(ValueError, match="knn_structural 'sideways'"):
         Settings.from_env()
+    store = EmbeddedGraphStore()  # the store a run opens says what it cannot do
     with pytest.raises(ValueError, match="needs graph_store 'neo4j'"):
-        Settings(knn_structural="replace")
+        store.knn("ns", ["a", "b"], np.eye(2, dtype=np.float32), 1, 0.0, "replace")
 
 
 def test_resource_config_reaches_the_settings(monkeypatch):

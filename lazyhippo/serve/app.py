@@ -267,9 +267,12 @@ def create_app(pool: IndexPool | EnginePool, api_key: str | None = None, limits:
             raise HTTPException(400, f"path {body.path!r} does not exist on the server")
         check_namespace(body.namespace)
         try:  # the index settings the body sets, checked as the run would (a 400 now, not a failed run later)
-            Settings.from_env().with_(community_resolutions=body.community_resolutions, knn_structural=body.knn_structural)
+            settings = Settings.from_env().with_(community_resolutions=body.community_resolutions,
+                                                 knn_structural=body.knn_structural)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
+        if settings.knn_structural != "off" and settings.graph_store != "neo4j":
+            raise HTTPException(400, f"knn_structural {settings.knn_structural!r} needs graph_store 'neo4j' (FastRP runs in GDS)")
         return launch_index(source, body.namespace, "kg_create", community_resolutions=body.community_resolutions,
                             knn_structural=body.knn_structural)
 
