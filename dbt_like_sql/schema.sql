@@ -63,6 +63,8 @@ CREATE TABLE IF NOT EXISTS entity_scores (
 CREATE TABLE IF NOT EXISTS communities (
   namespace VARCHAR NOT NULL, community_id VARCHAR NOT NULL, level INTEGER NOT NULL,
   size BIGINT NOT NULL, modularity DOUBLE, PRIMARY KEY (namespace, community_id));
+-- Community levels: level 0 is the coarsest; each community's parent is the one that holds it a level up.
+ALTER TABLE communities ADD COLUMN IF NOT EXISTS parent_id VARCHAR;
 CREATE TABLE IF NOT EXISTS community_summaries (
   namespace VARCHAR NOT NULL, community_id VARCHAR NOT NULL, title VARCHAR NOT NULL,
   summary VARCHAR NOT NULL, hub_entities VARCHAR[] NOT NULL, PRIMARY KEY (namespace, community_id));

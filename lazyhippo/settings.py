@@ -55,9 +55,12 @@ ENV = {"home": "LAZYHIPPO_HOME", "namespace": "LAZYHIPPO_NAMESPACE", "source": "
        "extractor": "LAZYHIPPO_EXTRACTOR", "embedder": "LAZYHIPPO_EMBEDDER", "llm_model": "LAZYHIPPO_LLM_MODEL",
        "graph_store": "LAZYHIPPO_GRAPH_STORE", "object_store": "LAZYHIPPO_OBJECT_STORE", "llm": "LAZYHIPPO_LLM",
        "rerank": "LAZYHIPPO_RERANK", "rerank_top_n": "LAZYHIPPO_RERANK_TOP_N",
-       "chunk_selection": "LAZYHIPPO_CHUNK_SELECTION", "max_related_chunks": "LAZYHIPPO_MAX_RELATED_CHUNKS"}
+       "chunk_selection": "LAZYHIPPO_CHUNK_SELECTION", "max_related_chunks": "LAZYHIPPO_MAX_RELATED_CHUNKS",
+       "community_algorithm": "LAZYHIPPO_COMMUNITY_ALGORITHM",
+       "community_resolutions": "LAZYHIPPO_COMMUNITY_RESOLUTIONS", "knn_structural": "LAZYHIPPO_KNN_STRUCTURAL"}
 # fields that change how an index is queried, not what it holds (an index built with other values is the same)
 QUERY_FIELDS = ("rerank", "rerank_top_n", "chunk_selection", "max_related_chunks")
+KNN_STRUCTURAL = ("off", "concat", "replace")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,11 @@ class Settings:
     # "replace": the namespace becomes exactly the source (documents it no longer yields are dropped); "add":
     # nothing is dropped; None (sensor, UI and rebuild runs): only what vanished from the source it was indexed from
     mode: IndexMode | None = None
+    # community levels coarse to fine: Leiden runs once per resolution; Louvain keeps as many of its own passes
+    community_resolutions: tuple[float, ...] = (0.25, 0.5, 1.0)
+    # FastRP structural vectors in the entity KNN (Neo4j + GDS only): "concat" joins them to the text vectors,
+    # "replace" searches on them alone
+    knn_structural: str = "off"
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -101,9 +109,14 @@ class Settings:
         return cls().with_(**env).with_(**overrides)
 
     def __post_init__(self) -> None:
+        from lazyhippo.graph.algorithms import check_resolutions
+
         check_namespace(self.namespace)  # before any stage or store sees it
         if self.mode is not None and self.mode not in INDEX_MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(INDEX_MODES)}")
+        object.__setattr__(self, "community_resolutions", check_resolutions(self.community_resolutions))
+        if self.knn_structural not in KNN_STRUCTURAL:
+            raise ValueError(f"knn_structural {self.knn_structural!r}: expected one of {', '.join(KNN_STRUCTURAL)}")
         if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:
             raise ValueError(f"chunk_size {self.chunk_size} / chunk_overlap {self.chunk_overlap}: need chunk_size >= "
                              f"{MIN_CHUNK_TOKENS} and 0 <= chunk_overlap < chunk_size")

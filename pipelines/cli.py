@@ -25,7 +25,8 @@ from lazyhippo.serve.chat import MaxRelatedOpt, RerankOpt, RerankTopNOpt, Select
 from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
-from lazyhippo_dagster.options import OptionError, check_index_options, check_namespace_option, check_query_options
+from lazyhippo_dagster.options import (OptionError, check_index_options, check_namespace_option, check_query_options,
+                                       resolutions_list)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -144,6 +145,10 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
           knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
           community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]"),
+          community_resolutions: Optional[str] = typer.Option(
+              None, help="Community levels coarse to fine: increasing resolutions, comma-separated [0.25,0.5,1.0]."),
+          knn_structural: Optional[str] = typer.Option(
+              None, help="FastRP structural vectors in the entity KNN (neo4j only): off | concat | replace [off]"),
           workers: int = typer.Option(1, min=1, help="Worker processes: >1 runs the multiprocess executor, "
                                                      "extraction batches in parallel (docs/scale-out.md)."),
           mode: IndexModeOpt = typer.Option("replace", "--mode", help="replace: the namespace becomes exactly this "
@@ -154,11 +159,13 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
-             graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder)
+             graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder,
+             community_resolutions=community_resolutions, knn_structural=knn_structural)
     result = _run("index", root, {
         "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                       "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
-                      "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm, "mode": mode.value},
+                      "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm, "mode": mode.value,
+                      "community_resolutions": resolutions_list(community_resolutions), "knn_structural": knn_structural},
         "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
     }, namespace=namespace, workers=workers)
     change = result.change
@@ -510,14 +517,20 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     llm: bool = typer.Option(False, "--llm", help="LLM-assisted local route (recognition memory, iterative "
                                                                   "multi-hop) through the configured endpoint (OPENAI_BASE_URL)."),
                     llm_timeout: float = typer.Option(10.0, help="Seconds per LLM step before it falls back to the offline ranking."),
-                    llm_rounds: int = typer.Option(3, min=1, max=3, help="Retrievals per question with --llm.")) -> None:
+                    llm_rounds: int = typer.Option(3, min=1, max=3, help="Retrievals per question with --llm."),
+                    set_: list[str] = typer.Option([], "--set", help="A query setting of the route under test, "
+                                                   "section.field=value, repeatable (e.g. graph.synonym_min_score=0.6).")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
     passage id when the questions carry `supporting_ids`. The summary shows the tune and confirm halves side
     by side."""
-    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, run_retrieval_bench, summary_row
+    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, query_config, run_retrieval_bench, summary_row
 
     if split not in SPLITS:
         raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
+    try:
+        config = query_config(set_)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set") from None
 
     corpus, questions = corpus or _wiki("corpus.jsonl"), questions or _wiki("questions_dev.json")
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
@@ -531,7 +544,8 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
         bar, update = _progress_bar()
         with bar:
             result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
-                                         graph_store=graph_store, settings=settings, split=split, assist=assist)
+                                         graph_store=graph_store, settings=settings, split=split, assist=assist,
+                                         config=config)
         results[name] = result
         _print_frame(pl.DataFrame(list(result["methods"].values())),
                      f"retrieval on {name} ({graph_store} store): {result['questions']} questions ({split}), "

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from lazyhippo.models.embedders import PROFILES as EMBEDDER_PROFILES
-from lazyhippo.settings import MIN_CHUNK_TOKENS, GraphStoreKind, ObjectStoreKind, Settings, check_namespace
+from lazyhippo.graph.algorithms import check_resolutions
+from lazyhippo.settings import KNN_STRUCTURAL, MIN_CHUNK_TOKENS, GraphStoreKind, ObjectStoreKind, Settings, check_namespace
 from lazyhippo.sources.files import SUPPORTED, iter_files
 
 GRAPH_STORES = tuple(k.value for k in GraphStoreKind)
@@ -39,7 +40,8 @@ def check_namespace_option(namespace: str) -> None:
 def check_index_options(source: Path, namespace: str, *, chunk_size: int | None, chunk_overlap: int | None,
                         knn_top_k: int | None, knn_cutoff: float | None, community_algorithm: str | None,
                         graph_store: str | None, object_store: str | None, extractor: str | None,
-                        embedder: str | None = None) -> None:
+                        embedder: str | None = None, community_resolutions: str | None = None,
+                        knn_structural: str | None = None) -> None:
     """Unset (None) options take the Settings defaults, which are valid."""
     if not source.exists():
         raise OptionError(f"{source} does not exist")
@@ -62,6 +64,20 @@ def check_index_options(source: Path, namespace: str, *, chunk_size: int | None,
     _choice("--object-store", object_store, OBJECT_STORES)
     _choice("--extractor", extractor, EXTRACTORS)
     _choice("--embedder", embedder, EMBEDDER_PROFILES)
+    resolutions_list(community_resolutions)
+    _choice("--knn-structural", knn_structural, KNN_STRUCTURAL)
+    if knn_structural not in (None, "off") and (graph_store or Settings.from_env().graph_store) != "neo4j":
+        raise OptionError(f"--knn-structural {knn_structural} needs --graph-store neo4j (FastRP runs in GDS)")
+
+
+def resolutions_list(value: str | None) -> list[float] | None:
+    """--community-resolutions "0.25,0.5,1.0" as the list the resource config takes (None: unset)."""
+    if value is None:
+        return None
+    try:
+        return list(check_resolutions(value))
+    except ValueError as exc:
+        raise OptionError(f"--community-resolutions: {exc}") from None
 
 
 def check_query_options(question: str, namespace: str, *, route: str, top_k: int, budget: int,

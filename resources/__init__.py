@@ -51,6 +51,8 @@ class LazyhippoResource(dg.ConfigurableResource):
     chunk_selection: Optional[str] = None
     max_related_chunks: Optional[int] = None
     mode: Optional[str] = None  # "replace" | "add" (lazyhippo.settings.Settings.mode)
+    community_resolutions: Optional[list[float]] = None   # community levels coarse to fine
+    knn_structural: Optional[str] = None                  # off | concat | replace (FastRP, neo4j only)
     # benchmark asset checks (questions.json / themes.json beside the source are used when present)
     check_budget: int = 4000
     noise_share_max: float = 0.25

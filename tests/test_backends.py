@@ -75,7 +75,10 @@ def test_same_tables_and_served_graph_counts(runs: Runs, neo4j_store):
     assert served["Entity"] == neo["entities"] and served["RELATED_TO"] == neo["relations"]
     assert served["MENTIONS"] == neo["mentions"] and served["PART_OF"] == neo["chunks"]
     assert served["SEMANTICALLY_SIMILAR"] == neo["knn_edges"]
-    assert served["Community"] == neo["communities"] and served["BELONGS_TO"] == neo["entities"]
+    with connect(runs.neo) as con:
+        nested = con.execute("SELECT count(*) FROM communities WHERE namespace = ? AND parent_id IS NOT NULL",
+                             [runs.neo.namespace]).fetchall()[0][0]
+    assert served["Community"] == neo["communities"] and served["BELONGS_TO"] == neo["entities"] + nested
 
 
 @pytest.mark.services

@@ -75,6 +75,26 @@ def test_bench_retrieval_end_to_end_on_a_slice(wiki_slice, tmp_path):
     assert bad.exit_code == 2 and "unknown split" in bad.output
 
 
+def test_bench_retrieval_takes_query_settings(wiki_slice, tmp_path, monkeypatch):
+    from lazyhippo.evaluate import bench
+
+    cfg = bench.query_config(["graph.synonym_min_score=0.6", "global.level_min_score=0", "multi_hop.min_new_nodes=1"])
+    assert cfg.graph.synonym_min_score == 0.6 and cfg.global_.level_min_score == 0 and cfg.multi_hop.min_new_nodes == 1
+    assert bench.query_config([]) is None
+    for bad in ("graph.no_such_field=1", "graph=1", "nowhere.x=1"):
+        with pytest.raises(ValueError):
+            bench.query_config([bad])
+    out = CliRunner().invoke(app, ["bench", "retrieval", "--set", "local.nothing=1", "--workdir", str(tmp_path)])
+    assert out.exit_code == 2 and "--set" in out.output
+    seen = []
+    real = bench.retrieval_rankers
+    monkeypatch.setattr(bench, "retrieval_rankers", lambda *a, **kw: seen.append(kw["config"]) or real(*a, **kw))
+    args = ["bench", "retrieval", "--corpus", str(wiki_slice / "corpus.jsonl"), "--questions",
+            str(wiki_slice / "questions.json"), "--workdir", str(tmp_path / "ws"), "--set", "local.damping=0.6"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert seen[-1].local.damping == 0.6
+
+
 def test_gold_by_id_when_every_question_has_ids():
     by_id = [{"supporting_titles": ["T"], "supporting_ids": ["a"]}, {"supporting_titles": ["U"], "supporting_ids": ["b"]}]
     assert gold_key(by_id) == "supporting_ids"

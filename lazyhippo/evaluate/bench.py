@@ -191,9 +191,10 @@ def served_ppr(settings: Settings, store) -> object | None:
 
 
 def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False,
-                      assist=None) -> dict[str, Ranker]:
-    """The route under test (with `assist`, a RetrievalAssist, its LLM steps) and the two baselines on the
-    same index: BM25 and dense-only (same embedder). Rankers return passage ids (`by_id`) or titles."""
+                      assist=None, config=None) -> dict[str, Ranker]:
+    """The route under test (with `config`, a QueryConfig, else the defaults; with `assist`, a RetrievalAssist,
+    its LLM steps) and the two baselines on the same index: BM25 and dense-only (same embedder). Rankers return
+    passage ids (`by_id`) or titles."""
     from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query import retrieve
     from lazyhippo.query.loader import load_index
@@ -209,16 +210,17 @@ def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: b
         return rank
 
     return {route: lambda q: [passage_id(c.source) if by_id else c.title
-                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr, assist=assist)],
+                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr, assist=assist,
+                                                config=config)],
             "bm25": channel("bm25"), "dense": channel("dense")}
 
 
 def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
                         progress=None, graph_store: str = "embedded", settings: Settings | None = None,
-                        split: str = "all", assist=None) -> dict:
-    """Quality of `route` on the index of `corpus` over the questions of `split`, ranked through
-    `graph_store` (neo4j: the index is pushed to the server first and PPR runs over the graph it serves).
-    With `assist` (a RetrievalAssist) the route uses its LLM steps and the tokens it used are reported."""
+                        split: str = "all", assist=None, config=None) -> dict:
+    """Quality of `route` (with `config`, a QueryConfig) on the index of `corpus` over the questions of `split`,
+    ranked through `graph_store` (neo4j: the index is pushed to the server first and PPR runs over the graph it
+    serves). With `assist` (a RetrievalAssist) the route uses its LLM steps and the tokens it used are reported."""
     from lazyhippo.stores import open_graph_store
 
     questions = select_split(json.loads(Path(questions_file).read_text()), split)
@@ -228,7 +230,7 @@ def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route
     try:
         before = assist.llm.meter.snapshot() if assist else {}
         rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids",
-                                    assist=assist)
+                                    assist=assist, config=config)
         reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
         usage = assist.llm.meter.since(before) if assist else []
     finally:
@@ -296,3 +298,27 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
         return out
     finally:
         store.close()
+
+
+def query_config(assignments: Sequence[str]):
+    """A QueryConfig from `section.field=value` strings (the value as JSON, else as text), e.g.
+    `graph.synonym_min_score=0.6`; None without any. Unknown sections or fields raise ValueError."""
+    from lazyhippo.query import QueryConfig
+
+    if not assignments:
+        return None
+    sections: dict[str, dict] = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise ValueError(f"{item!r}: expected section.field=value, e.g. graph.synonym_min_score=0.6")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        sections.setdefault(section, {})[name] = value
+    try:
+        return QueryConfig().with_(**sections)
+    except (AttributeError, TypeError) as exc:
+        raise ValueError(f"{', '.join(assignments)}: {exc}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
@@ -78,10 +79,67 @@ def knn_stale_sources(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: f
 
 
 @dataclass(frozen=True)
-class Communities:
-    membership: dict[str, int]   # entity id -> community index (0 = largest)
+class CommunityLevel:
+    membership: dict[str, int]   # entity id -> community index at this level (0 = largest)
     modularity: float
-    levels: int
+
+
+@dataclass(frozen=True)
+class Communities:
+    membership: dict[str, int]   # entity id -> community index at the finest level (0 = largest)
+    modularity: float            # of the finest level
+    levels: int                  # passes the algorithm ran
+    hierarchy: tuple[CommunityLevel, ...] = ()  # coarse to fine, each level refining the one above; last = finest
+
+
+def check_resolutions(resolutions: Sequence[float] | str) -> tuple[float, ...]:
+    """Community levels coarse to fine: one or more increasing positive resolutions ("0.25,0.5,1.0" too)."""
+    try:
+        res = tuple(float(r) for r in (resolutions.split(",") if isinstance(resolutions, str) else resolutions))
+    except (TypeError, ValueError):
+        res = ()
+    if not res or any(r <= 0 for r in res) or any(a >= b for a, b in zip(res, res[1:])):
+        raise ValueError(f"community resolutions {resolutions!r}: need one or more positive values, increasing "
+                         "(coarse to fine, e.g. 0.25,0.5,1.0)")
+    return res
+
+
+def nested(levels: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Coarse-to-fine memberships made a tree: each community of a level goes whole into the community of
+    the next coarser level that holds most of its nodes (ties: the smaller label), so every level refines
+    the one above. Runs at separate resolutions need this; Louvain's own passes are nested already."""
+    out = [list(levels[-1])]
+    for coarse in reversed(levels[:-1]):
+        votes = Counter(zip(out[0], coarse))
+        parent: dict[int, int] = {}
+        for (f, c), _ in sorted(votes.items(), key=lambda kv: (-kv[1], kv[0])):
+            parent.setdefault(f, c)
+        out.insert(0, [parent[f] for f in out[0]])
+    return out
+
+
+def modularity(merged: "MergedGraph", n: int, labels: Sequence[int]) -> float:
+    """Weighted modularity of a partition of the undirected graph `merged` over n nodes (igraph's definition),
+    so both stores report every level the same way."""
+    total = float(merged.weights.sum())
+    if not len(merged) or total <= 0:
+        return 0.0
+    lab = np.asarray(labels, dtype=np.int64)
+    a, b = lab[merged.pairs[:, 0]], lab[merged.pairs[:, 1]]
+    inner = float(merged.weights[a == b].sum())
+    degree = np.bincount(merged.pairs.ravel(), weights=np.repeat(merged.weights, 2), minlength=n)
+    by_community = np.bincount(lab, weights=degree)
+    return inner / total - float((by_community ** 2).sum()) / (4.0 * total * total)
+
+
+def hierarchy(node_ids: list[str], levels: Sequence[Sequence[int]], score) -> tuple[CommunityLevel, ...]:
+    """Raw coarse-to-fine memberships -> nested levels, renumbered largest first, each with `score(labels)`
+    (its modularity)."""
+    out = []
+    for level in nested(levels):
+        labels = renumbered_by_size(level)
+        out.append(CommunityLevel(dict(zip(node_ids, labels)), float(score(labels))))
+    return tuple(out)
 
 
 def _strings(x):
@@ -171,27 +229,35 @@ def weighted_igraph(node_ids: list[str], edges: Edges | Iterable[tuple[str, str,
 
 def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]],
                        algorithm: str = "leiden", seed: int = 42, initial: list[int] | None = None,
-                       g=None) -> Communities:
-    """Every node gets a community (isolated nodes are singletons); seeded so re-runs agree. `initial`: a
-    starting partition (Leiden), refined in one iteration instead of built from scratch in two; `g`: the
-    graph from weighted_igraph when the caller already built it."""
+                       g=None, resolutions: Sequence[float] = (1.0,)) -> Communities:
+    """Every node gets a community (isolated nodes are singletons); seeded so re-runs agree. Levels coarse to
+    fine: Leiden runs once per resolution (RB configuration, 1.0 = modularity) and the runs are nested; Louvain
+    keeps its last `len(resolutions)` aggregation passes (GDS Louvain has no resolution, so both stores do the
+    same). `initial`: a starting partition of the finest level (Leiden), refined in one iteration instead of
+    built from scratch in two; `g`: the graph from weighted_igraph when the caller already built it."""
     import igraph as ig
 
+    resolutions = check_resolutions(resolutions)
     g = weighted_igraph(node_ids, edges) if g is None else g
     ig.set_random_number_generator(random.Random(seed))
     if algorithm == "leiden":
         import leidenalg
 
-        extra = {"initial_membership": initial, "n_iterations": 1} if initial is not None else {}
-        part = leidenalg.find_partition(g, leidenalg.ModularityVertexPartition, weights="weight", seed=seed, **extra)
-        membership, levels = list(part.membership), 1
+        raw = []
+        for i, r in enumerate(resolutions):
+            extra = {"initial_membership": initial, "n_iterations": 1} if initial is not None and i == len(resolutions) - 1 else {}
+            part = leidenalg.find_partition(g, leidenalg.RBConfigurationVertexPartition, weights="weight",
+                                            resolution_parameter=r, seed=seed, **extra)
+            raw.append(list(part.membership))
+        ran = 1
     elif algorithm == "louvain":
-        hierarchy = g.community_multilevel(weights="weight", return_levels=True)
-        membership, levels = list(hierarchy[-1].membership), len(hierarchy)
+        passes = g.community_multilevel(weights="weight", return_levels=True) if g.ecount() else []
+        raw = [list(p.membership) for p in reversed(passes[-len(resolutions):])] or [list(range(len(node_ids)))]
+        ran = max(len(passes), 1)
     else:
         raise ValueError(f"unknown community algorithm {algorithm!r} (expected 'leiden' or 'louvain')")
-    modularity = g.modularity(membership, weights="weight") if g.ecount() else 0.0
-    return Communities(dict(zip(node_ids, renumbered_by_size(membership))), float(modularity), levels)
+    levels = hierarchy(node_ids, raw, lambda labels: g.modularity(labels, weights="weight") if g.ecount() else 0.0)
+    return Communities(levels[-1].membership, levels[-1].modularity, ran, levels)
 
 
 def pagerank(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]], damping: float = 0.85,

@@ -55,19 +55,36 @@ def _relevance(idx: GraphIndex, q: PreparedQuery) -> np.ndarray:
     return np.clip(q.dense, 0, None) + (0.5 * bm / top if top > 0 else 0.0)
 
 
-def map_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, broad: bool = False) -> list[CommunityEvidence]:
-    """Map step. A specific question keeps a community only if some chunk of it is relevant enough; a
-    broad one (themes, overview) keeps the top communities with their most central chunks."""
+def matched_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams) -> tuple[list[int], np.ndarray, int]:
+    """The communities the question matches, best first, on one level: the coarsest level that has at least
+    `top_communities` communities (fewer leave the map step nothing to choose from) and whose best match reaches
+    `level_min_score`, else the finest (a coarse match is too weak to trust). A community matches with a score
+    of at least `min_similarity` or a keyword of the question in its summary. Returns the matched indices, every
+    community's score and the level used."""
     scores = community_scores(idx, q, p)
     if scores.size == 0:
+        return [], scores, 0
+    levels = idx.communities.levels
+    level = next((lv for lv in np.unique(levels) if np.count_nonzero(levels == lv) >= p.top_communities
+                  and scores[levels == lv].max() >= p.level_min_score), levels.max())
+    on_level = np.where(levels == level, scores, -np.inf)
+    kw = set(q.keywords)
+    top = [int(ci) for ci in top_indices(on_level, p.top_communities)
+           if np.isfinite(on_level[ci]) and (scores[ci] >= p.min_similarity or kw & idx.communities.tokens[ci])]
+    return top, scores, int(level)
+
+
+def map_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, broad: bool = False,
+                    matched: tuple[list[int], np.ndarray, int] | None = None) -> list[CommunityEvidence]:
+    """Map step over the matched communities. A specific question keeps a community only if some chunk of it
+    is relevant enough; a broad one (themes, overview) keeps the top communities with their most central chunks."""
+    top, scores, _ = matched or matched_communities(idx, q, p)
+    if not top:
         return []
     rel = _relevance(idx, q)
     kw = set(q.keywords)
     out = []
-    for ci in top_indices(scores, p.top_communities):
-        overlap = len(kw & idx.communities.tokens[ci])
-        if scores[ci] < p.min_similarity and not overlap:
-            continue
+    for ci in top:
         touched = idx.communities.coverage[:, ci]
         cand = np.flatnonzero(touched > 0)
         # a chunk speaks for the community in proportion to how much of it the chunk mentions
@@ -90,7 +107,8 @@ def map_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, broad: b
 def retrieve_global(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, top_k: int, broad: bool = False
                     ) -> tuple[list[ScoredChunk], dict, list[CommunityEvidence]]:
     """Reduce: every kept community's evidence chunks, scored community match x chunk relevance."""
-    evidence = map_communities(idx, q, p, broad)
+    matched = matched_communities(idx, q, p)
+    evidence = map_communities(idx, q, p, broad, matched)
     best: dict[int, tuple[float, str]] = {}
     for ev in evidence:
         for c, r in ev.chunks:
@@ -100,12 +118,20 @@ def retrieve_global(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, top_k: i
     ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_k]
     chunks = [ScoredChunk.from_index(idx, c, s, "global", community=float(ci[2:]) if ci[2:].isdigit() else -1.0,
                                      dense=float(q.dense[c])) for c, (s, ci) in ranked]
-    diag = {"communities": [e.to_dict() for e in evidence], "kept": len(evidence)}
+    diag = {"communities": [e.to_dict() for e in evidence], "kept": len(evidence), "level": matched[2],
+            "matched": [idx.communities.ids[ci] for ci in matched[0]]}
     return chunks, diag, evidence
 
 
+def matched_evidence(idx: GraphIndex, matched: tuple[list[int], np.ndarray, int]) -> list[CommunityEvidence]:
+    """The matched communities without evidence of their own: what `hub_seeds` needs when the map step kept none."""
+    top, scores, _ = matched
+    c = idx.communities
+    return [CommunityEvidence(c.ids[ci], c.titles[ci], float(scores[ci]), 0.0, list(c.hubs[ci])) for ci in top]
+
+
 def hub_seeds(idx: GraphIndex, evidence: list[CommunityEvidence], p: GlobalParams) -> dict[int, float]:
-    """Hub entities of the matched communities, to seed the local route's PPR."""
+    """Hub entities of the matched communities, to seed the local route's PPR (community-aware seeding)."""
     seeds: dict[int, float] = {}
     for ev in evidence:
         for rank, name in enumerate(ev.hubs):
@@ -113,3 +139,9 @@ def hub_seeds(idx: GraphIndex, evidence: list[CommunityEvidence], p: GlobalParam
                 w = p.hub_seed_weight * max(ev.score, 0.0) / (1.0 + rank)
                 seeds[int(e)] = max(seeds.get(int(e), 0.0), w)
     return seeds
+
+
+def community_seeds(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, evidence: list[CommunityEvidence]
+                    ) -> dict[int, float]:
+    """Hub seeds of the communities behind `evidence`, else of the best matched communities (none: {})."""
+    return hub_seeds(idx, evidence or matched_evidence(idx, matched_communities(idx, q, p)), p)

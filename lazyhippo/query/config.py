@@ -52,7 +52,8 @@ class GlobalParams:
     size_weight: float = 0.1          # prior for larger communities (log size, normalized)
     chunks_per_community: int = 6
     min_evidence: float = 0.20        # a community's evidence needs this relevance to be kept
-    hub_seed_weight: float = 0.3      # weight of community hub entities when they seed the local route
+    hub_seed_weight: float = 0.1      # weight of community hub entities when they seed the local route
+    level_min_score: float = 0.15     # the coarsest community level whose best match scores this much answers
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,29 @@ class HybridParams:
         "exploratory": {"dense": 1.0, "sparse": 0.5, "local": 1.0, "global": 1.5, "expand": 0.8},
         "relational": {"dense": 0.5, "sparse": 0.7, "local": 3.0, "global": 0.3, "expand": 0.5},
     })
+    level_min_score: float = float("inf")  # the global channel's level choice (GlobalParams); inf: the finest level
 
 
 @dataclass(frozen=True)
 class MultiHopParams:
-    """Route multi_hop: breadth-first expansion from the linked entities, then PPR on that subgraph only."""
+    """Route multi_hop: breadth-first expansion from the linked entities, then PPR on that subgraph only. The
+    depth and size follow the question's type (routes.classify_query); a type not listed takes the maxima."""
 
-    max_hops: int = 3                 # graph hops (entity -> passage -> entity -> passage reaches second-hop passages)
+    max_hops: int = 5                 # graph hops at most (entity -> passage is one; each further passage level, two)
     max_nodes: int = 20_000           # expansion stops growing once the subgraph holds this many nodes
+    # passage levels by question type: 1 = the passages naming the linked entities, 2 = and the passages of the
+    # entities those name, ... (graph hops: 2 * levels - 1)
+    hops_by_type: dict = field(default_factory=lambda: {"technical": 1, "general": 2, "relational": 2,
+                                                        "multi_part": 3, "exploratory": 3})
+    nodes_by_type: dict = field(default_factory=lambda: {"technical": 200})  # focused lookups (a term, an identifier)
+    min_new_nodes: int = 3            # a hop that adds fewer new nodes than this ends the expansion
+
+    def hops(self, kind: str | None) -> int:
+        levels = self.hops_by_type.get(kind)
+        return self.max_hops if levels is None else min(self.max_hops, 2 * levels - 1)
+
+    def nodes(self, kind: str | None) -> int:
+        return min(self.max_nodes, self.nodes_by_type.get(kind, self.max_nodes))
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,7 @@ class Communities:
     members: list[np.ndarray]         # entity indices per community
     tokens: list[set[str]]
     coverage: np.ndarray              # (n_chunks, n_communities): member entities each chunk mentions
+    levels: np.ndarray                # level of each community (0: coarsest)
 
 
 @dataclass(frozen=True)
@@ -283,14 +284,17 @@ def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) 
                  lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk, texts)]))
 
 
-def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matrix, scores: dict, dim: int) -> Communities:
-    cs = _table(con, "SELECT community_id, title, summary, hub_entities FROM community_summaries "
-                     "WHERE namespace = $ns ORDER BY community_id", ns).to_pydict()
+def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matrix, dim: int) -> Communities:
+    from lazyhippo.stores.warehouse import community_members
+
+    cs = _table(con, "SELECT s.community_id, s.title, s.summary, s.hub_entities, coalesce(c.level, 0) AS level "
+                     "FROM community_summaries s LEFT JOIN communities c USING (namespace, community_id) "
+                     "WHERE s.namespace = $ns ORDER BY s.community_id", ns).to_pydict()
     ids = cs["community_id"]
     cpos = {c: i for i, c in enumerate(ids)}
     vecs, _ = _vectors(con, ns["ns"], "community", ids)
     members: list[list[int]] = [[] for _ in ids]
-    for e, c in zip(scores["entity_id"], scores["community_id"]):
+    for c, e in community_members(con, ns["ns"]):  # every level: an entity is in its community and their ancestors
         if e in entity_pos and c in cpos:
             members[cpos[c]].append(entity_pos[e])
     rows = [e for m in members for e in m]
@@ -301,7 +305,7 @@ def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matri
                        vecs=_fit_dim(vecs, dim), members=[np.asarray(m, dtype=np.int64) for m in members],
                        tokens=[set(tokens(f"{t} {s} {' '.join(h or [])}")) for t, s, h in
                                zip(cs["title"], cs["summary"], cs["hub_entities"])],
-                       coverage=coverage)
+                       coverage=coverage, levels=np.asarray(cs["level"], dtype=np.int64))
 
 
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
@@ -334,7 +338,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     entities = _entities(con, ns, en, counts, scores, dim)
     mentions = _mentions(counts, chunks, entities)
     facts = _facts(con, ns, chunks, entity_pos, dim)
-    communities = _communities(con, ns, entity_pos, counts, scores, dim)
+    communities = _communities(con, ns, entity_pos, counts, dim)
     graph = _graph(con, ns, params, chunks, entities, mentions)
     seconds = time.perf_counter() - t0
     stats = {"chunks": len(chunks.ids), "entities": len(entities.ids), "facts": len(facts.ids),

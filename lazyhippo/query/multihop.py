@@ -1,5 +1,7 @@
 """Route multi_hop (the Memory-MCP design's `retrieve_multi_hop`): breadth-first expansion from the
-entities the question links to, up to `max_hops` graph hops, then PPR over that expanded subgraph only.
+entities the question links to, as deep and as large as the question's type calls for (MultiHopParams: a
+focused question stays near its entities), stopping early when a hop brings almost nothing new, then PPR over
+that expanded subgraph only.
 
 It is the local route with a different PPR backend: seeds, chunk scoring and diagnostics are shared;
 mass cannot leak to parts of the graph the question has no path to within `max_hops`.
@@ -19,13 +21,16 @@ class SubgraphPPR:
 
     name = "multi-hop-subgraph"
 
-    def __init__(self, params: MultiHopParams, hub_df_share: float):
+    def __init__(self, params: MultiHopParams, hub_df_share: float, kind: str | None = None):
         self.params = params
         self.hub_df_share = hub_df_share
+        self.max_hops, self.max_nodes = params.hops(kind), params.nodes(kind)   # kind: the question's type
         self.nodes = np.zeros(0, dtype=np.int64)   # the subgraph of the last run
+        self.hops = 0                              # hops the last expansion made
 
     def expand(self, index, start: np.ndarray) -> np.ndarray:
-        """Node indices within `max_hops` of `start`, breadth-first, sorted."""
+        """Node indices within `max_hops` of `start`, breadth-first, sorted; no further hop once the subgraph holds
+        `max_nodes` or the last hop added fewer than `min_new_nodes`."""
         adj = index.graph.adjacency
         n_e = index.n_entities
         expandable = np.ones(adj.shape[0], dtype=bool)
@@ -34,16 +39,22 @@ class SubgraphPPR:
         seen[start] = True
         frontier = start
         size = int(seen.sum())
-        for _ in range(self.params.max_hops):
+        self.hops = 0
+        for _ in range(self.max_hops):
             frontier = frontier[expandable[frontier]]
-            if not len(frontier) or size >= self.params.max_nodes:
+            if not len(frontier) or size >= self.max_nodes:
                 break
             reached = np.zeros_like(seen)
             reached[adj[frontier].indices] = True
             reached &= ~seen
             frontier = np.flatnonzero(reached)
+            if not len(frontier):
+                break
             seen |= reached
             size += len(frontier)
+            self.hops += 1
+            if len(frontier) < self.params.min_new_nodes:
+                break
         return np.flatnonzero(seen)
 
     def run(self, index, personalization, damping, tol, max_iter):

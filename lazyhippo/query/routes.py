@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from lazyhippo.query.assist import assisted_local
-from lazyhippo.query.communities import CommunityEvidence, hub_seeds, retrieve_global
+from lazyhippo.query.communities import CommunityEvidence, community_seeds, retrieve_global
 from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.local import local_scores, retrieve_local
@@ -183,12 +183,12 @@ def rrf(channels: dict[str, np.ndarray], weights: dict[str, float], k: int, dept
 
 def retrieve_hybrid(req: RouteRequest) -> RouteResult:
     """Reciprocal-rank fusion of dense, BM25, local (PPR), global and graph-expansion channels, weighted
-    by the question's type."""
+    by the question's type; the local channel's PPR is seeded by the matched communities' hubs too."""
     idx, q, cfg, kind = req.idx, req.query, req.cfg, req.kind
     weights = cfg.hybrid.weights.get(kind if kind in cfg.hybrid.weights else "relational")
-    g_chunks, g_diag, evidence = retrieve_global(idx, q, cfg.global_, cfg.hybrid.depth, broad=kind == "exploratory")
-    extra = hub_seeds(idx, evidence, cfg.global_) if kind == "exploratory" else None
-    ls = local_scores(idx, q, cfg.local, req.ppr, extra)
+    gp = replace(cfg.global_, level_min_score=cfg.hybrid.level_min_score)
+    g_chunks, g_diag, evidence = retrieve_global(idx, q, gp, cfg.hybrid.depth, broad=kind == "exploratory")
+    ls = local_scores(idx, q, cfg.local, req.ppr, community_seeds(idx, q, gp, evidence))
     glob = np.zeros(idx.n_chunks)
     for ch in g_chunks:
         glob[idx.chunks.pos[ch.chunk_id]] = ch.score
@@ -211,21 +211,30 @@ def retrieve_local_route(req: RouteRequest) -> RouteResult:
 
 
 def retrieve_global_route(req: RouteRequest) -> RouteResult:
-    chunks, diag, evidence = retrieve_global(req.idx, req.query, req.cfg.global_, req.top_k,
-                                             broad=req.kind == "exploratory")
-    return RouteResult(chunks, diag, evidence)
+    """A cascade that answers whenever the index can: the communities' evidence; when no matched community
+    holds any, PPR seeded by the hub entities of the best matched communities and the question's own seeds
+    (`fallback: community_seeds`); when no community matches at all, the local route (`fallback: local`)."""
+    idx, q, cfg = req.idx, req.query, req.cfg
+    chunks, diag, evidence = retrieve_global(idx, q, cfg.global_, req.top_k, broad=req.kind == "exploratory")
+    if chunks:
+        return RouteResult(chunks, {**diag, "fallback": "none"}, evidence)
+    seeds = community_seeds(idx, q, cfg.global_, evidence)
+    chunks, local = retrieve_local(idx, q, cfg.local, req.top_k, req.ppr, seeds or None, route="global")
+    return RouteResult(chunks, {**diag, "fallback": "community_seeds" if seeds else "local", "hub_seeds": len(seeds),
+                                "local": local})
 
 
 def retrieve_multi_hop(req: RouteRequest) -> RouteResult:
-    """Local scoring with PPR confined to the subgraph within `max_hops` of the linked entities (always
-    in memory: a store-side PPR backend does not apply)."""
-    backend = SubgraphPPR(req.cfg.multi_hop, req.cfg.local.hub_df_share)
+    """Local scoring with PPR confined to the subgraph reached from the linked entities, as deep and large as
+    the question's type calls for (always in memory: a store-side PPR backend does not apply)."""
+    backend = SubgraphPPR(req.cfg.multi_hop, req.cfg.local.hub_df_share, req.kind)
     chunks, diag = retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, backend, route="multi_hop",
                                   selection=req.cfg.selection)
     inside = np.zeros(len(req.idx.graph.node_ids), dtype=bool)
     inside[backend.nodes] = True  # dense passage seeds sit outside the subgraph too: keep the subgraph's only
     chunks = [c for c in chunks if inside[req.idx.chunks.pos[c.chunk_id] + req.idx.n_entities]]
-    return RouteResult(chunks, {**diag, "max_hops": req.cfg.multi_hop.max_hops, "subgraph_nodes": len(backend.nodes)})
+    return RouteResult(chunks, {**diag, "query_type": req.kind, "max_hops": backend.max_hops, "hops": backend.hops,
+                                "max_nodes": backend.max_nodes, "subgraph_nodes": len(backend.nodes)})
 
 
 Route = Callable[[RouteRequest], RouteResult]

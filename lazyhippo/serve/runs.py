@@ -39,6 +39,7 @@ class Run:
     mode: str
     source: Path = field(repr=False)
     upload: bool = False
+    options: tuple[str, ...] = ()   # further `lazyhippo index` options (index settings the request set)
     status: str = "QUEUED"   # QUEUED, STARTED, SUCCESS, FAILURE, CANCELED
     submitted_at: float = field(default_factory=time.time)
     ended_at: float | None = None
@@ -63,8 +64,9 @@ class IndexRuns:
         self._thread = threading.Thread(target=self._work, name="lazyhippo-index-runs", daemon=True)
         self._thread.start()
 
-    def submit(self, source: Path, namespace: str, mode: str, upload: bool = False) -> Run:
-        run = Run(str(uuid.uuid4()), namespace, mode, source, upload)
+    def submit(self, source: Path, namespace: str, mode: str, upload: bool = False,
+               options: tuple[str, ...] = ()) -> Run:
+        run = Run(str(uuid.uuid4()), namespace, mode, source, upload, options)
         try:
             self._queue.put_nowait(run)
         except queue.Full:
@@ -93,7 +95,7 @@ class IndexRuns:
             return
         run.status = "STARTED"
         argv = [sys.executable, "-m", "lazyhippo_dagster.cli", "index", str(run.source), "--home", str(self.home),
-                "--namespace", run.namespace, "--mode", run.mode]
+                "--namespace", run.namespace, "--mode", run.mode, *run.options]
         self.pool.begin_write()
         try:
             self._child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

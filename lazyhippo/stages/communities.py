@@ -8,7 +8,7 @@ from collections import Counter
 import duckdb
 import pyarrow as pa
 
-from lazyhippo.graph.algorithms import Edges
+from lazyhippo.graph.algorithms import CommunityLevel, Edges
 from lazyhippo.settings import Settings
 from lazyhippo.stages.results import CommunitiesResult
 from lazyhippo.stores.graphs import GraphStore
@@ -31,35 +31,62 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
     previous partition (incremental.seed_membership). PageRank is always that of the whole current graph."""
     from lazyhippo.stages.incremental import PARAMS, graph_fingerprint, read_inputs, seed_membership, write_inputs
 
-    ns, algorithm = settings.namespace, settings.community_algorithm
-    fingerprint = graph_fingerprint(con, ns, algorithm)
+    ns, algorithm, resolutions = settings.namespace, settings.community_algorithm, settings.community_resolutions
+    fingerprint = graph_fingerprint(con, ns, f"{algorithm}:{resolutions}")
     recorded = read_inputs(con, ns, "communities")
     if recorded.get(PARAMS) == fingerprint:
         return _communities_result(con, ns, algorithm, int(recorded.get("levels", 1)), reused=True)
     nodes, edges = entity_graph(con, ns)
     previous = dict(con.execute("SELECT entity_id, community_id FROM entity_scores WHERE namespace = ?", [ns]).fetchall())
     initial = seed_membership(nodes, previous) if algorithm == "leiden" else None
-    comm = store.communities(ns, nodes, edges, algorithm, initial)
+    comm = store.communities(ns, nodes, edges, algorithm, initial, resolutions)
     pr = store.pagerank(ns, nodes, edges)
-    cid = {n: f"k_{m}" for n, m in comm.membership.items()}
-    sizes = Counter(cid.values())
+    levels = comm.hierarchy or (CommunityLevel(comm.membership, comm.modularity),)
+    rows = community_rows(levels)
+    finest = {n: community_id(len(levels) - 1, len(levels), m) for n, m in levels[-1].membership.items()}
     with transaction(con):
         replace_rows(con, "entity_scores", ns, _ns(pa.Table.from_pylist(
-            [{"entity_id": n, "community_id": cid[n], "pagerank": float(pr.get(n, 0.0))} for n in nodes]), ns) if nodes else None)
-        replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(
-            [{"community_id": c, "level": 0, "size": s, "modularity": comm.modularity} for c, s in sizes.items()]), ns) if sizes else None)
+            [{"entity_id": n, "community_id": finest[n], "pagerank": float(pr.get(n, 0.0))} for n in nodes]), ns) if nodes else None)
+        replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(rows, COMMUNITY_COLUMNS), ns) if rows else None)
         write_inputs(con, ns, "communities", {PARAMS: fingerprint, "levels": str(comm.levels)})
     return _communities_result(con, ns, algorithm, comm.levels, seeded=initial is not None)
 
 
+COMMUNITY_COLUMNS = pa.schema([("community_id", pa.string()), ("level", pa.int32()), ("size", pa.int64()),
+                               ("modularity", pa.float64()), ("parent_id", pa.string())])
+
+
+def community_id(level: int, n_levels: int, label: int) -> str:
+    """`k_<n>` at the finest level (the id a single-level index has always had), `k<level>_<n>` above it."""
+    return f"k_{label}" if level == n_levels - 1 else f"k{level}_{label}"
+
+
+def community_rows(levels) -> list[dict]:
+    """One row per community of every level (0 = coarsest), with its size, its level's modularity and the
+    community of the level above that holds it."""
+    rows = []
+    for lv, level in enumerate(levels):
+        sizes = Counter(level.membership.values())
+        parent = {m: levels[lv - 1].membership[n] for n, m in level.membership.items()} if lv else {}
+        rows += [{"community_id": community_id(lv, len(levels), m), "level": lv, "size": s, "modularity": level.modularity,
+                  "parent_id": community_id(lv - 1, len(levels), parent[m]) if lv else None}
+                 for m, s in sorted(sizes.items())]
+    return rows
+
+
 def _communities_result(con: duckdb.DuckDBPyConnection, ns: str, algorithm: str, levels: int, reused: bool = False,
                         seeded: bool = False) -> CommunitiesResult:
-    sizes = [s for (s,) in con.execute("SELECT size FROM communities WHERE namespace = ?", [ns]).fetchall()]
-    modularity = con.execute("SELECT coalesce(max(modularity), 0) FROM communities WHERE namespace = ?", [ns]).fetchall()[0][0]
+    finest = "level = (SELECT max(level) FROM communities WHERE namespace = $ns)"
+    sizes = [s for (s,) in con.execute(f"SELECT size FROM communities WHERE namespace = $ns AND {finest}", {"ns": ns}).fetchall()]
+    modularity = con.execute(f"SELECT coalesce(max(modularity), 0) FROM communities WHERE namespace = $ns AND {finest}",
+                             {"ns": ns}).fetchall()[0][0]
     dist = Counter(min(s, 50) for s in sizes)
+    per_level = [n for _, n in con.execute("SELECT level, count(*) FROM communities WHERE namespace = ? GROUP BY level "
+                                            "ORDER BY level", [ns]).fetchall()]
     return CommunitiesResult(communities=len(sizes), modularity=modularity, algorithm=algorithm, levels=levels,
                              largest=max(sizes, default=0), singletons=dist.get(1, 0),
-                             size_distribution=dict(sorted(dist.items())), reused=reused, seeded=seeded)
+                             size_distribution=dict(sorted(dist.items())), reused=reused, seeded=seeded,
+                             per_level=per_level)
 from lazyhippo.stages.common import _ns
 
 

@@ -14,18 +14,15 @@ from lazyhippo.settings import Settings
 from lazyhippo.stages.reports import build_community_reports
 from lazyhippo.stages.results import SummariesResult
 from lazyhippo.stages.summaries import summarize_extractive
-from lazyhippo.stores.warehouse import replace_rows
+from lazyhippo.stores.warehouse import community_members, replace_rows
 
 
 def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection, run_id: str | None = None,
                               llm=None) -> SummariesResult:
-    """Extractive summaries for every community; with an LLM, communities with a report take its title
+    """Extractive summaries for every community of every level; with an LLM, communities with a report take its title
     and summary, and the report with its questions is what gets embedded for the global route."""
     ns = settings.namespace
-    rows = con.execute("""
-        SELECT s.community_id, e.name, e.description, s.pagerank, e.degree
-        FROM entity_scores s JOIN entities e USING (namespace, entity_id)
-        WHERE s.namespace = ? ORDER BY s.community_id, e.name""", [ns]).fetchall()
+    rows = community_members(con, ns, "m.community_id, e.name, e.description, s.pagerank, e.degree")
     members: dict[str, list[dict]] = defaultdict(list)
     for c, name, desc, pr, deg in rows:
         members[c].append({"name": name, "description": desc or "", "score": pr * 1000 + deg})

@@ -21,9 +21,10 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
     ns, k, cutoff = settings.namespace, settings.knn_top_k, settings.knn_cutoff
     ids, vectors = read_vectors(con, ns, "entity")
     inputs = knn_inputs(con, ns, k, cutoff)
-    plan = plan_knn(con, ns, inputs) if store.exact_knn else None
+    incremental = store.exact_knn and settings.knn_structural == "off"  # structural vectors move with the graph
+    plan = plan_knn(con, ns, inputs) if incremental else None
     if plan is None:
-        edges, redo = store.knn(ns, ids, vectors, k, cutoff), None
+        edges, redo = store.knn(ns, ids, vectors, k, cutoff, settings.knn_structural), None
     else:
         rows = knn_stale_sources(ids, vectors, k, cutoff, plan.changed, plan.previous)
         edges, redo = knn_edges(ids, vectors, k, cutoff, rows), [ids[i] for i in rows] + sorted(plan.changed)
@@ -32,7 +33,7 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
     with transaction(con):
         replace_rows(con, "knn_edges", ns, _ns(table, ns) if table else None,
                      *(() if redo is None else ("AND source_id IN (SELECT unnest(?))", [redo])))
-        write_inputs(con, ns, "knn_edges", inputs if store.exact_knn else {})  # a heuristic search: no basis
+        write_inputs(con, ns, "knn_edges", inputs if incremental else {})  # a heuristic or structural search: no basis
     n, low, mean = con.execute("SELECT count(*), coalesce(min(score), 0), coalesce(avg(score), 0) FROM knn_edges "
                                "WHERE namespace = ?", [ns]).fetchall()[0]
     return KnnResult(edges=n, entities=len(ids), top_k=k, cutoff=cutoff, score_min=low, score_mean=mean,

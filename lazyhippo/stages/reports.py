@@ -19,7 +19,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.summaries import DescriptionParams, summarize_descriptions
 from lazyhippo.stores.cache import JsonCache
-from lazyhippo.stores.warehouse import replace_rows
+from lazyhippo.stores.warehouse import community_members, replace_rows
 
 
 def summarize_graph_descriptions(settings: Settings, con: duckdb.DuckDBPyConnection, llm: OpenAIChat,
@@ -165,12 +165,10 @@ class CommunityInput:
 
 def community_inputs(con: duckdb.DuckDBPyConnection, namespace: str, max_entities: int = 12, max_relations: int = 15,
                      max_chunks: int = 6) -> list[CommunityInput]:
-    """Per community of two or more entities: its hubs (PageRank), their strongest inner relations, and
-    the chunks that mention the most of them."""
-    rows = con.execute("""
-        SELECT s.community_id, e.entity_id, e.name, coalesce(e.description, '')
-        FROM entity_scores s JOIN entities e USING (namespace, entity_id)
-        WHERE s.namespace = ? ORDER BY s.community_id, s.pagerank DESC, e.name""", [namespace]).fetchall()
+    """Per community of two or more entities, at every level: its hubs (PageRank), their strongest inner
+    relations, and the chunks that mention the most of them."""
+    rows = community_members(con, namespace, "m.community_id, e.entity_id, e.name, coalesce(e.description, '')",
+                             "m.community_id, s.pagerank DESC, e.name")
     members: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
     for c, eid, name, desc in rows:
         members[c].append((eid, name, desc))

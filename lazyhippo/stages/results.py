@@ -95,6 +95,7 @@ class CommunitiesResult(StageResult):
     size_distribution: dict[int, int] = field(default_factory=dict)   # size (50 = 50+) -> communities
     reused: bool = False   # the graph was unchanged: the recorded communities and PageRank stand
     seeded: bool = False   # Leiden started from the previous partition (a small change)
+    per_level: list[int] = field(default_factory=list)   # communities per level, coarse to fine (the counts above: finest)
 
 
 @dataclass(frozen=True, kw_only=True)

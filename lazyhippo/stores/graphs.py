@@ -23,11 +23,16 @@ class GraphStore(Protocol):
         """Push the warehouse rows the asset `asset` produced to the store; returns figures for metadata."""
         ...
 
-    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]: ...
+    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
+            structural: str = "off") -> list[KnnEdge]:
+        """`structural`: FastRP vectors "concat"-enated to the text vectors or "replace"-ing them (GDS only)."""
+        ...
 
     def communities(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
-                    algorithm: str, initial: list[int] | None = None) -> Communities:
-        """`initial`: the previous partition (per node), which embedded Leiden refines; GDS starts over."""
+                    algorithm: str, initial: list[int] | None = None, resolutions: tuple[float, ...] = (1.0,)
+                    ) -> Communities:
+        """Levels coarse to fine (see algorithms.detect_communities). `initial`: the previous finest partition
+        (per node), which embedded Leiden refines; GDS starts over."""
         ...
 
     def pagerank(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]]) -> dict[str, float]: ...
@@ -54,11 +59,14 @@ class EmbeddedGraphStore:
     def sync(self, con, namespace, asset):
         return {}
 
-    def knn(self, namespace, ids, vectors, top_k, cutoff):
+    def knn(self, namespace, ids, vectors, top_k, cutoff, structural="off"):
+        if structural != "off":
+            raise ValueError(f"knn_structural {structural!r} needs graph_store 'neo4j' (FastRP runs in GDS)")
         return graph.knn_edges(ids, vectors, top_k, cutoff)
 
-    def communities(self, namespace, node_ids, edges, algorithm, initial=None):
-        return graph.detect_communities(node_ids, edges, algorithm, initial=initial, g=self._graph(node_ids, edges))
+    def communities(self, namespace, node_ids, edges, algorithm, initial=None, resolutions=(1.0,)):
+        return graph.detect_communities(node_ids, edges, algorithm, initial=initial, g=self._graph(node_ids, edges),
+                                        resolutions=resolutions)
 
     def pagerank(self, namespace, node_ids, edges):
         return graph.pagerank(node_ids, edges, g=self._graph(node_ids, edges))

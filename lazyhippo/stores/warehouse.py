@@ -145,6 +145,24 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, row
     return rows.num_rows
 
 
+def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: str = "m.community_id, m.entity_id",
+                      order: str = "m.community_id, e.name") -> list[tuple]:
+    """Every (community, entity) pair at every level: an entity belongs to its finest community
+    (entity_scores) and to each ancestor of it (communities.parent_id). `columns` select from m (community_id,
+    entity_id, level) joined to e (entities) and s (entity_scores, the finest level)."""
+    return con.execute(f"""
+        WITH RECURSIVE m(community_id, entity_id, level) AS (
+            SELECT s.community_id, s.entity_id, c.level FROM entity_scores s
+            JOIN communities c ON c.namespace = s.namespace AND c.community_id = s.community_id WHERE s.namespace = $ns
+            UNION ALL
+            SELECT c.parent_id, m.entity_id, c.level - 1 FROM m
+            JOIN communities c ON c.namespace = $ns AND c.community_id = m.community_id WHERE c.parent_id IS NOT NULL)
+        SELECT {columns} FROM m
+        JOIN entities e ON e.namespace = $ns AND e.entity_id = m.entity_id
+        JOIN entity_scores s ON s.namespace = $ns AND s.entity_id = m.entity_id
+        ORDER BY {order}""", {"ns": namespace}).fetchall()
+
+
 MODEL_KEYS = {"entities": ("entity_id",), "relations": ("relation_id",), "mentions": ("chunk_id", "entity_id"),
               "facts": ("fact_id",)}
 

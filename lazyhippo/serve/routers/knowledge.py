@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from lazyhippo.serve.limits import text_problem
 from lazyhippo.serve.routers import allowed_namespace, grant_of
 from lazyhippo.serve.runs import QueueFull, Run
+from lazyhippo.settings import Settings
 from lazyhippo.sources.files import SUPPORTED
 
 router = APIRouter(tags=["knowledge graphs"])
@@ -33,6 +34,26 @@ class CreateRequest(BaseModel):
     namespace: str = "default"
     mode: Mode = Field("replace", description="replace: the namespace becomes exactly this source (documents it "
                                               "lacks are dropped); add: its documents are added or updated, none dropped.")
+    community_resolutions: list[float] | None = Field(None, description="Community levels coarse to fine.")
+    knn_structural: Literal["off", "concat", "replace"] | None = Field(None, description="FastRP in the KNN (neo4j).")
+
+
+def index_options(body: CreateRequest) -> tuple[str, ...]:
+    """The request's index settings as `lazyhippo index` options, checked as the run would (a 400 now, not a
+    failed run later)."""
+    try:
+        settings = Settings.from_env().with_(community_resolutions=body.community_resolutions,
+                                             knn_structural=body.knn_structural)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    if settings.knn_structural != "off" and settings.graph_store != "neo4j":
+        raise HTTPException(400, f"knn_structural {settings.knn_structural!r} needs graph_store 'neo4j' (FastRP runs in GDS)")
+    options = ()
+    if body.community_resolutions is not None:
+        options += ("--community-resolutions", ",".join(f"{r:g}" for r in settings.community_resolutions))
+    if body.knn_structural is not None:
+        options += ("--knn-structural", body.knn_structural)
+    return options
 
 
 def source_under_roots(path: str, roots: tuple[Path, ...]) -> Path:
@@ -60,9 +81,10 @@ def _accepted(run: Run) -> dict:
     return {**run.public(), "status_url": f"/api/runs/{run.run_id}"}
 
 
-def _submit(request: Request, source: Path, namespace: str, mode: str, upload: bool = False) -> Run:
+def _submit(request: Request, source: Path, namespace: str, mode: str, upload: bool = False,
+            options: tuple[str, ...] = ()) -> Run:
     try:
-        return request.app.state.runs.submit(source, namespace, mode, upload)
+        return request.app.state.runs.submit(source, namespace, mode, upload, options)
     except QueueFull as exc:
         raise HTTPException(429, str(exc), headers={"Retry-After": "30"}) from None
 
@@ -73,7 +95,7 @@ def kg_create(body: CreateRequest, request: Request) -> dict:
     run's status reports the documents added, changed and removed."""
     allowed_namespace(request, body.namespace)
     source = source_under_roots(body.path, request.app.state.source_roots)
-    return _accepted(_submit(request, source, body.namespace, body.mode))
+    return _accepted(_submit(request, source, body.namespace, body.mode, options=index_options(body)))
 
 
 def _file_name(raw: str | None) -> str:

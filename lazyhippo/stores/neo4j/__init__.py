@@ -56,11 +56,13 @@ class Neo4jGraphStore:
             self._ppr[namespace].invalidate()
         return out
 
-    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]:
-        return self.algorithms.knn(namespace, ids, vectors, top_k, cutoff)
+    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
+            structural: str = "off") -> list[KnnEdge]:
+        return self.algorithms.knn(namespace, ids, vectors, top_k, cutoff, structural)
 
-    def communities(self, namespace: str, node_ids, edges, algorithm: str, initial=None) -> Communities:
-        return self.algorithms.communities(namespace, node_ids, edges, algorithm)  # GDS starts over
+    def communities(self, namespace: str, node_ids, edges, algorithm: str, initial=None,
+                    resolutions=(1.0,)) -> Communities:
+        return self.algorithms.communities(namespace, node_ids, edges, algorithm, resolutions)  # GDS starts over
 
     def pagerank(self, namespace: str, node_ids, edges) -> dict[str, float]:
         return self.algorithms.pagerank(namespace, node_ids, edges)

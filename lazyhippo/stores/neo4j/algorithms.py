@@ -1,23 +1,23 @@
-"""Graph-wide algorithms on GDS. They only compute: the input is projected from parameters (exactly the graph
-the caller passes, as integer node ids), the result is returned, and the projection is dropped in `finally`.
+"""Graph-wide algorithms on GDS, through the `graphdatascience` client. They only compute: the input is projected
+from parameters (exactly the graph the caller passes, as integer node ids), the result is returned, and the
+projection is dropped when the algorithm returns (`Neo4jClient.projection`).
 The served graph is written by `sync` alone, from what the warehouse then holds.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from lazyhippo.graph.algorithms import Communities, KnnEdge, knn_edges, merged_undirected, renumbered_by_size
+from lazyhippo.graph.algorithms import (Communities, KnnEdge, check_resolutions, hierarchy, knn_edges, merged_undirected,
+                                       modularity)
 from lazyhippo.stores.neo4j.client import Neo4jClient
 
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
     knn_engine: str = "gds"        # "gds": gds.knn; "exact": faiss in process
-    knn_structural: bool = False   # KNN on text + FastRP structural embeddings together (GDS only)
     fastrp_dim: int = 64
     knn_concurrency: int = 1       # 1: reproducible; more threads converge to the same neighbours, not bit-identical
     seed: int = 42
@@ -27,52 +27,56 @@ class AlgorithmOptions:
             raise ValueError(f"unknown knn_engine {self.knn_engine!r} (expected 'gds' or 'exact')")
 
 
+def _unit(x: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
+
+
 class Neo4jAlgorithms:
     def __init__(self, client: Neo4jClient, options: AlgorithmOptions = AlgorithmOptions()):
         self.client = client
         self.options = options
 
-    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]:
+    def knn(self, namespace: str, ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
+            structural: str = "off") -> list[KnnEdge]:
         """Top-k cosine neighbours per entity above `cutoff`.
 
         `knn_engine="gds"` (default): `gds.knn` with exact settings (sampleRate 1, deltaThreshold 0, seeded, one
         thread). NN-descent with these settings matched the exact search on the sample corpus, but it stays a
         heuristic: on 63k entities it found 96% of the exact edges, 20x slower than faiss. `knn_engine="exact"`
-        runs the exact faiss search in process. With `knn_structural` (GDS only), FastRP embeddings of the
-        RELATED_TO graph join the text embedding (GDS averages the per-property cosines)."""
+        runs the exact faiss search in process. `structural`: FastRP embeddings of the served RELATED_TO graph
+        "concat" (joined to the text vector, both halves unit length: the cosine is the mean of the two cosines)
+        or "replace" (alone); "off": the text vectors only."""
         x = np.asarray(vectors, dtype=np.float32)
         if len(ids) < 2 or top_k <= 0:
             return []
+        if structural != "off":
+            fast = self.fastrp(namespace)
+            dim = int(self.options.fastrp_dim)
+            s = _unit(np.asarray([fast.get(i) or [0.0] * dim for i in ids], dtype=np.float32))
+            if structural == "replace":
+                x = s
+            elif structural == "concat":
+                x = np.hstack([_unit(x), s]) / np.float32(np.sqrt(2.0))
+            else:
+                raise ValueError(f"knn_structural {structural!r}: expected off, concat or replace")
         if self.options.knn_engine == "exact":
             return knn_edges(list(ids), x, top_k, cutoff)
-        structural = self.fastrp(namespace) if self.options.knn_structural and self.options.fastrp_dim > 0 else None
-        return self._gds_knn(namespace, list(ids), x, top_k, cutoff, structural)
+        return self._gds_knn(namespace, list(ids), x, top_k, cutoff)
 
-    def _gds_knn(self, namespace: str, ids: list[str], x: np.ndarray, top_k: int, cutoff: float,
-                 structural: dict[str, list[float]] | None) -> list[KnnEdge]:
+    def _gds_knn(self, namespace: str, ids: list[str], x: np.ndarray, top_k: int, cutoff: float) -> list[KnnEdge]:
         opts = self.options
-        props = []
-        for i, v in enumerate(x):
-            p = {"embedding": [float(f) for f in v]}
-            if structural is not None:
-                p["embedding_structural"] = structural.get(ids[i]) or [0.0] * opts.fastrp_dim
-            props.append(p)
-        name = self.client.temp_graph_name(namespace, "knn")
-        try:
-            self.client.project_param_graph(name, len(ids), None, props)
-            rows = self.client.query("""
-                CALL gds.knn.stream($name, $config) YIELD node1, node2, similarity
-                RETURN node1 AS s, node2 AS t, similarity AS score""", {"name": name, "config": {
-                "nodeProperties": ["embedding", "embedding_structural"] if structural is not None else ["embedding"],
+        props = [{"embedding": [float(f) for f in v]} for v in x]
+        with self.client.projection(namespace, "knn", len(ids), None, props) as g:
+            rows = self.client.gds.knn.stream(
+                g, node_properties=["embedding"],
                 # GDS reports cosine rescaled to [0, 1] as (1 + cos) / 2: the cutoff goes in, scores come out mapped
-                "topK": int(top_k), "similarityCutoff": (1.0 + float(cutoff)) / 2.0, "sampleRate": 1.0,
-                "deltaThreshold": 0.0, "maxIterations": 1000, "randomJoins": 10, "concurrency": opts.knn_concurrency,
-                "logProgress": False, **({"randomSeed": opts.seed} if opts.knn_concurrency == 1 else {})}})
-        finally:
-            self.client.drop_graph(name)
+                top_k=int(top_k), similarity_cutoff=(1.0 + float(cutoff)) / 2.0, sample_rate=1.0, delta_threshold=0.0,
+                max_iterations=1000, random_joins=10, concurrency=opts.knn_concurrency, log_progress=False,
+                random_seed=opts.seed if opts.knn_concurrency == 1 else None)
         by_source: dict[int, list[tuple[float, int]]] = {}
-        for r in rows:
-            by_source.setdefault(int(r["s"]), []).append((2.0 * float(r["score"]) - 1.0, int(r["t"])))
+        for s, t, score in zip(rows["node1"], rows["node2"], rows["similarity"]):
+            by_source.setdefault(int(s), []).append((2.0 * float(score) - 1.0, int(t)))
         edges: list[KnnEdge] = []
         for s in sorted(by_source):
             ranked = sorted(by_source[s], key=lambda st: (-st[0], ids[st[1]]))[:top_k]
@@ -82,57 +86,53 @@ class Neo4jAlgorithms:
     def fastrp(self, namespace: str) -> dict[str, list[float]]:
         """FastRP structural embeddings over the served RELATED_TO graph (undirected, weighted), by entity id.
         Isolated entities get zero vectors."""
-        name = self.client.temp_graph_name(namespace, "fastrp")
-        try:
-            info = self.client.query("""
-                MATCH (a:Entity {namespace: $ns})
-                OPTIONAL MATCH (a)-[r:RELATED_TO]->(b:Entity {namespace: $ns})
-                WITH gds.graph.project($name, a, b,
-                     {relationshipProperties: CASE WHEN b IS NULL THEN null ELSE {weight: r.weight} END},
-                     {undirectedRelationshipTypes: ['*']}) AS g
-                RETURN g.nodeCount AS nodes""", {"ns": namespace, "name": name})
-            if not info or not info[0]["nodes"]:
-                return {}
-            rows = self.client.query(
-                "CALL gds.fastRP.stream($name, $config) YIELD nodeId, embedding "
-                "RETURN gds.util.asNode(nodeId).id AS id, embedding",
-                {"name": name, "config": {"embeddingDimension": int(self.options.fastrp_dim), "randomSeed": self.options.seed,
-                                          "relationshipWeightProperty": "weight", "concurrency": 1}})
-        finally:
-            self.client.drop_graph(name)
-        return {r["id"]: r["embedding"] for r in rows}
+        rows = self.client.query("""
+            MATCH (a:Entity {namespace: $ns}) OPTIONAL MATCH (a)-[r:RELATED_TO]->(b:Entity {namespace: $ns})
+            RETURN a.id AS s, b.id AS t, r.weight AS w ORDER BY s, t""", {"ns": namespace})
+        ids = sorted({r["s"] for r in rows})
+        if not ids:
+            return {}
+        merged = merged_undirected(ids, [(r["s"], r["t"], float(r["w"] or 1.0)) for r in rows if r["t"] is not None])
+        with self.client.projection(namespace, "fastrp", len(ids), merged) as g:
+            out = self.client.gds.fast_rp.stream(
+                g, embedding_dimension=int(self.options.fastrp_dim), random_seed=self.options.seed,
+                relationship_weight_property="weight" if len(merged) else None, concurrency=1, log_progress=False)
+        return {ids[int(i)]: list(map(float, v)) for i, v in zip(out["nodeId"], out["embedding"])}
 
     def communities(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
-                    algorithm: str) -> Communities:
-        """`gds.leiden` (seeded) or `gds.louvain` on the given weighted graph, one thread so re-runs agree;
-        communities renumbered largest first like the embedded store."""
+                    algorithm: str, resolutions: tuple[float, ...] = (1.0,)) -> Communities:
+        """`gds.leiden` (seeded, once per resolution as `gamma`) or `gds.louvain` (its last passes, from
+        `includeIntermediateCommunities`) on the given weighted graph, one thread so re-runs agree; levels
+        nested and renumbered largest first like the embedded store."""
         if algorithm not in ("leiden", "louvain"):
             raise ValueError(f"unknown community algorithm {algorithm!r} (expected 'leiden' or 'louvain')")
+        resolutions = check_resolutions(resolutions)
         if not node_ids:
             return Communities({}, 0.0, 0)
         merged = merged_undirected(node_ids, edges)
-        config: dict = {"mutateProperty": "community", "relationshipWeightProperty": "weight", "concurrency": 1}
-        if algorithm == "leiden":
-            config["randomSeed"] = self.options.seed
-        proc = "gds.leiden.mutate" if algorithm == "leiden" else "gds.louvain.mutate"
-        name = self.client.temp_graph_name(namespace, "comm")
-        try:
-            self.client.project_param_graph(name, len(node_ids), merged)
-            if len(merged):
-                stats = self.client.query(f"CALL {proc}($name, $config) YIELD modularity, ranLevels "
-                                          f"RETURN modularity, ranLevels", {"name": name, "config": config})[0]
-                rows = self.client.query("CALL gds.graph.nodeProperty.stream($name, 'community') "
-                                         "YIELD nodeId, propertyValue RETURN nodeId AS i, propertyValue AS c", {"name": name})
-            else:  # no edges: GDS modularity algorithms need relationships; every node is its own community
-                stats, rows = {"modularity": 0.0, "ranLevels": 1}, [{"i": i, "c": i} for i in range(len(node_ids))]
-        finally:
-            self.client.drop_graph(name)
-        raw = {int(r["i"]): int(r["c"]) for r in rows}
-        membership = renumbered_by_size([raw.get(i, -1 - i) for i in range(len(node_ids))])
-        modularity = float(stats["modularity"] or 0.0)
-        if math.isnan(modularity):
-            modularity = 0.0
-        return Communities(dict(zip(node_ids, membership)), modularity, int(stats["ranLevels"] or 1))
+        n = len(node_ids)
+        if not len(merged):  # GDS modularity algorithms need relationships; every node is its own community
+            raw, ran = [list(range(n))], 1
+        else:
+            gds = self.client.gds
+            common = {"relationship_weight_property": "weight", "concurrency": 1, "log_progress": False}
+            with self.client.projection(namespace, "comm", n, merged) as g:
+                if algorithm == "leiden":
+                    for i, r in enumerate(resolutions):
+                        gds.leiden.mutate(g, f"community{i}", gamma=float(r), random_seed=self.options.seed, **common)
+                    props, ran = [f"community{i}" for i in range(len(resolutions))], 1
+                else:
+                    ran = gds.louvain.mutate(g, "community", include_intermediate_communities=True, **common).ran_levels
+                    props = ["community"]
+                table = gds.graph.node_properties.stream(g, props).sort_values("nodeId")
+            if algorithm == "leiden":
+                raw = [[int(c) for c in table[p]] for p in props]
+            else:  # one array per node, finest pass first
+                passes = [list(map(int, v)) for v in table["community"]]
+                keep = min(len(resolutions), len(passes[0]))
+                raw = [[p[k] for p in passes] for k in range(len(passes[0]) - 1, len(passes[0]) - 1 - keep, -1)]
+        levels = hierarchy(node_ids, raw, lambda labels: modularity(merged, n, labels))
+        return Communities(levels[-1].membership, levels[-1].modularity, int(ran or 1), levels)
 
     def pagerank(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
                  damping: float = 0.85) -> dict[str, float]:
@@ -140,16 +140,10 @@ class Neo4jAlgorithms:
         if not node_ids:
             return {}
         merged = merged_undirected(node_ids, edges)
-        name = self.client.temp_graph_name(namespace, "pr")
-        try:
-            self.client.project_param_graph(name, len(node_ids), merged)
-            config: dict = {"dampingFactor": damping, "maxIterations": 100, "tolerance": 1e-9, "concurrency": 1}
-            if len(merged):
-                config["relationshipWeightProperty"] = "weight"
-            rows = self.client.query("CALL gds.pageRank.stream($name, $config) YIELD nodeId, score "
-                                     "RETURN nodeId AS i, score", {"name": name, "config": config})
-        finally:
-            self.client.drop_graph(name)
-        scores = {int(r["i"]): float(r["score"]) for r in rows}
+        with self.client.projection(namespace, "pr", len(node_ids), merged) as g:
+            rows = self.client.gds.page_rank.stream(
+                g, damping_factor=damping, max_iterations=100, tolerance=1e-9, concurrency=1, log_progress=False,
+                relationship_weight_property="weight" if len(merged) else None)
+        scores = {int(i): float(s) for i, s in zip(rows["nodeId"], rows["score"])}
         total = sum(scores.values()) or 1.0
         return {n: scores.get(i, 0.0) / total for i, n in enumerate(node_ids)}

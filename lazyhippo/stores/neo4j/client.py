@@ -11,8 +11,9 @@ import logging
 import re
 import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     import polars as pl
@@ -209,25 +210,38 @@ class Neo4jClient:
         except Exception as exc:  # noqa: BLE001 - never mask the algorithm's own error
             log.warning("could not drop GDS projection %s: %s", name, exc)
 
-    def project_param_graph(self, name: str, n: int, merged: MergedGraph | None,
-                            node_props: list[dict] | None = None) -> None:
-        """Project nodes 0..n-1 (optionally with properties) and undirected weighted edges (None: no edges)
-        from parameters."""
+    @contextmanager
+    def projection(self, namespace: str, what: str, n: int, merged: MergedGraph | None,
+                   node_props: list[dict] | None = None) -> Iterator:
+        """A temporary GDS graph of nodes 0..n-1 (optionally with properties) and undirected weighted edges
+        (None: no edges), projected from parameters with the client's Cypher projection; dropped on exit."""
         pairs, weights = (merged.pairs.tolist(), merged.weights.tolist()) if merged is not None else ([], [])
         edges = [{"s": i, "t": j, "w": w} for (i, j), w in zip(pairs, weights)]
         connected = {i for pair in pairs for i in pair}
         nodes = [{"i": i, "p": (node_props[i] if node_props else {})} for i in range(n) if node_props or i not in connected]
-        self.query("""
-            CALL () {
-                UNWIND $nodes AS nd RETURN nd.i AS s, null AS t, nd.p AS p, null AS w
-                UNION ALL
-                UNWIND $edges AS e RETURN e.s AS s, e.t AS t, null AS p, e.w AS w
-            }
-            WITH gds.graph.project($name, s, t,
-                 {sourceNodeProperties: p, targetNodeProperties: null, relationshipProperties: CASE WHEN t IS NULL THEN null ELSE {weight: w} END},
-                 {undirectedRelationshipTypes: ['*']}) AS g
-            RETURN g.nodeCount AS nodes, g.relationshipCount AS rels""",
-                   {"name": name, "nodes": nodes, "edges": edges})
+        name = self.temp_graph_name(namespace, what)
+        try:
+            graph = self.gds.graph.project.cypher("""
+                CALL () {
+                    UNWIND $nodes AS nd RETURN nd.i AS s, null AS t, nd.p AS p, null AS w
+                    UNION ALL
+                    UNWIND $edges AS e RETURN e.s AS s, e.t AS t, null AS p, e.w AS w
+                }
+                RETURN gds.graph.project($name, s, t,
+                     {sourceNodeProperties: p, targetNodeProperties: null,
+                      relationshipProperties: CASE WHEN t IS NULL THEN null ELSE {weight: w} END},
+                     {undirectedRelationshipTypes: ['*']})""", name=name, nodes=nodes, edges=edges).graph
+        except Exception as exc:  # noqa: BLE001 - re-raised with the endpoint and the operation named
+            self.drop_graph(name)
+            raise self._fail(exc, f"projecting GDS graph {what}") from exc
+        try:
+            yield graph
+        except Neo4jStoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an algorithm's error, with the endpoint named
+            raise self._fail(exc, f"running a GDS algorithm on {what}") from exc
+        finally:
+            self.drop_graph(name)
 
     def close(self) -> None:
         try:

@@ -122,9 +122,14 @@ class Neo4jSync:
         return out
 
     def _communities(self, con, ns, token) -> dict:
-        rows = self._rows(con, "SELECT community_id AS id, struct_pack(level, size, modularity) AS props FROM communities "
-                               "WHERE namespace = ? ORDER BY community_id", ns)
+        rows = self._rows(con, "SELECT community_id AS id, struct_pack(level, size, modularity, parent_id) AS props "
+                               "FROM communities WHERE namespace = ? ORDER BY community_id", ns)
         out = self._merge_nodes("Community", ns, rows, token)
+        # the levels: a community BELONGS_TO the community of the level above that holds it
+        parents = self._merge_rels("BELONGS_TO", "Community", "Community", ns, self._rows(
+            con, "SELECT community_id AS s, parent_id AS t FROM communities WHERE namespace = ? AND parent_id IS NOT NULL "
+                 "ORDER BY community_id", ns), token)
+        out.update({f"community_{k}": v for k, v in parents.items()})
         scores = self._rows(con, "SELECT entity_id AS id, community_id AS c, pagerank AS pr FROM entity_scores "
                                  "WHERE namespace = ? ORDER BY entity_id", ns)
         out["scored_entities"] = self._set_on_entities(ns, "e.community_id = row.c, e.pagerank = row.pr", scores,

@@ -1,0 +1,93 @@
+"""Community levels coarse to fine: Leiden (one run per resolution) and Louvain (its own passes) on the embedded
+store and on Neo4j + GDS, nested into a tree, stored with their parents and summarized per level."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lazyhippo.graph import algorithms as graph
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stores.warehouse import connect
+from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
+
+RESOLUTIONS = (0.1, 0.5, 1.0)
+
+
+def _clustered_graph(seed: int = 3):
+    """Eight dense groups of eight, groups paired into four looser blocks: a graph with a clear hierarchy."""
+    rng = np.random.default_rng(seed)
+    ids = [f"e{i:02d}" for i in range(64)]
+    edges = []
+    for i in range(64):
+        for j in range(i + 1, 64):
+            same_group, same_block = i // 8 == j // 8, i // 16 == j // 16
+            if (same_group and rng.random() < 0.7) or (same_block and rng.random() < 0.08) or rng.random() < 0.01:
+                edges.append((ids[i], ids[j], 1.0 + float(rng.random())))
+    return ids, edges
+
+
+def _assert_nested(comm: graph.Communities, ids: list[str]) -> None:
+    levels = comm.hierarchy
+    assert levels[-1].membership == comm.membership and levels[-1].modularity == comm.modularity
+    counts = [len(set(level.membership.values())) for level in levels]
+    assert counts == sorted(counts) and counts[0] < counts[-1], counts  # coarse to fine
+    for coarse, fine in zip(levels, levels[1:]):
+        parent: dict[int, int] = {}
+        for n in ids:  # every fine community lies inside exactly one coarse community
+            assert parent.setdefault(fine.membership[n], coarse.membership[n]) == coarse.membership[n]
+
+
+@pytest.mark.parametrize("algorithm", ["leiden", "louvain"])
+def test_embedded_levels_are_nested_coarse_to_fine(algorithm):
+    ids, edges = _clustered_graph()
+    comm = graph.detect_communities(ids, edges, algorithm, resolutions=RESOLUTIONS)
+    assert len(comm.hierarchy) == (3 if algorithm == "leiden" else min(3, comm.levels))
+    assert len(comm.hierarchy) >= 2
+    _assert_nested(comm, ids)
+    one = graph.detect_communities(ids, edges, algorithm, resolutions=(1.0,))
+    assert len(one.hierarchy) == 1
+
+
+def test_bad_resolutions_name_the_setting():
+    for bad in ((), (1.0, 0.5), (0.0, 1.0), "a,b"):
+        with pytest.raises(ValueError, match="community resolutions"):
+            Settings(community_resolutions=bad)
+    assert Settings(community_resolutions="0.2,1").community_resolutions == (0.2, 1.0)
+
+
+def test_index_stores_levels_with_parents_and_summaries(tmp_path):
+    from lazyhippo.index import run_index
+
+    settings = Settings(home=tmp_path, namespace="levels", source=str(SAMPLE_CORPUS))
+    out = run_index(settings)
+    assert len(out["communities"].per_level) == 3
+    with connect(settings) as con:
+        rows = con.execute("SELECT community_id, level, size, parent_id FROM communities WHERE namespace = 'levels'").fetchall()
+        summarized = {c for (c,) in con.execute("SELECT community_id FROM community_summaries").fetchall()}
+        finest = dict(con.execute("SELECT entity_id, community_id FROM entity_scores").fetchall())
+    by_id = {c: (level, size, parent) for c, level, size, parent in rows}
+    assert {level for level, _, _ in by_id.values()} == {0, 1, 2}
+    assert set(finest.values()) == {c for c, (level, _, _) in by_id.items() if level == 2}
+    for c, (level, size, parent) in by_id.items():
+        assert (parent is None) == (level == 0)
+        if parent is not None:
+            assert by_id[parent][0] == level - 1 and by_id[parent][1] >= size
+    for level in (0, 1, 2):  # every level partitions all the entities
+        assert sum(size for lv, size, _ in by_id.values() if lv == level) == len(finest)
+    assert summarized == set(by_id)
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("algorithm", ["leiden", "louvain"])
+def test_gds_levels_agree_with_embedded(algorithm, neo4j_store, namespaces):  # noqa: F811
+    ids, edges = _clustered_graph()
+    emb = graph.detect_communities(ids, edges, algorithm, resolutions=RESOLUTIONS)
+    gds = neo4j_store.communities(namespaces("levels"), ids, edges, algorithm, resolutions=RESOLUTIONS)
+    _assert_nested(gds, ids)
+    assert len(gds.hierarchy) == len(emb.hierarchy)
+    assert abs(emb.modularity - gds.modularity) <= 0.05, (emb.modularity, gds.modularity)
+    assert all(level.modularity > 0.2 for level in gds.hierarchy)  # coarse levels: another optimizer, as good a split
+    g = graph.weighted_igraph(ids, edges)  # the modularity both stores report is igraph's
+    for level in gds.hierarchy:
+        assert g.modularity([level.membership[n] for n in ids], weights="weight") == pytest.approx(level.modularity, abs=1e-9)

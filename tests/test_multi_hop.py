@@ -1,0 +1,60 @@
+"""Adaptive expansion of the multi_hop route: depth and node cap by question type, early stop when a hop
+brings fewer than `min_new_nodes` new nodes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import scipy.sparse as sp
+
+from lazyhippo.query import answer_question
+from lazyhippo.query.config import MultiHopParams
+from lazyhippo.query.multihop import SubgraphPPR
+
+
+def _chain_index(n_entities: int, n_chunks: int, pairs: list[tuple[int, int]]):
+    """What SubgraphPPR.expand reads of an index: the adjacency (entities first), entity document
+    frequencies and the chunk count."""
+    n = n_entities + n_chunks
+    rows, cols = zip(*pairs)
+    adj = sp.csr_matrix((np.ones(2 * len(pairs)), (rows + cols, cols + rows)), shape=(n, n))
+    return SimpleNamespace(graph=SimpleNamespace(adjacency=adj), n_entities=n_entities, n_chunks=n_chunks,
+                           entities=SimpleNamespace(df=np.ones(n_entities)))
+
+
+def test_hops_and_node_cap_follow_the_question_type():
+    p = MultiHopParams()
+    assert [p.hops(k) for k in ("technical", "general", "relational", "multi_part", "exploratory")] == [1, 3, 3, 5, 5]
+    assert p.nodes("technical") == 200 and p.nodes("general") == p.nodes("relational") == p.max_nodes
+    assert p.hops(None) == p.max_hops and MultiHopParams(max_hops=2).hops("multi_part") == 2
+
+
+def test_expansion_depth_by_type_and_early_stop():
+    # entity 0 -> chunks 12..21 (10 new) -> entities 1..9 (9 new) -> chunk 22 (1 new) -> entities 10, 11 (2 new)
+    pairs = [(0, 12 + i) for i in range(10)] + [(12 + i, 1 + i) for i in range(9)] + [(9, 22), (10, 22), (11, 22)]
+    index = _chain_index(12, 11, pairs)
+    start = np.array([0])
+    focused = SubgraphPPR(MultiHopParams(), 1.0, "technical")
+    assert set(focused.expand(index, start)) == {0, *range(12, 22)} and focused.hops == 1
+    wide = SubgraphPPR(MultiHopParams(min_new_nodes=0), 1.0, "multi_part")
+    assert set(wide.expand(index, start)) == set(range(23)) and wide.hops == 4
+    stopping = SubgraphPPR(MultiHopParams(min_new_nodes=3), 1.0, "multi_part")
+    assert set(stopping.expand(index, start)) == set(range(23)) - {10, 11} and stopping.hops == 3  # +1: the last hop
+    chain = _chain_index(10, 11, [(0, 10), (10, 1), (1, 11), (11, 2), (2, 12)])
+    short = SubgraphPPR(MultiHopParams(min_new_nodes=3), 1.0, "multi_part")
+    assert set(short.expand(chain, start)) == {0, 10} and short.hops == 1  # one new node: no second hop
+    capped = SubgraphPPR(MultiHopParams(nodes_by_type={"multi_part": 5}, min_new_nodes=0), 1.0, "multi_part")
+    assert set(capped.expand(index, start)) == {0, *range(12, 22)} and capped.hops == 1  # 11 nodes >= 5: no more
+
+
+def test_route_reports_its_adaptive_expansion(sample_settings):
+    focused = answer_question(sample_settings, "Which telescope config does the Marlow Observatory use?",
+                              route="multi_hop", llm=None)
+    relational = answer_question(sample_settings, "Who succeeded the founder of the Marlow Observatory as its director?",
+                                 route="multi_hop", llm=None)
+    assert focused.diagnostics["query_type"] == "technical" and focused.diagnostics["max_hops"] == 1
+    assert focused.diagnostics["max_nodes"] == 200 and focused.diagnostics["hops"] <= 1
+    assert relational.diagnostics["query_type"] == "relational" and relational.diagnostics["max_hops"] == 3
+    assert relational.diagnostics["subgraph_nodes"] > focused.diagnostics["subgraph_nodes"]
+    assert focused.context and relational.context
