@@ -46,20 +46,23 @@ def figures(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
 
-PREVIEW_PARTITIONS = 20  # a run over more document partitions records its figures without the tables
+PREVIEW_ROWS = 5  # rows of a document partition's preview: a run over thousands of partitions stays light
 
 
-def per_partition(partitions: int, values: dict) -> dict:
-    """Metadata for a run over `partitions` document partitions: Dagster copies it into every partition's
-    materialization, so a large run (a first index) keeps its row count and the other figures as one JSON
-    entry, without the tables (previews): a few hundred bytes per partition instead of several kilobytes."""
-    if partitions <= PREVIEW_PARTITIONS:
-        return values
-    rest = {k: v for k, v in values.items()
-            if k not in ("dagster/row_count", "run_documents") and not isinstance(v, dg.TableMetadataValue)}
-    return {**({"dagster/row_count": values["dagster/row_count"]} if "dagster/row_count" in values else {}),
-            "run_documents": partitions, "figures": dg.MetadataValue.json(rest),
-            "previews": f"on runs over up to {PREVIEW_PARTITIONS} documents"}
+def by_document(con, sql: str, params: Sequence) -> dict[str, list[tuple]]:
+    """Rows of `sql` grouped by their first column (a doc_id), without it."""
+    out: dict[str, list[tuple]] = {}
+    for row in con.execute(sql, list(params)).fetchall():
+        out.setdefault(row[0], []).append(row[1:])
+    return out
+
+
+def per_document(context, key_docs: dict[str, str], values, asset_key: str | None = None) -> None:
+    """Each document partition's own metadata, `values(doc_id)`: Dagster merges it into that partition's
+    materialization only, so every partition carries its own row count, preview and problems."""
+    step = context.get_step_execution_context()  # also reached from the op of a graph-backed asset
+    for key, doc_id in key_docs.items():
+        step.add_asset_metadata(values(doc_id), asset_key=asset_key, partition_key=key)
 
 
 def check_result(res, tables: dict | None = None,

@@ -189,7 +189,8 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         raise typer.Exit(2)
     result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
                                   "graph_store": {"kind": graph_store}},
-                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}})
+                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}},
+                  namespace=namespace)
     data = result.output_for_node("answer_question")
     if as_json:
         print(json.dumps(data, indent=2))
@@ -241,13 +242,18 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     from lazyhippo.stages.lifecycle import remove_documents
 
     def edit(settings, con, store, objects) -> str:
-        from lazyhippo_dagster.assets._partitions import document_keys
+        from lazyhippo.stores.namespaces import UnknownNamespace, namespace_settings
         from lazyhippo_dagster.assets._partitions import documents as document_partitions
+        from lazyhippo_dagster.assets._partitions import source_keys
         from lazyhippo_dagster.runner import instance_for
 
         deleted = remove_documents(settings, con, documents, store, objects)
         instance = instance_for(settings.home)
-        for key in document_keys(settings.namespace, deleted.doc_ids):  # the documents' Dagster partitions go too
+        try:  # partition names follow the source the namespace was indexed from
+            indexed = namespace_settings(settings.home, settings.namespace)
+        except UnknownNamespace:
+            indexed = settings
+        for key in source_keys(indexed, deleted.sources):  # the documents' Dagster partitions go too
             if instance.has_dynamic_partition(document_partitions.name, key):
                 instance.delete_dynamic_partition(document_partitions.name, key)
         return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"

@@ -12,12 +12,16 @@ from typing import Callable
 import dagster as dg
 
 from lazyhippo_dagster.event_log import enable_event_batches
+from lazyhippo_dagster.resources import HOME_FILE, NAMESPACE_TAG
 
 
 def instance_for(home: Path) -> dg.DagsterInstance:
     """DAGSTER_HOME defaults to <index home>/dagster: `dagster dev` started from the repo sees the same runs."""
     dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str((home / "dagster").resolve())))
     dagster_home.mkdir(parents=True, exist_ok=True)
+    marker = dagster_home / HOME_FILE  # runs launched from the UI act on this home (resources.instance_home)
+    if not marker.exists() and dagster_home.resolve() != (home / "dagster").resolve():
+        marker.write_text(str(home.resolve()))
     config = dagster_home / "dagster.yaml"
     if not config.exists() or config.read_text().strip() in ("", INSTANCE_CONFIG.strip()):  # new, or ours before
         config.write_text(INSTANCE_CONFIG + EVENT_LOG_CONFIG.format(base_dir=dagster_home / "history" / "runs"))
@@ -126,14 +130,13 @@ def stage_documents(instance: dg.DagsterInstance, settings) -> list[str]:
     the keys of the added and changed documents, one contiguous range for one run."""
     from lazyhippo.sources.changes import indexed_state
     from lazyhippo_dagster.assets._partitions import apply_partition_changes
-    from lazyhippo_dagster.sensors import scan
+    from lazyhippo_dagster.sensors import change_names, scan
 
     scanned = scan(settings, indexed_state(settings))
     if isinstance(scanned, str):
         raise ValueError(scanned)
-    state, change = scanned
-    doc_ids = {d for f in state.files.values() for d in f.docs}
-    return apply_partition_changes(instance, settings.namespace, doc_ids, {**change.added, **change.changed})
+    add_namespace_partition(instance, settings.namespace)
+    return apply_partition_changes(instance, settings.namespace, *change_names(settings, *scanned))
 
 
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,
@@ -149,6 +152,7 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
         return index_chain(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step)
     if namespace is not None:
         add_namespace_partition(instance, namespace)
+        tags[NAMESPACE_TAG] = namespace
     job = defs.resolve_job_def(job_name)
     return _watched(instance, tags, on_step, lambda: job.execute_in_process(
         run_config=config, instance=instance, tags=tags, raise_on_error=False, partition_key=namespace))
@@ -168,6 +172,7 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
 
     settings = settings_of(config, namespace)
     namespace = settings.namespace
+    tags = {**tags, NAMESPACE_TAG: namespace}
     add_namespace_partition(instance, namespace)
     keys = stage_documents(instance, settings)
     results = []
