@@ -3,7 +3,7 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from lazyhippo_dagster.assets._kinds import store_kinds
 from lazyhippo_dagster.assets.documents import IN_RUN, PER_DOCUMENT, run_documents
-from lazyhippo_dagster.assets.metadata import PREVIEW_ROWS, by_document, per_document, table
+from lazyhippo_dagster.assets.metadata import PREVIEW_ROWS, by_document, md_table, per_document
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
@@ -22,5 +22,5 @@ def chunks(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, grap
                            "ORDER BY doc_id, position", [settings.namespace, only])
     context.log.info(f"chunks of {len(keys)} documents: {stats.figures()}")
     per_document(context, keys, lambda d: {"dagster/row_count": counts.get(d, 0),
-                                           "preview": table(rows.get(d, []), ["pos", "section", "tokens", "text"])})
+                                           "preview": md_table(rows.get(d, []), ["pos", "section", "tokens", "text"])})
     return dg.MaterializeResult(metadata={"chunk_size": settings.chunk_size, "chunk_overlap": settings.chunk_overlap})

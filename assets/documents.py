@@ -4,7 +4,7 @@ from lazyhippo.index import run_stage
 from lazyhippo_dagster.assets._kinds import store_kinds
 from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, key_doc_ids
 from lazyhippo_dagster.assets._partitions import documents as document_partitions
-from lazyhippo_dagster.assets.metadata import OWNERS, by_document, per_document, table
+from lazyhippo_dagster.assets.metadata import OWNERS, by_document, md_table, per_document
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 PER_DOCUMENT = dict(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
@@ -37,7 +37,7 @@ def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, g
         problems = [(e.source, e.reason) for e in stats.errors if source and e.source in (source, source.split("#")[0])]
         return {"dagster/row_count": len(found), "doc_id": doc_id, "title": title or "(not read)", "kind": kind or "",
                 "source": source or "", "chars": chars, "input_problems": len(problems),
-                **({"input_problems_list": table(problems, ["file or row", "problem (skipped or cut)"])} if problems else {})}
+                **({"input_problems_list": md_table(problems, ["file or row", "problem (skipped or cut)"])} if problems else {})}
 
     per_document(context, keys, values)
     return dg.MaterializeResult(metadata={"namespace": settings.namespace, "source": settings.source})

@@ -9,7 +9,7 @@ from lazyhippo_dagster.assets._kinds import store_kinds
 from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS
 from lazyhippo_dagster.assets._partitions import documents as document_partitions
 from lazyhippo_dagster.assets.documents import run_documents
-from lazyhippo_dagster.assets.metadata import OWNERS, PREVIEW_ROWS, by_document, figures, per_document, table
+from lazyhippo_dagster.assets.metadata import OWNERS, PREVIEW_ROWS, by_document, figures, md_table, per_document
 from lazyhippo_dagster.resources import LazyhippoResource, ObjectStoreResource
 
 
@@ -59,7 +59,7 @@ def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], laz
                           "ORDER BY doc_id, n DESC, name", [settings.namespace, only])
     context.log.info(f"extractions of {len(keys)} documents in {len(batches)} batches: {figures(out)}")
     per_document(context, keys, lambda d: {"dagster/row_count": counts.get(d, 0),
-                                           "entities": table(top.get(d, []), ["entity", "type", "mentions"])},
+                                           "entities": md_table(top.get(d, []), ["entity", "type", "mentions"])},
                  asset_key="extractions")
     for s in stats:  # run figures go to the log: the metadata of a partition is its own
         if s:

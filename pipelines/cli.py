@@ -502,6 +502,20 @@ def bench_partitions(documents: int = typer.Option(400, min=1, help="Document pa
     print(json.dumps(result))
 
 
+@bench.command("run-page")
+def bench_run_page(documents: int = typer.Option(1500, min=1, help="Document partitions in the probe run.")) -> None:
+    """The cost of opening the page of one run over N document partitions (the webserver's GraphQL for the run and
+    all its events), with per-partition previews as typed tables and as the Markdown tables the assets record."""
+    from lazyhippo_dagster.bench_partitions import run_page_bench
+
+    result = run_page_bench(documents)
+    for name in ("table", "markdown"):
+        r = result[name]
+        console.print(f"{name:8s} previews: run over {documents} partitions x 3 assets in {r['run_seconds']} s; "
+                      f"its page ({r['events']} events) in {r['page_seconds']} s")
+    print(json.dumps(result))
+
+
 @bench.command("serve")
 def bench_serve(clients: int = typer.Option(8, help="Concurrent clients."), seconds: float = typer.Option(30.0, help="Load time per route."),
                 routes: str = typer.Option("local", help="Comma-separated routes to load, one after the other."),

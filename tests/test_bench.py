@@ -159,3 +159,14 @@ def test_bench_partitions_records_every_partition_and_projects_from_its_event_co
     for r in (out["stock"], out["batched"]):
         assert r["ms_per_partition_and_asset"] > 0
         assert r["projected_index_seconds"] == pytest.approx(r["ms_per_partition_and_asset"] / 1000 * 1000 * 3, rel=0.05)
+
+
+def test_bench_run_page_loads_every_event_of_a_run_over_document_partitions():
+    """One planned event per asset, one materialization per partition and asset, each with its own preview."""
+    from lazyhippo_dagster.bench_partitions import run_page_bench
+
+    out = run_page_bench(40)
+    for r in (out["table"], out["markdown"]):
+        assert r["page_seconds"] > 0 and r["run_seconds"] > 0
+        assert 3 * 40 < r["events"] < 3 * 40 + 60  # not 3 x 40 planned events besides
+    assert out["speedup"] == pytest.approx(out["table"]["page_seconds"] / out["markdown"]["page_seconds"], abs=0.05)
