@@ -46,13 +46,13 @@ def context_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreR
 
 @dg.multi_asset_check(**_optional("theme_coverage_check", "community_summaries",
                                    "Global questions (themes.json beside the source): share of expected themes in the context."))
-def theme_coverage_check(context: dg.AssetCheckExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
+def theme_coverage_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
     from lazyhippo.query import answer_question
 
     settings = lazyhippo.settings()
     items = _beside_source(settings, "themes.json")
     if items is None:
-        context.log.info("skipped: no themes.json beside the source")
+        dg.get_dagster_logger().info("skipped: no themes.json beside the source")
         return
     per_q = []
     ppr = graph_store.store.ppr_backend(settings.namespace)
@@ -68,14 +68,14 @@ def theme_coverage_check(context: dg.AssetCheckExecutionContext, lazyhippo: Lazy
 @dg.multi_asset_check(**_optional("retrieval_quality_check", "community_summaries",
                                    "recall@5 of the local route on questions.json (or questions_dev.json) beside the source, "
                                    "by passage id when the questions carry supporting_ids, against a floor."))
-def retrieval_quality_check(context: dg.AssetCheckExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
+def retrieval_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
     from lazyhippo.evaluate.bench import gold_key, passage_id
     from lazyhippo.query import retrieve
 
     settings = lazyhippo.settings()
     questions = _beside_source(settings, "questions.json") or _beside_source(settings, "questions_dev.json")
     if questions is None:
-        context.log.info("skipped: no questions.json beside the source")
+        dg.get_dagster_logger().info("skipped: no questions.json beside the source")
         return
     field = gold_key(questions)
     key = (lambda c: passage_id(c.source)) if field == "supporting_ids" else (lambda c: c.title)
