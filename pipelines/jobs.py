@@ -3,6 +3,7 @@ import dagster as dg
 from lazyhippo_dagster.assets._partitions import namespaces, range_tags
 from lazyhippo_dagster.assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource
+from lazyhippo_dagster.staging import stage_documents
 
 # per-document assets over a range of document partitions: multiprocess unless configured otherwise, so
 # extraction batches run in parallel (`lazyhippo index --workers N` sets max_concurrent; the CLI's default
@@ -36,8 +37,6 @@ STAGED_START, STAGED_END = "lazyhippo/staged_start", "lazyhippo/staged_end"  # t
 @dg.op(description="Compare the namespace's source with what it holds (content hashes) and stage the document "
                    "partitions: the added and changed ones as one range, which `documents_after_staging` then indexes.")
 def stage_changed_documents(context: dg.OpExecutionContext, lazyhippo: LazyhippoResource) -> None:
-    from lazyhippo_dagster.runner import stage_documents
-
     keys = stage_documents(context.instance, lazyhippo.settings())
     context.log.info(f"{len(keys)} document partition(s) staged" + (f": {keys[0]} .. {keys[-1]}" if keys else ""))
     if keys:

@@ -13,6 +13,7 @@ import dagster as dg
 
 from lazyhippo_dagster.event_log import enable_event_batches
 from lazyhippo_dagster.resources import HOME_FILE, NAMESPACE_TAG
+from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
 
 
 def instance_for(home: Path) -> dg.DagsterInstance:
@@ -83,13 +84,6 @@ def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
     return cfg
 
 
-def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> None:
-    from lazyhippo_dagster.assets._partitions import namespaces
-
-    if not instance.has_dynamic_partition(namespaces.name, namespace):
-        instance.add_dynamic_partitions(namespaces.name, [namespace])
-
-
 @dataclass
 class RunChain:
     """The runs of one `index` request: one over the added and changed documents' partitions (when there are
@@ -123,20 +117,6 @@ def settings_of(config: dict, namespace: str | None):
 
     fields = config.get("resources", {}).get("lazyhippo", {}).get("config", {})
     return LazyhippoResource(**{**fields, **({"namespace": namespace} if namespace else {})}).settings()
-
-
-def stage_documents(instance: dg.DagsterInstance, settings) -> list[str]:
-    """Compare the source with what the namespace holds (content hashes) and stage the document partitions:
-    the keys of the added and changed documents, one contiguous range for one run."""
-    from lazyhippo.sources.changes import indexed_state
-    from lazyhippo_dagster.assets._partitions import apply_partition_changes
-    from lazyhippo_dagster.sensors import change_names, scan
-
-    scanned = scan(settings, indexed_state(settings))
-    if isinstance(scanned, str):
-        raise ValueError(scanned)
-    add_namespace_partition(instance, settings.namespace)
-    return apply_partition_changes(instance, settings.namespace, *change_names(settings, *scanned))
 
 
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,

@@ -9,7 +9,8 @@ import duckdb
 from lazyhippo.sources.changes import indexed_state
 from lazyhippo_dagster.jobs import index_graph_job, reindex_job
 from lazyhippo_dagster.resources import NAMESPACE_TAG, LazyhippoResource
-from lazyhippo_dagster.sensors import change_tags, scan
+from lazyhippo_dagster.sensors import change_tags
+from lazyhippo_dagster.staging import scan
 
 
 def _tick(context: dg.ScheduleEvaluationContext) -> str:

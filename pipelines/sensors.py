@@ -11,18 +11,14 @@ removes documents asks for the graph run directly. An evaluation only reads: a p
 sensor's, a backfill's, one launched from the asset catalog) with one `index_graph` run of its namespace;
 `documents_after_staging` follows a `reindex` run (the nightly schedule's) with the documents run it staged."""
 
-from pathlib import Path
-
 import dagster as dg
 import duckdb
 
-from lazyhippo.sources.bucket import bucket_source, open_bucket, scan_bucket
-from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state, scan_source
-from lazyhippo.stores.objects import ObjectStoreError
-from lazyhippo_dagster.assets._partitions import (RANGE_END, RANGE_START, document_name, documents, namespaces,
-                                                 partition_changes, range_tags, single_jsonl)
+from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state
+from lazyhippo_dagster.assets._partitions import RANGE_END, RANGE_START, documents, namespaces, partition_changes, range_tags
 from lazyhippo_dagster.jobs import STAGED_END, STAGED_START, index_documents_job, index_graph_job, reindex_job
 from lazyhippo_dagster.resources import NAMESPACE_TAG, LazyhippoResource
+from lazyhippo_dagster.staging import change_names
 
 LAUNCHER_RUNS_GRAPH = "lazyhippo/graph_by_launcher"  # a documents run whose launcher (the CLI, the API) runs the graph itself
 PER_DOCUMENT_ASSETS = {dg.AssetKey(k) for k in ("documents", "chunks", "extractions")}
@@ -31,13 +27,6 @@ PER_DOCUMENT_ASSETS = {dg.AssetKey(k) for k in ("documents", "chunks", "extracti
 def change_tags(namespace: str, change: SourceChange) -> dict[str, str]:
     return {NAMESPACE_TAG: namespace, "lazyhippo/change": change.summary(), "lazyhippo/added": str(len(change.added)),
             "lazyhippo/changed": str(len(change.changed)), "lazyhippo/removed": str(len(change.removed))}
-
-
-def change_names(settings, state: SourceState, change: SourceChange) -> tuple[set[str], set[str]]:
-    """(partition names of every document of the source, of the added and changed ones)."""
-    single = single_jsonl(settings)
-    held = {document_name(s, single) for f in state.files.values() for s in f.docs}
-    return held, {document_name(s, single) for s in {**change.added, **change.changed}}
 
 
 def change_plan(instance: dg.DagsterInstance, settings, state: SourceState, change: SourceChange):
@@ -53,18 +42,6 @@ def change_plan(instance: dg.DagsterInstance, settings, state: SourceState, chan
     if run:
         return requests, dg.RunRequest(job_name=index_documents_job.name, run_key=run_key, tags={**tags, **range_tags(run)})
     return requests, dg.RunRequest(job_name=index_graph_job.name, run_key=run_key, partition_key=namespace, tags=tags)
-
-
-def scan(settings, previous: SourceState) -> tuple[SourceState, SourceChange] | str:
-    """The source's new state and change, or why it cannot be read now."""
-    bucket = bucket_source(settings.source)  # the folder or bucket prefix the index job reads, same settings
-    if bucket is None:
-        source = Path(settings.source)
-        return scan_source(source, settings.max_file_bytes, previous) if source.exists() else f"source {source} does not exist"
-    try:
-        return scan_bucket(open_bucket(bucket[0]), bucket[1], settings.max_file_bytes, previous)
-    except ObjectStoreError as exc:
-        return f"source {settings.source} cannot be listed, next tick retries ({exc})"
 
 
 def _cursors(cursor: str | None) -> dict[str, str]:
