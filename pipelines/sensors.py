@@ -18,7 +18,7 @@ from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state
 from lazyhippo_dagster.assets._partitions import RANGE_END, RANGE_START, documents, namespaces, partition_changes, range_tags
 from lazyhippo_dagster.jobs import STAGED_END, STAGED_START, index_documents_job, index_graph_job, reindex_job
 from lazyhippo_dagster.resources import NAMESPACE_TAG, LazyhippoResource
-from lazyhippo_dagster.staging import change_names
+from lazyhippo_dagster.staging import change_names, scan
 
 LAUNCHER_RUNS_GRAPH = "lazyhippo/graph_by_launcher"  # a documents run whose launcher (the CLI, the API) runs the graph itself
 PER_DOCUMENT_ASSETS = {dg.AssetKey(k) for k in ("documents", "chunks", "extractions")}
