@@ -1,7 +1,7 @@
 """The one module that reads the environment.
 
 `Settings` describes an index (home, namespace, source, models, stores): `Settings.from_env()` fills it from the
-LAZYHIPPO_* variables when a run starts, never at import; CLI options or resource config then override with
+LAZYHIPPO_* variables (the home, unset, from DAGSTER_HOME: `<home>/dagster`) when a run starts, never at import; CLI options or resource config then override with
 `.with_(...)`, and the result is passed down to every stage. `environment()` holds the process-level values
 (threads, model cache, endpoints and credentials of the servers) that the stores and models are built from.
 """
@@ -46,6 +46,16 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
+INSTANCE_HOME_FILE = "lazyhippo_home"  # in a Dagster instance folder other than <home>/dagster: its home
+
+
+def instance_home(instance_dir: str | Path) -> Path:
+    """The index home a Dagster instance folder belongs to: the one recorded in it, else its parent (the CLI
+    creates the instance at `<home>/dagster`)."""
+    marker = Path(instance_dir) / INSTANCE_HOME_FILE
+    return Path(marker.read_text().strip()) if marker.exists() else Path(instance_dir).resolve().parent
+
+
 # Settings field -> environment variable read by `from_env`
 ENV = {"home": "LAZYHIPPO_HOME", "namespace": "LAZYHIPPO_NAMESPACE", "source": "LAZYHIPPO_SOURCE",
        "extractor": "LAZYHIPPO_EXTRACTOR", "embedder": "LAZYHIPPO_EMBEDDER", "llm_model": "LAZYHIPPO_LLM_MODEL",
@@ -77,6 +87,8 @@ class Settings:
         """Defaults, then LAZYHIPPO_* variables, then `overrides` (None values are ignored). Without
         LAZYHIPPO_LLM, an LLM is used when OPENAI_BASE_URL or OPENAI_API_KEY is set."""
         env = {k: os.environ[v] for k, v in ENV.items() if os.environ.get(v)}
+        if "home" not in env and os.environ.get("DAGSTER_HOME"):  # the instance and its home belong together
+            env["home"] = str(instance_home(os.environ["DAGSTER_HOME"]))
         if "llm" not in env and (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")):
             env["llm"] = "openai"
         return cls().with_(**env).with_(**overrides)

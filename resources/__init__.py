@@ -15,7 +15,8 @@ import dagster as dg
 import duckdb
 from pydantic import PrivateAttr
 
-from lazyhippo.settings import GraphStoreKind, ObjectStoreKind, Settings
+from lazyhippo.settings import INSTANCE_HOME_FILE, GraphStoreKind, ObjectStoreKind, Settings
+from lazyhippo.settings import instance_home as home_of_instance_dir
 from lazyhippo.stores import open_graph_store, open_object_store
 from lazyhippo.stores.graphs import GraphStore
 from lazyhippo.stores.namespaces import held_namespaces, namespace_settings
@@ -26,15 +27,12 @@ PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 PUBLISH_TAG = "lazyhippo/publish"  # "after_graph" on the per-document job
 NAMESPACE_TAG = "lazyhippo/namespace"  # on every run: which knowledge base it acts on
-HOME_FILE = "lazyhippo_home"  # in an instance folder that is not `<home>/dagster`: the home its runs act on
+HOME_FILE = INSTANCE_HOME_FILE
 
 
 def instance_home(instance: dg.DagsterInstance) -> Path:
-    """The index home an instance belongs to: the one recorded in its folder, else the folder's parent (the CLI
-    creates the instance at `<home>/dagster`)."""
-    root = Path(instance.root_directory)
-    marker = root / HOME_FILE
-    return Path(marker.read_text().strip()) if marker.exists() else root.parent
+    """The index home an instance belongs to (`lazyhippo.settings.instance_home` of its folder)."""
+    return home_of_instance_dir(instance.root_directory)
 
 
 class LazyhippoResource(dg.ConfigurableResource):

@@ -56,3 +56,11 @@ def test_a_partition_key_names_its_document_and_leads_back_to_it(tmp_path, sourc
     assert key_doc_ids([key], settings) == {key: doc_id_for(source)}
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("documents", [key])  # a key Dagster accepts
+
+
+def test_with_only_dagster_home_set_the_cli_and_the_engine_use_its_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("LAZYHIPPO_HOME", raising=False)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "kb" / "dagster"))
+    assert Settings.from_env().home == (tmp_path / "kb").resolve()
+    monkeypatch.setenv("LAZYHIPPO_HOME", str(tmp_path / "other"))  # named explicitly: that one
+    assert Settings.from_env().home == (tmp_path / "other").resolve()
