@@ -92,7 +92,7 @@ def key_doc_ids(keys: list[str], settings) -> dict[str, str]:
         hashed = _HASHED.search(name)
         return "d_" + hashed.group(1) if hashed else doc_id_for(f"{single}#{name}" if single else name)
 
-    split_keys(keys)
+    split_keys(keys)  # one namespace per run, else a clear error
     return {k: doc_id(k.split("/", 1)[1]) for k in keys}
 
 

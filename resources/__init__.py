@@ -96,7 +96,7 @@ class LazyhippoResource(dg.ConfigurableResource):
         is published for readers only when every step of the run succeeded (a query run never locks)."""
         self._settings = None  # filled once per run, on first use, with the run's partition as namespace
         tags = context.run.tags if context.run is not None else {}
-        key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<doc_id>`
+        key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<name>`
         self._partition = key.split("/", 1)[0] if key else None
         self._instance = context.instance
         if context.run is None:  # a sensor or schedule evaluation: it names its namespaces itself
