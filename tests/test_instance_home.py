@@ -64,3 +64,15 @@ def test_with_only_dagster_home_set_the_cli_and_the_engine_use_its_home(tmp_path
     assert Settings.from_env().home == (tmp_path / "kb").resolve()
     monkeypatch.setenv("LAZYHIPPO_HOME", str(tmp_path / "other"))  # named explicitly: that one
     assert Settings.from_env().home == (tmp_path / "other").resolve()
+
+
+def test_kind_tags_name_the_stores_the_runs_use(monkeypatch):
+    from lazyhippo_dagster.assets._kinds import store_kinds
+
+    monkeypatch.delenv("LAZYHIPPO_GRAPH_STORE", raising=False)
+    monkeypatch.delenv("LAZYHIPPO_OBJECT_STORE", raising=False)
+    assert store_kinds("duckdb", graph=True) == {"duckdb"} and store_kinds("parquet", objects=True) == {"parquet"}
+    monkeypatch.setenv("LAZYHIPPO_GRAPH_STORE", "neo4j")
+    monkeypatch.setenv("LAZYHIPPO_OBJECT_STORE", "minio")
+    assert store_kinds("duckdb", graph=True) == {"duckdb", "neo4j"} and store_kinds("parquet", objects=True) == {"parquet", "minio"}
+    assert store_kinds("duckdb") == {"duckdb"}  # an asset that writes neither store
