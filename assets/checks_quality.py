@@ -9,26 +9,28 @@ import json
 import dagster as dg
 
 from lazyhippo.evaluate.quality import context_quality, probe_questions, retrieval_outcome, source_file, themes_outcome
-from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
 from lazyhippo_dagster.assets.metadata import check_result, table
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
 def _beside_source(settings, name: str) -> list | None:
-    """The JSON file `name` beside the indexed source, or None (the check then passes as skipped)."""
+    """The JSON file `name` beside the indexed source, or None (the check then yields no result: Skipped)."""
     path = source_file(settings, name)
     return json.loads(path.read_text()) if path else None
 
 
-def _skipped(name: str) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(passed=True, metadata={"skipped": f"no {name} beside the source"})
+def _optional(name: str, asset: str, description: str) -> dict:
+    """A check that may not apply: it yields no result then, which Dagster shows as Skipped, never as Passed."""
+    return dict(specs=[dg.AssetCheckSpec(name, asset=asset, partitions_def=namespaces, description=description)],
+                can_subset=True, op_tags=WAREHOUSE_TAGS, name=name)
 
 
 def _result(outcome, tables: dict) -> dg.AssetCheckResult:
     return check_result(outcome, tables, dg.AssetCheckSeverity.WARN)
 
 
-@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
+@dg.asset_check(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
                 description="Assembled contexts on a fixed query set: no duplicate chunk, within budget, few noise chunks, cited.")
 def context_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
     from lazyhippo.query import answer_question
@@ -42,43 +44,45 @@ def context_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreR
     return _result(outcome, {"queries_run": table(rows, ["question", "route", "chunks", "tokens", "citations"])})
 
 
-@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
-                description="Global questions (themes.json beside the source): share of expected themes in the context.")
-def theme_coverage_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
+@dg.multi_asset_check(**_optional("theme_coverage_check", "community_summaries",
+                                   "Global questions (themes.json beside the source): share of expected themes in the context."))
+def theme_coverage_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
     from lazyhippo.query import answer_question
 
     settings = lazyhippo.settings()
     items = _beside_source(settings, "themes.json")
     if items is None:
-        return _skipped("themes.json")
+        dg.get_dagster_logger().info("skipped: no themes.json beside the source")
+        return
     per_q = []
     ppr = graph_store.store.ppr_backend(settings.namespace)
     for item in items:
         res = answer_question(settings, item["question"], route="global", budget=lazyhippo.check_budget, llm=None, ppr=ppr)
         per_q.append((item["question"], res.context_text, item["themes"]))
     outcome = themes_outcome(per_q, lazyhippo.theme_coverage_min)
-    return _result(outcome, {
+    yield _result(outcome, {
         "per_question": table([(r["question"], round(r["coverage"], 2), ", ".join(r["missing"])) for r in outcome.details],
                               ["question", "coverage", "missing themes"])})
 
 
-@dg.asset_check(op_tags=WAREHOUSE_TAGS, asset="community_summaries", blocking=False,
-                description="recall@5 of the local route on questions.json (or questions_dev.json) beside the source, "
-                            "by passage id when the questions carry supporting_ids, against a floor.")
-def retrieval_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
+@dg.multi_asset_check(**_optional("retrieval_quality_check", "community_summaries",
+                                   "recall@5 of the local route on questions.json (or questions_dev.json) beside the source, "
+                                   "by passage id when the questions carry supporting_ids, against a floor."))
+def retrieval_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
     from lazyhippo.evaluate.bench import gold_key, passage_id
     from lazyhippo.query import retrieve
 
     settings = lazyhippo.settings()
     questions = _beside_source(settings, "questions.json") or _beside_source(settings, "questions_dev.json")
     if questions is None:
-        return _skipped("questions.json")
+        dg.get_dagster_logger().info("skipped: no questions.json beside the source")
+        return
     field = gold_key(questions)
     key = (lambda c: passage_id(c.source)) if field == "supporting_ids" else (lambda c: c.title)
     ppr = graph_store.store.ppr_backend(settings.namespace)
     rankings = [(q["question"], [key(c) for c in retrieve(settings, q["question"], route="local", top_k=8, ppr=ppr)], q[field])
                 for q in questions]
     outcome = retrieval_outcome(rankings, lazyhippo.recall_at_5_min)
-    return _result(outcome, {
+    yield _result(outcome, {
         "per_question": table([(r["question"], round(r["recall_at_5"], 2), ", ".join(r["retrieved"])) for r in outcome.details],
                               ["question", "recall@5", "top 5"])})

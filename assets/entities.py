@@ -2,11 +2,12 @@ import dagster as dg
 
 from lazyhippo.index import run_stage
 from lazyhippo.stages.lifecycle import drop_vanished
+from lazyhippo_dagster.assets._kinds import store_kinds
 from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces, on_documents
 from lazyhippo_dagster.assets.metadata import OWNERS, llm_usage, preview
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource, ObjectStoreResource
 
-_KINDS = {"duckdb", "sql", "neo4j"}
+_KINDS = store_kinds("duckdb", "sql", graph=True)
 
 
 @dg.multi_asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS,

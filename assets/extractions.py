@@ -5,9 +5,11 @@ no worker needs a file local to another (lazyhippo/parts.py)."""
 import dagster as dg
 
 from lazyhippo.stages.extractions import Batch, collect_parts, extract_batch, plan_batches
-from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, split_keys
+from lazyhippo_dagster.assets._kinds import store_kinds
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS
 from lazyhippo_dagster.assets._partitions import documents as document_partitions
-from lazyhippo_dagster.assets.metadata import OWNERS, figures, per_partition, table
+from lazyhippo_dagster.assets.documents import run_documents
+from lazyhippo_dagster.assets.metadata import OWNERS, PREVIEW_ROWS, by_document, figures, md_table, per_document
 from lazyhippo_dagster.resources import LazyhippoResource, ObjectStoreResource
 
 
@@ -21,7 +23,7 @@ def plan_extraction_batches(context: dg.OpExecutionContext, config: ExtractionBa
     settings = lazyhippo.settings()
     with lazyhippo.warehouse() as con:
         batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks,
-                                        only=split_keys(context.partition_keys)[1])
+                                        only=frozenset(run_documents(context, lazyhippo).values()))
     context.log.info(f"{figures['documents_to_extract']} of {figures['documents']} documents to extract "
                      f"in {figures['batches']} batches")
     for b in batches or [Batch("", "none", ())]:  # one (empty) step keeps the collect step running
@@ -45,16 +47,27 @@ def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], laz
                           object_store: ObjectStoreResource) -> None:
     settings = lazyhippo.settings()
     batches = [Batch(s["batch"]["key"], s["batch"]["name"], tuple(s["batch"]["doc_ids"])) for s in stats if s]
+    keys = run_documents(context, lazyhippo)
+    only = sorted(set(keys.values()))
     with lazyhippo.warehouse() as con:
         out = collect_parts(settings, con, object_store.open(settings), batches, stats, context.run_id)
-    context.add_output_metadata(per_partition(len(context.partition_keys), {
-        **figures(out), "dagster/row_count": out["raw_entities"], "batches": len(batches),
-        "per_batch": table([(s["batch"]["name"], s["documents"], s["computed"], s["cached"], s["failed"])
-                               for s in stats if s], ["batch", "documents", "extracted", "cached", "failed"]),
-    }))
+        named = ("SELECT c.doc_id, e.name, e.type FROM extracted_entities e JOIN chunks c "
+                 "ON c.namespace = e.namespace AND c.chunk_id = e.chunk_id WHERE c.namespace = ? AND c.doc_id IN (SELECT unnest(?))")
+        counts = dict(con.execute(f"SELECT doc_id, count(*) FROM ({named}) GROUP BY doc_id", [settings.namespace, only]).fetchall())
+        top = by_document(con, f"SELECT doc_id, name, type, count(*) AS n FROM ({named}) GROUP BY doc_id, name, type "
+                          f"QUALIFY row_number() OVER (PARTITION BY doc_id ORDER BY n DESC, name) <= {PREVIEW_ROWS} "
+                          "ORDER BY doc_id, n DESC, name", [settings.namespace, only])
+    context.log.info(f"extractions of {len(keys)} documents in {len(batches)} batches: {figures(out)}")
+    per_document(context, keys, lambda d: {"dagster/row_count": counts.get(d, 0),
+                                           "entities": md_table(top.get(d, []), ["entity", "type", "mentions"])},
+                 asset_key="extractions")
+    for s in stats:  # run figures go to the log: the metadata of a partition is its own
+        if s:
+            context.log.info(f"batch {s['batch']['name']}: {s['documents']} documents, {s['computed']} extracted, "
+                             f"{s['cached']} cached, {s['failed']} failed")
 
 
-@dg.graph_asset(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(), group_name="per_document", kinds={"duckdb", "spacy", "parquet"}, owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
+@dg.graph_asset(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(), group_name="per_document", kinds=store_kinds("duckdb", "spacy", "parquet", objects=True), owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
                 description="Entities, relations and facts per chunk, extracted in parallel batches; per-document "
                             "parts in the object store; cached by (chunk hash, extractor, model, prompt version).")
 def extractions(chunks):

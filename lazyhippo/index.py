@@ -22,6 +22,7 @@ from lazyhippo.stages.extractions import run_extractions
 from lazyhippo.stages.knn_edges import build_knn_edges
 from lazyhippo.stages.results import StageResult
 from lazyhippo.stores.graphs import GraphStore
+from lazyhippo.stores.namespaces import record_namespace
 from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import count
 
@@ -60,6 +61,8 @@ def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, st
     """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
     cannot leave the served graph stale. The sync's figures come back as `synced`."""
     result = _stages(settings, con, store, objects, progress, run_id, llm, extractor, only)[asset]()
+    if asset == "documents":  # the home now holds the namespace: record how it is indexed
+        record_namespace(settings)
     return replace(result, synced=store.sync(con, settings.namespace, asset))
 
 

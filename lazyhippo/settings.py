@@ -1,7 +1,7 @@
 """The one module that reads the environment.
 
 `Settings` describes an index (home, namespace, source, models, stores): `Settings.from_env()` fills it from the
-LAZYHIPPO_* variables when a run starts, never at import; CLI options or resource config then override with
+LAZYHIPPO_* variables (the home, unset, from DAGSTER_HOME: `<home>/dagster`) when a run starts, never at import; CLI options or resource config then override with
 `.with_(...)`, and the result is passed down to every stage. `environment()` holds the process-level values
 (threads, model cache, endpoints and credentials of the servers) that the stores and models are built from.
 """
@@ -48,6 +48,16 @@ def check_namespace(namespace: str) -> str:
         raise ValueError(f"invalid namespace {namespace!r}: use 1-64 letters, digits, '_' or '-', "
                          "starting with a letter or digit")
     return namespace
+
+
+INSTANCE_HOME_FILE = "lazyhippo_home"  # in a Dagster instance folder other than <home>/dagster: its home
+
+
+def instance_home(instance_dir: str | Path) -> Path:
+    """The index home a Dagster instance folder belongs to: the one recorded in it, else its parent (the CLI
+    creates the instance at `<home>/dagster`)."""
+    marker = Path(instance_dir) / INSTANCE_HOME_FILE
+    return Path(marker.read_text().strip()) if marker.exists() else Path(instance_dir).resolve().parent
 
 
 # Settings field -> environment variable read by `from_env`
@@ -104,6 +114,8 @@ class Settings:
         for k in ("rerank_top_n", "max_related_chunks"):
             if k in env:
                 env[k] = _int(ENV[k], env[k])
+        if "home" not in env and os.environ.get("DAGSTER_HOME"):  # the instance and its home belong together
+            env["home"] = str(instance_home(os.environ["DAGSTER_HOME"]))
         if "llm" not in env and (os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")):
             env["llm"] = "openai"
         return cls().with_(**env).with_(**overrides)

@@ -80,3 +80,74 @@ def postgres_event_cost(documents: int, storage: dict) -> dict:
     sqlite = _probe(documents, _sqlite(STORAGES["batched"])) / (documents * ASSETS) * 1000
     return {"documents": documents, "postgres_ms_per_partition_and_asset": round(pg, 2),
             "sqlite_ms_per_partition_and_asset": round(sqlite, 2), "postgres_over_sqlite": round(pg / sqlite, 2)}
+
+
+PAGE_PREVIEW_ROWS = 5
+RUN_QUERY = "query($id: ID!) { runOrError(runId: $id) { ... on Run { runId status tags { key value } assetSelection { path } } } }"
+LOGS_QUERY = """query($id: ID!, $after: String) { logsForRun(runId: $id, afterCursor: $after, limit: 1000) {
+  ... on EventConnection { cursor hasMore events { __typename ... on MessageEvent { message timestamp level stepKey eventType }
+    ... on MaterializationEvent { assetKey { path } partition metadataEntries { label description __typename
+      ... on TableMetadataEntry { table { records schema { columns { name type description
+        constraints { nullable unique other } tags { key value } } constraints { other } } } }
+      ... on MarkdownMetadataEntry { mdStr } ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text } } }
+    ... on AssetMaterializationPlannedEvent { assetKey { path } } } } } }"""
+
+
+def _page_probe(documents: int, preview) -> dict:
+    """One run over `documents` partitions of the three per-document assets' shape, each partition carrying a
+    row count and a 5-row preview made by `preview`; then the run page's queries (the run, every event page)."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import EmptyWorkspaceTarget
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    from lazyhippo_dagster.assets.metadata import per_document
+
+    parts = dg.DynamicPartitionsDefinition(name="bench_documents")
+    rows = [(p, "Section", 200, "A chunk's first hundred and twenty characters, as the chunks asset previews them for one "
+                                "document partition.") for p in range(PAGE_PREVIEW_ROWS)]
+
+    def probe(name: str, dep: str | None):
+        @dg.asset(name=name, partitions_def=parts, deps=[dep] if dep else [])
+        def _probe(context) -> None:
+            per_document(context, {k: k for k in context.partition_keys},
+                         lambda _: {"dagster/row_count": PAGE_PREVIEW_ROWS, "preview": preview(rows, ["pos", "section", "tokens", "text"])})
+        return _probe
+
+    assets = [probe("documents", None), probe("chunks", "documents"), probe("extractions", "chunks")]
+    keys = [f"bench/doc_{i:06d}.txt" for i in range(documents)]
+    with tempfile.TemporaryDirectory() as tmp, dg.instance_for_test(temp_dir=tmp, overrides={"event_log_storage": {
+            "module": "lazyhippo_dagster.event_log", "class": "BatchedSqliteEventLogStorage",
+            "config": {"base_dir": str(Path(tmp) / "history" / "runs")}}}) as instance:
+        instance.add_dynamic_partitions(parts.name, keys)
+        t0 = time.perf_counter()
+        result = dg.materialize(assets, instance=instance, tags={
+            "dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]},
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+        run_seconds = time.perf_counter() - t0
+        with WorkspaceProcessContext(instance, EmptyWorkspaceTarget()) as workspace:
+            context = workspace.create_request_context()
+            t0 = time.perf_counter()
+            execute_dagster_graphql(context, RUN_QUERY, {"id": result.run_id})
+            events, after = 0, None
+            while True:
+                out = execute_dagster_graphql(context, LOGS_QUERY, {"id": result.run_id, "after": after})
+                if out.errors:
+                    raise RuntimeError(f"run page query failed: {out.errors[0]}")
+                page = out.data["logsForRun"]
+                events, after = events + len(page["events"]), page["cursor"]
+                if not page["hasMore"]:
+                    break
+            page_seconds = time.perf_counter() - t0
+    return {"run_seconds": round(run_seconds, 2), "page_seconds": round(page_seconds, 2), "events": events}
+
+
+def run_page_bench(documents: int) -> dict:
+    """What opening the page of one run over `documents` document partitions costs the webserver (the GraphQL
+    the UI sends: the run, then every page of its events), with each partition's preview as a typed table and
+    as the Markdown table the per-document assets record."""
+    from lazyhippo_dagster.assets.metadata import md_table, table
+
+    enable_event_batches()
+    out: dict = {"documents": documents, "table": _page_probe(documents, table), "markdown": _page_probe(documents, md_table)}
+    out["speedup"] = round(out["table"]["page_seconds"] / out["markdown"]["page_seconds"], 1)
+    return out

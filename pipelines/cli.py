@@ -216,7 +216,8 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
     result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace,
                                                 **{k: v for k, v in chosen.items() if v is not None}},
                                   "graph_store": {"kind": graph_store}},
-                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}})
+                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}},
+                  namespace=namespace)
     data = result.output_for_node("answer_question")
     if as_json:
         print(json.dumps(data, indent=2))
@@ -268,13 +269,18 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     from lazyhippo.stages.lifecycle import remove_documents
 
     def edit(settings, con, store, objects) -> str:
-        from lazyhippo_dagster.assets._partitions import document_keys
+        from lazyhippo.stores.namespaces import UnknownNamespace, namespace_settings
         from lazyhippo_dagster.assets._partitions import documents as document_partitions
+        from lazyhippo_dagster.assets._partitions import source_keys
         from lazyhippo_dagster.runner import instance_for
 
         deleted = remove_documents(settings, con, documents, store, objects)
         instance = instance_for(settings.home)
-        for key in document_keys(settings.namespace, deleted.doc_ids):  # the documents' Dagster partitions go too
+        try:  # partition names follow the source the namespace was indexed from
+            indexed = namespace_settings(settings.home, settings.namespace)
+        except UnknownNamespace:
+            indexed = settings
+        for key in source_keys(indexed, deleted.sources):  # the documents' Dagster partitions go too
             if instance.has_dynamic_partition(document_partitions.name, key):
                 instance.delete_dynamic_partition(document_partitions.name, key)
         return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
@@ -652,6 +658,20 @@ def bench_partitions(documents: int = typer.Option(400, min=1, help="Document pa
                       f"({r['ms_per_partition_and_asset']} ms per partition and asset); {project} documents x 3 assets "
                       f"~{r['projected_index_seconds']} s")
     console.print(f"batched is {result['speedup']}x faster")
+    print(json.dumps(result))
+
+
+@bench.command("run-page")
+def bench_run_page(documents: int = typer.Option(1500, min=1, help="Document partitions in the probe run.")) -> None:
+    """The cost of opening the page of one run over N document partitions (the webserver's GraphQL for the run and
+    all its events), with per-partition previews as typed tables and as the Markdown tables the assets record."""
+    from lazyhippo_dagster.bench_partitions import run_page_bench
+
+    result = run_page_bench(documents)
+    for name in ("table", "markdown"):
+        r = result[name]
+        console.print(f"{name:8s} previews: run over {documents} partitions x 3 assets in {r['run_seconds']} s; "
+                      f"its page ({r['events']} events) in {r['page_seconds']} s")
     print(json.dumps(result))
 
 

@@ -311,7 +311,7 @@ def index(cluster: Cluster, namespace: str, source: str, resources: dict | None 
     settings = Settings(home=cluster.control / "lazyhippo", namespace=namespace, source=source)
     instance = cluster.instance()
     add_namespace_partition(instance, namespace)
-    keys = stage_documents(instance, settings)
+    keys, _ = stage_documents(instance, settings)
     runs = []
     if keys:
         run_id = submit(cluster, "index_documents", docs_config, {**range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"})

@@ -1,8 +1,10 @@
 import dagster as dg
 
+from lazyhippo_dagster.assets._partitions import namespaces, range_tags
 from lazyhippo_dagster.assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
 from lazyhippo_dagster.executors import index_executor
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource
+from lazyhippo_dagster.staging import stage_documents
 
 # per-document assets over a range of document partitions: multiprocess unless configured otherwise, so
 # extraction batches run in parallel (`lazyhippo index --workers N` sets max_concurrent; the CLI's default
@@ -32,6 +34,30 @@ rebuild_graph_job = dg.define_asset_job(
     - dg.AssetSelection.checks(context_quality_check, theme_coverage_check, retrieval_quality_check),
     description="Rebuild the graph-wide assets (entities onward) from the per-document tables: after `lazyhippo delete`.",
 )
+
+
+STAGED_START, STAGED_END = "lazyhippo/staged_start", "lazyhippo/staged_end"  # the range a `reindex` run staged
+
+
+@dg.op(description="Compare the namespace's source with what it holds (content hashes) and stage the document "
+                   "partitions: the added and changed ones as one range, which `documents_after_staging` then indexes.")
+def stage_changed_documents(context: dg.OpExecutionContext, lazyhippo: LazyhippoResource) -> None:
+    keys, _ = stage_documents(context.instance, lazyhippo.settings())
+    context.log.info(f"{len(keys)} document partition(s) staged" + (f": {keys[0]} .. {keys[-1]}" if keys else ""))
+    if keys:
+        staged = range_tags(keys)
+        context.instance.add_run_tags(context.run_id, {STAGED_START: staged["dagster/asset_partition_range_start"],
+                                                       STAGED_END: staged["dagster/asset_partition_range_end"]})
+
+
+@dg.job(partitions_def=namespaces, executor_def=dg.in_process_executor,
+        description="Stage a namespace's added and changed documents as partitions, in a run (so a schedule's "
+                    "evaluation changes nothing); their documents run follows.")
+def reindex():
+    stage_changed_documents()
+
+
+reindex_job = reindex
 
 
 class Turn(dg.Config):
@@ -68,7 +94,7 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
                                                    "lazyhippo/answer": data["answer"][:500],
                                                    "lazyhippo/route": data["route"]})
     context.add_output_metadata({
-        "answer": dg.MetadataValue.text(data["answer"]), "question": config.question, "route": data["route"],
+        "answer": dg.MetadataValue.md(answer_markdown(config.question, data)), "question": config.question, "route": data["route"],
         "index_notice": notice or "complete",
         "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
         "chosen_chunks": table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
@@ -80,6 +106,14 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
     return data
 
 
-@dg.job(executor_def=dg.in_process_executor, description="Answer one question over the index (launched by `lazyhippo query`).")
+def answer_markdown(question: str, data: dict) -> str:
+    """The question, the whole answer and its numbered citations, as the Markdown the run page shows."""
+    cites = [f"{c['n']}. **{c['title']}** ({c['source']}, `{c['chunk_id']}`)" for c in data["citations"]]
+    return "\n\n".join([f"**Question:** {question}", f"**Answer:** {data['answer']}",
+                         "**Citations:**\n\n" + ("\n".join(cites) or "none")])
+
+
+@dg.job(partitions_def=namespaces, executor_def=dg.in_process_executor,
+        description="Answer one question over a namespace (its partition); launched by `lazyhippo query`.")
 def query():
     answer_question()

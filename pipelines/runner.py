@@ -13,12 +13,17 @@ import dagster as dg
 
 from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG
 from lazyhippo_dagster.event_log import enable_event_batches
+from lazyhippo_dagster.resources import HOME_FILE
+from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
 
 
 def instance_for(home: Path) -> dg.DagsterInstance:
     """DAGSTER_HOME defaults to <index home>/dagster: `dagster dev` started from the repo sees the same runs."""
     dagster_home = Path(os.environ.setdefault("DAGSTER_HOME", str((home / "dagster").resolve())))
     dagster_home.mkdir(parents=True, exist_ok=True)
+    marker = dagster_home / HOME_FILE  # runs launched from the UI act on this home (resources.instance_home)
+    if not marker.exists() and dagster_home.resolve() != (home / "dagster").resolve():
+        marker.write_text(str(home.resolve()))
     config = dagster_home / "dagster.yaml"
     if not config.exists() or config.read_text().strip() in ("", INSTANCE_CONFIG.strip()):  # new, or ours before
         config.write_text(INSTANCE_CONFIG + EVENT_LOG_CONFIG.format(base_dir=dagster_home / "history" / "runs"))
@@ -83,13 +88,6 @@ def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
     return cfg
 
 
-def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> None:
-    from lazyhippo_dagster.assets._partitions import namespaces
-
-    if not instance.has_dynamic_partition(namespaces.name, namespace):
-        instance.add_dynamic_partitions(namespaces.name, [namespace])
-
-
 @dataclass
 class RunChain:
     """The runs of one `index` request: one over the added and changed documents' partitions (when there are
@@ -126,21 +124,6 @@ def settings_of(config: dict, namespace: str | None):
     return LazyhippoResource(**{**fields, **({"namespace": namespace} if namespace else {})}).settings()
 
 
-def stage_documents(instance: dg.DagsterInstance, settings):
-    """Compare the source with what the namespace holds (content hashes) and stage the document partitions:
-    the keys of the added and changed documents, one contiguous range for one run; and the change itself."""
-    from lazyhippo.sources.changes import indexed_state
-    from lazyhippo_dagster.assets._partitions import apply_partition_changes
-    from lazyhippo_dagster.sensors import scan
-
-    scanned = scan(settings, indexed_state(settings))
-    if isinstance(scanned, str):
-        raise ValueError(scanned)
-    state, change = scanned
-    doc_ids = {d for f in state.files.values() for d in f.docs}
-    return apply_partition_changes(instance, settings.namespace, doc_ids, {**change.added, **change.changed}), change
-
-
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,
             tags: dict | None = None, namespace: str | None = None, workers: int = 1):
     """Run `job_name` (on the `namespace` partition for the graph jobs); `index` is the chain of runs
@@ -173,6 +156,7 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
 
     settings = settings_of(config, namespace)
     namespace = settings.namespace
+    tags = {**tags, NAMESPACE_TAG: namespace}
     add_namespace_partition(instance, namespace)
     keys, change = stage_documents(instance, settings)
     results = []
@@ -189,7 +173,7 @@ def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: di
             return RunChain(results, change)
     graph_job = defs.resolve_job_def("index_graph")
     results.append(_watched(instance, tags, on_step, lambda: graph_job.execute_in_process(
-        run_config=config_for(graph_job), instance=instance, tags={**tags, NAMESPACE_TAG: namespace},
+        run_config=config_for(graph_job), instance=instance, tags=tags,
         raise_on_error=False, partition_key=namespace)))
     return RunChain(results, change)
 

@@ -1,48 +1,57 @@
-"""The nightly consistency pass: `nightly_reindex` re-reads every file and indexes what the source sensor missed,
-then `nightly_audit` brings the graph up to date (dropping vanished documents) and runs the blocking audit."""
+"""The nightly consistency pass over every namespace of the home: `nightly_reindex` re-reads every file and asks
+for a `reindex` run where something the source sensor missed changed (that run stages the document partitions,
+`documents_after_staging` indexes them), then `nightly_audit` brings each graph up to date (dropping vanished
+documents) and runs the blocking audit. An evaluation only reads: previewing a tick changes nothing."""
 
 import dagster as dg
+import duckdb
 
 from lazyhippo.sources.changes import indexed_state
-from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, namespaces
-from lazyhippo_dagster.jobs import index_documents_job, index_graph_job
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG
+from lazyhippo_dagster.jobs import index_graph_job, reindex_job
 from lazyhippo_dagster.resources import LazyhippoResource
-from lazyhippo_dagster.sensors import change_plan, scan
+from lazyhippo_dagster.sensors import change_tags
+from lazyhippo_dagster.staging import scan
 
 
-def _indexed(context: dg.ScheduleEvaluationContext, namespace: str) -> bool:
-    return context.instance.has_dynamic_partition(namespaces.name, namespace)
+def _tick(context: dg.ScheduleEvaluationContext) -> str:
+    when = context.scheduled_execution_time
+    return when.strftime("%Y%m%dT%H%M") if when else "now"
 
 
-@dg.schedule(job=index_documents_job, cron_schedule="0 3 * * *", default_status=dg.DefaultScheduleStatus.STOPPED,
-             description="Nightly: every file of the source is read again and compared by content hash with what the "
-                         "namespace holds, so a change the sensor missed (a failed run, a file edited with its mtime kept) "
-                         "is indexed; unchanged chunks hit the extraction cache.")
+def _result(runs: list[dg.RunRequest], reasons: list[str]):
+    return runs or dg.SkipReason("; ".join(reasons) or "no namespace indexed in this home yet")
+
+
+@dg.schedule(job=reindex_job, cron_schedule="0 3 * * *", default_status=dg.DefaultScheduleStatus.STOPPED,
+             description="Nightly, for every namespace: every file of its source is read again and compared by content "
+                         "hash with what the namespace holds, so a change the sensor missed (a failed run, a file edited "
+                         "with its mtime kept) is indexed; unchanged chunks hit the extraction cache.")
 def nightly_reindex(context: dg.ScheduleEvaluationContext, lazyhippo: LazyhippoResource):
-    settings = lazyhippo.settings()
-    if not _indexed(context, settings.namespace):
-        return dg.SkipReason(f"namespace {settings.namespace!r} is not indexed yet (index it, or turn the source sensor on)")
-    scanned = scan(settings, indexed_state(settings))  # no file stats: every file is hashed again
-    if isinstance(scanned, str):
-        return dg.SkipReason(scanned)
-    state, change = scanned
-    if not (change.added or change.changed):
-        return dg.SkipReason(f"every document as indexed ({len(change.removed)} removed: nightly_audit drops them)")
-    requests, run = change_plan(context.instance, settings.namespace, state, change)
-    for request in requests:  # a schedule cannot return partition requests: applied here, before its run
-        if isinstance(request, dg.AddDynamicPartitionsRequest):
-            context.instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-        else:
-            for key in request.partition_keys:
-                context.instance.delete_dynamic_partition(request.partitions_def_name, key)
-    return dg.RunRequest(tags={**run.tags, "lazyhippo/pass": "consistency"})
+    runs, reasons = [], []
+    for settings in lazyhippo.watched(context.instance):
+        ns = settings.namespace
+        try:
+            scanned = scan(settings, indexed_state(settings))  # no file stats: every file is hashed again
+        except duckdb.Error as exc:
+            scanned = f"the index is busy or unreadable ({exc})"
+        if isinstance(scanned, str):
+            reasons.append(f"{ns}: {scanned}")
+            continue
+        change = scanned[1]
+        if not (change.added or change.changed):
+            reasons.append(f"{ns}: every document as indexed ({len(change.removed)} removed: nightly_audit drops them)")
+            continue
+        runs.append(dg.RunRequest(run_key=f"reindex-{ns}-{_tick(context)}", partition_key=ns,
+                                  tags={**change_tags(ns, change), "lazyhippo/pass": "consistency"}))
+    return _result(runs, reasons)
 
 
 @dg.schedule(job=index_graph_job, cron_schedule="30 3 * * *", default_status=dg.DefaultScheduleStatus.STOPPED,
-             description="Nightly, after nightly_reindex: the namespace's graph brought up to date (documents whose file "
-                         "vanished are dropped) and the blocking completeness audit run.")
+             description="Nightly, after nightly_reindex, for every namespace: its graph brought up to date (documents "
+                         "whose file vanished are dropped) and the blocking completeness audit run.")
 def nightly_audit(context: dg.ScheduleEvaluationContext, lazyhippo: LazyhippoResource):
-    namespace = lazyhippo.settings().namespace
-    if not _indexed(context, namespace):
-        return dg.SkipReason(f"namespace {namespace!r} is not indexed yet (index it, or turn the source sensor on)")
-    return dg.RunRequest(partition_key=namespace, tags={"lazyhippo/pass": "consistency", NAMESPACE_TAG: namespace})
+    runs = [dg.RunRequest(run_key=f"audit-{s.namespace}-{_tick(context)}", partition_key=s.namespace,
+                          tags={NAMESPACE_TAG: s.namespace, "lazyhippo/pass": "consistency"})
+            for s in lazyhippo.watched(context.instance)]
+    return _result(runs, [])

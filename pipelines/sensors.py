@@ -1,92 +1,129 @@
-"""Reindex when documents under the source change: the engine (lazyhippo.sources)
-diffs the folder, or the MinIO/S3 bucket prefix (`s3://bucket/prefix`), against the cursor, file stats or object
-etags first and content hashes of what moved; the run key names the change.
+"""Keep every namespace of the home current, and the graph behind its documents.
 
-A change becomes document partitions (added ones added, changed ones moved to the end, removed ones deleted),
-one `index_documents` run over the added and changed ones, and then, from `graph_after_documents`, one
-`index_graph` run for the namespace; a change that only removes documents asks for the graph run directly."""
+`source_changed` watches the source each namespace was indexed from (a folder, or a MinIO/S3 bucket prefix
+`s3://bucket/prefix`): the engine (lazyhippo.sources) diffs it against the cursor, file stats or object etags
+first and content hashes of what moved; the run key names the namespace and the change. A change becomes
+document partitions (added ones added, changed ones moved to the end, removed ones deleted), returned as
+requests, and one `index_documents` run per namespace over the added and changed ones; a change that only
+removes documents asks for the graph run directly. An evaluation only reads: a preview changes nothing.
 
-from pathlib import Path
+`graph_after_documents` follows every successful run that materialized document partitions (the CLI's, a
+sensor's, a backfill's, one launched from the asset catalog) with one `index_graph` run of its namespace;
+`documents_after_staging` follows a `reindex` run (the nightly schedule's) with the documents run it staged."""
 
 import dagster as dg
 import duckdb
 
-from lazyhippo.sources.bucket import bucket_source, open_bucket, scan_bucket
-from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state, scan_source
-from lazyhippo.stores.objects import ObjectStoreError
-from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, RANGE_START, documents, namespaces, partition_changes, range_tags
-from lazyhippo_dagster.jobs import index_documents_job, index_graph_job
+from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state
+from lazyhippo_dagster.assets._partitions import (NAMESPACE_TAG, RANGE_END, RANGE_START, documents, namespaces,
+                                                  partition_changes, range_tags)
+from lazyhippo_dagster.jobs import STAGED_END, STAGED_START, index_documents_job, index_graph_job, reindex_job
 from lazyhippo_dagster.resources import LazyhippoResource
+from lazyhippo_dagster.staging import change_names, scan
 
 LAUNCHER_RUNS_GRAPH = "lazyhippo/graph_by_launcher"  # a documents run whose launcher (the CLI, the API) runs the graph itself
+PER_DOCUMENT_ASSETS = {dg.AssetKey(k) for k in ("documents", "chunks", "extractions")}
 
 
-def change_tags(change: SourceChange) -> dict[str, str]:
-    return {"lazyhippo/change": change.summary(), "lazyhippo/added": str(len(change.added)),
+def change_tags(namespace: str, change: SourceChange) -> dict[str, str]:
+    return {NAMESPACE_TAG: namespace, "lazyhippo/change": change.summary(), "lazyhippo/added": str(len(change.added)),
             "lazyhippo/changed": str(len(change.changed)), "lazyhippo/removed": str(len(change.removed))}
 
 
-def change_plan(instance: dg.DagsterInstance, namespace: str, state: SourceState, change: SourceChange):
-    """(partition requests, run request) bringing the namespace up to date with `change`."""
+def change_plan(instance: dg.DagsterInstance, settings, state: SourceState, change: SourceChange):
+    """(partition requests, run request) bringing the namespace of `settings` up to date with `change`."""
+    namespace = settings.namespace
     held = list(instance.get_dynamic_partitions(documents.name))
-    doc_ids = {d for f in state.files.values() for d in f.docs}
-    delete, add, run = partition_changes(held, namespace, doc_ids, {**change.added, **change.changed})
+    delete, add, run = partition_changes(held, namespace, *change_names(settings, state, change))
     requests = ([namespaces.build_add_request([namespace])]  # adding an existing namespace is a no-op
                 + ([documents.build_delete_request(delete)] if delete else [])
                 + ([documents.build_add_request(add)] if add else []))
-    tags = change_tags(change)
+    tags = change_tags(namespace, change)
+    run_key = f"{namespace}-{state.run_key(change)}"
     if run:
-        return requests, dg.RunRequest(job_name=index_documents_job.name, run_key=state.run_key(change),
-                                       tags={**tags, **range_tags(run)})
-    return requests, dg.RunRequest(job_name=index_graph_job.name, run_key=state.run_key(change),
-                                   partition_key=namespace, tags={**tags, NAMESPACE_TAG: namespace})
+        return requests, dg.RunRequest(job_name=index_documents_job.name, run_key=run_key, tags={**tags, **range_tags(run)})
+    return requests, dg.RunRequest(job_name=index_graph_job.name, run_key=run_key, partition_key=namespace, tags=tags)
 
 
-def scan(settings, previous: SourceState) -> tuple[SourceState, SourceChange] | str:
-    """The source's new state and change, or why it cannot be read now."""
-    bucket = bucket_source(settings.source)  # the folder or bucket prefix the index job reads, same settings
-    if bucket is None:
-        source = Path(settings.source)
-        return scan_source(source, settings.max_file_bytes, previous) if source.exists() else f"source {source} does not exist"
-    try:
-        return scan_bucket(open_bucket(bucket[0]), bucket[1], settings.max_file_bytes, previous)
-    except ObjectStoreError as exc:
-        return f"source {settings.source} cannot be listed, next tick retries ({exc})"
+def _cursors(cursor: str | None) -> dict[str, str]:
+    """The sensor's cursor: one source state per namespace, as `ns=state` lines."""
+    return dict(line.split("=", 1) for line in (cursor or "").splitlines() if "=" in line)
 
 
 @dg.sensor(jobs=[index_documents_job, index_graph_job], minimum_interval_seconds=60,
            default_status=dg.DefaultSensorStatus.STOPPED,
-           description="Index the documents added or changed under the source, and drop the removed ones.")
+           description="For every namespace of the home: index the documents added or changed under its source, "
+                       "and drop the removed ones (one run per namespace with a change).")
 def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoResource):
-    settings = lazyhippo.settings()
-    previous = SourceState.decode(context.cursor)
-    if previous is None:
-        try:
-            previous = indexed_state(settings)
-        except duckdb.Error as exc:
-            return dg.SkipReason(f"the index of namespace {settings.namespace!r} is busy or unreadable, next tick retries ({exc})")
-    scanned = scan(settings, previous)
-    if isinstance(scanned, str):
-        return dg.SkipReason(scanned)
-    state, change = scanned
-    if change.empty:
-        n_docs = sum(len(f.docs) for f in state.files.values())
-        return dg.SensorResult(skip_reason=f"no change: {n_docs} documents in {len(state.files)} files as indexed",
-                               cursor=state.encode())
-    context.log.info(change.summary())
-    requests, run = change_plan(context.instance, settings.namespace, state, change)
-    return dg.SensorResult(run_requests=[run], dynamic_partitions_requests=requests, cursor=state.encode())
+    cursors = _cursors(context.cursor)
+    runs, requests, reasons = [], [], []
+    for settings in lazyhippo.watched(context.instance):
+        ns = settings.namespace
+        previous = SourceState.decode(cursors.get(ns))
+        if previous is None:
+            try:
+                previous = indexed_state(settings)
+            except duckdb.Error as exc:
+                reasons.append(f"{ns}: the index is busy or unreadable, next tick retries ({exc})")
+                continue
+        scanned = scan(settings, previous)
+        if isinstance(scanned, str):
+            reasons.append(f"{ns}: {scanned}")
+            continue
+        state, change = scanned
+        cursors[ns] = state.encode()
+        if change.empty:
+            n_docs = sum(len(f.docs) for f in state.files.values())
+            reasons.append(f"{ns}: no change: {n_docs} documents in {len(state.files)} files as indexed")
+            continue
+        context.log.info(f"{ns}: {change.summary()}")
+        partition_requests, run = change_plan(context.instance, settings, state, change)
+        requests += partition_requests
+        runs.append(run)
+    cursor = "\n".join(f"{ns}={state}" for ns, state in sorted(cursors.items()))
+    reason = "; ".join(reasons) or "no namespace indexed in this home yet"
+    if not runs:
+        return dg.SensorResult(skip_reason=reason, cursor=cursor)
+    return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=requests, cursor=cursor)
 
 
-@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[index_documents_job],
-                      request_job=index_graph_job, default_status=dg.DefaultSensorStatus.RUNNING,
-                      description="After a run over document partitions, bring the namespace's graph up to date once.")
+def _materialized_documents(run: dg.DagsterRun) -> str | None:
+    """The namespace whose document partitions `run` materialized, or None."""
+    if run.job_name != index_documents_job.name and not PER_DOCUMENT_ASSETS & set(run.asset_selection or ()):
+        return None
+    key = run.tags.get("dagster/partition") or run.tags.get(RANGE_START)
+    return key.split("/", 1)[0] if key and "/" in key else None
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, request_job=index_graph_job,
+                      default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=10,
+                      description="After any run that materialized document partitions (a job, a sensor, a backfill, "
+                                  "the asset catalog), bring the namespace's graph up to date once.")
 def graph_after_documents(context: dg.RunStatusSensorContext):
     run = context.dagster_run
+    namespace = _materialized_documents(run)
+    if namespace is None:
+        return dg.SkipReason(f"run {run.run_id} ({run.job_name}) materialized no document partition")
     if run.tags.get(LAUNCHER_RUNS_GRAPH):
         return dg.SkipReason(f"run {run.run_id} was launched by a caller that runs the graph itself")
-    key = run.tags.get("dagster/partition") or run.tags[RANGE_START]
-    namespace = key.split("/", 1)[0]
+    waiting = context.instance.get_runs(dg.RunsFilter(
+        job_name=index_graph_job.name, tags={"dagster/partition": namespace},
+        statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]), limit=1)
+    if waiting:
+        return dg.SkipReason(f"graph run {waiting[0].run_id} of {namespace!r} is already waiting to start")
     return dg.RunRequest(run_key=f"graph-after-{run.run_id}", partition_key=namespace,
-                         tags={"lazyhippo/after_run": run.run_id, "lazyhippo/change": run.tags.get("lazyhippo/change", ""),
-                               NAMESPACE_TAG: namespace})
+                         tags={NAMESPACE_TAG: namespace, "lazyhippo/after_run": run.run_id,
+                               "lazyhippo/change": run.tags.get("lazyhippo/change", "")})
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, monitored_jobs=[reindex_job],
+                      request_job=index_documents_job, default_status=dg.DefaultSensorStatus.RUNNING,
+                      minimum_interval_seconds=10,
+                      description="After a `reindex` run staged document partitions, index them (one run).")
+def documents_after_staging(context: dg.RunStatusSensorContext):
+    run = context.dagster_run
+    if STAGED_START not in run.tags:
+        return dg.SkipReason(f"run {run.run_id} found nothing added or changed")
+    return dg.RunRequest(run_key=f"documents-after-{run.run_id}", tags={
+        NAMESPACE_TAG: run.tags[NAMESPACE_TAG], "lazyhippo/after_run": run.run_id, "lazyhippo/pass": "consistency",
+        RANGE_START: run.tags[STAGED_START], RANGE_END: run.tags[STAGED_END]})

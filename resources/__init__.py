@@ -8,26 +8,37 @@ when a run starts. The store resources hold one client per run (opened in `setup
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Optional
 
 import dagster as dg
 import duckdb
 from pydantic import PrivateAttr
 
-from lazyhippo.settings import GraphStoreKind, ObjectStoreKind, Settings
+from lazyhippo.settings import INSTANCE_HOME_FILE, GraphStoreKind, ObjectStoreKind, Settings
+from lazyhippo.settings import instance_home as home_of_instance_dir
 from lazyhippo.stores import open_graph_store, open_object_store
 from lazyhippo.stores.graphs import GraphStore
+from lazyhippo.stores.namespaces import held_namespaces, namespace_settings
 from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import WriterSession
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG  # on every run: which knowledge base it acts on
 
 PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 PUBLISH_TAG = "lazyhippo/publish"  # "after_graph" on the per-document job
+HOME_FILE = INSTANCE_HOME_FILE
+
+
+def instance_home(instance: dg.DagsterInstance) -> Path:
+    """The index home an instance belongs to (`lazyhippo.settings.instance_home` of its folder)."""
+    return home_of_instance_dir(instance.root_directory)
 
 
 class LazyhippoResource(dg.ConfigurableResource):
     """Where the index lives, which knowledge base (namespace), and how each stage behaves.
-    Unset fields: LAZYHIPPO_* from the environment, else the defaults of `lazyhippo.settings.Settings`."""
+    With `home` unset, a run acts on the home of its Dagster instance, on a namespace indexed there, with the
+    settings it was indexed with; else unset fields come from LAZYHIPPO_*, else `lazyhippo.settings.Settings`."""
 
     home: Optional[str] = None
     namespace: Optional[str] = None
@@ -61,14 +72,31 @@ class LazyhippoResource(dg.ConfigurableResource):
     _settings: Optional[Settings] = PrivateAttr(default=None)
     # the run's namespace: its partition key, or the namespace of its document partitions; None outside partitioned runs
     _partition: Optional[str] = PrivateAttr(default=None)
+    _instance: Optional[dg.DagsterInstance] = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
-        """The run's Settings: filled once (environment, then this resource's config) and reused by every asset.
-        The partition key, when the run has one, is the namespace: one knowledge base per partition."""
+        """The run's Settings: filled once and reused by every asset. The partition key, when the run has one,
+        is the namespace: one knowledge base per partition."""
         if self._settings is None:
-            fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
-            self._settings = Settings.from_env(**{**fields, "namespace": self._partition or self.namespace})
+            self._settings = self.settings_for(self._partition, self._instance)
         return self._settings
+
+    def settings_for(self, namespace: Optional[str], instance: Optional[dg.DagsterInstance] = None) -> Settings:
+        """Settings of `namespace` (else the configured one, else $LAZYHIPPO_NAMESPACE). With `home` unset and an
+        instance, the home is the instance's and the namespace must be one it holds, indexed as recorded
+        (UnknownNamespace otherwise); else the environment, then this resource's config."""
+        fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
+        namespace = namespace or self.namespace or Settings.from_env().namespace
+        if self.home is None and instance is not None and not instance.is_ephemeral:
+            given = {k: v for k, v in fields.items() if k not in ("home", "namespace")}
+            return namespace_settings(instance_home(instance), namespace, **given)
+        return Settings.from_env(**{**fields, "namespace": namespace})
+
+    def watched(self, instance: dg.DagsterInstance) -> list[Settings]:
+        """Every namespace of the home (the instance's, unless `home` is set), plus the configured one."""
+        home = Path(self.home).resolve() if self.home or instance.is_ephemeral else instance_home(instance)
+        names = set(held_namespaces(home)) | ({self.namespace} if self.namespace else set())
+        return [self.settings_for(n, instance) for n in sorted(names)]
 
     _writer: Optional[WriterSession] = PrivateAttr(default=None)
 
@@ -77,10 +105,16 @@ class LazyhippoResource(dg.ConfigurableResource):
         is published for readers only when every step of the run succeeded (a query run never locks)."""
         self._settings = None  # filled once per run, on first use, with the run's partition as namespace
         tags = context.run.tags if context.run is not None else {}
-        key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<doc_id>`
+        key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<name>`
         self._partition = key.split("/", 1)[0] if key else None
+        self._instance = context.instance
+        if context.run is None:  # a sensor or schedule evaluation: it names its namespaces itself
+            return
+        settings = self.settings()  # a namespace the instance's home does not hold fails here, before any step
+        if tags.get(NAMESPACE_TAG) != settings.namespace and context.instance is not None:
+            context.instance.add_run_tags(context.run.run_id, {NAMESPACE_TAG: settings.namespace})
         log = context.log.info if context.log else None
-        self._writer = WriterSession(self.settings(), context.run.run_id if context.run else "adhoc", on_wait=log)
+        self._writer = WriterSession(settings, context.run.run_id, on_wait=log)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._writer is not None:

@@ -273,3 +273,12 @@ def test_bench_retrieval_llm_needs_an_endpoint_and_reports_its_tokens(wiki_slice
     assert out.exit_code == 0, out.output
     usage = {u["operation"]: u for u in json.loads((tmp_path / "out.json").read_text())["llm"]["usage"]}
     assert usage["recognition"]["calls"] == 5 and usage["bridge"]["calls"] == 5  # one each per question
+def test_bench_run_page_loads_every_event_of_a_run_over_document_partitions():
+    """One planned event per asset, one materialization per partition and asset, each with its own preview."""
+    from lazyhippo_dagster.bench_partitions import run_page_bench
+
+    out = run_page_bench(40)
+    for r in (out["table"], out["markdown"]):
+        assert r["page_seconds"] > 0 and r["run_seconds"] > 0
+        assert 3 * 40 < r["events"] < 3 * 40 + 60  # not 3 x 40 planned events besides
+    assert out["speedup"] == pytest.approx(out["table"]["page_seconds"] / out["markdown"]["page_seconds"], abs=0.05)

@@ -10,7 +10,6 @@ import dagster as dg
 import pytest
 
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
-from lazyhippo.sources.files import sha
 from lazyhippo.stores.warehouse import connect
 from lazyhippo_dagster.assets._partitions import RANGE_END, RANGE_START
 from lazyhippo_dagster.event_log import BatchedSqliteEventLogStorage, enable_event_batches
@@ -18,7 +17,7 @@ from lazyhippo_dagster.runner import index_chain, run_config
 
 
 def _key(source: str, namespace: str = "default") -> str:
-    return f"{namespace}/d_{sha(source)}"
+    return f"{namespace}/{source}"  # the key names the file
 
 
 def _hashes(settings: Settings) -> dict[str, str]:
@@ -48,7 +47,7 @@ def test_an_index_runs_documents_over_their_partitions_then_the_graph_once(corpu
     extraction = next(e.event_specific_data.materialization for e in second.results[0].get_asset_materialization_events()
                       if e.asset_key.to_user_string() == "extractions")
     assert extraction.partition == _key("tomas_reyes.txt")
-    assert extraction.metadata["documents_extracted"].value == 1
+    assert extraction.metadata["dagster/row_count"].value > 0 and "entities" in extraction.metadata
 
 
 def test_a_run_over_one_document_partition_leaves_the_other_documents_as_they_are(corpus):
@@ -140,16 +139,35 @@ def test_a_ranged_run_records_every_partition_through_the_batched_event_log(tmp_
     assert batches and max(batches) > 1  # the batched run wrote many events per transaction
 
 
-def test_a_run_over_many_partitions_records_figures_without_the_preview_tables():
-    """Dagster copies a ranged run's metadata into every partition's event: a first index of 6,000 documents
-    would store 6,000 copies of each preview."""
-    from lazyhippo_dagster.assets.metadata import PREVIEW_PARTITIONS, per_partition, table
+def test_each_document_partition_carries_its_own_row_count_preview_and_problems(corpus):
+    """A run over every document: each partition's materialization counts and previews that document only
+    (they add up to the table), under a key that names its file; a file that cannot be read shows its problem."""
+    src, home, config = corpus
+    (src / "broken.txt").write_bytes(b"\x00\x01 binary")
+    instance = dg.DagsterInstance.ephemeral()
+    assert index_chain(instance, home, config, {}, "default").success
+    with connect(Settings(home=home)) as con:
+        chunks = dict(con.execute("SELECT d.source, count(*) FROM chunks c JOIN documents d USING (namespace, doc_id) "
+                                  "GROUP BY 1").fetchall())
 
-    values = {"dagster/row_count": 8, "chunks": 13, "preview": table([("a", 1)], ["title", "chars"])}
-    assert per_partition(PREVIEW_PARTITIONS, values) == values
-    many = per_partition(PREVIEW_PARTITIONS + 1, values)
-    assert many["dagster/row_count"] == 8 and many["figures"].value == {"chunks": 13}
-    assert "preview" not in many and "previews" in many
+    def latest(asset: str) -> dict:
+        records = instance.fetch_materializations(dg.AssetKey(asset), limit=100).records
+        return {r.partition_key: r.asset_materialization.metadata for r in records}
+
+    per_chunks = latest("chunks")
+    assert set(per_chunks) == {_key(s) for s in chunks}  # a key per readable document, named by its source
+    for source, n in chunks.items():
+        meta = per_chunks[_key(source)]
+        assert meta["dagster/row_count"].value == n
+        assert 0 < meta["preview"].value.count("\n") - 1 <= min(n, 5)  # its own chunks, a Markdown table
+    assert sum(m["dagster/row_count"].value for m in per_chunks.values()) == sum(chunks.values())
+    docs = latest("documents")
+    assert docs[_key("tomas_reyes.txt")]["dagster/row_count"].value == 1
+    assert docs[_key("tomas_reyes.txt")]["input_problems"].value == 0
+    assert _key("broken.txt") not in docs  # never a document, so never a partition
+    extractions = latest("extractions")
+    assert all(m["dagster/row_count"].value > 0 for m in extractions.values())
+    assert len({m["dagster/row_count"].value for m in extractions.values()}) > 1  # not one run total copied
 
 
 def test_readers_see_a_documents_run_only_once_the_graph_run_publishes_it(corpus):

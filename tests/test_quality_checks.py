@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import dagster as dg
 import pytest
 
 from lazyhippo.evaluate.quality import context_quality, retrieval_outcome, theme_coverage, themes_outcome
@@ -45,10 +46,16 @@ def test_theme_coverage_and_retrieval_floor():
     assert by_id.passed and by_id.figures["recall_at_2"] == 0.5 and by_id.figures["all_supporting_at_8"] == 1.0
 
 
+def evaluate(check, res: LazyhippoResource) -> dg.AssetCheckResult | None:
+    """The check's result; None when it yields none (a check that does not apply: Dagster shows it Skipped)."""
+    out = check(lazyhippo=res, graph_store=EMBEDDED)
+    return out if isinstance(out, dg.AssetCheckResult) else next(iter(out or ()), None)
+
+
 def test_checks_pass_on_the_sample_index(sample_settings):
     res = LazyhippoResource(home=str(sample_settings.home), source=str(SAMPLE_CORPUS))
     for check in (context_quality_check, theme_coverage_check, retrieval_quality_check):
-        result = check(lazyhippo=res, graph_store=EMBEDDED)
+        result = evaluate(check, res)
         assert result.passed, (check.name, result.metadata)
     ctx = context_quality_check(lazyhippo=res, graph_store=EMBEDDED)
     assert ctx.metadata["duplicate_chunk_share"].value == 0
@@ -65,9 +72,17 @@ def test_checks_fail_on_a_corpus_built_to_violate_them(tmp_path):
     settings = Settings(home=tmp_path / "home", source=str(src))
     run_index(settings)
     res = LazyhippoResource(home=str(settings.home), source=str(src))
-    themes = theme_coverage_check(lazyhippo=res, graph_store=EMBEDDED)
+    themes = evaluate(theme_coverage_check, res)
     assert not themes.passed and themes.metadata["theme_coverage"].value == 0
-    recall = retrieval_quality_check(lazyhippo=res, graph_store=EMBEDDED)
+    recall = evaluate(retrieval_quality_check, res)
     assert not recall.passed and recall.metadata["recall_at_5"].value == 0
     tight = LazyhippoResource(home=str(settings.home), source=str(src), noise_share_max=-1.0)
     assert not context_quality_check(lazyhippo=tight, graph_store=EMBEDDED).passed
+
+
+def test_a_check_without_its_questions_beside_the_source_yields_no_result(sample_settings, tmp_path):
+    """No themes.json or questions.json beside the source: no result at all, never a pass."""
+    lone = tmp_path / "lone.txt"
+    lone.write_text("Nothing to ask about.")
+    res = LazyhippoResource(home=str(sample_settings.home), source=str(lone))
+    assert evaluate(theme_coverage_check, res) is None and evaluate(retrieval_quality_check, res) is None

@@ -10,7 +10,7 @@ import pytest
 
 from lazyhippo.index import run_index
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
-from lazyhippo.sources.files import sha
+from lazyhippo.sources.files import read_source
 from lazyhippo.stores.warehouse import connect
 from lazyhippo_dagster.assets._partitions import RANGE_END, RANGE_START, partition_changes
 from lazyhippo_dagster.resources import LazyhippoResource
@@ -50,10 +50,6 @@ class Ticks:
         return list(self.instance.get_dynamic_partitions("documents"))
 
 
-def doc_id(source: str) -> str:
-    return "d_" + sha(source)
-
-
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory):
     root = tmp_path_factory.mktemp("sensor")
@@ -80,7 +76,7 @@ def test_add_delete_re_add_change_each_get_their_own_run_key(indexed, tmp_path):
     added = ticks.tick()
     assert isinstance(added, dg.RunRequest) and added.tags["lazyhippo/added"] == "1"
     assert "harbour_light.txt" in added.tags["lazyhippo/change"]
-    doc_key = f"default/{doc_id('harbour_light.txt')}"
+    doc_key = "default/harbour_light.txt"  # the key names the file
     # one run over the new document's partition; the indexed documents got their missing partitions too
     assert added.job_name == "index_documents" and added.tags[RANGE_START] == added.tags[RANGE_END] == doc_key
     indexed_keys = ticks.documents() - {doc_key}
@@ -129,8 +125,8 @@ def test_a_new_namespace_requests_every_document(tmp_path):
     assert isinstance(out, dg.RunRequest) and out.tags["lazyhippo/added"] == "8" and out.job_name == "index_documents"
     assert out.tags[RANGE_START].startswith("fresh/") and out.tags[RANGE_END].startswith("fresh/")
     assert ticks.instance.get_dynamic_partitions("namespaces") == ["fresh"]
-    keys = ticks.documents()
-    assert len(keys) == 8 and all(k.startswith("fresh/d_") for k in keys)
+    docs, _ = read_source(SAMPLE_CORPUS, settings.max_file_bytes)
+    assert ticks.documents() == {f"fresh/{d.source}" for d in docs}  # each named by its file (or JSONL row)
 
 
 def test_the_run_key_names_the_change_not_the_folder(tmp_path):
@@ -156,7 +152,7 @@ def test_an_index_run_reconciles_the_namespace_document_partitions(tmp_path, mon
                       "object_store": {"kind": "local", "root": str(tmp_path / "shared")}})
     assert execute("index", home, cfg, namespace="kb").success
     with connect(Settings(home=home, namespace="kb")) as con:
-        ids = {f"kb/{d}" for (d,) in con.execute("SELECT doc_id FROM documents WHERE namespace = 'kb'").fetchall()}
+        ids = {f"kb/{s}" for (s,) in con.execute("SELECT source FROM documents WHERE namespace = 'kb'").fetchall()}
     assert len(ids) == 8 and set(instance.get_dynamic_partitions("documents")) == ids | {"other/d_kept"}
     lost = sorted(ids)[0]
     instance.delete_dynamic_partition("documents", lost)
@@ -165,22 +161,35 @@ def test_an_index_run_reconciles_the_namespace_document_partitions(tmp_path, mon
 
 
 def test_after_a_documents_run_the_graph_runs_once_for_its_namespace(tmp_path):
-    """A documents run launched by the sensor, the schedule or the UI is followed by its namespace's graph run;
-    one whose launcher (the CLI, the API) runs the graph itself is not."""
+    """A run that materialized document partitions (the sensor's, the schedule's, the asset catalog's) is followed
+    by its namespace's graph run; one whose launcher (the CLI, the API) runs the graph itself is not, nor a run of
+    the graph, nor a second one while a graph run of the namespace waits in the queue."""
     from lazyhippo_dagster.definitions import defs
     from lazyhippo_dagster.sensors import LAUNCHER_RUNS_GRAPH, graph_after_documents
 
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("documents", ["kb/d_1", "kb/d_9", "kb2/d_1"])
-    job = defs.resolve_job_def("index_documents")
-    for tags, wanted in (({RANGE_START: "kb/d_1", RANGE_END: "kb/d_9"}, "kb"), ({"dagster/partition": "kb2/d_1"}, "kb2"),
-                         ({RANGE_START: "kb/d_1", RANGE_END: "kb/d_9", LAUNCHER_RUNS_GRAPH: "1"}, None)):
-        run = instance.create_run_for_job(job, tags=tags, status=dg.DagsterRunStatus.SUCCESS)
+    instance.add_dynamic_partitions("documents", ["kb/a.txt", "kb/b.txt", "kb2/a.txt"])
+    documents_job, catalog_job = defs.resolve_job_def("index_documents"), defs.resolve_implicit_global_asset_job_def()
+
+    def follow(job, tags, selection=None):
+        run = instance.create_run_for_job(job, tags=tags, status=dg.DagsterRunStatus.SUCCESS, asset_selection=selection)
         context = dg.build_run_status_sensor_context(sensor_name=graph_after_documents.name, dagster_instance=instance,
                                                      dagster_run=run, dagster_event=dg.DagsterEvent(
                                                          event_type_value="PIPELINE_SUCCESS", job_name=job.name))
-        out = graph_after_documents(context)
+        return run, graph_after_documents(context)
+
+    for job, tags, selection, wanted in (
+            (documents_job, {RANGE_START: "kb/a.txt", RANGE_END: "kb/b.txt"}, None, "kb"),
+            (catalog_job, {"dagster/partition": "kb2/a.txt"}, frozenset({dg.AssetKey("chunks")}), "kb2"),
+            (documents_job, {RANGE_START: "kb/a.txt", RANGE_END: "kb/b.txt", LAUNCHER_RUNS_GRAPH: "1"}, None, None),
+            (defs.resolve_job_def("index_graph"), {"dagster/partition": "kb"}, None, None)):
+        run, out = follow(job, tags, selection)
         if wanted is None:
             assert isinstance(out, dg.SkipReason)
         else:
             assert out.partition_key == wanted and out.run_key == f"graph-after-{run.run_id}"
+            assert out.tags["lazyhippo/namespace"] == wanted
+    instance.create_run_for_job(defs.resolve_job_def("index_graph"), tags={"dagster/partition": "kb"},
+                                status=dg.DagsterRunStatus.NOT_STARTED)
+    _, out = follow(documents_job, {RANGE_START: "kb/a.txt", RANGE_END: "kb/b.txt"})
+    assert isinstance(out, dg.SkipReason) and "already waiting" in out.skip_message

@@ -19,20 +19,21 @@ from lazyhippo.settings import Settings
 from lazyhippo.sources.files import ReadError, iter_files, read_path
 
 HASH_CHARS = 12  # enough to tell two versions of one document apart, short enough for a cursor
+CURSOR_VERSION = 2  # documents by source (their partition names derive from it)
 
 
 @dataclass(frozen=True)
 class FileState:
     size: int
     stamp: int | str      # a file's mtime_ns, an object's etag
-    docs: dict[str, str]  # doc_id -> content hash (prefix)
+    docs: dict[str, str]  # document source (`rel`, `rel#row_id`) -> content hash (prefix)
 
 
 @dataclass(frozen=True)
 class SourceChange:
-    added: dict[str, str] = field(default_factory=dict)    # doc_id -> content hash
-    changed: dict[str, str] = field(default_factory=dict)  # doc_id -> new content hash
-    removed: dict[str, str] = field(default_factory=dict)  # doc_id -> last known content hash
+    added: dict[str, str] = field(default_factory=dict)    # document source -> content hash
+    changed: dict[str, str] = field(default_factory=dict)  # document source -> new content hash
+    removed: dict[str, str] = field(default_factory=dict)  # document source -> last known content hash
     files: tuple[str, ...] = ()                            # files added, changed or removed
 
     @property
@@ -56,7 +57,7 @@ class SourceState:
     requested: int = 0
 
     def encode(self) -> str:
-        data = {"n": self.requested, "f": {p: [s.size, s.stamp, s.docs] for p, s in self.files.items()}}
+        data = {"v": CURSOR_VERSION, "n": self.requested, "f": {p: [s.size, s.stamp, s.docs] for p, s in self.files.items()}}
         return base64.b64encode(zlib.compress(json.dumps(data, sort_keys=True).encode())).decode()
 
     @classmethod
@@ -64,14 +65,16 @@ class SourceState:
         if not cursor:
             return None
         data = json.loads(zlib.decompress(base64.b64decode(cursor)))
+        if data.get("v") != CURSOR_VERSION:  # an older layout: start again from what the index holds
+            return None
         return cls({p: FileState(size, stamp, docs) for p, (size, stamp, docs) in data["f"].items()}, data["n"])
 
     @classmethod
     def from_index(cls, sources: list[tuple[str, str, str]]) -> "SourceState":
         """A baseline from the indexed documents (doc_id, source, content_hash), with unknown file stats."""
         files: dict[str, dict[str, str]] = {}
-        for doc_id, source, h in sources:
-            files.setdefault(source.split("#")[0], {})[doc_id] = h[:HASH_CHARS]
+        for _doc_id, source, h in sources:
+            files.setdefault(source.split("#")[0], {})[source] = h[:HASH_CHARS]
         return cls({p: FileState(-1, -1, docs) for p, docs in files.items()})
 
     def run_key(self, change: SourceChange) -> str:
@@ -79,7 +82,7 @@ class SourceState:
 
 
 def read_docs(path: Path, root: Path, max_bytes: int) -> dict[str, str] | None:
-    """doc_id -> hash of one file, or None when the file cannot be read (its indexed version is kept)."""
+    """document source -> hash of one file, or None when the file cannot be read (its indexed version is kept)."""
     docs: dict[str, str] = {}
     rel = path.relative_to(root).as_posix()
     for item in read_path(path, root, max_bytes):
@@ -87,7 +90,7 @@ def read_docs(path: Path, root: Path, max_bytes: int) -> dict[str, str] | None:
             if item.source == rel:  # the whole file failed, not one JSONL row
                 return None
             continue
-        docs[item.doc_id] = item.content_hash[:HASH_CHARS]
+        docs[item.source] = item.content_hash[:HASH_CHARS]
     return docs
 
 
@@ -106,7 +109,7 @@ def scan_source(source: Path, max_bytes: int, previous: SourceState) -> tuple[So
 def diff_source(stamps: dict[str, tuple[int, int | str]], read: Callable[[str], dict[str, str] | None],
                 previous: SourceState) -> tuple[SourceState, SourceChange]:
     """The new state and the change, given every file's (size, stamp) by relative name and a reader of one
-    file's documents (doc_id -> hash, None when unreadable: its last known state is kept)."""
+    file's documents (source -> hash, None when unreadable: its last known state is kept)."""
     files: dict[str, FileState] = {}
     added, changed, touched = {}, {}, []
     for rel, (size, stamp) in sorted(stamps.items()):

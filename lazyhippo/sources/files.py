@@ -53,10 +53,15 @@ def sha(text: str, n: int = 16) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:n]
 
 
+def doc_id_for(source: str) -> str:
+    """A document's id: a hash of its source (path relative to the source root, `file.jsonl#row_id` for a row)."""
+    return "d_" + sha(source)
+
+
 def _make(source: str, title: str, kind: str, sections: list[Section]) -> Document:
     sections = [s for s in sections if s.text.strip()]
     body = "\n\n".join(s.text for s in sections)
-    return Document(doc_id="d_" + sha(source), source=source, title=title.strip(), kind=kind,
+    return Document(doc_id=doc_id_for(source), source=source, title=title.strip(), kind=kind,
                     sections=tuple(sections), content_hash=sha(title + "\n" + body, 32))
 
 
