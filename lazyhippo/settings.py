@@ -224,6 +224,7 @@ class Environment:
     """Process-level configuration, read from the environment by `environment()` at the edge (a run, a server,
     a command) and handed to the models and stores built there. Secrets never show in its repr."""
 
+    home: Path | None = None               # LAZYHIPPO_HOME when set: an explicit home wins over the instance's
     threads: int = 0                       # LAZYHIPPO_THREADS: compute threads per process (0: up to 4 cores)
     model_cache: Path = field(default_factory=lambda: Path.home() / ".cache" / "lazyhippo" / "models")
     openai_base_url: str | None = None
@@ -262,6 +263,7 @@ def environment() -> Environment:
     env = os.environ
     defaults = Environment()
     return Environment(
+        home=Path(env["LAZYHIPPO_HOME"]).resolve() if env.get("LAZYHIPPO_HOME") else None,
         threads=int(env.get("LAZYHIPPO_THREADS") or 0),
         model_cache=Path(env.get("LAZYHIPPO_MODEL_CACHE") or defaults.model_cache),
         openai_base_url=env.get("OPENAI_BASE_URL") or None,

@@ -15,7 +15,7 @@ import dagster as dg
 import duckdb
 from pydantic import PrivateAttr
 
-from lazyhippo.settings import INSTANCE_HOME_FILE, GraphStoreKind, ObjectStoreKind, Settings
+from lazyhippo.settings import INSTANCE_HOME_FILE, GraphStoreKind, ObjectStoreKind, Settings, environment
 from lazyhippo.settings import instance_home as home_of_instance_dir
 from lazyhippo.stores import open_graph_store, open_object_store
 from lazyhippo.stores.graphs import GraphStore
@@ -87,14 +87,15 @@ class LazyhippoResource(dg.ConfigurableResource):
         (UnknownNamespace otherwise); else the environment, then this resource's config."""
         fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
         namespace = namespace or self.namespace or Settings.from_env().namespace
-        if self.home is None and instance is not None and not instance.is_ephemeral:
+        if self.home is None and environment().home is None and instance is not None and not instance.is_ephemeral:
             given = {k: v for k, v in fields.items() if k not in ("home", "namespace")}
             return namespace_settings(instance_home(instance), namespace, **given)
         return Settings.from_env(**{**fields, "namespace": namespace})
 
     def watched(self, instance: dg.DagsterInstance) -> list[Settings]:
         """Every namespace of the home (the instance's, unless `home` is set), plus the configured one."""
-        home = Path(self.home).resolve() if self.home or instance.is_ephemeral else instance_home(instance)
+        explicit = self.home or environment().home
+        home = Path(explicit).resolve() if explicit or instance.is_ephemeral else instance_home(instance)
         names = set(held_namespaces(home)) | ({self.namespace} if self.namespace else set())
         return [self.settings_for(n, instance) for n in sorted(names)]
 

@@ -1,4 +1,4 @@
-"""Issue 11: `lazyhippo export` writes csv/xlsx/md/parquet files, streamed in batches with bounded memory."""
+"""`lazyhippo export` writes csv/xlsx/md/parquet files, streamed in batches with bounded memory."""
 
 from __future__ import annotations
 

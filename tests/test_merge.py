@@ -1,4 +1,4 @@
-"""Issue 11: `lazyhippo merge` folds entities into a target; recorded, so a reindex applies it again."""
+"""`lazyhippo merge` folds entities into a target; recorded, so a reindex applies it again."""
 
 from __future__ import annotations
 
