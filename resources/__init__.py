@@ -95,9 +95,17 @@ class LazyhippoResource(dg.ConfigurableResource):
     def watched(self, instance: dg.DagsterInstance) -> list[Settings]:
         """Every namespace of the home (the instance's, unless `home` is set), plus the configured one."""
         explicit = self.home or environment().home
-        home = Path(explicit).resolve() if explicit or instance.is_ephemeral else instance_home(instance)
-        names = set(held_namespaces(home)) | ({self.namespace} if self.namespace else set())
-        return [self.settings_for(n, instance) for n in sorted(names)]
+        home = (Path(explicit).resolve() if explicit else Settings.from_env().home if instance.is_ephemeral
+                else instance_home(instance))
+        held = held_namespaces(home)
+        out = [self.settings_for(n, instance) for n in held]
+        # the configured namespace (named, or the default one of a configured source) is watched before its
+        # first index too: the sensor may create it
+        configured = self.namespace or (Settings.from_env().namespace if self.source else None)
+        if configured and configured not in held:
+            fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
+            out.append(Settings.from_env(**{**fields, "home": home, "namespace": configured}))
+        return out
 
     _writer: Optional[WriterSession] = PrivateAttr(default=None)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lazyhippo.settings import SAMPLE_CORPUS
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
 from lazyhippo.stores.minio import MinioObjectStore
 from lazyhippo.stores.objects import LocalObjectStore
 from lazyhippo.stores.snapshots import SnapshotSync, parse_uri, upload
@@ -74,8 +74,9 @@ def test_runs_the_product_launches_carry_their_namespace():
     assert range_tags(["kb/a", "kb/b"])["lazyhippo/namespace"] == "kb"
     with dg.instance_for_test() as instance:
         state, _ = scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())
-        _, graph_run = change_plan(instance, "kb", state, SourceChange(removed={"gone.txt": ["x"]}))
-        _, docs_run = change_plan(instance, "kb", state, scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())[1])
+        kb = Settings(namespace="kb", source=str(SAMPLE_CORPUS))
+        _, graph_run = change_plan(instance, kb, state, SourceChange(removed={"gone.txt": ["x"]}))
+        _, docs_run = change_plan(instance, kb, state, scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())[1])
     assert graph_run.tags["lazyhippo/namespace"] == "kb" and docs_run.tags["lazyhippo/namespace"] == "kb"
 
 

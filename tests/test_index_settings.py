@@ -64,11 +64,14 @@ def test_cli_index_takes_the_options(tmp_path):
 def test_http_create_checks_the_index_settings(tmp_path):
     from fastapi.testclient import TestClient
 
-    from lazyhippo.serve.app import create_app
+    from lazyhippo.serve.app import Access, create_app
+    from lazyhippo.serve.middleware import TOKEN_HEADER
     from lazyhippo.serve.pool import IndexPool
 
     pool = IndexPool(Settings(home=tmp_path))
-    client = TestClient(create_app(pool))
+    token = "a-per-start-token-of-the-server"
+    client = TestClient(create_app(pool, Access(token=token), source_roots=(SAMPLE_CORPUS.parent,)),
+                        base_url="http://127.0.0.1", headers={TOKEN_HEADER: token})
     r = client.post("/api/kg/create", json={"path": str(SAMPLE_CORPUS), "community_resolutions": [1.0, 0.5]})
     assert r.status_code == 400 and "community resolutions" in r.text
     r = client.post("/api/kg/create", json={"path": str(SAMPLE_CORPUS), "knn_structural": "replace"})

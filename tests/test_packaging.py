@@ -43,7 +43,8 @@ def test_the_sensor_watches_the_source_the_job_indexes(tmp_path):
                                  instance=dg.DagsterInstance.ephemeral()) as context:
         request = source_changed(context).run_requests[0]
     assert isinstance(request, dg.RunRequest) and request.run_key
-    with dg.build_sensor_context(resources={"lazyhippo": LazyhippoResource(source=str(tmp_path / "none"))}) as missing:
+    with dg.build_sensor_context(resources={"lazyhippo": LazyhippoResource(source=str(tmp_path / "none"))},
+                                 instance=dg.DagsterInstance.ephemeral()) as missing:
         assert "does not exist" in source_changed(missing).skip_message
 
 
