@@ -45,7 +45,7 @@ def test_the_sensor_watches_the_source_the_job_indexes(tmp_path):
     assert isinstance(request, dg.RunRequest) and request.run_key
     with dg.build_sensor_context(resources={"lazyhippo": LazyhippoResource(source=str(tmp_path / "none"))},
                                  instance=dg.DagsterInstance.ephemeral()) as missing:
-        assert "does not exist" in source_changed(missing).skip_message
+        assert "does not exist" in source_changed(missing).skip_reason.skip_message
 
 
 def test_credentials_come_from_the_environment_or_the_services_file(monkeypatch, tmp_path):
