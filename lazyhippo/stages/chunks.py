@@ -13,7 +13,7 @@ import pyarrow as pa
 from lazyhippo.models.tokens import encoding
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import Document, sha
-from lazyhippo.stages.common import _ns
+from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.documents import load_documents
 from lazyhippo.stages.results import ChunksResult
 from lazyhippo.stores.warehouse import replace_rows, transaction
@@ -105,7 +105,7 @@ def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: froze
     chunks = [c for d in todo for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
     table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
     with transaction(con):
-        replace_rows(con, "chunks", ns, _ns(table, ns) if table else None,
+        replace_rows(con, "chunks", ns, with_namespace(table, ns) if table else None,
                      "AND (doc_id IN (SELECT unnest(?)) OR doc_id NOT IN (SELECT doc_id FROM documents WHERE namespace = ?))",
                      [[d.doc_id for d in todo], ns])
         write_inputs(con, ns, "chunks", inputs)
@@ -119,5 +119,3 @@ def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:
     rows = con.execute(f"SELECT {', '.join(cols)} FROM chunks WHERE namespace = ? ORDER BY doc_id, position",
                        [namespace]).fetchall()
     return [Chunk(*r) for r in rows]
-
-

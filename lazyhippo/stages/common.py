@@ -11,7 +11,10 @@ from lazyhippo.models.llm import OpenAIChat, configured_llm
 from lazyhippo.settings import Settings
 
 Progress = Callable[[str, int, int], None]
-def _ns(table: pa.Table, namespace: str) -> pa.Table:
+
+
+def with_namespace(table: pa.Table, namespace: str) -> pa.Table:
+    """`table` with its rows' namespace column (every warehouse table is namespaced per row)."""
     return table.append_column("namespace", pa.array([namespace] * table.num_rows, pa.string()))
 
 
@@ -29,5 +32,3 @@ def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | N
                     "VALUES (?, ?, ?, ?, ?, ?)", [namespace, run_id, r["operation"], r["model"], r["prompt_tokens"],
                                                   r["completion_tokens"]])
     return rows
-
-

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from lazyhippo.graph.algorithms import CommunityLevel, Edges
 from lazyhippo.settings import Settings
+from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.results import CommunitiesResult
 from lazyhippo.stores.graphs import GraphStore
 from lazyhippo.stores.warehouse import replace_rows, transaction
@@ -45,9 +46,9 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
     rows = community_rows(levels)
     finest = {n: community_id(len(levels) - 1, len(levels), m) for n, m in levels[-1].membership.items()}
     with transaction(con):
-        replace_rows(con, "entity_scores", ns, _ns(pa.Table.from_pylist(
+        replace_rows(con, "entity_scores", ns, with_namespace(pa.Table.from_pylist(
             [{"entity_id": n, "community_id": finest[n], "pagerank": float(pr.get(n, 0.0))} for n in nodes]), ns) if nodes else None)
-        replace_rows(con, "communities", ns, _ns(pa.Table.from_pylist(rows, COMMUNITY_COLUMNS), ns) if rows else None)
+        replace_rows(con, "communities", ns, with_namespace(pa.Table.from_pylist(rows, COMMUNITY_COLUMNS), ns) if rows else None)
         write_inputs(con, ns, "communities", {PARAMS: fingerprint, "levels": str(comm.levels)})
     return _communities_result(con, ns, algorithm, comm.levels, seeded=initial is not None)
 
@@ -87,6 +88,3 @@ def _communities_result(con: duckdb.DuckDBPyConnection, ns: str, algorithm: str,
                              largest=max(sizes, default=0), singletons=dist.get(1, 0),
                              size_distribution=dict(sorted(dist.items())), reused=reused, seeded=seeded,
                              per_level=per_level)
-from lazyhippo.stages.common import _ns
-
-

@@ -11,6 +11,8 @@ import pyarrow as pa
 
 from lazyhippo.models.embedders import get_embedder
 from lazyhippo.settings import Settings
+from lazyhippo.stages.common import record_usage, with_namespace
+from lazyhippo.stages.embeddings import _embed_missing
 from lazyhippo.stages.reports import build_community_reports
 from lazyhippo.stages.results import SummariesResult
 from lazyhippo.stages.summaries import summarize_extractive
@@ -41,7 +43,7 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
         texts.update({r.community_id: r.text() for r in reports})
     else:
         replace_rows(con, "community_reports", ns, None)
-    replace_rows(con, "community_summaries", ns, _ns(pa.Table.from_pylist([s.__dict__ for s in summaries]), ns) if summaries else None)
+    replace_rows(con, "community_summaries", ns, with_namespace(pa.Table.from_pylist([s.__dict__ for s in summaries]), ns) if summaries else None)
     embedder = get_embedder(settings.embedder, settings.embedding_model)
     embedded = _embed_missing(con, settings, "community", list(texts.items()), embedder)
     biggest = sorted(summaries, key=lambda s: -len(members[s.community_id]))[:5]
@@ -49,7 +51,3 @@ def build_community_summaries(settings: Settings, con: duckdb.DuckDBPyConnection
                            llm_usage=usage, **report_stats,
                            preview=[{"community_id": s.community_id, "size": len(members[s.community_id]),
                                      "title": s.title, "summary": s.summary[:200]} for s in biggest])
-from lazyhippo.stages.common import _ns, record_usage
-from lazyhippo.stages.embeddings import _embed_missing
-
-

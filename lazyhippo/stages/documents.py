@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import Document, Section, read_source
+from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.results import DocumentsResult
 from lazyhippo.stores.warehouse import replace_rows
 
@@ -49,15 +50,14 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: f
             and ((only is not None and r["doc_id"] not in only) or settings.mode == "add"
                  or _from_files(r["source"], failed_files))]
     rows += kept
-    replace_rows(con, "documents", ns, _ns(pa.Table.from_pylist(rows), ns) if rows else None)
+    replace_rows(con, "documents", ns, with_namespace(pa.Table.from_pylist(rows), ns) if rows else None)
     write_inputs(con, ns, "documents", {"source": str(settings.source)})  # what `drop_vanished` may compare with
     err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
-    replace_rows(con, "document_errors", ns, _ns(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
+    replace_rows(con, "document_errors", ns, with_namespace(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
     changed = sum(1 for r in rows if before.get(r["doc_id"]) != r["content_hash"])
     return DocumentsResult(documents=len(rows), errors=errors, changed=changed,
                            removed=len(set(before) - {r["doc_id"] for r in rows}), kept_after_error=len(kept),
                            skipped_deleted=len(skipped_deleted))
-from lazyhippo.stages.common import _ns
 
 
 def _from_files(source: str, files: set[str]) -> bool:

@@ -56,5 +56,3 @@ def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> Embe
                                     ("fact", facts, embedder))}
     return EmbeddingsResult(model=embedding_model_name(settings.embedder, settings.embedding_model), chunks=len(chunks), entities=len(entities), facts=len(facts),
                             newly_embedded=sum(done.values()))
-
-

@@ -32,5 +32,3 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
     finally:
         usage = record_usage(con, settings.namespace, run_id, llm, before)
     return GraphTablesResult(**counts, **summarized, llm_usage=usage)
-
-

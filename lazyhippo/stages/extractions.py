@@ -30,7 +30,7 @@ from lazyhippo.models.extractors import (
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.chunks import Chunk, load_chunks
-from lazyhippo.stages.common import Progress, _ns, record_usage, resolve_llm
+from lazyhippo.stages.common import Progress, record_usage, resolve_llm, with_namespace
 from lazyhippo.stages.results import ExtractionsResult
 from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import replace_rows, transaction
@@ -220,7 +220,7 @@ def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str
     rows["extraction_failures"] = [{"chunk_id": c, "reason": r} for c, r in failures.items()]
     where, params = ("AND chunk_id IN (SELECT unnest(?))", [scope]) if scope is not None else ("", [])
     for table, schema in EXTRACTION_SCHEMAS.items():
-        replace_rows(con, table, ns, _ns(pa.Table.from_pylist(rows[table], schema), ns), where, params)
+        replace_rows(con, table, ns, with_namespace(pa.Table.from_pylist(rows[table], schema), ns), where, params)
         con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
                     "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
     return {"raw_entities": len(rows["extracted_entities"]), "raw_relations": len(rows["extracted_relations"]),
@@ -249,5 +249,3 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
                              failures=run.failures, extractor=f"{extractor.name}:{extractor.model}",
                              **written, prompt_tokens=sum(u["prompt_tokens"] for u in usage),
                              completion_tokens=sum(u["completion_tokens"] for u in usage), llm_usage=usage)
-
-

@@ -7,6 +7,7 @@ import duckdb
 import pyarrow as pa
 
 from lazyhippo.settings import Settings
+from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.results import KnnResult
 from lazyhippo.stores.graphs import GraphStore
 from lazyhippo.stores.warehouse import read_vectors, replace_rows, transaction
@@ -31,13 +32,10 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
     table = pa.Table.from_pylist([{"source_id": e.source, "target_id": e.target, "score": e.score, "rank": e.rank}
                                   for e in edges]) if edges else None
     with transaction(con):
-        replace_rows(con, "knn_edges", ns, _ns(table, ns) if table else None,
+        replace_rows(con, "knn_edges", ns, with_namespace(table, ns) if table else None,
                      *(() if redo is None else ("AND source_id IN (SELECT unnest(?))", [redo])))
         write_inputs(con, ns, "knn_edges", inputs if incremental else {})  # a heuristic or structural search: no basis
     n, low, mean = con.execute("SELECT count(*), coalesce(min(score), 0), coalesce(avg(score), 0) FROM knn_edges "
                                "WHERE namespace = ?", [ns]).fetchall()[0]
     return KnnResult(edges=n, entities=len(ids), top_k=k, cutoff=cutoff, score_min=low, score_mean=mean,
                      searched=len(ids) if redo is None else len(rows))
-from lazyhippo.stages.common import _ns
-
-
