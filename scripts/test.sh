@@ -9,4 +9,5 @@ bash scripts/services.sh start
 bash scripts/services.sh install postgres redis
 bash scripts/services.sh start postgres redis
 export LAZYHIPPO_REQUIRE_SERVICES=1
+export LAZYHIPPO_SERVICES_DIR="${LAZYHIPPO_SERVICES_DIR:-$PWD/.services}"  # for processes the tests start elsewhere
 .venv/bin/python -m pytest -q "$@"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,8 @@ from lazyhippo.index import run_index
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "2wikimultihopqa"
+# the servers' credentials (scripts/services.sh), also for the processes tests start in other folders
+os.environ.setdefault("LAZYHIPPO_SERVICES_DIR", str(Path(__file__).resolve().parent.parent / ".services"))
 
 
 @pytest.fixture(scope="session")
