@@ -29,6 +29,7 @@ from pathlib import Path
 import dagster as dg
 
 from lazyhippo.settings import cluster_environment
+from lazyhippo.stores.warehouse import process_alive
 
 WAREHOUSE_QUEUE = "warehouse"
 STEP_QUEUE = "dagster"  # dagster-celery's default queue: the extraction batches
@@ -225,12 +226,8 @@ def ping_workers(timeout: float = 1.0) -> list[str]:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_alive(pid, socket.gethostname()):
         return False
-    except PermissionError:
-        return True
     try:  # a zombie child of this process counts as gone
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
     except ChildProcessError:
