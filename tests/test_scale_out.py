@@ -81,6 +81,41 @@ def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_pat
     assert not batches3 and figures3["documents_unchanged"] == 8
 
 
+class ReadCountingStore(LocalObjectStore):
+    def __init__(self, root):
+        super().__init__(root)
+        self.reads: list[str] = []
+
+    def get(self, key: str) -> bytes:
+        self.reads.append(key)
+        return super().get(key)
+
+
+def test_collecting_reads_the_parts_the_batch_steps_hand_on_not_one_object_per_document(tmp_path, library_index):
+    settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
+    objects = ReadCountingStore(tmp_path / "shared")
+    with connect(settings) as con:
+        ingest_documents(settings, con)
+        build_chunks(settings, con)
+        batches, _ = plan_batches(settings, con, objects, "r", batch_chunks=3)
+        stats = [extract_batch(settings, objects, b.key) for b in batches]
+        objects.reads.clear()
+        out = collect_parts(settings, con, objects, batches, stats)
+    assert out["documents_extracted"] == 8 and objects.reads == []
+    assert extracted(settings) == extracted(library_index)
+    # results without parts (a step output of another version): the parts are read from the store instead
+    again = Settings(home=tmp_path / "h2", source=str(SAMPLE_CORPUS))
+    with connect(again) as con:
+        ingest_documents(again, con)
+        build_chunks(again, con)
+        batches, _ = plan_batches(again, con, objects, "r2", batch_chunks=3)
+        stats = [{k: v for k, v in extract_batch(again, objects, b.key).items() if k != "parts"} for b in batches]
+        objects.reads.clear()
+        collect_parts(again, con, objects, batches, stats)
+    assert len([k for k in objects.reads if "/parts/extractions/" in k]) == 8
+    assert extracted(again) == extracted(library_index)
+
+
 def test_delete_drops_the_extraction_part_so_a_re_added_document_is_extracted_again(tmp_path):
     from lazyhippo.stages.extractions import part_key
     from lazyhippo.stages.lifecycle import delete_documents
