@@ -55,10 +55,20 @@ def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, mon
     assert runs and runs[0].status == dg.DagsterRunStatus.SUCCESS
 
 
+class ReadCountingStore(LocalObjectStore):
+    def __init__(self, root):
+        super().__init__(root)
+        self.reads: list[str] = []
+
+    def get(self, key: str) -> bytes:
+        self.reads.append(key)
+        return super().get(key)
+
+
 def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_path, library_index):
     corpus = shutil.copytree(SAMPLE_CORPUS, tmp_path / "c")
     settings = Settings(home=tmp_path / "h", source=str(corpus))
-    objects = LocalObjectStore(tmp_path / "shared")
+    objects = ReadCountingStore(tmp_path / "shared")
     with connect(settings) as con:
         ingest_documents(settings, con)
         build_chunks(settings, con)
@@ -71,24 +81,17 @@ def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_pat
     again = CountingExtractor()
     with connect(settings) as con:
         batches2, _ = plan_batches(settings, con, objects, "run2", batch_chunks=3)
+        objects.reads.clear()
         stats = [extract_batch(settings, objects, b.key, again) for b in batches2]
         out = collect_parts(settings, con, objects, batches2, stats)
     assert done and not done & set(again.seen)  # the finished batch's parts were kept
+    # only the parts the planner listed are read: a document without one costs no request
+    assert len([k for k in objects.reads if "/parts/extractions/" in k]) == len(batches[0].doc_ids)
     assert out["documents_extracted"] == 8 and sum(s["parts_kept"] for s in stats) == len(batches[0].doc_ids)
     assert extracted(settings) == extracted(library_index)
     with connect(settings) as con:
         batches3, figures3 = plan_batches(settings, con, objects, "run3")
     assert not batches3 and figures3["documents_unchanged"] == 8
-
-
-class ReadCountingStore(LocalObjectStore):
-    def __init__(self, root):
-        super().__init__(root)
-        self.reads: list[str] = []
-
-    def get(self, key: str) -> bytes:
-        self.reads.append(key)
-        return super().get(key)
 
 
 def test_collecting_reads_the_parts_the_batch_steps_hand_on_not_one_object_per_document(tmp_path, library_index):

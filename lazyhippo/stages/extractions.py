@@ -36,6 +36,7 @@ from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import replace_rows, transaction
 
 RETRY = "retry:"
+STORED_PARTS = "stored_parts"  # batch object metadata: its documents that held a part when it was planned
 PART_SCHEMA = {"chunk_id": pl.String, "extraction": pl.String, "failure": pl.String}
 
 
@@ -76,6 +77,8 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
         by_doc[c.doc_id].append(c)
     held = dict(con.execute("SELECT doc_id, signature FROM extraction_parts WHERE namespace = ?", [ns]).fetchall())
     todo = [d for d in sorted(by_doc) if (only is None or d in only) and held.get(d) != signature(by_doc[d], extractor)]
+    prefix = part_key(ns, "")[:-len(".parquet")]
+    stored = {k[len(prefix):-len(".parquet")] for k in objects.list(prefix)} if todo else set()
     batches, current = [], []
     for doc_id in todo:
         current.append(doc_id)
@@ -83,7 +86,9 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
             name = f"b{len(batches):05d}"
             key = f"{ns}/work/{run_id}/{name}.parquet"
             # the types from every row: a section or page may first appear after the first hundred chunks
-            objects.put(key, _parquet(pl.DataFrame([c for d in current for c in by_doc[d]], infer_schema_length=None)))
+            # with the documents that hold a part (a run that died after extracting them): only those are read
+            objects.put(key, _parquet(pl.DataFrame([c for d in current for c in by_doc[d]], infer_schema_length=None),
+                                      {STORED_PARTS: json.dumps([d for d in current if d in stored])}))
             batches.append(Batch(key, name, tuple(current)))
             current = []
     return batches, {"documents": len(by_doc), "documents_to_extract": len(todo), "batches": len(batches),
@@ -112,13 +117,16 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
     instead of one object per document (reading and decoding 6k parts one by one was 19 s of a 2Wiki run)."""
     ns = settings.namespace
     extractor = extractor or _extractor(settings)
-    chunks = [Chunk(**r) for r in pl.read_parquet(objects.get(batch_key)).iter_rows(named=True)]
+    data = objects.get(batch_key)
+    chunks = [Chunk(**r) for r in pl.read_parquet(data).iter_rows(named=True)]
+    listed = pl.read_parquet_metadata(data).get(STORED_PARTS)
+    stored = set(json.loads(listed)) if listed is not None else None
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in chunks:
         by_doc[c.doc_id].append(c)
     todo, parts = [], {}
     for doc_id, doc_chunks in by_doc.items():
-        part = _read_part(objects, part_key(ns, doc_id))
+        part = _read_part(objects, part_key(ns, doc_id)) if stored is None or doc_id in stored else None
         if part and part[0] == signature(doc_chunks, extractor):
             parts[doc_id] = part
         else:

@@ -114,8 +114,10 @@ class MinioObjectStore:
             if self._same(self._stat(key), md5, len(data)):
                 return md5  # unchanged: no rewrite
             part = min(max(len(data), 5 * 1024 * 1024), _SINGLE_PART_MAX)
-            self.client.put_object(self.bucket, key, io.BytesIO(data), len(data), part_size=part,
-                                   metadata={"md5": md5})
+            written = self.client.put_object(self.bucket, key, io.BytesIO(data), len(data), part_size=part,
+                                             metadata={"md5": md5})
+            if (written.etag or "").strip('"') == md5:  # a single-part upload's etag is its md5: nothing to ask
+                return md5
             stat = self._stat(key)
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "writing", key) from exc
