@@ -26,7 +26,6 @@ from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG  # on every run: 
 
 PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
-PUBLISH_TAG = "lazyhippo/publish"  # "after_graph" on the per-document job
 HOME_FILE = INSTANCE_HOME_FILE
 
 
@@ -110,8 +109,9 @@ class LazyhippoResource(dg.ConfigurableResource):
     _writer: Optional[WriterSession] = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """One writer lock per run: the first stage that writes waits for the home's lock, and the namespace
-        is published for readers only when every step of the run succeeded (a query run never locks)."""
+        """One writer lock per step process (per run on the in-process executor): the first stage that writes
+        waits for the home's lock. Readers see nothing of it until the run's `published_snapshot` step, which
+        runs after every other (a query run never locks)."""
         self._settings = None  # filled once per run, on first use, with the run's partition as namespace
         tags = context.run.tags if context.run is not None else {}
         key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<name>`
@@ -127,19 +127,34 @@ class LazyhippoResource(dg.ConfigurableResource):
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._writer is not None:
-            self._writer.finish(success=not _run_failed(context),  # a documents run: the graph run publishes
-                                publish_now=(context.run is None or context.run.tags.get(PUBLISH_TAG) != "after_graph"))
+            self._writer.finish(success=not _run_failed(context), publish_now=False)
             self._writer = None
 
     @contextmanager
-    def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _session(self) -> Iterator[WriterSession]:
         writer = self._writer or WriterSession(self.settings(), "adhoc")
         try:
-            with writer.connect() as con:
-                yield con
+            yield writer
         finally:
             if writer is not self._writer:  # used outside a run: its own short hold of the lock
                 writer.finish(success=True)
+
+    @contextmanager
+    def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._session() as writer, writer.connect() as con:
+            yield con
+
+    def read_work(self) -> None:
+        """Let this step's queries read the run's own rows, which are not published before its last step (on
+        the multiprocess and Celery executors a step process reads the published snapshot otherwise)."""
+        if self._writer is not None:
+            self._writer.acquire()
+
+    def publish(self) -> Path:
+        """Publish the namespace as the run left it: the local snapshot readers open, and with LAZYHIPPO_SNAPSHOTS
+        a new version in the object store for `serve --snapshots` replicas."""
+        with self._session() as writer:
+            return writer.publish()
 
 
 class GraphStoreResource(dg.ConfigurableResource):

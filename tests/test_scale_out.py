@@ -13,7 +13,7 @@ from lazyhippo.stages.chunks import build_chunks
 from lazyhippo.stages.documents import ingest_documents
 from lazyhippo.stages.extractions import collect_parts, extract_batch, plan_batches
 from lazyhippo.stores.objects import LocalObjectStore
-from lazyhippo.stores.warehouse import connect
+from lazyhippo.stores.warehouse import IndexIncomplete, connect, index_notice, snapshot_path
 from lazyhippo_dagster.runner import index_chain, instance_for, run_config
 from tests.services_fixtures import minio_store, namespaces  # noqa: F401 - fixtures
 from tests.test_lifecycle import CountingExtractor, graph_snapshot
@@ -53,6 +53,55 @@ def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, mon
     assert not list((tmp_path / "shared" / "kb").glob("work/*/*.parquet"))  # batch objects cleaned up
     runs = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "kb"}))
     assert runs and runs[0].status == dg.DagsterRunStatus.SUCCESS
+
+
+def _graph_job() -> dg.JobDefinition:
+    from lazyhippo_dagster.definitions import defs
+
+    return defs.resolve_job_def("index_graph")
+
+
+def test_a_graph_run_on_processes_publishes_only_after_its_last_step(tmp_path, monkeypatch, library_index):
+    """Each step of the multiprocess executor sets its resources up in its own process: still, readers see the
+    graph only when the whole run succeeded, and a failed run's re-execution publishes it."""
+    from lazyhippo_dagster.assets._partitions import range_tags
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    home = tmp_path / "idx"
+    settings = Settings(home=home, namespace="kb", source=str(SAMPLE_CORPUS))
+    resources = {"lazyhippo": {"home": str(home), "source": str(SAMPLE_CORPUS)},
+                 "object_store": {"kind": "local", "root": str(tmp_path / "shared")}}
+    instance = instance_for(home)
+    add_namespace_partition(instance, "kb")
+    keys, _ = stage_documents(instance, settings)
+    docs = defs.resolve_job_def("index_documents").execute_in_process(
+        run_config=run_config(resources), instance=instance, tags=range_tags(keys))
+    assert docs.success and not snapshot_path(settings).exists()  # new documents wait for their graph run
+
+    not_a_folder = tmp_path / "not_a_folder"
+    not_a_folder.write_text("")  # the exports step, the last table step, fails writing under it
+    processes = {"execution": {"config": {"multiprocess": {"max_concurrent": 2, "start_method": {
+        "forkserver": {"preload_modules": ["lazyhippo_dagster.definitions"]}}}}}}
+    failing = {**run_config({**resources, "object_store": {"kind": "local", "root": str(not_a_folder)}}), **processes}
+    job = dg.reconstructable(_graph_job)
+    with dg.execute_job(job, instance, run_config=failing, tags={"dagster/partition": "kb"}, raise_on_error=False) as failed:
+        assert not failed.success
+        failures = {e.step_key for e in failed.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE}
+        succeeded = {e.step_key for e in failed.all_events if e.event_type == dg.DagsterEventType.STEP_SUCCESS}
+    assert failures == {"exports"} and {"entity_graph_tables", "communities", "community_summaries"} <= succeeded
+    assert not snapshot_path(settings).exists()  # every graph table was written, none published
+    with pytest.raises(IndexIncomplete):
+        index_notice(settings)
+
+    with dg.execute_job(job, instance, run_config={**run_config(resources), **processes}, tags={"dagster/partition": "kb"},
+                        reexecution_options=dg.ReexecutionOptions.from_failure(failed.run_id, instance)) as again:
+        assert again.success
+        published = [e for e in again.get_asset_materialization_events()
+                     if e.asset_key == dg.AssetKey("published_snapshot")]
+    assert len(published) == 1 and index_notice(settings) is None
+    assert graph_snapshot(settings) == graph_snapshot(library_index)  # what readers open: the whole graph
 
 
 def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_path, library_index):
