@@ -13,8 +13,9 @@ GRAPH_ASSETS = ["entities", "relations", "mentions", "facts", "embeddings", "knn
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=GRAPH_ASSETS, group_name="exports",
           kinds={"duckdb"}, owners=OWNERS,
           description="The snapshot queries read (`published/<namespace>.duckdb`; with LAZYHIPPO_SNAPSHOTS also a new "
-                      "version in the object store for `serve --snapshots` replicas): taken once per run, after every "
-                      "other step succeeded, so readers never see a half-rebuilt graph. A failed run publishes nothing.")
+                      "version in the object store for `serve --snapshots` replicas): taken once per run, after "
+                      "every other step succeeded, so readers never see a half-rebuilt graph. A failed run "
+                      "publishes nothing.")
 def published_snapshot(lazyhippo: LazyhippoResource) -> dg.MaterializeResult:
     path = lazyhippo.publish()
     snapshots = environment().snapshots

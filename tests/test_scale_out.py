@@ -172,3 +172,55 @@ def test_parts_through_minio_give_the_same_rows(tmp_path, minio_store, namespace
     assert len(minio_store.list(f"{ns}/parts/extractions/")) == 8 and not minio_store.list(f"{ns}/work/")
     ours, theirs = extracted(settings), extracted(library_index)
     assert ours == theirs
+
+
+@pytest.mark.services
+def test_step_outputs_in_minio_go_with_a_successful_run_and_stay_with_a_failed_one(tmp_path, monkeypatch, minio_store,  # noqa: F811
+                                                                                    namespaces):  # noqa: F811
+    from lazyhippo_dagster.assets._partitions import range_tags
+    from lazyhippo_dagster.definitions import defs, index_documents_job_def
+    from lazyhippo_dagster.resources import ObjectStoreResource
+    from lazyhippo_dagster.sensors import remove_step_outputs
+    from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.setenv("LAZYHIPPO_OBJECT_STORE", "minio")  # as on a cluster: every process's environment
+    monkeypatch.setenv("MINIO_BUCKET", minio_store.bucket)
+    ns, home = namespaces("outputs"), tmp_path / "idx"
+    cfg = {**run_config({"lazyhippo": {"home": str(home), "source": str(SAMPLE_CORPUS)}}),
+           "execution": {"config": {"in_process": {}}}}
+    instance = instance_for(home)
+    add_namespace_partition(instance, ns)
+    keys, _ = stage_documents(instance, Settings(home=home, namespace=ns, source=str(SAMPLE_CORPUS)))
+    job = dg.reconstructable(index_documents_job_def)
+
+    def outputs(run_id: str) -> list[str]:
+        return minio_store.list(f"dagster/{run_id}/")
+
+    def sensed(run_id: str) -> None:
+        """One evaluation of the sensor on a run's success, as the daemon does it."""
+        event = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_SUCCESS)[0].dagster_event
+        remove_step_outputs(dg.build_run_status_sensor_context(
+            sensor_name=remove_step_outputs.name, dagster_instance=instance, dagster_run=instance.get_run_by_id(run_id),
+            dagster_event=event, resources={"object_store": ObjectStoreResource()}))
+
+    with dg.execute_job(job, instance, run_config=cfg, tags=range_tags(keys)) as done:
+        assert done.success and any(".plan_extraction_batches/" in k for k in outputs(done.run_id))
+    sensed(done.run_id)
+    assert not outputs(done.run_id)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the warehouse went away")
+
+    with monkeypatch.context() as m:  # the last step fails after the batches were planned and extracted
+        m.setattr("lazyhippo_dagster.assets.extractions.collect_parts", broken)
+        failed = defs.resolve_job_def("index_documents").execute_in_process(
+            run_config=cfg, instance=instance, tags=range_tags(keys), raise_on_error=False)
+    assert not failed.success
+    kept = outputs(failed.run_id)
+    assert kept  # what the re-execution from failure loads
+    with dg.execute_job(job, instance, run_config=cfg, tags=range_tags(keys),
+                        reexecution_options=dg.ReexecutionOptions.from_failure(failed.run_id, instance)) as again:
+        assert again.success
+    assert outputs(failed.run_id) == kept  # until the bucket's expiry rule (set by `lazyhippo cluster up`)
+    minio_store.delete_prefix(f"dagster/{failed.run_id}/")
