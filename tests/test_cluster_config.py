@@ -4,6 +4,7 @@ namespace tag on launched runs, and snapshots published through an object store 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,7 @@ def test_on_a_cluster_sensors_watch_the_instance_namespaces_with_the_settings_of
     from dagster._core.storage.dagster_run import DagsterRun, make_new_run_id
 
     from lazyhippo_dagster.resources import LazyhippoResource
+    from lazyhippo_dagster.schedules import nightly_audit, nightly_reindex
     from lazyhippo_dagster.sensors import source_changed
 
     monkeypatch.setenv("LAZYHIPPO_EXECUTOR", "celery")  # a cluster process (cluster_environment)
@@ -101,9 +103,13 @@ def test_on_a_cluster_sensors_watch_the_instance_namespaces_with_the_settings_of
             ("kb", str(SAMPLE_CORPUS), 300, (tmp_path / "daemon").resolve())]
         with dg.build_sensor_context(instance=instance, resources={"lazyhippo": LazyhippoResource()}) as context:
             result = source_changed(context)
+        with dg.build_schedule_context(instance=instance, resources={"lazyhippo": LazyhippoResource()},
+                                       scheduled_execution_time=datetime(2026, 1, 1, 3)) as context:
+            nightly = nightly_reindex(context) + nightly_audit(context)
     [request] = result.run_requests
     assert request.job_name == "index_documents" and request.tags["lazyhippo/added"] == "8"  # every document
     assert request.run_config == {"resources": {"lazyhippo": {"config": config}}}
+    assert [(r.partition_key, r.run_config) for r in nightly] == [("kb", request.run_config)] * 2
 
 
 def test_a_replica_pulls_the_newest_snapshot_when_its_manifest_changes_and_keeps_it_when_the_store_is_gone(tmp_path):
