@@ -36,6 +36,7 @@ def context_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreR
     from lazyhippo.query import answer_question
 
     settings = lazyhippo.settings()
+    lazyhippo.read_work()  # the run's own graph, not the last published one
     ppr = graph_store.store.ppr_backend(settings.namespace)
     results = [answer_question(settings, q, route="auto", budget=lazyhippo.check_budget, llm=None, ppr=ppr).to_dict()
                for q in probe_questions(settings)]
@@ -50,6 +51,7 @@ def theme_coverage_check(lazyhippo: LazyhippoResource, graph_store: GraphStoreRe
     from lazyhippo.query import answer_question
 
     settings = lazyhippo.settings()
+    lazyhippo.read_work()  # the run's own graph, not the last published one
     items = _beside_source(settings, "themes.json")
     if items is None:
         dg.get_dagster_logger().info("skipped: no themes.json beside the source")
@@ -73,6 +75,7 @@ def retrieval_quality_check(lazyhippo: LazyhippoResource, graph_store: GraphStor
     from lazyhippo.query import retrieve
 
     settings = lazyhippo.settings()
+    lazyhippo.read_work()  # the run's own graph, not the last published one
     questions = _beside_source(settings, "questions.json") or _beside_source(settings, "questions_dev.json")
     if questions is None:
         dg.get_dagster_logger().info("skipped: no questions.json beside the source")

@@ -8,7 +8,8 @@ Under one root folder:
   LAZYHIPPO_HOME. Worker 1 also serves the `warehouse` queue: the DuckDB warehouse lives in its home
   (`workers/w1/lazyhippo/warehouse.duckdb`) and no other process opens it. Every other worker shares nothing
   with it but the servers: PostgreSQL (the instance), Redis (the Celery broker) and MinIO (step outputs,
-  extraction batches and parts, published snapshots).
+  extraction batches and parts, published snapshots). Step outputs in the object store expire after
+  STEP_OUTPUTS_DAYS (a bucket lifecycle rule set by `up`); a successful run's are removed at once.
 
 The dagster.yaml names the PostgreSQL login by environment variable; the values (from the services credentials)
 reach the processes through their environment only (`lazyhippo.settings.cluster_environment`).
@@ -29,7 +30,9 @@ from pathlib import Path
 import dagster as dg
 
 from lazyhippo.settings import cluster_environment
+from lazyhippo.stores.minio import MinioObjectStore
 from lazyhippo.stores.warehouse import process_alive
+from lazyhippo_dagster.resources import STEP_OUTPUTS, STEP_OUTPUTS_DAYS
 
 WAREHOUSE_QUEUE = "warehouse"
 STEP_QUEUE = "dagster"  # dagster-celery's default queue: the extraction batches
@@ -166,6 +169,8 @@ def up(root: Path, workers: int = 2, port: int | None = None, snapshots: str | N
     if alive(cluster):
         raise RuntimeError(f"a cluster already runs from {cluster.root} (`lazyhippo cluster down` first)")
     base = {**os.environ, **cluster_environment(), **({"LAZYHIPPO_SNAPSHOTS": snapshots} if snapshots else {})}
+    bucket = base["MINIO_BUCKET"]
+    step_outputs(bucket).expire(STEP_OUTPUTS, STEP_OUTPUTS_DAYS)  # a failed run's; a successful run's go at once
     bin_dir = Path(sys.executable).parent
     cluster.control.mkdir(parents=True, exist_ok=True)
     (cluster.control / "workspace.yaml").write_text(WORKSPACE_YAML)
@@ -182,13 +187,18 @@ def up(root: Path, workers: int = 2, port: int | None = None, snapshots: str | N
                                           "-Q", ",".join(worker_queues(i)), "-n", f"w{i}@%h", "--concurrency", "1",
                                           "--prefetch-multiplier", "1", "-l", "INFO", "--without-gossip",
                                           "--without-mingle"], folder, _home_env(base, folder))
-    cluster.state_file.write_text(json.dumps({"pids": pids, "port": port, "workers": workers}))
+    cluster.state_file.write_text(json.dumps({"pids": pids, "port": port, "workers": workers, "bucket": bucket}))
     try:
         _wait_ready(cluster, timeout)
     except Exception:
         down(cluster.root)
         raise
     return cluster
+
+
+def step_outputs(bucket: str) -> MinioObjectStore:
+    """The bucket of the cluster's step outputs (MINIO_* of the services credentials)."""
+    return MinioObjectStore.from_env(bucket=bucket)
 
 
 def _wait_ready(cluster: Cluster, timeout: float) -> None:
@@ -268,7 +278,9 @@ def status(root: Path) -> dict:
     processes = alive(cluster)
     return {"running": all(processes.values()), "root": str(cluster.root), "processes": processes,
             "webserver": f"http://127.0.0.1:{state['port']}", "workers": ping_workers() if any(processes.values()) else [],
-            "warehouse": str(cluster.warehouse_home / "warehouse.duckdb")}
+            "warehouse": str(cluster.warehouse_home / "warehouse.duckdb"),
+            "step_outputs": {"store": f"s3://{state['bucket']}/{STEP_OUTPUTS}",
+                             "expire_days": step_outputs(state["bucket"]).expiry_days(STEP_OUTPUTS)}}
 
 
 # ---- launching index runs through the run queue ----

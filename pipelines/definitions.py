@@ -8,7 +8,7 @@ from lazyhippo_dagster.interrupts import restore_interrupts
 from lazyhippo_dagster.jobs import index_documents_job, index_graph_job, query, rebuild_graph_job
 from lazyhippo_dagster.resources import default_resources
 from lazyhippo_dagster.schedules import nightly_audit, nightly_reindex
-from lazyhippo_dagster.sensors import graph_after_documents, source_changed
+from lazyhippo_dagster.sensors import documents_after_staging, graph_after_documents, remove_step_outputs, source_changed
 
 enable_event_batches()  # runs launched from the UI and the daemon record their partitions' events in batches
 restore_interrupts()  # run workers of a `dagster dev` started in the background
@@ -20,7 +20,7 @@ defs = dg.Definitions(
     assets=all_assets,
     asset_checks=all_checks,
     jobs=[index_documents_job, index_graph_job, rebuild_graph_job, query],
-    sensors=[source_changed, graph_after_documents],
+    sensors=[source_changed, graph_after_documents, documents_after_staging, remove_step_outputs],
     schedules=[nightly_reindex, nightly_audit],
     resources=default_resources(),
     executor=dg.in_process_executor,

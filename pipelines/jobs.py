@@ -14,7 +14,7 @@ index_documents_job = dg.define_asset_job(
     "index_documents", selection=dg.AssetSelection.groups("per_document"),
     executor_def=index_executor("multiprocess", queue="dagster"),
     # the run queue starts one at a time (see runner.INSTANCE_CONFIG); its new rows are published by the graph run
-    tags={"lazyhippo/writer": "warehouse", "lazyhippo/publish": "after_graph"},
+    tags={"lazyhippo/writer": "warehouse"},
     description="Read, chunk and extract the documents of the run's partitions (a key range of one namespace).",
 )
 

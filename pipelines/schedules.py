@@ -1,7 +1,9 @@
 """The nightly consistency pass over every namespace of the home: `nightly_reindex` re-reads every file and asks
 for a `reindex` run where something the source sensor missed changed (that run stages the document partitions,
 `documents_after_staging` indexes them), then `nightly_audit` brings each graph up to date (dropping vanished
-documents) and runs the blocking audit. An evaluation only reads: previewing a tick changes nothing."""
+documents) and runs the blocking audit. An evaluation only reads: previewing a tick changes nothing. On a cluster
+the namespaces and their settings come from the instance (`LazyhippoResource.watched`), and each run request
+carries the settings as run config for the workers."""
 
 import dagster as dg
 import duckdb
@@ -43,6 +45,7 @@ def nightly_reindex(context: dg.ScheduleEvaluationContext, lazyhippo: LazyhippoR
             reasons.append(f"{ns}: every document as indexed ({len(change.removed)} removed: nightly_audit drops them)")
             continue
         runs.append(dg.RunRequest(run_key=f"reindex-{ns}-{_tick(context)}", partition_key=ns,
+                                  run_config=lazyhippo.run_config(settings),
                                   tags={**change_tags(ns, change), "lazyhippo/pass": "consistency"}))
     return _result(runs, reasons)
 
@@ -52,6 +55,7 @@ def nightly_reindex(context: dg.ScheduleEvaluationContext, lazyhippo: LazyhippoR
                          "whose file vanished are dropped) and the blocking completeness audit run.")
 def nightly_audit(context: dg.ScheduleEvaluationContext, lazyhippo: LazyhippoResource):
     runs = [dg.RunRequest(run_key=f"audit-{s.namespace}-{_tick(context)}", partition_key=s.namespace,
+                          run_config=lazyhippo.run_config(s),
                           tags={NAMESPACE_TAG: s.namespace, "lazyhippo/pass": "consistency"})
             for s in lazyhippo.watched(context.instance)]
     return _result(runs, [])

@@ -9,7 +9,8 @@ removes documents asks for the graph run directly. An evaluation only reads: a p
 
 `graph_after_documents` follows every successful run that materialized document partitions (the CLI's, a
 sensor's, a backfill's, one launched from the asset catalog) with one `index_graph` run of its namespace;
-`documents_after_staging` follows a `reindex` run (the nightly schedule's) with the documents run it staged."""
+`documents_after_staging` follows a `reindex` run (the nightly schedule's) with the documents run it staged;
+`remove_step_outputs` removes what a successful run's steps handed each other through the object store."""
 
 import dagster as dg
 import duckdb
@@ -18,7 +19,8 @@ from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state
 from lazyhippo_dagster.assets._partitions import (NAMESPACE_TAG, RANGE_END, RANGE_START, documents, namespaces,
                                                   partition_changes, range_tags)
 from lazyhippo_dagster.jobs import STAGED_END, STAGED_START, index_documents_job, index_graph_job, reindex_job
-from lazyhippo_dagster.resources import LazyhippoResource
+from lazyhippo_dagster.resources import (LazyhippoResource, ObjectStoreIOManager, ObjectStoreResource, lazyhippo_config,
+                                         step_output_store)
 from lazyhippo_dagster.staging import change_names, scan
 
 LAUNCHER_RUNS_GRAPH = "lazyhippo/graph_by_launcher"  # a documents run whose launcher (the CLI, the API) runs the graph itself
@@ -30,8 +32,10 @@ def change_tags(namespace: str, change: SourceChange) -> dict[str, str]:
             "lazyhippo/changed": str(len(change.changed)), "lazyhippo/removed": str(len(change.removed))}
 
 
-def change_plan(instance: dg.DagsterInstance, settings, state: SourceState, change: SourceChange):
-    """(partition requests, run request) bringing the namespace of `settings` up to date with `change`."""
+def change_plan(instance: dg.DagsterInstance, settings, state: SourceState, change: SourceChange,
+                run_config: dict | None = None):
+    """(partition requests, run request with `run_config`) bringing the namespace of `settings` up to date with
+    `change`."""
     namespace = settings.namespace
     held = list(instance.get_dynamic_partitions(documents.name))
     delete, add, run = partition_changes(held, namespace, *change_names(settings, state, change))
@@ -41,8 +45,10 @@ def change_plan(instance: dg.DagsterInstance, settings, state: SourceState, chan
     tags = change_tags(namespace, change)
     run_key = f"{namespace}-{state.run_key(change)}"
     if run:
-        return requests, dg.RunRequest(job_name=index_documents_job.name, run_key=run_key, tags={**tags, **range_tags(run)})
-    return requests, dg.RunRequest(job_name=index_graph_job.name, run_key=run_key, partition_key=namespace, tags=tags)
+        return requests, dg.RunRequest(job_name=index_documents_job.name, run_key=run_key, run_config=run_config,
+                                       tags={**tags, **range_tags(run)})
+    return requests, dg.RunRequest(job_name=index_graph_job.name, run_key=run_key, partition_key=namespace,
+                                   run_config=run_config, tags=tags)
 
 
 def _cursors(cursor: str | None) -> dict[str, str]:
@@ -77,7 +83,7 @@ def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoReso
             reasons.append(f"{ns}: no change: {n_docs} documents in {len(state.files)} files as indexed")
             continue
         context.log.info(f"{ns}: {change.summary()}")
-        partition_requests, run = change_plan(context.instance, settings, state, change)
+        partition_requests, run = change_plan(context.instance, settings, state, change, lazyhippo.run_config(settings))
         requests += partition_requests
         runs.append(run)
     cursor = "\n".join(f"{ns}={state}" for ns, state in sorted(cursors.items()))
@@ -85,6 +91,13 @@ def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoReso
     if not runs:
         return dg.SensorResult(skip_reason=reason, cursor=cursor)
     return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=requests, cursor=cursor)
+
+
+def _same_settings(run: dg.DagsterRun) -> dict:
+    """Run config giving a follow-up run the `lazyhippo` settings `run` was launched with (on a cluster, the
+    only place its workers learn them)."""
+    config = lazyhippo_config(run)
+    return {"resources": {"lazyhippo": {"config": config}}} if config else {}
 
 
 def _materialized_documents(run: dg.DagsterRun) -> str | None:
@@ -111,7 +124,7 @@ def graph_after_documents(context: dg.RunStatusSensorContext):
         statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]), limit=1)
     if waiting:
         return dg.SkipReason(f"graph run {waiting[0].run_id} of {namespace!r} is already waiting to start")
-    return dg.RunRequest(run_key=f"graph-after-{run.run_id}", partition_key=namespace,
+    return dg.RunRequest(run_key=f"graph-after-{run.run_id}", partition_key=namespace, run_config=_same_settings(run),
                          tags={NAMESPACE_TAG: namespace, "lazyhippo/after_run": run.run_id,
                                "lazyhippo/change": run.tags.get("lazyhippo/change", "")})
 
@@ -124,6 +137,20 @@ def documents_after_staging(context: dg.RunStatusSensorContext):
     run = context.dagster_run
     if STAGED_START not in run.tags:
         return dg.SkipReason(f"run {run.run_id} found nothing added or changed")
-    return dg.RunRequest(run_key=f"documents-after-{run.run_id}", tags={
+    return dg.RunRequest(run_key=f"documents-after-{run.run_id}", run_config=_same_settings(run), tags={
         NAMESPACE_TAG: run.tags[NAMESPACE_TAG], "lazyhippo/after_run": run.run_id, "lazyhippo/pass": "consistency",
         RANGE_START: run.tags[STAGED_START], RANGE_END: run.tags[STAGED_END]})
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, default_status=dg.DefaultSensorStatus.RUNNING,
+                      minimum_interval_seconds=10,
+                      description="After any run succeeded, remove the step outputs it handed between its steps "
+                                  "through the shared object store (`dagster/<run_id>/`); a failed run keeps its own for "
+                                  "its re-execution from failure, until the bucket's expiry rule removes them.")
+def remove_step_outputs(context: dg.RunStatusSensorContext, object_store: ObjectStoreResource):
+    run_id = context.dagster_run.run_id
+    store = step_output_store(object_store)
+    if store is None:
+        return dg.SkipReason(f"run {run_id}: step outputs are files of the Dagster instance (local object store)")
+    removed = store.delete_prefix(ObjectStoreIOManager.run_prefix(run_id))
+    context.log.info(f"run {run_id}: {removed} step output(s) removed from {store.uri}")

@@ -22,11 +22,10 @@ from lazyhippo.stores.graphs import GraphStore
 from lazyhippo.stores.namespaces import held_namespaces, namespace_settings
 from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import WriterSession
-from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG  # on every run: which knowledge base it acts on
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, namespaces  # NAMESPACE_TAG: on every run
 
 PARTITION_TAG = "dagster/partition"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
-PUBLISH_TAG = "lazyhippo/publish"  # "after_graph" on the per-document job
 HOME_FILE = INSTANCE_HOME_FILE
 
 
@@ -92,26 +91,51 @@ class LazyhippoResource(dg.ConfigurableResource):
             return namespace_settings(instance_home(instance), namespace, **given)
         return Settings.from_env(**{**fields, "namespace": namespace})
 
+    def _fields(self) -> dict:
+        """This resource's settings fields (None where unset)."""
+        return {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
+
     def watched(self, instance: dg.DagsterInstance) -> list[Settings]:
-        """Every namespace of the home (the instance's, unless `home` is set), plus the configured one."""
+        """Every namespace of the home (the instance's, unless `home` is set), plus the configured one.
+
+        On a cluster the warehouse is the warehouse worker's, and the daemon that evaluates sensors and schedules
+        holds none: there the namespaces are the instance's `namespaces` partitions, each with the settings its
+        latest run named a source with (`cluster_namespaces`), compared against an empty baseline (its cursor
+        aside): the warehouse steps skip the documents that did not change."""
         explicit = self.home or environment().home
         home = (Path(explicit).resolve() if explicit else Settings.from_env().home if instance.is_ephemeral
                 else instance_home(instance))
-        held = held_namespaces(home)
-        out = [self.settings_for(n, instance) for n in held]
+        if on_cluster():
+            known = cluster_namespaces(instance)
+            out = [Settings.from_env(**{**self._fields(), **config, "home": home, "namespace": ns})
+                   for ns, config in known.items()]
+        else:
+            known = held_namespaces(home)
+            out = [self.settings_for(n, instance) for n in known]
         # the configured namespace (named, or the default one of a configured source) is watched before its
         # first index too: the sensor may create it
         configured = self.namespace or (Settings.from_env().namespace if self.source else None)
-        if configured and configured not in held:
-            fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
-            out.append(Settings.from_env(**{**fields, "home": home, "namespace": configured}))
+        if configured and configured not in known:
+            out.append(Settings.from_env(**{**self._fields(), "home": home, "namespace": configured}))
         return out
+
+    def run_config(self, settings: Settings) -> dict:
+        """The run config a sensor or schedule gives a run of `settings` on a cluster: its namespace, source and
+        other settings, for the workers, which know nothing else of them (on one machine: none, a run reads the
+        settings its namespace was indexed with from the home)."""
+        if not on_cluster():
+            return {}
+        defaults = Settings()
+        config = {k: list(v) if isinstance(v, tuple) else v for k in self._fields() if k != "home"
+                  for v in [getattr(settings, k)] if k in ("namespace", "source") or v != getattr(defaults, k)}
+        return {"resources": {"lazyhippo": {"config": config}}}
 
     _writer: Optional[WriterSession] = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """One writer lock per run: the first stage that writes waits for the home's lock, and the namespace
-        is published for readers only when every step of the run succeeded (a query run never locks)."""
+        """One writer lock per step process (per run on the in-process executor): the first stage that writes
+        waits for the home's lock. Readers see nothing of it until the run's `published_snapshot` step, which
+        runs after every other (a query run never locks)."""
         self._settings = None  # filled once per run, on first use, with the run's partition as namespace
         tags = context.run.tags if context.run is not None else {}
         key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<name>`
@@ -127,19 +151,34 @@ class LazyhippoResource(dg.ConfigurableResource):
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._writer is not None:
-            self._writer.finish(success=not _run_failed(context),  # a documents run: the graph run publishes
-                                publish_now=(context.run is None or context.run.tags.get(PUBLISH_TAG) != "after_graph"))
+            self._writer.finish(success=not _run_failed(context), publish_now=False)
             self._writer = None
 
     @contextmanager
-    def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _session(self) -> Iterator[WriterSession]:
         writer = self._writer or WriterSession(self.settings(), "adhoc")
         try:
-            with writer.connect() as con:
-                yield con
+            yield writer
         finally:
             if writer is not self._writer:  # used outside a run: its own short hold of the lock
                 writer.finish(success=True)
+
+    @contextmanager
+    def warehouse(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        with self._session() as writer, writer.connect() as con:
+            yield con
+
+    def read_work(self) -> None:
+        """Let this step's queries read the run's own rows, which are not published before its last step (on
+        the multiprocess and Celery executors a step process reads the published snapshot otherwise)."""
+        if self._writer is not None:
+            self._writer.acquire()
+
+    def publish(self) -> Path:
+        """Publish the namespace as the run left it: the local snapshot readers open, and with LAZYHIPPO_SNAPSHOTS
+        a new version in the object store for `serve --snapshots` replicas."""
+        with self._session() as writer:
+            return writer.publish()
 
 
 class GraphStoreResource(dg.ConfigurableResource):
@@ -219,20 +258,33 @@ class LLMResource(dg.ConfigurableResource):
         return self._clients[model]
 
 
+STEP_OUTPUTS = "dagster/"  # prefix of the step outputs in a shared object store
+STEP_OUTPUTS_DAYS = 7     # a failed run's outputs are kept this long, for its re-execution from failure
+
+
+def step_output_store(object_store: ObjectStoreResource) -> Optional[ObjectStore]:
+    """The shared object store that holds step outputs, or None with the local one (Dagster's own pickles)."""
+    settings = Settings.from_env()
+    if ObjectStoreKind(object_store.kind or settings.object_store) == ObjectStoreKind.local:
+        return None
+    return object_store.open(settings)
+
+
 class StepOutputsIOManager(dg.ConfigurableIOManagerFactory):
     """Where steps hand each other their (small) outputs: with a shared object store (MinIO/S3), pickles in it
-    under `dagster/<run_id>/<step>/<output>`, so a step on one worker reads what a step on another wrote;
+    under `dagster/<run_id>/<step>/<output>`, so a step on one worker reads what a step on another wrote
+    (removed when the run succeeds, see `sensors.remove_step_outputs`; expired by the bucket otherwise);
     with the local one, Dagster's own pickles under the instance's storage folder, as by default."""
 
     object_store: ObjectStoreResource
 
     def create_io_manager(self, context: dg.InitResourceContext) -> dg.IOManager:
-        settings = Settings.from_env()
-        if ObjectStoreKind(self.object_store.kind or settings.object_store) == ObjectStoreKind.local:
+        store = step_output_store(self.object_store)
+        if store is None:
             from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
 
             return PickledObjectFilesystemIOManager(base_dir=context.instance.storage_directory())
-        return ObjectStoreIOManager(self.object_store.open(settings))
+        return ObjectStoreIOManager(store)
 
 
 class ObjectStoreIOManager(dg.IOManager):
@@ -240,8 +292,12 @@ class ObjectStoreIOManager(dg.IOManager):
         self.store = store
 
     @staticmethod
+    def run_prefix(run_id: str) -> str:
+        return f"{STEP_OUTPUTS}{run_id}/"
+
+    @staticmethod
     def _key(context: dg.OutputContext) -> str:
-        return "/".join(["dagster", *context.get_identifier()])
+        return STEP_OUTPUTS + "/".join(context.get_identifier())
 
     def handle_output(self, context: dg.OutputContext, obj) -> None:
         import pickle
@@ -252,6 +308,29 @@ class ObjectStoreIOManager(dg.IOManager):
         import pickle
 
         return pickle.loads(self.store.get(self._key(context.upstream_output)))
+
+
+def on_cluster() -> bool:
+    """A cluster's process (LAZYHIPPO_EXECUTOR=celery, see lazyhippo_dagster.cluster): the warehouse is elsewhere."""
+    return environment().executor == "celery"
+
+
+def lazyhippo_config(run: dg.DagsterRun) -> dict:
+    """The `lazyhippo` resource config a run was launched with ({} when none)."""
+    return ((run.run_config or {}).get("resources") or {}).get("lazyhippo", {}).get("config") or {}
+
+
+def cluster_namespaces(instance: dg.DagsterInstance, runs_per_namespace: int = 20) -> dict[str, dict]:
+    """namespace -> the settings fields of its latest run that named a source, for every namespace partition of
+    the instance (shared by every host of a cluster); a namespace none of whose recent runs did is left out."""
+    out = {}
+    for ns in instance.get_dynamic_partitions(namespaces.name):
+        for run in instance.get_runs(dg.RunsFilter(tags={NAMESPACE_TAG: ns}), limit=runs_per_namespace):
+            config = lazyhippo_config(run)
+            if config.get("source"):
+                out[ns] = {k: v for k, v in config.items() if k in Settings.__dataclass_fields__ and k != "home"}
+                break
+    return out
 
 
 def _run_failed(context: dg.InitResourceContext) -> bool:

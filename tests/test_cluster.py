@@ -20,6 +20,7 @@ import pytest
 from lazyhippo.index import run_index
 from lazyhippo.query import answer_question
 from lazyhippo.settings import Settings, environment
+from lazyhippo.stores.warehouse import connect
 from tests.services_fixtures import minio_store, namespaces, unavailable  # noqa: F401 - fixtures
 from tests.test_lifecycle import graph_snapshot
 from tests.test_scale_out import extracted
@@ -95,8 +96,23 @@ def _local_top8(settings: Settings, question: str) -> list[str]:
     return [c["chunk_id"] for c in answer_question(settings, question, route="local", top_k=8, llm=None).to_dict()["context"]]
 
 
+def _versions(store, prefix: str, namespace: str) -> list[str]:
+    return [k for k in store.list(f"{prefix}/{namespace}/") if k.endswith(".duckdb")]
+
+
+def _until(get, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while not (value := get()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(1)
+    return value
+
+
 def test_cluster_indexes_like_one_process_survives_a_killed_worker_and_serves_replicas(
         cluster, corpus, tmp_path, namespaces, minio_store):  # noqa: F811
+    from lazyhippo_dagster import cluster as clusters
+    from lazyhippo_dagster.resources import STEP_OUTPUTS_DAYS
+
     c, prefix = cluster
     instance = c.instance()
     ns = namespaces("cluster")
@@ -122,6 +138,12 @@ def test_cluster_indexes_like_one_process_survives_a_killed_worker_and_serves_re
     assert killed is not None, "no extraction batch started"
     starts = [e.step_key for e in instance.all_logs(docs_run.run_id, of_type=dg.DagsterEventType.STEP_START)]
     assert starts.count(killed[0]) == 2  # the killed step ran again elsewhere: a retry, not a failed run
+
+    # one publish per run on Celery too (each step sets its resources up on its worker): one snapshot version
+    assert len(_versions(minio_store, prefix, ns)) == 1
+    # the daemon removes a successful run's step outputs from the object store; the rest expire there
+    _until(lambda: not minio_store.list(f"dagster/{docs_run.run_id}/") and not minio_store.list(f"dagster/{graph_run.run_id}/"))
+    assert clusters.status(c.root)["step_outputs"]["expire_days"] == STEP_OUTPUTS_DAYS
 
     workers = _workers_of(instance, docs_run.run_id)
     batch_workers = {w for step, w in workers.items() if "extract_documents[" in step}
@@ -166,6 +188,7 @@ def test_cluster_indexes_like_one_process_survives_a_killed_worker_and_serves_re
         (smaller / "corpus.jsonl").write_text("".join(lines[: 2 * PASSAGES // 3]))
         version = health["snapshots"]["versions"][ns]
         assert all(r.is_success for r in _index(c, ns, smaller, ops=None))
+        assert len(_versions(minio_store, prefix, ns)) == 2
         _wait_for(lambda: _health(url), lambda h: h and h["snapshots"]["versions"].get(ns) != version, proc, replica)
         reindexed = Settings(home=c.warehouse_home, namespace=ns)  # the in-process engine on the new snapshot
         for q in QUESTIONS:
@@ -228,3 +251,44 @@ def _wait_for(get, ok, proc, folder: Path, timeout: float = 180.0):
         assert proc.poll() is None, (folder / "serve.log").read_text()[-3000:]
         assert time.monotonic() < deadline, f"timed out; last: {json.dumps(value)[:2000]}"
         time.sleep(1)
+
+
+def test_a_sensor_tick_on_the_cluster_indexes_a_new_namespace_from_shared_state(
+        cluster, corpus, tmp_path, namespaces, minio_store, monkeypatch):  # noqa: F811
+    """The source sensor, evaluated as the cluster's daemon does (its home holds no warehouse), against the
+    cluster's instance: it requests the documents run with the namespace's settings, the daemon's
+    graph_after_documents follows with the graph run, and both succeed on the workers."""
+    from lazyhippo_dagster import cluster as clusters
+    from lazyhippo_dagster.resources import LazyhippoResource
+    from lazyhippo_dagster.sensors import source_changed
+
+    c, prefix = cluster
+    ns = namespaces("sensed")
+    source = tmp_path / "watched"
+    source.mkdir()
+    source.joinpath("corpus.jsonl").write_text("".join((corpus / "corpus.jsonl").read_text().splitlines(True)[:20]))
+    monkeypatch.setenv("LAZYHIPPO_EXECUTOR", "celery")  # the daemon's environment (cluster_environment)
+    monkeypatch.setenv("LAZYHIPPO_HOME", str(tmp_path / "daemon"))
+    instance = c.instance()
+    with dg.build_sensor_context(instance=instance,
+                                 resources={"lazyhippo": LazyhippoResource(namespace=ns, source=str(source))}) as context:
+        result = source_changed(context)
+    request = next(r for r in result.run_requests if r.tags["lazyhippo/namespace"] == ns)
+    assert request.job_name == "index_documents" and request.tags["lazyhippo/added"] == "20"
+    assert request.run_config["resources"]["lazyhippo"]["config"] == {"namespace": ns, "source": str(source)}
+    for partitions in result.dynamic_partitions_requests:  # as the daemon applies them; only this namespace's: the
+        keys = [k for k in partitions.partition_keys if k == ns or k.startswith(f"{ns}/")]  # instance is shared
+        if isinstance(partitions, dg.AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(partitions.partitions_def_name, keys)
+        else:
+            for key in keys:
+                instance.delete_dynamic_partition(partitions.partitions_def_name, key)
+    docs = clusters.wait(c, clusters.submit(c, request.job_name, request.run_config, request.tags), 600, instance)
+    assert docs.is_success
+    graph = _until(lambda: next(iter(instance.get_runs(dg.RunsFilter(
+        job_name="index_graph", tags={"lazyhippo/after_run": docs.run_id}), limit=1)), None))
+    graph = clusters.wait(c, graph.run_id, 600, instance)
+    assert graph.is_success and graph.run_config["resources"]["lazyhippo"]["config"]["source"] == str(source)
+    assert len(_versions(minio_store, prefix, ns)) == 1  # published once, for the replicas
+    with connect(Settings(home=c.warehouse_home, namespace=ns), read_only=True) as con:  # what readers open
+        assert con.execute("SELECT count(*) FROM documents WHERE namespace = ?", [ns]).fetchone()[0] == 20

@@ -4,6 +4,7 @@ namespace tag on launched runs, and snapshots published through an object store 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,37 @@ def test_runs_the_product_launches_carry_their_namespace():
         _, graph_run = change_plan(instance, kb, state, SourceChange(removed={"gone.txt": ["x"]}))
         _, docs_run = change_plan(instance, kb, state, scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())[1])
     assert graph_run.tags["lazyhippo/namespace"] == "kb" and docs_run.tags["lazyhippo/namespace"] == "kb"
+
+
+def test_on_a_cluster_sensors_watch_the_instance_namespaces_with_the_settings_of_their_runs(tmp_path, monkeypatch):
+    """The daemon's home holds no warehouse: the namespaces and their sources come from the instance, the baseline
+    is empty, and the run request carries the settings for the workers."""
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRun, make_new_run_id
+
+    from lazyhippo_dagster.resources import LazyhippoResource
+    from lazyhippo_dagster.schedules import nightly_audit, nightly_reindex
+    from lazyhippo_dagster.sensors import source_changed
+
+    monkeypatch.setenv("LAZYHIPPO_EXECUTOR", "celery")  # a cluster process (cluster_environment)
+    monkeypatch.setenv("LAZYHIPPO_HOME", str(tmp_path / "daemon"))
+    config = {"namespace": "kb", "source": str(SAMPLE_CORPUS), "chunk_size": 300}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("namespaces", ["kb", "never_ran"])
+        instance.add_run(DagsterRun(job_name="index_graph", run_id=make_new_run_id(), tags={"lazyhippo/namespace": "kb"},
+                                    run_config={"resources": {"lazyhippo": {"config": config}}}))
+        watched = LazyhippoResource().watched(instance)
+        assert [(s.namespace, s.source, s.chunk_size, s.home) for s in watched] == [
+            ("kb", str(SAMPLE_CORPUS), 300, (tmp_path / "daemon").resolve())]
+        with dg.build_sensor_context(instance=instance, resources={"lazyhippo": LazyhippoResource()}) as context:
+            result = source_changed(context)
+        with dg.build_schedule_context(instance=instance, resources={"lazyhippo": LazyhippoResource()},
+                                       scheduled_execution_time=datetime(2026, 1, 1, 3)) as context:
+            nightly = nightly_reindex(context) + nightly_audit(context)
+    [request] = result.run_requests
+    assert request.job_name == "index_documents" and request.tags["lazyhippo/added"] == "8"  # every document
+    assert request.run_config == {"resources": {"lazyhippo": {"config": config}}}
+    assert [(r.partition_key, r.run_config) for r in nightly] == [("kb", request.run_config)] * 2
 
 
 def test_a_replica_pulls_the_newest_snapshot_when_its_manifest_changes_and_keeps_it_when_the_store_is_gone(tmp_path):

@@ -20,7 +20,7 @@ from lazyhippo.stores.warehouse import connect
 from lazyhippo_dagster.definitions import defs
 
 EXPECTED_ASSETS = {"documents", "chunks", "extractions", "entities", "relations", "mentions", "facts", "embeddings",
-                   "knn_edges", "communities", "community_summaries", "exports"}
+                   "knn_edges", "communities", "community_summaries", "exports", "published_snapshot"}
 
 
 def _rows(settings: Settings, sql: str) -> list[tuple]:

@@ -50,11 +50,12 @@ def test_definitions_load_into_the_asset_graph_of_the_data_flow():
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     flow = ["documents", "chunks", "extractions", "entities", "embeddings", "knn_edges", "communities",
-            "community_summaries", "exports"]
+            "community_summaries", "exports", "published_snapshot"]
     assert set(flow) | {"relations", "mentions", "facts"} <= keys
     for upstream, downstream in [("documents", "chunks"), ("chunks", "extractions"), ("extractions", "entities"),
                                  ("entities", "embeddings"), ("embeddings", "knn_edges"), ("knn_edges", "communities"),
-                                 ("communities", "community_summaries")]:
+                                 ("communities", "community_summaries"), ("exports", "published_snapshot"),
+                                 ("community_summaries", "published_snapshot")]:
         parents = {k.to_user_string() for k in graph.get(dg.AssetKey(downstream)).parent_keys}
         assert upstream in parents, (upstream, downstream, parents)
     for key in keys:

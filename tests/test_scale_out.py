@@ -13,7 +13,7 @@ from lazyhippo.stages.chunks import build_chunks
 from lazyhippo.stages.documents import ingest_documents
 from lazyhippo.stages.extractions import collect_parts, extract_batch, plan_batches
 from lazyhippo.stores.objects import LocalObjectStore
-from lazyhippo.stores.warehouse import connect
+from lazyhippo.stores.warehouse import IndexIncomplete, connect, index_notice, snapshot_path
 from lazyhippo_dagster.runner import index_chain, instance_for, run_config
 from tests.services_fixtures import minio_store, namespaces  # noqa: F401 - fixtures
 from tests.test_lifecycle import CountingExtractor, graph_snapshot
@@ -53,6 +53,55 @@ def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, mon
     assert not list((tmp_path / "shared" / "kb").glob("work/*/*.parquet"))  # batch objects cleaned up
     runs = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "kb"}))
     assert runs and runs[0].status == dg.DagsterRunStatus.SUCCESS
+
+
+def _graph_job() -> dg.JobDefinition:
+    from lazyhippo_dagster.definitions import defs
+
+    return defs.resolve_job_def("index_graph")
+
+
+def test_a_graph_run_on_processes_publishes_only_after_its_last_step(tmp_path, monkeypatch, library_index):
+    """Each step of the multiprocess executor sets its resources up in its own process: still, readers see the
+    graph only when the whole run succeeded, and a failed run's re-execution publishes it."""
+    from lazyhippo_dagster.assets._partitions import range_tags
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    home = tmp_path / "idx"
+    settings = Settings(home=home, namespace="kb", source=str(SAMPLE_CORPUS))
+    resources = {"lazyhippo": {"home": str(home), "source": str(SAMPLE_CORPUS)},
+                 "object_store": {"kind": "local", "root": str(tmp_path / "shared")}}
+    instance = instance_for(home)
+    add_namespace_partition(instance, "kb")
+    keys, _ = stage_documents(instance, settings)
+    docs = defs.resolve_job_def("index_documents").execute_in_process(
+        run_config=run_config(resources), instance=instance, tags=range_tags(keys))
+    assert docs.success and not snapshot_path(settings).exists()  # new documents wait for their graph run
+
+    not_a_folder = tmp_path / "not_a_folder"
+    not_a_folder.write_text("")  # the exports step, the last table step, fails writing under it
+    processes = {"execution": {"config": {"multiprocess": {"max_concurrent": 2, "start_method": {
+        "forkserver": {"preload_modules": ["lazyhippo_dagster.definitions"]}}}}}}
+    failing = {**run_config({**resources, "object_store": {"kind": "local", "root": str(not_a_folder)}}), **processes}
+    job = dg.reconstructable(_graph_job)
+    with dg.execute_job(job, instance, run_config=failing, tags={"dagster/partition": "kb"}, raise_on_error=False) as failed:
+        assert not failed.success
+        failures = {e.step_key for e in failed.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE}
+        succeeded = {e.step_key for e in failed.all_events if e.event_type == dg.DagsterEventType.STEP_SUCCESS}
+    assert failures == {"exports"} and {"entity_graph_tables", "communities", "community_summaries"} <= succeeded
+    assert not snapshot_path(settings).exists()  # every graph table was written, none published
+    with pytest.raises(IndexIncomplete):
+        index_notice(settings)
+
+    with dg.execute_job(job, instance, run_config={**run_config(resources), **processes}, tags={"dagster/partition": "kb"},
+                        reexecution_options=dg.ReexecutionOptions.from_failure(failed.run_id, instance)) as again:
+        assert again.success
+        published = [e for e in again.get_asset_materialization_events()
+                     if e.asset_key == dg.AssetKey("published_snapshot")]
+    assert len(published) == 1 and index_notice(settings) is None
+    assert graph_snapshot(settings) == graph_snapshot(library_index)  # what readers open: the whole graph
 
 
 class ReadCountingStore(LocalObjectStore):
@@ -161,3 +210,55 @@ def test_parts_through_minio_give_the_same_rows(tmp_path, minio_store, namespace
     assert len(minio_store.list(f"{ns}/parts/extractions/")) == 8 and not minio_store.list(f"{ns}/work/")
     ours, theirs = extracted(settings), extracted(library_index)
     assert ours == theirs
+
+
+@pytest.mark.services
+def test_step_outputs_in_minio_go_with_a_successful_run_and_stay_with_a_failed_one(tmp_path, monkeypatch, minio_store,  # noqa: F811
+                                                                                    namespaces):  # noqa: F811
+    from lazyhippo_dagster.assets._partitions import range_tags
+    from lazyhippo_dagster.definitions import defs, index_documents_job_def
+    from lazyhippo_dagster.resources import ObjectStoreResource
+    from lazyhippo_dagster.sensors import remove_step_outputs
+    from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.setenv("LAZYHIPPO_OBJECT_STORE", "minio")  # as on a cluster: every process's environment
+    monkeypatch.setenv("MINIO_BUCKET", minio_store.bucket)
+    ns, home = namespaces("outputs"), tmp_path / "idx"
+    cfg = {**run_config({"lazyhippo": {"home": str(home), "source": str(SAMPLE_CORPUS)}}),
+           "execution": {"config": {"in_process": {}}}}
+    instance = instance_for(home)
+    add_namespace_partition(instance, ns)
+    keys, _ = stage_documents(instance, Settings(home=home, namespace=ns, source=str(SAMPLE_CORPUS)))
+    job = dg.reconstructable(index_documents_job_def)
+
+    def outputs(run_id: str) -> list[str]:
+        return minio_store.list(f"dagster/{run_id}/")
+
+    def sensed(run_id: str) -> None:
+        """One evaluation of the sensor on a run's success, as the daemon does it."""
+        event = instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_SUCCESS)[0].dagster_event
+        remove_step_outputs(dg.build_run_status_sensor_context(
+            sensor_name=remove_step_outputs.name, dagster_instance=instance, dagster_run=instance.get_run_by_id(run_id),
+            dagster_event=event, resources={"object_store": ObjectStoreResource()}))
+
+    with dg.execute_job(job, instance, run_config=cfg, tags=range_tags(keys)) as done:
+        assert done.success and any(".plan_extraction_batches/" in k for k in outputs(done.run_id))
+    sensed(done.run_id)
+    assert not outputs(done.run_id)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the warehouse went away")
+
+    with monkeypatch.context() as m:  # the last step fails after the batches were planned and extracted
+        m.setattr("lazyhippo_dagster.assets.extractions.collect_parts", broken)
+        failed = defs.resolve_job_def("index_documents").execute_in_process(
+            run_config=cfg, instance=instance, tags=range_tags(keys), raise_on_error=False)
+    assert not failed.success
+    kept = outputs(failed.run_id)
+    assert kept  # what the re-execution from failure loads
+    with dg.execute_job(job, instance, run_config=cfg, tags=range_tags(keys),
+                        reexecution_options=dg.ReexecutionOptions.from_failure(failed.run_id, instance)) as again:
+        assert again.success
+    assert outputs(failed.run_id) == kept  # until the bucket's expiry rule (set by `lazyhippo cluster up`)
+    minio_store.delete_prefix(f"dagster/{failed.run_id}/")

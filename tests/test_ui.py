@@ -187,6 +187,8 @@ def test_a_launchpad_run_acts_on_the_home_and_every_check_result_names_its_names
     kinds = ui.gql("""{ assetNodes { assetKey { path } kinds } }""")["assetNodes"]
     assert not {k for n in kinds for k in n["kinds"]} & {"neo4j", "minio"}  # the embedded stores are in use
     assert "duckdb" in next(n["kinds"] for n in kinds if n["assetKey"]["path"] == ["entities"])
+    assert "duckdb" in next(n["kinds"] for n in kinds if n["assetKey"]["path"] == ["published_snapshot"])
+    assert any('step "published_snapshot"' in m for m in ui.messages(run["runId"]))  # the run's last step publishes
     wiki = ui.checks("entities", "graph_not_empty", "wiki")
     assert run["runId"] in {e["runId"] for e in wiki} and all(e["partition"] == "wiki" for e in wiki)
     assert {e["partition"] for e in ui.checks("entities", "graph_not_empty")} == {"wiki", "notes"}

@@ -175,6 +175,32 @@ class MinioObjectStore:
             self.delete(key)
         return len(keys)
 
+    def expire(self, prefix: str, days: int) -> None:
+        """Have the store itself delete the objects under `prefix` `days` after they were written: a bucket
+        lifecycle rule of its own id, beside (never instead of) the bucket's other rules."""
+        from minio.commonconfig import ENABLED, Filter
+        from minio.lifecycleconfig import Expiration, LifecycleConfig, Rule
+
+        self.ensure_bucket("setting the expiry of", prefix + "*")
+        rule_id = "lazyhippo-expire-" + prefix.strip("/").replace("/", "-")
+        try:
+            current = self.client.get_bucket_lifecycle(self.bucket)
+            rules = [r for r in (current.rules if current else []) if r.rule_id != rule_id]
+            rules.append(Rule(ENABLED, rule_filter=Filter(prefix=prefix), rule_id=rule_id,
+                              expiration=Expiration(days=days)))
+            self.client.set_bucket_lifecycle(self.bucket, LifecycleConfig(rules))
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, "setting the expiry of", prefix + "*") from exc
+
+    def expiry_days(self, prefix: str) -> int | None:
+        """The days after which the bucket's lifecycle deletes objects under exactly `prefix`, or None."""
+        try:
+            current = self.client.get_bucket_lifecycle(self.bucket)
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, "reading the lifecycle of", prefix + "*") from exc
+        return next((r.expiration.days for r in (current.rules if current else [])
+                     if r.rule_filter and r.rule_filter.prefix == prefix and r.expiration), None)
+
 
 def _is_connection_error(exc: BaseException) -> bool:
     import urllib3.exceptions as ux

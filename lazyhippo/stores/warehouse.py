@@ -383,6 +383,7 @@ class WriterSession:
         self.settings, self.run_id, self.on_wait, self.poll = settings, run_id, on_wait, poll_seconds
         self._lock = FileLock(settings.home / _LOCK, thread_local=False)
         self.waited = 0.0
+        self.published = False
 
     @property
     def held(self) -> bool:
@@ -411,14 +412,24 @@ class WriterSession:
         with connect(self.settings) as con:
             yield con
 
+    def publish(self) -> Path:
+        """Publish the namespace now (a Dagster run's last step); `finish` then only lets the next run in."""
+        self.acquire()
+        target = publish(self.settings)
+        _write_state(self.settings, status="complete", finished_at=_now(), published_at=_now())
+        self.published = True
+        return target
+
     def finish(self, success: bool, publish_now: bool = True) -> None:
         """Publish (success) or record the failure, then let the next run in. A run that wrote nothing is a no-op.
-        Without `publish_now` (a run over document partitions) readers keep the last complete index until the
-        graph run that follows publishes: never new chunks beside an old graph."""
+        Without `publish_now` (a step of a Dagster run, whose own last step publishes) readers keep the last
+        complete index: never new chunks beside an old graph."""
         if not self.held:
             return
         try:
-            if success and not publish_now:
+            if self.published:
+                pass
+            elif success and not publish_now:
                 _write_state(self.settings, status="pending", finished_at=_now())
             elif success:
                 publish(self.settings)
