@@ -206,7 +206,13 @@ def _watched(instance: dg.DagsterInstance, tags: dict, on_step: Callable[[str, s
             break
     if "error" in result:
         raise result["error"]
-    return result["value"]
+    value = result["value"]
+    if value.success:  # no daemon follows a CLI run: its step outputs go here (sensors.remove_step_outputs otherwise)
+        from lazyhippo_dagster.resources import ObjectStoreResource, remove_run_outputs
+
+        store = value.dagster_run.run_config.get("resources", {}).get("object_store", {}).get("config", {})
+        remove_run_outputs(instance, value.run_id, ObjectStoreResource(**store))
+    return value
 
 
 def execute_parallel(home: Path, config: dict, workers: int, tags: dict) -> dg.ExecuteJobResult:

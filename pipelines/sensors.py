@@ -19,8 +19,7 @@ from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state
 from lazyhippo_dagster.assets._partitions import (NAMESPACE_TAG, RANGE_END, RANGE_START, documents, namespaces,
                                                   partition_changes, range_tags)
 from lazyhippo_dagster.jobs import STAGED_END, STAGED_START, index_documents_job, index_graph_job, reindex_job
-from lazyhippo_dagster.resources import (LazyhippoResource, ObjectStoreIOManager, ObjectStoreResource, lazyhippo_config,
-                                         step_output_store)
+from lazyhippo_dagster.resources import LazyhippoResource, ObjectStoreResource, lazyhippo_config, remove_run_outputs
 from lazyhippo_dagster.staging import change_names, scan
 
 LAUNCHER_RUNS_GRAPH = "lazyhippo/graph_by_launcher"  # a documents run whose launcher (the CLI, the API) runs the graph itself
@@ -145,12 +144,9 @@ def documents_after_staging(context: dg.RunStatusSensorContext):
 @dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, default_status=dg.DefaultSensorStatus.RUNNING,
                       minimum_interval_seconds=10,
                       description="After any run succeeded, remove the step outputs it handed between its steps "
-                                  "through the shared object store (`dagster/<run_id>/`); a failed run keeps its own for "
-                                  "its re-execution from failure, until the bucket's expiry rule removes them.")
+                                  "(`dagster/<run_id>/` in a shared object store, else the instance's pickles); a failed "
+                                  "run keeps its own for its re-execution from failure (in a bucket, until its expiry rule).")
 def remove_step_outputs(context: dg.RunStatusSensorContext, object_store: ObjectStoreResource):
     run_id = context.dagster_run.run_id
-    store = step_output_store(object_store)
-    if store is None:
-        return dg.SkipReason(f"run {run_id}: step outputs are files of the Dagster instance (local object store)")
-    removed = store.delete_prefix(ObjectStoreIOManager.run_prefix(run_id))
-    context.log.info(f"run {run_id}: {removed} step output(s) removed from {store.uri}")
+    removed = remove_run_outputs(context.instance, run_id, object_store)
+    context.log.info(f"run {run_id}: {removed} step output(s) removed")

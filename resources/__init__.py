@@ -270,11 +270,27 @@ def step_output_store(object_store: ObjectStoreResource) -> Optional[ObjectStore
     return object_store.open(settings)
 
 
+def remove_run_outputs(instance: dg.DagsterInstance, run_id: str, object_store: ObjectStoreResource) -> int:
+    """What a successful run's steps handed each other (the extraction batches' results among them): its
+    objects under `dagster/<run_id>/` in a shared store, else its step folders of Dagster's pickles (the run's
+    compute logs stay). Returns how many were removed."""
+    store = step_output_store(object_store)
+    if store is not None:
+        return store.delete_prefix(ObjectStoreIOManager.run_prefix(run_id))
+    import shutil
+
+    folder = Path(instance.storage_directory()) / run_id
+    steps = [p for p in folder.iterdir() if p.is_dir() and p.name != "compute_logs"] if folder.is_dir() else []
+    for step in steps:
+        shutil.rmtree(step, ignore_errors=True)
+    return len(steps)
+
+
 class StepOutputsIOManager(dg.ConfigurableIOManagerFactory):
     """Where steps hand each other their (small) outputs: with a shared object store (MinIO/S3), pickles in it
     under `dagster/<run_id>/<step>/<output>`, so a step on one worker reads what a step on another wrote
-    (removed when the run succeeds, see `sensors.remove_step_outputs`; expired by the bucket otherwise);
-    with the local one, Dagster's own pickles under the instance's storage folder, as by default."""
+    (expired by the bucket unless removed); with the local one, Dagster's own pickles under the instance's
+    storage folder, as by default. Both are removed when the run succeeds (`remove_run_outputs`)."""
 
     object_store: ObjectStoreResource
 

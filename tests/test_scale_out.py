@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -51,6 +52,9 @@ def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, mon
     assert graph_snapshot(kb) == graph_snapshot(library_index)
     assert len(list((tmp_path / "shared" / "kb" / "parts" / "extractions").glob("*.parquet"))) == 8
     assert not list((tmp_path / "shared" / "kb").glob("work/*/*.parquet"))  # batch objects cleaned up
+    for r in chain.results:  # the runs succeeded: the steps' pickles (batch results with their parts) are gone
+        kept = Path(instance.storage_directory()) / r.run_id
+        assert kept.is_dir() and {p.name for p in kept.iterdir() if p.is_dir()} <= {"compute_logs"}
     runs = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "kb"}))
     assert runs and runs[0].status == dg.DagsterRunStatus.SUCCESS
 
