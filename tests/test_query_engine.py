@@ -181,8 +181,11 @@ def test_a_second_hop_wins_a_contested_place_through_an_entity_the_question_does
 
 def test_local_params_keep_only_what_carries_to_new_questions():
     """The fact cosine floor, the dense tiebreak, entity mass and fact passages were ablated on the
-    benchmark's tune and confirm halves and changed nothing that carried."""
-    removed = {"fact_min", "dense_tiebreak", "entity_mass_weight", "fact_passage_weight"}
+    benchmark's tune and confirm halves and changed nothing that carried; the fact candidate pool, the cap on
+    the seeds whose facts are boosted and on their facts, and the share of a qualified title's base name
+    changed nothing at all."""
+    removed = {"fact_min", "dense_tiebreak", "entity_mass_weight", "fact_passage_weight", "fact_candidates",
+               "fact_seed_entities", "fact_seed_max_facts", "title_base_factor"}
     assert not removed & set(LocalParams.__dataclass_fields__)
     with pytest.raises(TypeError):
         QueryConfig().with_(local={"dense_tiebreak": 0.01})

@@ -25,15 +25,11 @@ class LocalParams:
     embed_weight: float = 0.5         # seed weight of embedding links (times cosine and IDF)
     fact_top_k: int = 3               # facts (sentences) matched to the query by embedding
     fact_lexical: float = 0.5         # + this * the fact's BM25 (max-normalized): names and rare words static vectors blur
-    fact_candidates: int = 50         # facts considered by embedding before the seed boost
     fact_seed_boost: float = 3.0      # facts naming exactly linked entities: score * (1 + boost * affinity)
-    fact_seed_entities: int = 8       # strongest exact seeds whose facts are considered
-    fact_seed_max_facts: int = 500    # seeds named in more facts than this are hubs (skipped)
     fact_weight: float = 0.5          # seed weight of entities of matched facts (times normalized score, IDF)
     passage_weight: float = 0.05      # dense passage seeds (min-max normalized similarity) times this
     passage_seed_top: int = 200       # passages seeded by dense similarity
-    title_mass_weight: float = 2.0    # chunk score += this * PPR mass of its document's title entity
-    title_base_factor: float = 1.0    # share of the mass of the title without its "(...)" qualifier
+    title_mass_weight: float = 2.0    # chunk score += this * PPR mass of its title entity (or of the title less "(...)")
     hub_df_share: float = 0.05        # entities in more than this share of passages count as hubs (IDF floor)
     coverage_weight: float = 0.3      # reorder of the best chunks: + this * share of the question's words (IDF) a chunk adds
     coverage_pool: int = 10           # best chunks that reorder can move (0 or weight 0: the graph's order)

@@ -155,18 +155,17 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
         if p.fact_lexical > 0:
             lex = idx.facts.lexical.scores(q.keywords)
             fs = fs + p.fact_lexical * lex / max(float(lex.max(initial=0.0)), 1e-9)
+        # the boost only raises the facts of named entities, so the best of all facts after it are among
+        # those and the best before it (2 * fact_top_k: the recognition filter's room)
         cand = np.zeros(len(fs), dtype=bool)
-        cand[top_indices(fs, p.fact_candidates)] = True
+        cand[top_indices(fs, 2 * p.fact_top_k)] = True
         affinity = np.zeros(len(fs))
         exact = dict(seeds.entities)
         if exact and p.fact_seed_boost > 0:
             top_w = max(exact.values())
             ef = idx.facts.by_entity
-            for e, w in sorted(exact.items(), key=lambda kv: -kv[1])[:p.fact_seed_entities]:
-                lo, hi = ef.indptr[e], ef.indptr[e + 1]
-                if hi - lo > p.fact_seed_max_facts:
-                    continue
-                named = ef.indices[lo:hi]
+            for e, w in exact.items():  # a hub's weight is small (IDF), and so is the boost of its facts
+                named = ef.indices[ef.indptr[e]:ef.indptr[e + 1]]
                 affinity[named] = np.maximum(affinity[named], w / top_w)
                 cand[named] = True
         picked = np.flatnonzero(cand)
@@ -230,7 +229,7 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
         tm = np.zeros(idx.n_chunks)
         tm[has] = mass[idx.mentions.title_entity[has]]
         base = idx.mentions.title_base_entity >= 0  # "David Bradley" carries mass for "David Bradley (director)"
-        tm[base] = np.maximum(tm[base], p.title_base_factor * mass[idx.mentions.title_base_entity[base]])
+        tm[base] = np.maximum(tm[base], mass[idx.mentions.title_base_entity[base]])
         scores += p.title_mass_weight * tm
     top_ents = top_indices(mass, 10) if idx.n_entities else []
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
