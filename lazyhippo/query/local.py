@@ -263,8 +263,8 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
     Bridge: a second hop often ranks below the pool, because only an entity the first passage mentions
     (the bridge, not named in the question) leads to it. So after the first pick, chunks among the best
     `bridge_depth` that share a non-hub entity with it and hold at least `bridge_min_gain` of the question's
-    words it lacks join the candidates, their coverage counted `bridge_factor` times (IRCoT's second
-    retrieval step, with the question's missing words standing in for the LLM's next query)."""
+    words it lacks join the candidates (IRCoT's second retrieval step, with the question's missing words
+    standing in for the LLM's next query)."""
     n = min(p.coverage_pool, len(ranked))
     if p.coverage_weight <= 0 or n < 2 or scores[ranked[0]] <= 0:
         return ranked
@@ -281,11 +281,11 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
         return ranked
     gain = p.coverage_weight * idf / idf.sum()
     base = scores[cand] / scores[cand[0]]
-    open_, factor = np.arange(reach) < n, np.ones(reach)
+    open_ = np.arange(reach) < n
     left, missing, order = np.ones(reach, dtype=bool), np.ones(len(terms), dtype=bool), []
     for step in range(n):
         cover = holds[:, missing] @ gain[missing]
-        value = np.where(open_ & left, base + factor * cover, -np.inf)
+        value = np.where(open_ & left, base + cover, -np.inf)
         i = int(np.argmax(value))  # ties: the graph's order
         order.append(i)
         left[i] = False
@@ -293,9 +293,7 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
         if step == 0 and reach > n:
             ents = _non_hub_entities(idx, int(cand[i]), p)
             shares = _mention_any(idx, cand, ents)
-            bridge = ~open_ & shares & (holds[:, missing] @ gain[missing] >= p.bridge_min_gain * p.coverage_weight)
-            open_ |= bridge
-            factor[bridge] = p.bridge_factor
+            open_ |= shares & (holds[:, missing] @ gain[missing] >= p.bridge_min_gain * p.coverage_weight)
     rest = np.ones(len(ranked), dtype=bool)
     rest[order] = False
     return np.concatenate([cand[order], ranked[rest]])
