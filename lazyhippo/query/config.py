@@ -20,8 +20,7 @@ class LocalParams:
     subsumed_factor: float = 0.1      # a match inside a longer matched span counts this much
     lowercase_span_factor: float = 0.05 # a span written in lower case (in a question that uses capitals)
     title_seed_weight: float = 2.0    # passages whose document title the query names (times IDF)
-    embed_link_top_k: int = 3         # nearest entities per query phrase by embedding
-    embed_link_min: float = 0.80      # cosine needed for an embedding link
+    embed_link_min: float = 0.80      # cosine a query phrase's nearest entity needs for an embedding link
     embed_weight: float = 0.5         # seed weight of embedding links (times cosine and IDF)
     fact_top_k: int = 3               # facts (sentences) matched to the query by embedding
     fact_lexical: float = 0.5         # + this * the fact's BM25 (max-normalized): names and rare words static vectors blur

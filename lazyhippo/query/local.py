@@ -134,18 +134,17 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
         seeds.links.append({"span": " ".join(raw[i:j]), "key": key, "entities": [idx.entities.names[e] for e in ents][:5],
                             "titles": len(chunks), "subsumed": inside, "shape": round(shape, 3)})
 
-    # embedding links for name-like phrases the exact matcher did not cover
+    # embedding links for name-like phrases the exact matcher did not cover: each to its nearest entity
     phrases = [(i, j) for i, j in name_phrases(raw)
                if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0]
     if phrases:
         texts = [" ".join(raw[i:j]) for i, j in phrases]
         sims = idx.entities.vecs @ q.embed(texts).T  # (n_entities, n_phrases)
-        for col, text in enumerate(texts):
-            for e in top_indices(sims[:, col], p.embed_link_top_k):
-                s = float(sims[e, col])
-                if s >= p.embed_link_min:
-                    seeds.add_entity(int(e), p.embed_weight * s * _idf(idx, int(e)))
-                    seeds.links.append({"phrase": text, "entity": idx.entities.names[e], "cosine": round(s, 3)})
+        for col, (text, e) in enumerate(zip(texts, np.argmax(sims, axis=0))):
+            s = float(sims[e, col])
+            if s >= p.embed_link_min:
+                seeds.add_entity(int(e), p.embed_weight * s * _idf(idx, int(e)))
+                seeds.links.append({"phrase": text, "entity": idx.entities.names[e], "cosine": round(s, 3)})
 
     # facts: sentences that mention entities, matched to the whole question (HippoRAG 2's triples);
     # facts naming an exactly linked entity are boosted, so the hop out of a named entity follows the
