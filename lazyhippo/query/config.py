@@ -15,7 +15,6 @@ class LocalParams:
     damping: float = 0.5              # probability of following an edge in PPR
     tol: float = 1e-3                 # L1 change between iterations that stops PPR (~8 iterations at damping 0.5)
     max_iter: int = 50
-    max_ngram: int = 12               # longest query span matched against entity names and titles
     exact_weight: float = 1.0         # seed weight of an exact/normalized name match (times IDF)
     subsumed_factor: float = 0.1      # a match inside a longer matched span counts this much
     lowercase_span_factor: float = 0.05 # a span written in lower case (in a question that uses capitals)

@@ -59,10 +59,11 @@ def _idf(idx: GraphIndex, e: int) -> float:
     return float(idx.entities.idf[e])
 
 
-def _span_matches(idx: GraphIndex, raw: list[str], max_n: int) -> list[tuple[int, int, str]]:
+def _span_matches(idx: GraphIndex, raw: list[str]) -> list[tuple[int, int, str]]:
+    """Every span of the question that is an entity name or a title, longest first."""
     low = [t.lower() for t in raw]
     found = []
-    for n in range(min(max_n, len(low)), 0, -1):
+    for n in range(len(low), 0, -1):
         for i in range(len(low) - n + 1):
             span = low[i:i + n]
             if all(t in STOPWORDS for t in span):
@@ -112,7 +113,7 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
     from it keeps the offline choice."""
     seeds = Seeds()
     raw = q.raw_tokens
-    matches = _span_matches(idx, raw, p.max_ngram)
+    matches = _span_matches(idx, raw)
     covered: list[tuple[int, int]] = []
     for i, j, key in matches:  # longest first
         inside = any(a <= i and j <= b and (b - a) > (j - i) for a, b in covered)
