@@ -184,10 +184,11 @@ def test_local_params_keep_only_what_carries_to_new_questions():
     benchmark's tune and confirm halves and changed nothing that carried; the fact candidate pool, the cap on
     the seeds whose facts are boosted and on their facts, and the share of a qualified title's base name
     changed nothing at all; a bridged chunk's coverage counts in full; a phrase links to its nearest entity
-    only; every span of the question is matched against names, whatever its length."""
+    only; every span of the question is matched against names, whatever its length; seed weights are set
+    relative to an exact name match (PPR normalizes them, so one of them is only a scale)."""
     removed = {"fact_min", "dense_tiebreak", "entity_mass_weight", "fact_passage_weight", "fact_candidates",
                "fact_seed_entities", "fact_seed_max_facts", "title_base_factor", "bridge_factor", "embed_link_top_k",
-               "max_ngram"}
+               "max_ngram", "exact_weight"}
     assert not removed & set(LocalParams.__dataclass_fields__)
     with pytest.raises(TypeError):
         QueryConfig().with_(local={"dense_tiebreak": 0.01})

@@ -10,12 +10,12 @@ from lazyhippo.graph.passage import GraphParams
 
 @dataclass(frozen=True)
 class LocalParams:
-    """HippoRAG-2-style local retrieval."""
+    """HippoRAG-2-style local retrieval. Seed weights are relative to an exact name match, which weighs its
+    entity's IDF (PPR normalizes the seeds, so only their ratios count)."""
 
     damping: float = 0.5              # probability of following an edge in PPR
     tol: float = 1e-3                 # L1 change between iterations that stops PPR (~8 iterations at damping 0.5)
     max_iter: int = 50
-    exact_weight: float = 1.0         # seed weight of an exact/normalized name match (times IDF)
     subsumed_factor: float = 0.1      # a match inside a longer matched span counts this much
     lowercase_span_factor: float = 0.05 # a span written in lower case (in a question that uses capitals)
     title_seed_weight: float = 2.0    # passages whose document title the query names (times IDF)

@@ -124,7 +124,7 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
         ents = idx.entities.name_index.get(key, ())
         seeds.named.update(int(e) for e in ents)
         for e in ents:
-            w = p.exact_weight * _idf(idx, e) * factor * shape / len(ents)
+            w = _idf(idx, e) * factor * shape / len(ents)  # the unit the other seed weights are set in
             seeds.add_entity(int(e), w)
         chunks = idx.chunks.title_index.get(key, ())
         if len(chunks):
