@@ -194,6 +194,21 @@ def test_local_params_keep_only_what_carries_to_new_questions():
         QueryConfig().with_(local={"dense_tiebreak": 0.01})
 
 
+def test_a_long_name_in_the_question_is_matched_whatever_its_length():
+    """A 14-word title named in full links as one span, ahead of the shorter names inside it."""
+    from types import SimpleNamespace
+
+    from lazyhippo.query.local import _span_matches
+
+    title = "The Blue Collar Worker and the Hairdresser in a Whirl of Sex and Politics"
+    raw = ["Who", "directed", *title.split()]
+    idx = SimpleNamespace(entities=SimpleNamespace(name_index={"politics": [3]}),
+                          chunks=SimpleNamespace(title_index={title.lower(): [7]}))
+    found = _span_matches(idx, raw)
+    assert found[0] == (2, len(raw), title.lower())
+    assert (len(raw) - 1, len(raw), "politics") in found
+
+
 def test_retrieve_gives_ranked_chunks_with_titles(qsettings):
     for route in ("local", "hybrid", "drift", "global", "multi_hop"):
         chunks = retrieve(qsettings, "Which company funded the observatory where the Halden Telescope is?",
