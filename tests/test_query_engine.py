@@ -181,11 +181,32 @@ def test_a_second_hop_wins_a_contested_place_through_an_entity_the_question_does
 
 def test_local_params_keep_only_what_carries_to_new_questions():
     """The fact cosine floor, the dense tiebreak, entity mass and fact passages were ablated on the
-    benchmark's tune and confirm halves and changed nothing that carried."""
-    removed = {"fact_min", "dense_tiebreak", "entity_mass_weight", "fact_passage_weight"}
+    benchmark's tune and confirm halves and changed nothing that carried; the fact candidate pool, the cap on
+    the seeds whose facts are boosted and on their facts, and the share of a qualified title's base name
+    changed nothing at all; a bridged chunk's coverage counts in full; a phrase links to its nearest entity
+    only; every span of the question is matched against names, whatever its length; seed weights are set
+    relative to an exact name match (PPR normalizes them, so one of them is only a scale)."""
+    removed = {"fact_min", "dense_tiebreak", "entity_mass_weight", "fact_passage_weight", "fact_candidates",
+               "fact_seed_entities", "fact_seed_max_facts", "title_base_factor", "bridge_factor", "embed_link_top_k",
+               "max_ngram", "exact_weight"}
     assert not removed & set(LocalParams.__dataclass_fields__)
     with pytest.raises(TypeError):
         QueryConfig().with_(local={"dense_tiebreak": 0.01})
+
+
+def test_a_long_name_in_the_question_is_matched_whatever_its_length():
+    """A 14-word title named in full links as one span, ahead of the shorter names inside it."""
+    from types import SimpleNamespace
+
+    from lazyhippo.query.local import _span_matches
+
+    title = "The Blue Collar Worker and the Hairdresser in a Whirl of Sex and Politics"
+    raw = ["Who", "directed", *title.split()]
+    idx = SimpleNamespace(entities=SimpleNamespace(name_index={"politics": [3]}),
+                          chunks=SimpleNamespace(title_index={title.lower(): [7]}))
+    found = _span_matches(idx, raw)
+    assert found[0] == (2, len(raw), title.lower())
+    assert (len(raw) - 1, len(raw), "politics") in found
 
 
 def test_retrieve_gives_ranked_chunks_with_titles(qsettings):

@@ -10,36 +10,29 @@ from lazyhippo.graph.passage import GraphParams
 
 @dataclass(frozen=True)
 class LocalParams:
-    """HippoRAG-2-style local retrieval."""
+    """HippoRAG-2-style local retrieval. Seed weights are relative to an exact name match, which weighs its
+    entity's IDF (PPR normalizes the seeds, so only their ratios count)."""
 
     damping: float = 0.5              # probability of following an edge in PPR
     tol: float = 1e-3                 # L1 change between iterations that stops PPR (~8 iterations at damping 0.5)
     max_iter: int = 50
-    max_ngram: int = 12               # longest query span matched against entity names and titles
-    exact_weight: float = 1.0         # seed weight of an exact/normalized name match (times IDF)
     subsumed_factor: float = 0.1      # a match inside a longer matched span counts this much
     lowercase_span_factor: float = 0.05 # a span written in lower case (in a question that uses capitals)
     title_seed_weight: float = 2.0    # passages whose document title the query names (times IDF)
-    embed_link_top_k: int = 3         # nearest entities per query phrase by embedding
-    embed_link_min: float = 0.80      # cosine needed for an embedding link
+    embed_link_min: float = 0.80      # cosine a query phrase's nearest entity needs for an embedding link
     embed_weight: float = 0.5         # seed weight of embedding links (times cosine and IDF)
     fact_top_k: int = 3               # facts (sentences) matched to the query by embedding
     fact_lexical: float = 0.5         # + this * the fact's BM25 (max-normalized): names and rare words static vectors blur
-    fact_candidates: int = 50         # facts considered by embedding before the seed boost
     fact_seed_boost: float = 3.0      # facts naming exactly linked entities: score * (1 + boost * affinity)
-    fact_seed_entities: int = 8       # strongest exact seeds whose facts are considered
-    fact_seed_max_facts: int = 500    # seeds named in more facts than this are hubs (skipped)
     fact_weight: float = 0.5          # seed weight of entities of matched facts (times normalized score, IDF)
     passage_weight: float = 0.05      # dense passage seeds (min-max normalized similarity) times this
     passage_seed_top: int = 200       # passages seeded by dense similarity
-    title_mass_weight: float = 2.0    # chunk score += this * PPR mass of its document's title entity
-    title_base_factor: float = 1.0    # share of the mass of the title without its "(...)" qualifier
+    title_mass_weight: float = 2.0    # chunk score += this * PPR mass of its title entity (or of the title less "(...)")
     hub_df_share: float = 0.05        # entities in more than this share of passages count as hubs (IDF floor)
     coverage_weight: float = 0.3      # reorder of the best chunks: + this * share of the question's words (IDF) a chunk adds
     coverage_pool: int = 10           # best chunks that reorder can move (0 or weight 0: the graph's order)
     bridge_depth: int = 100           # chunks sharing an entity with the reorder's first pick join it from this deep (0: off)
     bridge_min_gain: float = 0.2      # ... if they hold this share (IDF) of the question's words the first pick lacks
-    bridge_factor: float = 0.75       # ... and count their coverage this much
     bridge_slots: int = 2             # the last places of the first `bridge_window` go to the best chunks (BM25) sharing
     bridge_window: int = 8            # ... an entity the question does not name with the first pick (0 slots: off)
 

@@ -59,10 +59,11 @@ def _idf(idx: GraphIndex, e: int) -> float:
     return float(idx.entities.idf[e])
 
 
-def _span_matches(idx: GraphIndex, raw: list[str], max_n: int) -> list[tuple[int, int, str]]:
+def _span_matches(idx: GraphIndex, raw: list[str]) -> list[tuple[int, int, str]]:
+    """Every span of the question that is an entity name or a title, longest first."""
     low = [t.lower() for t in raw]
     found = []
-    for n in range(min(max_n, len(low)), 0, -1):
+    for n in range(len(low), 0, -1):
         for i in range(len(low) - n + 1):
             span = low[i:i + n]
             if all(t in STOPWORDS for t in span):
@@ -112,7 +113,7 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
     from it keeps the offline choice."""
     seeds = Seeds()
     raw = q.raw_tokens
-    matches = _span_matches(idx, raw, p.max_ngram)
+    matches = _span_matches(idx, raw)
     covered: list[tuple[int, int]] = []
     for i, j, key in matches:  # longest first
         inside = any(a <= i and j <= b and (b - a) > (j - i) for a, b in covered)
@@ -123,7 +124,7 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
         ents = idx.entities.name_index.get(key, ())
         seeds.named.update(int(e) for e in ents)
         for e in ents:
-            w = p.exact_weight * _idf(idx, e) * factor * shape / len(ents)
+            w = _idf(idx, e) * factor * shape / len(ents)  # the unit the other seed weights are set in
             seeds.add_entity(int(e), w)
         chunks = idx.chunks.title_index.get(key, ())
         if len(chunks):
@@ -134,18 +135,17 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
         seeds.links.append({"span": " ".join(raw[i:j]), "key": key, "entities": [idx.entities.names[e] for e in ents][:5],
                             "titles": len(chunks), "subsumed": inside, "shape": round(shape, 3)})
 
-    # embedding links for name-like phrases the exact matcher did not cover
+    # embedding links for name-like phrases the exact matcher did not cover: each to its nearest entity
     phrases = [(i, j) for i, j in name_phrases(raw)
                if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0]
     if phrases:
         texts = [" ".join(raw[i:j]) for i, j in phrases]
         sims = idx.entities.vecs @ q.embed(texts).T  # (n_entities, n_phrases)
-        for col, text in enumerate(texts):
-            for e in top_indices(sims[:, col], p.embed_link_top_k):
-                s = float(sims[e, col])
-                if s >= p.embed_link_min:
-                    seeds.add_entity(int(e), p.embed_weight * s * _idf(idx, int(e)))
-                    seeds.links.append({"phrase": text, "entity": idx.entities.names[e], "cosine": round(s, 3)})
+        for col, (text, e) in enumerate(zip(texts, np.argmax(sims, axis=0))):
+            s = float(sims[e, col])
+            if s >= p.embed_link_min:
+                seeds.add_entity(int(e), p.embed_weight * s * _idf(idx, int(e)))
+                seeds.links.append({"phrase": text, "entity": idx.entities.names[e], "cosine": round(s, 3)})
 
     # facts: sentences that mention entities, matched to the whole question (HippoRAG 2's triples);
     # facts naming an exactly linked entity are boosted, so the hop out of a named entity follows the
@@ -155,18 +155,17 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
         if p.fact_lexical > 0:
             lex = idx.facts.lexical.scores(q.keywords)
             fs = fs + p.fact_lexical * lex / max(float(lex.max(initial=0.0)), 1e-9)
+        # the boost only raises the facts of named entities, so the best of all facts after it are among
+        # those and the best before it (2 * fact_top_k: the recognition filter's room)
         cand = np.zeros(len(fs), dtype=bool)
-        cand[top_indices(fs, p.fact_candidates)] = True
+        cand[top_indices(fs, 2 * p.fact_top_k)] = True
         affinity = np.zeros(len(fs))
         exact = dict(seeds.entities)
         if exact and p.fact_seed_boost > 0:
             top_w = max(exact.values())
             ef = idx.facts.by_entity
-            for e, w in sorted(exact.items(), key=lambda kv: -kv[1])[:p.fact_seed_entities]:
-                lo, hi = ef.indptr[e], ef.indptr[e + 1]
-                if hi - lo > p.fact_seed_max_facts:
-                    continue
-                named = ef.indices[lo:hi]
+            for e, w in exact.items():  # a hub's weight is small (IDF), and so is the boost of its facts
+                named = ef.indices[ef.indptr[e]:ef.indptr[e + 1]]
                 affinity[named] = np.maximum(affinity[named], w / top_w)
                 cand[named] = True
         picked = np.flatnonzero(cand)
@@ -230,7 +229,7 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
         tm = np.zeros(idx.n_chunks)
         tm[has] = mass[idx.mentions.title_entity[has]]
         base = idx.mentions.title_base_entity >= 0  # "David Bradley" carries mass for "David Bradley (director)"
-        tm[base] = np.maximum(tm[base], p.title_base_factor * mass[idx.mentions.title_base_entity[base]])
+        tm[base] = np.maximum(tm[base], mass[idx.mentions.title_base_entity[base]])
         scores += p.title_mass_weight * tm
     top_ents = top_indices(mass, 10) if idx.n_entities else []
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
@@ -264,8 +263,8 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
     Bridge: a second hop often ranks below the pool, because only an entity the first passage mentions
     (the bridge, not named in the question) leads to it. So after the first pick, chunks among the best
     `bridge_depth` that share a non-hub entity with it and hold at least `bridge_min_gain` of the question's
-    words it lacks join the candidates, their coverage counted `bridge_factor` times (IRCoT's second
-    retrieval step, with the question's missing words standing in for the LLM's next query)."""
+    words it lacks join the candidates (IRCoT's second retrieval step, with the question's missing words
+    standing in for the LLM's next query)."""
     n = min(p.coverage_pool, len(ranked))
     if p.coverage_weight <= 0 or n < 2 or scores[ranked[0]] <= 0:
         return ranked
@@ -282,11 +281,11 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
         return ranked
     gain = p.coverage_weight * idf / idf.sum()
     base = scores[cand] / scores[cand[0]]
-    open_, factor = np.arange(reach) < n, np.ones(reach)
+    open_ = np.arange(reach) < n
     left, missing, order = np.ones(reach, dtype=bool), np.ones(len(terms), dtype=bool), []
     for step in range(n):
         cover = holds[:, missing] @ gain[missing]
-        value = np.where(open_ & left, base + factor * cover, -np.inf)
+        value = np.where(open_ & left, base + cover, -np.inf)
         i = int(np.argmax(value))  # ties: the graph's order
         order.append(i)
         left[i] = False
@@ -294,9 +293,7 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
         if step == 0 and reach > n:
             ents = _non_hub_entities(idx, int(cand[i]), p)
             shares = _mention_any(idx, cand, ents)
-            bridge = ~open_ & shares & (holds[:, missing] @ gain[missing] >= p.bridge_min_gain * p.coverage_weight)
-            open_ |= bridge
-            factor[bridge] = p.bridge_factor
+            open_ |= shares & (holds[:, missing] @ gain[missing] >= p.bridge_min_gain * p.coverage_weight)
     rest = np.ones(len(ranked), dtype=bool)
     rest[order] = False
     return np.concatenate([cand[order], ranked[rest]])
