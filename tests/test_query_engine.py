@@ -580,6 +580,27 @@ def test_ppr_mass_concentrates_near_the_seed_and_sums_to_one():
     assert capped.iterations == 3 and abs(capped.scores.sum() - 1.0) < 1e-9
 
 
+def test_cosine_bound_reads_in_full_every_row_that_can_reach_the_threshold():
+    from lazyhippo.query.nearest import CosineBound
+
+    rng = np.random.default_rng(5)
+    vecs = rng.normal(size=(2000, 48)) * np.linspace(3.0, 0.2, 48)  # variance falls along the axes, as after PCA
+    vecs[rng.random(2000) < 0.02] = 0.0  # items without a vector
+    vecs = (vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-9)).astype(np.float32)
+    bound = CosineBound.of(vecs, k=12)
+    pruned = 0
+    for _ in range(50):
+        q = vecs[rng.integers(2000)] + rng.normal(scale=0.3, size=48).astype(np.float32)
+        q /= np.linalg.norm(q)
+        sims = vecs @ q
+        for threshold in (0.5, 0.8, 0.95):
+            near = bound.candidates(q, threshold)
+            assert set(np.flatnonzero(sims >= threshold)) <= set(near) and (np.diff(near) > 0).all()
+            pruned += len(vecs) - len(near)
+    assert pruned > 0.5 * 50 * 3 * len(vecs)  # it spares most rows
+    assert len(CosineBound.of(np.zeros((0, 8), dtype=np.float32)).candidates(np.ones(8), 0.8)) == 0
+
+
 def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
     idx = load_index(qsettings)
     calls = []

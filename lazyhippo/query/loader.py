@@ -28,6 +28,7 @@ from lazyhippo.graph.algorithms import positions
 from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
 from lazyhippo.graph.ppr import parallel_matvec, transition_matrix
+from lazyhippo.query.nearest import CosineBound
 from lazyhippo.query.text import norm_key, tokens
 from lazyhippo.settings import Settings
 
@@ -66,6 +67,7 @@ class Entities:
     idf: np.ndarray
     name_index: dict[str, np.ndarray] # norm_key(name) -> entity indices
     pagerank: np.ndarray
+    near: CosineBound                 # which entities a query phrase's embedding link can reach
 
 
 @dataclass(frozen=True)
@@ -239,8 +241,9 @@ def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim:
         if e in pos:
             pagerank[pos[e]] = pr
     vecs, _ = _vectors(con, ns["ns"], "entity", ids)
-    return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=_fit_dim(vecs, dim),
-                    df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank)
+    vecs = _fit_dim(vecs, dim)
+    return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=vecs,
+                    df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank, near=CosineBound.of(vecs))
 
 
 def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Mentions:

@@ -140,11 +140,15 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
                if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0]
     if phrases:
         texts = [" ".join(raw[i:j]) for i, j in phrases]
-        sims = idx.entities.vecs @ q.embed(texts).T  # (n_entities, n_phrases)
-        for col, (text, e) in enumerate(zip(texts, np.argmax(sims, axis=0))):
-            s = float(sims[e, col])
+        for text, vec in zip(texts, q.embed(texts)):
+            near = idx.entities.near.candidates(vec, p.embed_link_min)  # only entities that may pass are read
+            if not len(near):
+                continue
+            sims = idx.entities.vecs[near] @ vec
+            best = int(np.argmax(sims))  # ties: the first entity, as over all of them
+            e, s = int(near[best]), float(sims[best])
             if s >= p.embed_link_min:
-                seeds.add_entity(int(e), p.embed_weight * s * _idf(idx, int(e)))
+                seeds.add_entity(e, p.embed_weight * s * _idf(idx, e))
                 seeds.links.append({"phrase": text, "entity": idx.entities.names[e], "cosine": round(s, 3)})
 
     # facts: sentences that mention entities, matched to the whole question (HippoRAG 2's triples);
