@@ -580,6 +580,25 @@ def test_ppr_mass_concentrates_near_the_seed_and_sums_to_one():
     assert capped.iterations == 3 and abs(capped.scores.sum() - 1.0) < 1e-9
 
 
+def test_ppr_reading_only_the_seed_columns_gives_the_same_scores_to_the_bit():
+    rng = np.random.default_rng(3)
+    n = 400
+    a = sp.random(n, n, density=0.01, random_state=rng, dtype=np.float64)
+    a = a + a.T
+    a = a.tolil()
+    a[:, 7] = 0.0
+    a[7, :] = 0.0  # a dangling node
+    m, dangling = transition_matrix(a.tocsr())
+    m32 = m.astype(np.float32)
+    for seeds in ([3], [3, 7, 11], list(range(0, n, 9))):
+        seed = np.zeros(n)
+        seed[seeds] = rng.random(len(seeds)) + 0.1
+        full = personalized_pagerank(m32, seed, damping=0.5, tol=1e-6, max_iter=100, dangling=dangling)
+        cols = personalized_pagerank(m32, seed, damping=0.5, tol=1e-6, max_iter=100, dangling=dangling,
+                                     columns=m32.tocsc())
+        assert cols.iterations == full.iterations and np.array_equal(cols.scores, full.scores)
+
+
 def test_cosine_bound_reads_in_full_every_row_that_can_reach_the_threshold():
     from lazyhippo.query.nearest import CosineBound
 

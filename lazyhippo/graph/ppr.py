@@ -42,13 +42,17 @@ def transition_matrix(adjacency: sp.spmatrix) -> tuple[sp.csr_matrix, np.ndarray
 
 def personalized_pagerank(transition: sp.csr_matrix, personalization: np.ndarray, damping: float = 0.5,
                           tol: float = 1e-6, max_iter: int = 100, dangling: np.ndarray | None = None,
-                          matvec: Callable[[np.ndarray], np.ndarray] | None = None) -> PPRResult:
+                          matvec: Callable[[np.ndarray], np.ndarray] | None = None,
+                          columns: sp.csc_matrix | None = None) -> PPRResult:
     """Power iteration p <- d * (M p + dangling mass * s) + (1 - d) * s, with s the normalized personalization.
 
     `transition` is column-stochastic (see `transition_matrix`); mass stuck on dangling nodes returns to
     the seeds, so the result always sums to 1. `damping` is the probability of following an edge.
     Stops when the L1 change drops below `tol` or after `max_iter` iterations. `matvec` may replace
-    `transition @ p` (e.g. a row-blocked parallel product).
+    `transition @ p` (e.g. a row-blocked parallel product). `columns`, the same matrix in CSC form (sorted
+    indices, as `transition`), lets an iteration whose vector is sparse (the first: only the seeds) read
+    only those columns: every node's sum takes the same terms in the same order (the skipped ones are
+    zeros), so the result is the same to the bit.
     """
     if not 0.0 <= damping < 1.0:
         raise ValueError(f"damping must be in [0, 1), got {damping}")
@@ -71,9 +75,16 @@ def personalized_pagerank(transition: sp.csr_matrix, personalization: np.ndarray
     dangling_idx = np.flatnonzero(dangling)
     base = (1.0 - damping) * s
     residual, it = float("inf"), 0
+    sparse = columns is not None  # the support only grows: once an iteration reads most columns, all do
     for it in range(1, max_iter + 1):
         lost = float(p[dangling_idx].sum()) if dangling_idx.size else 0.0
-        nxt = matvec(p) if matvec is not None else transition @ p
+        if sparse:
+            support = np.flatnonzero(p != 0)  # on the mask: 10x faster than on the floats
+            sparse = 8 * int((columns.indptr[support + 1] - columns.indptr[support]).sum()) < columns.nnz
+        if sparse:
+            nxt = columns[:, support] @ p[support]
+        else:
+            nxt = matvec(p) if matvec is not None else transition @ p
         nxt *= damping
         nxt += base
         if lost:
@@ -148,7 +159,7 @@ class EmbeddedPPR:
     def run(self, index, personalization, damping, tol, max_iter):
         g = index.graph
         return personalized_pagerank(g.transition32, personalization, damping, tol, max_iter,
-                                     dangling=g.dangling, matvec=g.matvec32).scores
+                                     dangling=g.dangling, matvec=g.matvec32, columns=g.columns32).scores
 
 
 def get_ppr_backend(ppr: PPRBackend | Callable | None) -> PPRBackend:

@@ -117,6 +117,7 @@ class Graph:
     params: GraphParams
     transition32: sp.csr_matrix       # float32 copy: halves the memory traffic of PPR
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
+    columns32: sp.csc_matrix          # transition32 by column: a sparse vector's product reads its columns only
     degree: np.ndarray                # weighted degree per node (adjacency row sums; the graph is symmetric)
 
 
@@ -324,7 +325,7 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     return Graph(adjacency=adjacency, transition=transition, dangling=dangling,
                  node_ids=list(entities.ids) + list(chunks.ids),
                  node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunks.ids)}}, params=params,
-                 transition32=t32, matvec32=parallel_matvec(t32), degree=np.asarray(adjacency.sum(axis=1)).ravel())
+                 transition32=t32, matvec32=parallel_matvec(t32), columns32=t32.tocsc(), degree=np.asarray(adjacency.sum(axis=1)).ravel())
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
