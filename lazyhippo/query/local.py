@@ -277,9 +277,12 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
     terms = [t for t in dict.fromkeys(q.keywords) if t in idx.lexical.vocab]
     holds = np.zeros((reach, len(terms)), dtype=bool)
     idf = np.zeros(len(terms))
+    mark = np.zeros(idx.n_chunks, dtype=bool)  # a term's holders as a mask: np.isin sorts them per term
     for j, t in enumerate(terms):
         docs = idx.lexical.holders(t)
-        holds[:, j] = np.isin(cand, docs)
+        mark[docs] = True
+        holds[:, j] = mark[cand]
+        mark[docs] = False
         idf[j] = np.log(1.0 + (idx.lexical.size - len(docs) + 0.5) / (len(docs) + 0.5)) if len(docs) else 0.0
     if idf.sum() <= 0:
         return ranked
