@@ -417,6 +417,37 @@ def test_noise_chunks_sink_below_substantive_ones(qsettings):
     assert not any(n in {c["n"] for c in res.citations} for n in (form[0].n, notes[0].n))
 
 
+def test_demoted_order_judges_only_the_chunks_it_needs(monkeypatch):
+    import random
+
+    from lazyhippo.query import context
+    from lazyhippo.query.config import ContextParams
+
+    rng = random.Random(11)
+    noisy = ["Name: ____ Address: ____ Date: ____", "## Notes", "See above."]
+
+    def chunk(i: int) -> ScoredChunk:
+        text = rng.choice(noisy) + f" {i}" if rng.random() < 0.3 else f"Chunk {i} tells of the harbour, its pilots and boats."
+        return ScoredChunk(chunk_id=f"c{i:03d}", score=rng.choice([-1.0, 0.0, 0.5, 1.0, rng.uniform(-2, 2)]),
+                           title="t", doc_id="d", source="s", section=None, page=None, position=i, text=text,
+                           content_hash=f"h{i}", n_tokens=10, route="local")
+
+    for penalty in (0.05, 1.5):
+        params = ContextParams(noise_penalty=penalty)
+        chunks = [chunk(i) for i in range(60)]
+        full = []
+        for c in chunks:  # every chunk judged, then sorted: the order to keep
+            reason = noise_reason(c.text, params.min_content_words)
+            full.append((c.score * (params.noise_penalty if reason else 1.0), c, reason))
+        full.sort(key=lambda t: (-t[0], t[1].chunk_id))
+        assert [(s, c.chunk_id, r) for s, c, r in context.by_demoted_score(chunks, params)] == \
+               [(s, c.chunk_id, r) for s, c, r in full]
+    judged = []
+    monkeypatch.setattr(context, "noise_reason", lambda text, n: judged.append(text) or noise_reason(text, n))
+    out, _ = assemble_context(chunks, 32000, ContextParams(), max_chunks=5)
+    assert len(out) == 5 and len(judged) < 30
+
+
 def test_neighbour_grouping_stays_within_budget(overflow_settings):
     cfg = QueryConfig().with_(context={"group_neighbours": True})
     question = "Which crew repaired the lantern at Gull Rock after the gale?"
