@@ -630,6 +630,24 @@ def test_ppr_reading_only_the_seed_columns_gives_the_same_scores_to_the_bit():
         assert cols.iterations == full.iterations and np.array_equal(cols.scores, full.scores)
 
 
+def test_top_indices_picks_as_a_full_partition_ties_included():
+    from lazyhippo.query.types import top_indices
+
+    def full(scores, k):
+        part = np.argpartition(-scores, k - 1)[:k]
+        return part[np.lexsort((part, -scores[part]))]
+
+    rng = np.random.default_rng(2)
+    for trial in range(400):
+        n, k = int(rng.integers(1, 6000)), int(rng.integers(1, 200))
+        scores = [rng.random(n), rng.integers(0, 20, n).astype(np.float32),  # ties everywhere
+                  np.where(rng.random(n) < 0.7, 0.0, rng.random(n))][trial % 3]  # mostly zeros
+        assert np.array_equal(top_indices(scores, k), full(scores, min(k, n)))
+    scores = rng.random(600)
+    scores[::7] = np.nan
+    assert np.array_equal(top_indices(scores, 5), full(scores, 5)) and not np.isnan(scores[top_indices(scores, 5)]).any()
+
+
 def test_cosine_bound_reads_in_full_every_row_that_can_reach_the_threshold():
     from lazyhippo.query.nearest import CosineBound
 
