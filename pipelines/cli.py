@@ -573,20 +573,38 @@ def bench_keep(base: Path = typer.Argument(..., help="`bench retrieval --json` o
     or all_supporting@8, and (unless --removal) one gains. Exits 1 when the change is not kept."""
     from lazyhippo.evaluate.bench import keep_change
 
-    def rows(path: Path) -> dict[str, list[dict]]:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(f"{path}: {exc}") from exc
-        results = {data["corpus"]: data} if "methods" in data else data
-        return {name: r["per_question"][r["route"]] for name, r in results.items()}
-
     try:
-        verdict = keep_change(rows(base), rows(candidate), require_gain=not removal)
+        verdict = keep_change(_route_rows(base), _route_rows(candidate), require_gain=not removal)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     print(json.dumps(verdict, indent=1))
     raise typer.Exit(0 if verdict["keep"] else 1)
+
+
+@bench.command("same")
+def bench_same(base: Path = typer.Argument(..., help="`bench retrieval --json` output before the change."),
+               candidate: Path = typer.Argument(..., help="The same after it."),
+               k: int = typer.Option(8, min=1, help="Passages compared per question, in order.")) -> None:
+    """Whether a change leaves the answers alone: per set, the questions whose top k passages (in order) moved.
+    Exits 1 when any did."""
+    from lazyhippo.evaluate.bench import ranking_changes
+
+    try:
+        verdict = ranking_changes(_route_rows(base), _route_rows(candidate), k)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    print(json.dumps(verdict, indent=1))
+    raise typer.Exit(0 if verdict["same"] else 1)
+
+
+def _route_rows(path: Path) -> dict[str, list[dict]]:
+    """The route's per-question rows of a `bench retrieval --json` output, by set (one set: by its corpus)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{path}: {exc}") from exc
+    results = {data["corpus"]: data} if "methods" in data else data
+    return {name: r["per_question"][r["route"]] for name, r in results.items()}
 
 
 @bench.command("query")

@@ -256,6 +256,29 @@ def test_bench_keep_command_reads_two_bench_outputs(tmp_path):
                                                                      "c.jsonl all_supporting_at_8"]
 
 
+def test_bench_same_lists_the_questions_whose_top_k_moved(tmp_path):
+    from lazyhippo.evaluate.bench import ranking_changes
+
+    row = lambda q, ids: {"question": q, "retrieved": ids}  # noqa: E731
+    base = {"a": [row("q1", ["p1", "p2", "p3"]), row("q2", ["p4", "p5"])], "b": [row("q3", ["p6"])]}
+    swapped = {"a": [row("q2", ["p4", "p5"]), row("q1", ["p2", "p1", "p3"])], "b": [row("q3", ["p6"])]}
+    assert ranking_changes(base, base) == {"same": True, "sets": {"a": {"questions": 2, "same": 2, "moved": []},
+                                                                   "b": {"questions": 1, "same": 1, "moved": []}}}
+    assert ranking_changes(base, swapped)["sets"]["a"]["moved"] == ["q1"]  # the order counts
+    assert ranking_changes(base, swapped, k=1)["sets"]["a"]["moved"] == ["q1"]
+    tail = {**base, "a": [row("q1", ["p1", "p2", "p9"]), row("q2", ["p4", "p5"])]}
+    assert ranking_changes(base, tail, k=2)["same"] and not ranking_changes(base, tail, k=3)["same"]
+    with pytest.raises(ValueError, match="different questions"):
+        ranking_changes(base, {**base, "b": [row("q4", ["p6"])]})
+    result = lambda rows: {"route": "local", "corpus": "c.jsonl", "methods": {}, "per_question": {"local": rows}}  # noqa: E731
+    (tmp_path / "base.json").write_text(json.dumps(result(base["a"])))
+    (tmp_path / "new.json").write_text(json.dumps(result(swapped["a"])))
+    out = CliRunner().invoke(app, ["bench", "same", str(tmp_path / "base.json"), str(tmp_path / "base.json")])
+    assert out.exit_code == 0 and json.loads(out.output)["same"] is True
+    out = CliRunner().invoke(app, ["bench", "same", str(tmp_path / "base.json"), str(tmp_path / "new.json")])
+    assert out.exit_code == 1 and json.loads(out.output)["sets"]["c.jsonl"]["moved"] == ["q1"]
+
+
 def test_bench_retrieval_llm_needs_an_endpoint_and_reports_its_tokens(wiki_slice, tmp_path, monkeypatch):
     from tests.loopback import FakeOpenAI
 

@@ -108,6 +108,22 @@ def keep_change(base: dict[str, list[dict]], candidate: dict[str, list[dict]], r
             "delta_questions": deltas}
 
 
+def ranking_changes(base: dict[str, list[dict]], candidate: dict[str, list[dict]], k: int = 8) -> dict:
+    """Per set, the questions whose first `k` retrieved passages, in order, differ between two runs (`base` and
+    `candidate` map a set name to the route's per-question rows): a change meant to leave every answer alone,
+    such as a speedup, must move none."""
+    sets = {}
+    for name, rows in base.items():
+        if name not in candidate:
+            raise ValueError(f"set {name!r} is missing from the candidate results")
+        after = {r["question"]: r["retrieved"][:k] for r in candidate[name]}
+        if after.keys() != {r["question"] for r in rows}:
+            raise ValueError(f"set {name!r}: the two runs hold different questions")
+        moved = [r["question"] for r in rows if r["retrieved"][:k] != after[r["question"]]]
+        sets[name] = {"questions": len(rows), "same": len(rows) - len(moved), "moved": moved}
+    return {"same": not any(s["moved"] for s in sets.values()), "sets": sets}
+
+
 def percentile_ms(seconds: Sequence[float], q: float) -> float:
     """The q-th percentile in milliseconds, interpolated linearly between the two nearest values."""
     return float((pl.Series(seconds, dtype=pl.Float64) * 1000.0).quantile(q / 100, "linear")) if seconds else 0.0
