@@ -427,7 +427,8 @@ def test_demoted_order_judges_only_the_chunks_it_needs(monkeypatch):
     noisy = ["Name: ____ Address: ____ Date: ____", "## Notes", "See above."]
 
     def chunk(i: int) -> ScoredChunk:
-        text = rng.choice(noisy) + f" {i}" if rng.random() < 0.3 else f"Chunk {i} tells of the harbour, its pilots and boats."
+        text = (rng.choice(noisy) + f" {i}" if rng.random() < 0.3
+                else f"Chunk {i} tells of the harbour, its pilots and boats.")
         return ScoredChunk(chunk_id=f"c{i:03d}", score=rng.choice([-1.0, 0.0, 0.5, 1.0, rng.uniform(-2, 2)]),
                            title="t", doc_id="d", source="s", section=None, page=None, position=i, text=text,
                            content_hash=f"h{i}", n_tokens=10, route="local")
@@ -645,7 +646,8 @@ def test_top_indices_picks_as_a_full_partition_ties_included():
         assert np.array_equal(top_indices(scores, k), full(scores, min(k, n)))
     scores = rng.random(600)
     scores[::7] = np.nan
-    assert np.array_equal(top_indices(scores, 5), full(scores, 5)) and not np.isnan(scores[top_indices(scores, 5)]).any()
+    top = top_indices(scores, 5)
+    assert np.array_equal(top, full(scores, 5)) and not np.isnan(scores[top]).any()
 
 
 def test_cosine_bound_reads_in_full_every_row_that_can_reach_the_threshold():

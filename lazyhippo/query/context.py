@@ -129,7 +129,8 @@ def merge_chunks(chunks: list[ScoredChunk]) -> tuple[list[ScoredChunk], dict[str
     return list(by_hash.values()), merged
 
 
-def by_demoted_score(chunks: list[ScoredChunk], params: ContextParams) -> Iterator[tuple[float, ScoredChunk, str | None]]:
+def by_demoted_score(chunks: list[ScoredChunk],
+                     params: ContextParams) -> Iterator[tuple[float, ScoredChunk, str | None]]:
     """(score after noise demotion, chunk, noise reason), best first (ties by chunk id), judging a chunk's noise
     only when it could come next: a chunk scores at most the larger of its score and its demoted score, so while
     the best judged chunk beats that of the next one, it comes first. The chunks after a full context (most of

@@ -325,7 +325,8 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     return Graph(adjacency=adjacency, transition=transition, dangling=dangling,
                  node_ids=list(entities.ids) + list(chunks.ids),
                  node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunks.ids)}}, params=params,
-                 transition32=t32, matvec32=parallel_matvec(t32), columns32=t32.tocsc(), degree=np.asarray(adjacency.sum(axis=1)).ravel())
+                 transition32=t32, matvec32=parallel_matvec(t32), columns32=t32.tocsc(),
+                 degree=np.asarray(adjacency.sum(axis=1)).ravel())
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:

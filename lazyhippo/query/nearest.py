@@ -24,7 +24,7 @@ class CosineBound:
 
     @classmethod
     def of(cls, vecs: np.ndarray, k: int = 64) -> "CosineBound":
-        """64 axes of 256 dims leave most rows a third of their norm: a query phrase reads ~5 rows in full on
+        """64 axes of 256 dims leave most rows about half their norm: a query phrase reads ~5 rows in full on
         2Wiki's entities (at most ~800), besides the 9.5 MB of projections."""
         vecs = np.asarray(vecs, dtype=np.float32)
         k = min(k, vecs.shape[1])
