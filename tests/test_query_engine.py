@@ -668,7 +668,29 @@ def test_cosine_bound_reads_in_full_every_row_that_can_reach_the_threshold():
             assert set(np.flatnonzero(sims >= threshold)) <= set(near) and (np.diff(near) > 0).all()
             pruned += len(vecs) - len(near)
     assert pruned > 0.5 * 50 * 3 * len(vecs)  # it spares most rows
-    assert len(CosineBound.of(np.zeros((0, 8), dtype=np.float32)).candidates(np.ones(8), 0.8)) == 0
+    assert len(CosineBound.of(np.zeros((0, 8), dtype=np.float32), 4).candidates(np.ones(8), 0.8)) == 0
+
+
+def test_cosine_bound_ranks_the_best_k_as_the_full_product():
+    from lazyhippo.query.nearest import CosineBound
+    from lazyhippo.query.types import top_indices
+
+    rng = np.random.default_rng(6)
+    vecs = rng.normal(size=(3000, 48)) * np.geomspace(4.0, 0.05, 48)
+    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+    bound = CosineBound.of(vecs, 24)
+    bounded = 0
+    for trial in range(40):
+        q = vecs[rng.integers(3000)] + rng.normal(scale=0.2, size=48).astype(np.float32)
+        q /= np.linalg.norm(q)
+        plus = (0.5 * rng.random(3000) * (rng.random(3000) < 0.1)).astype(np.float32) if trial % 2 else None
+        exact = rng.choice(3000, 20, replace=False)
+        full = vecs @ q + plus if plus is not None else vecs @ q
+        out = bound.top(vecs, q, 6, plus, exact)
+        assert np.array_equal(top_indices(out, 6), top_indices(full, 6))
+        assert np.allclose(out[exact], full[exact], rtol=0, atol=1e-6) and (out >= full - 1e-6).all()
+        bounded += int((out > full + 1e-4).sum())  # rows left at their bound, never read in full
+    assert bounded > 0.5 * 40 * 3000
 
 
 def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):

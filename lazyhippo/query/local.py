@@ -155,15 +155,8 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
     # facts naming an exactly linked entity are boosted, so the hop out of a named entity follows the
     # sentence that best matches the question's relation ("directed by", "married to", ...)
     if p.fact_top_k > 0 and len(idx.facts.ids) and p.fact_weight > 0:
-        fs = idx.facts.vecs @ q.vec
-        if p.fact_lexical > 0:
-            lex = idx.facts.lexical.scores(q.keywords)
-            fs = fs + p.fact_lexical * lex / max(float(lex.max(initial=0.0)), 1e-9)
-        # the boost only raises the facts of named entities, so the best of all facts after it are among
-        # those and the best before it (2 * fact_top_k: the recognition filter's room)
-        cand = np.zeros(len(fs), dtype=bool)
-        cand[top_indices(fs, 2 * p.fact_top_k)] = True
-        affinity = np.zeros(len(fs))
+        cand = np.zeros(len(idx.facts.ids), dtype=bool)
+        affinity = np.zeros(len(idx.facts.ids))
         exact = dict(seeds.entities)
         if exact and p.fact_seed_boost > 0:
             top_w = max(exact.values())
@@ -172,6 +165,15 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
                 named = ef.indices[ef.indptr[e]:ef.indptr[e + 1]]
                 affinity[named] = np.maximum(affinity[named], w / top_w)
                 cand[named] = True
+        lexical = None
+        if p.fact_lexical > 0:
+            lex = idx.facts.lexical.scores(q.keywords)
+            lexical = p.fact_lexical * lex / max(float(lex.max(initial=0.0)), 1e-9)
+        # the boost only raises the facts of named entities, so the best of all facts after it are among
+        # those and the best before it (2 * fact_top_k: the recognition filter's room); only their scores
+        # are read, so only they are computed in full
+        fs = idx.facts.near.top(idx.facts.vecs, q.vec, 2 * p.fact_top_k, lexical, np.flatnonzero(cand))
+        cand[top_indices(fs, 2 * p.fact_top_k)] = True
         picked = np.flatnonzero(cand)
         boosted = fs[picked] * (1.0 + p.fact_seed_boost * affinity[picked])
         order = np.lexsort((-picked, -boosted))  # best first; ties: the later fact first
