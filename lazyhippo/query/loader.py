@@ -289,7 +289,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) 
     return Facts(ids=ids, chunk=np.asarray(chunk, dtype=np.int64), texts=texts, entities=entities,
                  by_entity=entities.T.tocsr(), vecs=vecs,
                  # ranking the best 6 of close scores takes a tighter bound than a threshold: on 128 axes a
-                 # question reads ~200 of 2Wiki's 21k in full (1.1 against 1.9 ms)
+                 # question reads ~130 of 2Wiki's 21k in full (1.1 against 1.9 ms)
                  near=CosineBound.of(vecs, 128),
                  # words by the passage title too: a sentence that opens "She ..." still matches its subject's name
                  lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk, texts)]))
