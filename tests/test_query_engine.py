@@ -151,44 +151,19 @@ def test_a_second_hop_below_the_pool_joins_it_through_an_entity_the_first_pick_m
         assert top[0] == first and (hop in top) == joins and hub_only not in top
 
 
-def test_a_second_hop_wins_a_contested_place_through_an_entity_the_question_does_not_name(qsettings, monkeypatch):
-    """Tomas Reyes's passage ranks last, but it shares an entity with the first pick: with bridge places on it
-    takes one of the last two of the first eight places (it matches the question better than the chunks
-    there), and the six above stay. When the question names every entity of the first pick, nothing is a
-    bridge and the order stays."""
-    import lazyhippo.query.local as local
-
-    idx = load_index(qsettings)
-    text = dict(enumerate(idx.chunks.texts))
-    first = next(c for c, t in text.items() if t.startswith("# Marlow Observatory"))
-    hop = next(c for c, t in text.items() if t.startswith("Tomas Reyes"))
-    others = [c for c in range(idx.n_chunks) if c not in (first, hop)]
-    scores = np.zeros(idx.n_chunks)
-    scores[[first, *others, hop]] = np.linspace(1.0, 0.1, idx.n_chunks)
-    everything_first_names = frozenset(int(e) for e in idx.mentions.counts[first].indices)
-
-    def top8(slots: int, named: frozenset = frozenset()) -> list[int]:
-        monkeypatch.setattr(local, "local_scores", lambda *a, **k: local.LocalScores(scores, scores, {}, named))
-        cfg = QueryConfig().with_(local={"coverage_weight": 0.0, "bridge_slots": slots})
-        return [idx.chunks.pos[c.chunk_id] for c in retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=8, config=cfg)]
-
-    plain = top8(0)
-    assert plain == [first, *others[:7]] and hop not in plain
-    bridged = top8(LocalParams().bridge_slots)
-    assert bridged[:6] == plain[:6] and hop in bridged[6:]
-    assert top8(LocalParams().bridge_slots, everything_first_names) == plain
-
-
 def test_local_params_keep_only_what_carries_to_new_questions():
     """The fact cosine floor, the dense tiebreak, entity mass and fact passages were ablated on the
     benchmark's tune and confirm halves and changed nothing that carried; the fact candidate pool, the cap on
     the seeds whose facts are boosted and on their facts, and the share of a qualified title's base name
     changed nothing at all; a bridged chunk's coverage counts in full; a phrase links to its nearest entity
     only; every span of the question is matched against names, whatever its length; seed weights are set
-    relative to an exact name match (PPR normalizes them, so one of them is only a scale)."""
+    relative to an exact name match (PPR normalizes them, so one of them is only a scale). The bridge places (the
+    7th-8th places contested by chunks sharing an entity with the first pick) were decided on every development
+    question, and on questions nobody tuned on they cost 2WikiMultiHopQA all_supporting@8 0.06 for +0.01 on
+    MuSiQue."""
     removed = {"fact_min", "dense_tiebreak", "entity_mass_weight", "fact_passage_weight", "fact_candidates",
                "fact_seed_entities", "fact_seed_max_facts", "title_base_factor", "bridge_factor", "embed_link_top_k",
-               "max_ngram", "exact_weight"}
+               "max_ngram", "exact_weight", "bridge_slots", "bridge_window"}
     assert not removed & set(LocalParams.__dataclass_fields__)
     with pytest.raises(TypeError):
         QueryConfig().with_(local={"dense_tiebreak": 0.01})

@@ -33,8 +33,6 @@ class LocalParams:
     coverage_pool: int = 10           # best chunks that reorder can move (0 or weight 0: the graph's order)
     bridge_depth: int = 100           # chunks sharing an entity with the reorder's first pick join it from this deep (0: off)
     bridge_min_gain: float = 0.2      # ... if they hold this share (IDF) of the question's words the first pick lacks
-    bridge_slots: int = 2             # the last places of the first `bridge_window` go to the best chunks (BM25) sharing
-    bridge_window: int = 8            # ... an entity the question does not name with the first pick (0 slots: off)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ class LocalScores:
     scores: np.ndarray
     ppr: np.ndarray
     diagnostics: dict
-    named: frozenset[int] = frozenset()  # entities the question names (exact span matches)
     mass: np.ndarray | None = None       # every entity's PPR mass
 
 
@@ -41,7 +40,6 @@ class LocalScores:
 class Seeds:
     entities: dict[int, float] = field(default_factory=dict)
     chunks: dict[int, float] = field(default_factory=dict)
-    named: set[int] = field(default_factory=set)  # entities matched exactly by a span of the question
     links: list[dict] = field(default_factory=list)  # diagnostics: what matched and why
 
     def add_entity(self, e: int, w: float, mode: str = "max") -> None:
@@ -122,7 +120,6 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
         if not inside:
             covered.append((i, j))
         ents = idx.entities.name_index.get(key, ())
-        seeds.named.update(int(e) for e in ents)
         for e in ents:
             w = _idf(idx, e) * factor * shape / len(ents)  # the unit the other seed weights are set in
             seeds.add_entity(int(e), w)
@@ -241,7 +238,7 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),
             "links": seeds.links[:20],
             "top_entities": [{"name": idx.entities.names[e], "mass": round(float(mass[e]), 5)} for e in top_ents]}
-    return LocalScores(scores, ppr_part, diag, frozenset(seeds.named), mass)
+    return LocalScores(scores, ppr_part, diag, mass)
 
 
 def _non_hub_entities(idx: GraphIndex, c: int, p: LocalParams) -> np.ndarray:
@@ -308,31 +305,6 @@ def cover_question(idx: GraphIndex, q: PreparedQuery, ranked: np.ndarray, scores
     return np.concatenate([cand[order], ranked[rest]])
 
 
-def bridge_places(idx: GraphIndex, q: PreparedQuery, order: np.ndarray, pool: np.ndarray, named: frozenset[int],
-                  p: LocalParams) -> np.ndarray:
-    """`order` with its last `bridge_slots` places of the first `bridge_window` put up for a contest: the chunks
-    there, and every chunk of `pool` that shares with the first pick a non-hub entity the question does not
-    name, ranked by BM25 over the question. IRCoT's next retrieval without a reader: the first pick names the
-    bridge ("the actress who played the girl" -> Natalie Wood) and the second hop's passage mentions it, so
-    the next query is the question plus that entity, and the entity is given by the shared mention. An entity
-    the question names leads back to the first hop's neighbours, not forward. The places above stay, and a
-    chunk in the contested places keeps it unless a bridged chunk matches the question better."""
-    start, end = p.bridge_window - p.bridge_slots, min(p.bridge_window, len(order))
-    if p.bridge_slots <= 0 or not 1 <= start < end:
-        return order
-    ents = _non_hub_entities(idx, int(order[0]), p)
-    ents = ents[~np.isin(ents, np.fromiter(named, dtype=np.int64, count=len(named)))]
-    cand = pool[~np.isin(pool, order[:start])]
-    if not len(ents) or not len(cand):
-        return order
-    shared = cand[_mention_any(idx, cand, ents)]
-    contest = np.concatenate([order[start:end], shared])
-    contest = contest[np.sort(np.unique(contest, return_index=True)[1])]  # first occurrence, places first
-    picked = contest[np.argsort(-q.bm25[contest], kind="stable")[:p.bridge_slots]]
-    rest = order[start:]
-    return np.concatenate([order[:start], picked, rest[~np.isin(rest, picked)]])
-
-
 def related_chunks(idx: GraphIndex, q: PreparedQuery, ls: LocalScores, p: ChunkSelectionParams
                    ) -> tuple[np.ndarray, np.ndarray]:
     """LightRAG's chunk picks: the chunks mentioning any of the `p.entities` entities with the most PPR mass,
@@ -359,9 +331,9 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
                    extra_seeds: dict[int, float] | None = None, route: str = "local",
                    selection: ChunkSelectionParams = ChunkSelectionParams(),
                    fact_filter: FactFilter | None = None) -> tuple[list[ScoredChunk], dict]:
-    """The best `top_k` chunks, the first reordered by `cover_question` and their 7th-8th places contested by
-    `bridge_places`, each taking the score of the rank it lands on (so assembly, which sorts by score, keeps
-    the order). With a `vector` or `weight` selection, the chunks `related_chunks` picks instead."""
+    """The best `top_k` chunks, the first reordered by `cover_question`, each taking the score of the rank it
+    lands on (so assembly, which sorts by score, keeps the order). With a `vector` or `weight` selection, the
+    chunks `related_chunks` picks instead."""
     ls = local_scores(idx, q, p, ppr, extra_seeds, fact_filter)
     if selection.mode != "graph":
         picked, values = related_chunks(idx, q, ls, selection)
@@ -373,7 +345,7 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
     scores = ls.scores
     depth = max(top_k, p.coverage_pool, p.bridge_depth)
     ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)
-    order = bridge_places(idx, q, cover_question(idx, q, ranked, scores, p), ranked, ls.named, p)[:top_k]
+    order = cover_question(idx, q, ranked, scores, p)[:top_k]
     dense = q.dense
     return [ScoredChunk.from_index(idx, int(c), scores[r], route, ppr=ls.ppr[c], dense=dense[c])
             for c, r in zip(order, ranked)], ls.diagnostics
