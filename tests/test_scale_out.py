@@ -118,14 +118,19 @@ class ReadCountingStore(LocalObjectStore):
         return super().get(key)
 
 
+def planned(settings: Settings, objects, run_id: str, batch_chunks: int = 3):
+    """The documents and chunks of `settings`' source in its warehouse, and the extraction batches planned."""
+    with connect(settings) as con:
+        ingest_documents(settings, con)
+        build_chunks(settings, con)
+        return plan_batches(settings, con, objects, run_id, batch_chunks=batch_chunks)
+
+
 def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_path, library_index):
     corpus = shutil.copytree(SAMPLE_CORPUS, tmp_path / "c")
     settings = Settings(home=tmp_path / "h", source=str(corpus))
     objects = ReadCountingStore(tmp_path / "shared")
-    with connect(settings) as con:
-        ingest_documents(settings, con)
-        build_chunks(settings, con)
-        batches, figures = plan_batches(settings, con, objects, "run1", batch_chunks=3)
+    batches, figures = planned(settings, objects, "run1")
     assert figures["documents_to_extract"] == 8 and len(batches) >= 3
     first = CountingExtractor()
     extract_batch(settings, objects, batches[0].key, first)  # ... and the run dies here
@@ -150,23 +155,19 @@ def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_pat
 def test_collecting_reads_the_parts_the_batch_steps_hand_on_not_one_object_per_document(tmp_path, library_index):
     settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
     objects = ReadCountingStore(tmp_path / "shared")
+    batches, _ = planned(settings, objects, "r")
+    stats = [extract_batch(settings, objects, b.key) for b in batches]
+    objects.reads.clear()
     with connect(settings) as con:
-        ingest_documents(settings, con)
-        build_chunks(settings, con)
-        batches, _ = plan_batches(settings, con, objects, "r", batch_chunks=3)
-        stats = [extract_batch(settings, objects, b.key) for b in batches]
-        objects.reads.clear()
         out = collect_parts(settings, con, objects, batches, stats)
     assert out["documents_extracted"] == 8 and objects.reads == []
     assert extracted(settings) == extracted(library_index)
     # results without parts (a step output of another version): the parts are read from the store instead
     again = Settings(home=tmp_path / "h2", source=str(SAMPLE_CORPUS))
+    batches, _ = planned(again, objects, "r2")
+    stats = [{k: v for k, v in extract_batch(again, objects, b.key).items() if k != "parts"} for b in batches]
+    objects.reads.clear()
     with connect(again) as con:
-        ingest_documents(again, con)
-        build_chunks(again, con)
-        batches, _ = plan_batches(again, con, objects, "r2", batch_chunks=3)
-        stats = [{k: v for k, v in extract_batch(again, objects, b.key).items() if k != "parts"} for b in batches]
-        objects.reads.clear()
         collect_parts(again, con, objects, batches, stats)
     assert len([k for k in objects.reads if "/parts/extractions/" in k]) == 8
     assert extracted(again) == extracted(library_index)
