@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SAMPLE_CORPUS = PACKAGE_DIR / "sample_corpus"  # package data: a non-editable install indexes it too
@@ -73,6 +73,18 @@ QUERY_FIELDS = ("rerank", "rerank_top_n", "chunk_selection", "max_related_chunks
 KNN_STRUCTURAL = ("off", "concat", "replace")
 
 
+def check_resolutions(resolutions: Sequence[float] | str) -> tuple[float, ...]:
+    """Community levels coarse to fine: one or more increasing positive resolutions ("0.25,0.5,1.0" too)."""
+    try:
+        res = tuple(float(r) for r in (resolutions.split(",") if isinstance(resolutions, str) else resolutions))
+    except (TypeError, ValueError):
+        res = ()
+    if not res or any(r <= 0 for r in res) or any(a >= b for a, b in zip(res, res[1:])):
+        raise ValueError(f"community resolutions {resolutions!r}: need one or more positive values, increasing "
+                         "(coarse to fine, e.g. 0.25,0.5,1.0)")
+    return res
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path = field(default_factory=lambda: Path(".lazyhippo").resolve())
@@ -121,8 +133,6 @@ class Settings:
         return cls().with_(**env).with_(**overrides)
 
     def __post_init__(self) -> None:
-        from lazyhippo.graph.algorithms import check_resolutions
-
         check_namespace(self.namespace)  # before any stage or store sees it
         if self.mode is not None and self.mode not in INDEX_MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(INDEX_MODES)}")

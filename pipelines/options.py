@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lazyhippo.models.embedders import PROFILES as EMBEDDER_PROFILES
-from lazyhippo.graph.algorithms import check_resolutions
+from lazyhippo.settings import check_resolutions
 from lazyhippo.settings import KNN_STRUCTURAL, MIN_CHUNK_TOKENS, GraphStoreKind, ObjectStoreKind, Settings, check_namespace
 from lazyhippo.sources.files import SUPPORTED, iter_files
 

@@ -172,3 +172,30 @@ def test_the_merged_graph_drops_self_loops_and_unknown_ends_and_sums_parallel_ed
         merged = merged_undirected(["a", "b", "c"], edges)
         assert merged.pairs.tolist() == [[0, 1], [1, 2]] and merged.weights.tolist() == [1.5, 0.25]
     assert len(merged_undirected(["a"], [])) == 0
+
+
+def test_knn_and_pagerank_are_the_same_bits_whatever_the_threads():
+    """Two indexes of one corpus (a Celery worker and a laptop, or a run and its re-run) hold the same graph:
+    faiss's BLAS scores and igraph's parallel PageRank change in their last digits with the thread count and
+    from run to run, enough to swap near-tied hubs and so community titles and summaries."""
+    import faiss
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(3)
+    x = unit(rng.normal(size=(3000, 64)))
+    ids = [f"e{i:05d}" for i in range(len(x))]
+    threads = faiss.omp_get_max_threads()
+    try:
+        with threadpool_limits(1):
+            faiss.omp_set_num_threads(1)
+            one = knn_edges(ids, x, 10, 0.0)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    assert knn_edges(ids, x, 10, 0.0) == one
+    pairs = rng.integers(0, len(ids), size=(20000, 2))
+    edges = [(ids[a], ids[b], float(w)) for (a, b), w in zip(pairs, rng.random(len(pairs)))]
+    first = pagerank(ids, edges)
+    assert all(pagerank(ids, edges) == first for _ in range(3))
+    assert abs(sum(first.values()) - 1.0) < 1e-12
+    ref = weighted_igraph(ids, edges).pagerank(weights="weight", damping=0.85)  # the same PageRank as igraph's
+    assert max(abs(first[i] - r) for i, r in zip(ids, ref)) < 1e-12

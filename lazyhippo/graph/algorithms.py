@@ -9,8 +9,13 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
+from lazyhippo.settings import check_resolutions
+
 if TYPE_CHECKING:
     import pyarrow as pa
+
+
+KNN_SLACK = 4  # candidates beyond the top k, so a near-tie at the k-th place is decided by the exact scores
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,10 @@ class KnnEdge:
 def knn_edges(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
               rows: Sequence[int] | None = None) -> list[KnnEdge]:
     """Top-k cosine neighbours per item above `cutoff` (vectors are L2-normalized), exact inner product;
-    `rows`: the neighbours of these items only (indices into `ids`), searched over every item all the same."""
+    `rows`: the neighbours of these items only (indices into `ids`), searched over every item all the same.
+    faiss proposes a few more candidates than needed; their scores are computed again in float64 in a fixed
+    order and ties go to the lower index, so the edges are the same bits whatever BLAS threading a process has
+    (faiss's own scores move in the 7th digit with it, enough to reorder hubs and summaries downstream)."""
     import faiss
 
     if len(ids) < 2 or top_k <= 0:
@@ -32,19 +40,24 @@ def knn_edges(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     index = faiss.IndexFlatIP(x.shape[1])
     index.add(x)
-    k = min(top_k + 1, len(ids))
-    rows = list(range(len(ids))) if rows is None else list(rows)
-    if not rows:
-        return []
-    scores, nbrs = index.search(np.ascontiguousarray(x[rows]), k)
+    k = min(top_k + 1 + KNN_SLACK, len(ids))
+    rows = np.arange(len(ids)) if rows is None else np.asarray(list(rows), dtype=np.int64)
     edges: list[KnnEdge] = []
-    for q, i in enumerate(rows):
-        rank = 0
-        for score, j in zip(scores[q], nbrs[q]):
-            if j < 0 or j == i or score < cutoff or rank >= top_k:
-                continue
-            rank += 1
-            edges.append(KnnEdge(ids[i], ids[j], float(min(score, 1.0)), rank))
+    for start in range(0, len(rows), 1024):
+        block = rows[start:start + 1024]
+        _, nbrs = index.search(np.ascontiguousarray(x[block]), k)
+        valid = (nbrs >= 0) & (nbrs != block[:, None])
+        safe = np.where(valid, nbrs, 0)
+        scores = (x[block].astype(np.float64)[:, None, :] * x[safe].astype(np.float64)).sum(axis=2)
+        scores = np.where(valid, np.minimum(scores, 1.0), -np.inf)
+        order = np.lexsort((safe, -scores), axis=1)  # best score first, ties to the lower index
+        for q, i in enumerate(block.tolist()):
+            rank = 0
+            for c in order[q]:
+                if scores[q, c] < cutoff or rank >= top_k:
+                    break
+                rank += 1
+                edges.append(KnnEdge(ids[i], ids[int(safe[q, c])], float(scores[q, c]), rank))
     return edges
 
 
@@ -90,18 +103,6 @@ class Communities:
     modularity: float            # of the finest level
     levels: int                  # passes the algorithm ran
     hierarchy: tuple[CommunityLevel, ...] = ()  # coarse to fine, each level refining the one above; last = finest
-
-
-def check_resolutions(resolutions: Sequence[float] | str) -> tuple[float, ...]:
-    """Community levels coarse to fine: one or more increasing positive resolutions ("0.25,0.5,1.0" too)."""
-    try:
-        res = tuple(float(r) for r in (resolutions.split(",") if isinstance(resolutions, str) else resolutions))
-    except (TypeError, ValueError):
-        res = ()
-    if not res or any(r <= 0 for r in res) or any(a >= b for a, b in zip(res, res[1:])):
-        raise ValueError(f"community resolutions {resolutions!r}: need one or more positive values, increasing "
-                         "(coarse to fine, e.g. 0.25,0.5,1.0)")
-    return res
 
 
 def nested(levels: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -216,11 +217,11 @@ def renumbered_by_size(membership: list[int]) -> list[int]:
     return [order[m] for m in membership]
 
 
-def weighted_igraph(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]]):
-    """The merged graph as igraph: build it once for both community detection and PageRank."""
+def weighted_igraph(node_ids: list[str], edges: "Edges | MergedGraph | Iterable[tuple[str, str, float]]"):
+    """The merged graph as igraph (for community detection and modularity)."""
     import igraph as ig
 
-    merged = merged_undirected(node_ids, edges)
+    merged = edges if isinstance(edges, MergedGraph) else merged_undirected(node_ids, edges)
     g = ig.Graph(n=len(node_ids), directed=False)
     g.add_edges(merged.pairs)  # an index array goes in whole: ~4x faster than a list of 300k pairs
     g.es["weight"] = merged.weights.tolist()
@@ -261,9 +262,21 @@ def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, s
 
 
 def pagerank(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]], damping: float = 0.85,
-             g=None) -> dict[str, float]:
-    """igraph's default PRPACK. ARPACK agrees to ~1e-14 in half the time on 2Wiki, but its last digits order
-    near-tied entities (the two of a lone pair) the other way round, which changes 2 of 45 community summaries
-    there: not used."""
-    g = weighted_igraph(node_ids, edges) if g is None else g
-    return dict(zip(node_ids, g.pagerank(weights="weight", damping=damping)))
+             merged: MergedGraph | None = None) -> dict[str, float]:
+    """Power iteration on the merged graph (scipy, one thread), dangling mass spread evenly: the same bits on
+    every run. igraph's PRPACK sums in parallel and its last digits change from run to run, which reorders
+    near-tied hubs, and with them community titles and summaries, between two indexes of the same corpus."""
+    import scipy.sparse as sp
+
+    from lazyhippo.graph.ppr import personalized_pagerank, transition_matrix
+
+    merged = merged_undirected(node_ids, edges) if merged is None else merged
+    n = len(node_ids)
+    if not n:
+        return {}
+    a, b = merged.pairs[:, 0], merged.pairs[:, 1]
+    adjacency = sp.csr_matrix((np.concatenate([merged.weights, merged.weights]), (np.concatenate([a, b]), np.concatenate([b, a]))),
+                              shape=(n, n))
+    transition, dangling = transition_matrix(adjacency)
+    scores = personalized_pagerank(transition, np.ones(n), damping, tol=1e-13, max_iter=1000, dangling=dangling).scores
+    return dict(zip(node_ids, scores.tolist()))

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lazyhippo.graph.algorithms import (Communities, KnnEdge, check_resolutions, hierarchy, knn_edges, merged_undirected,
+from lazyhippo.graph.algorithms import (Communities, KnnEdge, hierarchy, knn_edges, merged_undirected,
                                        modularity)
+from lazyhippo.settings import check_resolutions
 from lazyhippo.stores.neo4j.client import Neo4jClient
 
 
