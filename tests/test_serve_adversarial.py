@@ -332,6 +332,32 @@ def test_a_stopped_engine_is_detected_killed_and_replaced(home):
         pool.stop()
 
 
+
+def test_an_engine_reported_dead_by_several_threads_is_replaced_once(home, monkeypatch):
+    """Front threads and the watchdog may all report one dead engine at once: their restart threads wake
+    together when it exits, and only the one that takes it out of the pool closes its pipes and replaces it
+    (two closing one pipe at once raised EBADF in the restart thread)."""
+    errors: list = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    pool = EnginePool(Settings(home=home), 1, query_seconds=5, probe_seconds=2).start()
+    try:
+        for _ in range(3):
+            dead = pool._engines[0]
+            reporters = [threading.Thread(target=pool._restart, args=(dead,)) for _ in range(4)]
+            for t in reporters:
+                t.start()
+            for t in reporters:
+                t.join()
+            t_end = time.time() + 60
+            while [e["pid"] for e in pool.engines()] in ([], [dead.process.pid]) and time.time() < t_end:
+                time.sleep(0.1)
+            time.sleep(0.5)  # the other restart threads finish
+            assert len(pool.engines()) == 1 and pool.engines()[0]["pid"] != dead.process.pid
+        assert not errors, [e.exc_value for e in errors]
+    finally:
+        pool.stop()
+
+
 # ---------------------------------------------------------------- 6. bodies before the key
 
 def _raw_post(url: str, path: str, headers: dict[str, str], first_bytes: bytes) -> tuple[str, float]:

@@ -111,7 +111,14 @@ class EnginePool:
             raise RuntimeError(f"a query engine exited while loading its indexes (exit code "
                                f"{engine.process.exitcode}); see the log above") from None
         self._info[engine.process.pid] = engine.ask("info", self.write_seconds)
-        self._engines.append(engine)
+        with self._replacing:
+            stopped = self._stopping
+            if not stopped:
+                self._engines.append(engine)
+        if stopped:  # the pool stopped while this one loaded: closing its pipes ends it, as `stop` does
+            engine.queries.close()
+            engine.control.close()
+            return
         self._idle.put(engine)
 
     # ------------------------------------------------------------ queries
@@ -214,15 +221,17 @@ class EnginePool:
         threading.Thread(target=self._replace, args=(engine,), name="lazyhippo-engine-restart", daemon=True).start()
 
     def _replace(self, dead: _Engine) -> None:
+        """Several threads may report one engine; they wake together when it exits, and only the one that
+        takes it out of the pool closes its pipes (two closing one pipe at once fail) and replaces it."""
         dead.process.join(5)
-        dead.queries.close()
-        dead.control.close()
-        log.warning("query engine %s exited (code %s); starting a new one", dead.process.pid, dead.process.exitcode)
         with self._replacing:
-            if dead not in self._engines:  # already being replaced
+            if dead not in self._engines:  # already being replaced, or the pool stopped
                 return
             self._engines.remove(dead)
             self._info.pop(dead.process.pid, None)
+        dead.queries.close()
+        dead.control.close()
+        log.warning("query engine %s exited (code %s); starting a new one", dead.process.pid, dead.process.exitcode)
         if self._stopping:
             return
         try:
@@ -234,10 +243,13 @@ class EnginePool:
         """Closing its pipes ends an engine (it reads end-of-file); stragglers are terminated."""
         self._stopping = True
         self._stop.set()
-        for engine in list(self._engines):
+        with self._replacing:  # what a restart thread has not taken out is this thread's to close
+            engines = list(self._engines)
+            self._engines.clear()
+        for engine in engines:
             engine.queries.close()
             engine.control.close()
-        for engine in list(self._engines):
+        for engine in engines:
             engine.process.join(10)
             if engine.process.is_alive():
                 engine.process.terminate()
