@@ -45,6 +45,11 @@ class _Engine:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one control exchange at a time
     answered: int = 0     # queries sent to it (only the front thread holding the engine counts)
 
+    def close(self) -> None:
+        """Closing its pipes ends the engine (it reads end-of-file)."""
+        self.queries.close()
+        self.control.close()
+
     def ask(self, message: str, seconds: float):
         """The engine's answer; EngineGone when it is dead or does not answer within `seconds`."""
         with self.lock:
@@ -115,9 +120,8 @@ class EnginePool:
             stopped = self._stopping
             if not stopped:
                 self._engines.append(engine)
-        if stopped:  # the pool stopped while this one loaded: closing its pipes ends it, as `stop` does
-            engine.queries.close()
-            engine.control.close()
+        if stopped:  # the pool stopped while this one loaded: it ends as `stop` ends the others
+            engine.close()
             return
         self._idle.put(engine)
 
@@ -229,8 +233,7 @@ class EnginePool:
                 return
             self._engines.remove(dead)
             self._info.pop(dead.process.pid, None)
-        dead.queries.close()
-        dead.control.close()
+        dead.close()
         log.warning("query engine %s exited (code %s); starting a new one", dead.process.pid, dead.process.exitcode)
         if self._stopping:
             return
@@ -247,8 +250,7 @@ class EnginePool:
             engines = list(self._engines)
             self._engines.clear()
         for engine in engines:
-            engine.queries.close()
-            engine.control.close()
+            engine.close()
         for engine in engines:
             engine.process.join(10)
             if engine.process.is_alive():
