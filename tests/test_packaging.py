@@ -108,6 +108,20 @@ def test_non_editable_install_finds_its_package_data(tmp_path):
         out.stdout[-2000:] + out.stderr[-2000:]
 
 
+def test_the_setup_install_prints_no_warning(tmp_path):
+    """The README's first command prints progress and results only: setup.sh's editable install of the
+    package says nothing."""
+    setup = (REPO / "scripts" / "setup.sh").read_text().splitlines()
+    line = next(x for x in setup if "pip install -q -e" in x)
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", ".services", ".lazyhippo*", "tests",
+                                                             "__pycache__", "*.egg-info", "build", "tmp*"))
+    offline = f"--no-deps --no-build-isolation --no-index --ignore-installed --prefix {tmp_path / 'prefix'} -e"
+    cmd = line.replace(".venv/bin/python", sys.executable).replace("-e", offline, 1)
+    out = subprocess.run(["bash", "-c", cmd], cwd=src, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and not (out.stdout + out.stderr).strip(), out.stdout[-2000:] + out.stderr[-2000:]
+
+
 def test_store_kinds_are_a_typed_choice():
     from pydantic import ValidationError
 
