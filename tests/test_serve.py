@@ -305,7 +305,8 @@ def test_index_swaps_atomically_under_load(any_pool, home, tmp_path):
 def test_engines_share_the_queries_of_one_connection_and_a_dead_one_is_replaced(home):
     """Each query goes to a free engine, so even one keep-alive connection keeps both busy (uvicorn's own
     workers each keep the connections they accepted: 8 clients split 8/0 or 7/1 over 2); an engine that dies
-    costs the query it ran a 503 and is started again."""
+    costs the query it ran a 503 and is started again. The engine is stopped before it is killed, so the query
+    is on it when it dies (killed while idle, it may already be seen dead and skipped)."""
     pool = EnginePool(Settings(home=home), 2).start()
     body = {"question": SUCCESSOR_Q, "route": "local"}
     try:
@@ -316,9 +317,21 @@ def test_engines_share_the_queries_of_one_connection_and_a_dead_one_is_replaced(
             assert [e["queries"] for e in engines] == [3, 3] and all(alive(e["pid"]) for e in engines)
             r = c.post("/api/query", json={**body, "namespace": "nowhere"})  # an engine's error, raised in the front
             assert r.status_code == 404 and "unknown namespace 'nowhere' (known: default)" in r.text
+            os.kill(engines[0]["pid"], signal.SIGSTOP)  # alive, answering nothing
+            sent = c.get("/health").json()["engines"][0]["queries"]
+            codes: list[int] = []
+            asking = [threading.Thread(target=lambda: codes.append(post(f"{url}/api/query", json=body).status_code))
+                      for _ in range(2)]  # the two engines are free: one query goes to each
+            for t in asking:
+                t.start()
+            deadline = time.time() + TIMEOUT
+            while c.get("/health").json()["engines"][0]["queries"] == sent:
+                assert time.time() < deadline, "no query went to the stopped engine"
+                time.sleep(0.05)
             os.kill(engines[0]["pid"], signal.SIGKILL)
-            codes = sorted(c.post("/api/query", json=body).status_code for _ in range(2))
-            assert codes == [200, 503]
+            for t in asking:
+                t.join(TIMEOUT)
+            assert sorted(codes) == [200, 503]
             deadline = time.time() + TIMEOUT
             while len(now := c.get("/health").json()["engines"]) < 2 or engines[0]["pid"] in [e["pid"] for e in now]:
                 assert time.time() < deadline, "the dead engine was not replaced"  # (in the background)
