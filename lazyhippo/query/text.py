@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from lazyhippo.graph.names import name_tokens, norm_key, strip_accents  # noqa: F401  (re-exported for the query engine)
+from lazyhippo.models.tokens import sentences  # noqa: F401  (re-exported for the query engine)
 
 # English function words plus the question words that never name anything.
 STOPWORDS = frozenset("""
@@ -30,13 +31,7 @@ def tokens(text: str) -> list[str]:
     return [t for t in _WORD.findall(fold(text)) if len(t) > 1 and t not in STOPWORDS]
 
 
-# the cheap test first: the abbreviation look-behinds only run after a . ! or ? (4x faster, the same splits)
-_SENT = re.compile(r"(?<=[.!?])(?<!\bMr\.)(?<!\bMrs\.)(?<!\bDr\.)(?<!\bSt\.)(?<!\b[A-Z]\.)\s+(?=[\"'(\[]?[A-Z0-9#])|\n+")
 _HEADING = re.compile(r"^\s*#{1,6}\s+")
-
-
-def sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENT.split(text) if s and s.strip()]
 
 
 def strip_heading(text: str) -> str:

@@ -4,21 +4,18 @@ tokens carried over."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 
-from lazyhippo.models.tokens import encoding
+from lazyhippo.models.tokens import encoding, sentences
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import Document, sha
 from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.documents import load_documents
 from lazyhippo.stages.results import ChunksResult
 from lazyhippo.stores.warehouse import replace_rows, transaction
-
-_SENT = re.compile(r"(?<!\bMr\.)(?<!\bMrs\.)(?<!\bDr\.)(?<!\bSt\.)(?<!\b[A-Z]\.)(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
 
 
 @dataclass(frozen=True)
@@ -34,14 +31,10 @@ class Chunk:
     n_tokens: int
 
 
-def split_sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENT.split(text) if s and s.strip()]
-
-
-def _windows(sentences: list[str], size: int, overlap: int) -> list[str]:
+def _windows(sents: list[str], size: int, overlap: int) -> list[str]:
     enc = encoding()
     pieces: list[tuple[str, int]] = []
-    for s in sentences:
+    for s in sents:
         toks = enc.encode_ordinary(s)
         if len(toks) <= size:
             pieces.append((s, len(toks)))
@@ -80,7 +73,7 @@ def chunk_document(doc: Document, size: int = 256, overlap: int = 32) -> list[Ch
     """Chunk ids derive from (document, position, content), so unchanged input gets the same ids."""
     chunks: list[Chunk] = []
     for section in doc.sections:
-        for text in _windows(split_sentences(section.text), size, overlap):
+        for text in _windows(sentences(section.text), size, overlap):
             h = sha(text, 32)
             pos = len(chunks)
             chunks.append(Chunk(chunk_id="c_" + sha(f"{doc.doc_id}#{pos}#{h}"), doc_id=doc.doc_id,
