@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -16,6 +17,7 @@ from typing import Optional
 import polars as pl
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -25,8 +27,8 @@ from lazyhippo.serve.chat import MaxRelatedOpt, RerankOpt, RerankTopNOpt, Select
 from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
-from lazyhippo_dagster.options import (OptionError, check_index_options, check_namespace_option, check_query_options,
-                                       resolutions_list)
+from lazyhippo_dagster.options import (NothingToIndex, OptionError, check_index_options, check_namespace_option,
+                                       check_query_options, resolutions_list)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
@@ -65,6 +67,17 @@ def _checked(check, *args, **kwargs) -> None:
         check(*args, **kwargs)
     except OptionError as exc:
         console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def _unreadable_source():
+    """A source with files but no readable document (and nothing indexed yet) is bad input: its files and
+    reasons, exit code 2, and no run."""
+    try:
+        yield
+    except NothingToIndex as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
 
 
@@ -161,13 +174,15 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
              graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder,
              community_resolutions=community_resolutions, knn_structural=knn_structural)
-    result = _run("index", root, {
-        "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
-                      "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap, "knn_top_k": knn_top_k,
-                      "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm, "mode": mode.value,
-                      "community_resolutions": resolutions_list(community_resolutions), "knn_structural": knn_structural},
-        "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
-    }, namespace=namespace, workers=workers)
+    with _unreadable_source():
+        result = _run("index", root, {
+            "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
+                          "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+                          "knn_top_k": knn_top_k, "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm,
+                          "mode": mode.value, "community_resolutions": resolutions_list(community_resolutions),
+                          "knn_structural": knn_structural},
+            "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
+        }, namespace=namespace, workers=workers)
     change = result.change
     removed = 0 if mode == IndexModeOpt.add else len(change.removed)
     console.print(f"documents: {len(change.added)} added, {len(change.changed)} changed, {removed} removed (mode {mode.value})")
@@ -442,7 +457,8 @@ def cluster_index(source: Path = typer.Argument(..., help="Folder or file readab
     """Index through the cluster's run queue: `index_documents`, then `index_graph`."""
     from lazyhippo_dagster import cluster
 
-    runs = cluster.index(cluster.Cluster(root.resolve()), namespace, str(source.resolve()))
+    with _unreadable_source():
+        runs = cluster.index(cluster.Cluster(root.resolve()), namespace, str(source.resolve()))
     for run in runs:
         console.print(f"{run.job_name} {run.run_id}: {run.status.value}")
     if not all(r.is_success for r in runs):

@@ -20,6 +20,11 @@ class OptionError(ValueError):
     """A bad command-line value; the message is the whole explanation."""
 
 
+class NothingToIndex(ValueError):
+    """The source has files but not one readable document, and the namespace holds none: no run could build a
+    graph, so none starts. The message names each file and why it cannot be read."""
+
+
 def _choice(option: str, value: str | None, allowed) -> None:
     if value is not None and value not in allowed:
         raise OptionError(f"{option} {value!r} is not one of: {', '.join(allowed)}")

@@ -9,8 +9,10 @@ import dagster as dg
 
 from lazyhippo.sources.bucket import bucket_source, open_bucket, scan_bucket
 from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state, scan_source
+from lazyhippo.sources.files import read_source
 from lazyhippo.stores.objects import ObjectStoreError
 from lazyhippo_dagster.assets._partitions import apply_partition_changes, document_name, namespaces, single_jsonl
+from lazyhippo_dagster.options import NothingToIndex
 
 
 def scan(settings, previous: SourceState) -> tuple[SourceState, SourceChange] | str:
@@ -40,8 +42,22 @@ def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> Non
 def stage_documents(instance: dg.DagsterInstance, settings) -> tuple[list[str], SourceChange]:
     """Compare the source with what the namespace holds (content hashes) and stage the document partitions:
     the keys of the added and changed documents, one contiguous range for one run; and the change itself."""
-    scanned = scan(settings, indexed_state(settings))
+    previous = indexed_state(settings)
+    scanned = scan(settings, previous)
     if isinstance(scanned, str):
         raise ValueError(scanned)
+    if not previous.files and not any(f.docs for f in scanned[0].files.values()):
+        raise NothingToIndex(_unreadable(settings))
     add_namespace_partition(instance, settings.namespace)
     return apply_partition_changes(instance, settings.namespace, *change_names(settings, *scanned)), scanned[1]
+
+
+def _unreadable(settings, shown: int = 10) -> str:
+    """Why a source yields no document: one line per file (the first `shown`), as the documents asset reports."""
+    head = f"{settings.source}: no readable document, nothing to index"
+    if bucket_source(settings.source) is not None:
+        return head
+    errors = read_source(Path(settings.source), settings.max_file_bytes)[1]
+    lines = [f"  {e.source}: {e.reason}" for e in errors[:shown]]
+    more = [f"  ... and {len(errors) - shown} more"] if len(errors) > shown else []
+    return "\n".join([f"{head} ({len(errors)} file(s) could not be read):", *lines, *more])

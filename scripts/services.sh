@@ -21,10 +21,12 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/services/lib.sh"
 
 DEFAULT_SERVICES=(neo4j minio llm)
+ALL_SERVICES=(neo4j minio llm postgres redis)
 
 usage() {
     cat >&2 <<EOF
-usage: $0 install|start|stop|status|restart [neo4j|minio|llm|postgres|redis|all ...]  (default: neo4j minio llm)
+usage: $0 install|start|stop|status|restart [neo4j|minio|llm|postgres|redis|all ...]  (default: neo4j minio llm;
+       stop: every service)
   install  build/download into \$LAZYHIPPO_SERVICES_DIR (cached; re-running skips finished work)
   start    start in the background and wait until ready (idempotent)
   stop     stop via pid files
@@ -37,6 +39,8 @@ main() {
     local cmd="${1:-}" s services=() rc=0
     shift || true
     case "$cmd" in install | start | stop | status | restart) ;; *) usage ;; esac
+    # a bare `stop` also stops PostgreSQL and Redis, which the test command starts by name
+    if [ $# -eq 0 ] && [ "$cmd" = stop ]; then set -- "${ALL_SERVICES[@]}"; fi
     for s in "${@:-all}"; do
         case "$s" in
             all) services+=("${DEFAULT_SERVICES[@]}") ;;

@@ -138,3 +138,23 @@ def test_a_two_document_corpus_indexes_fully_through_dagster(tmp_path):
     settings = Settings(home=tmp_path / "home")
     figures = counts(settings)
     assert figures["documents"] == 2 and figures["community_summaries"] > 0
+
+
+def test_a_source_with_files_but_no_readable_document_is_an_error_naming_each_file_and_starts_no_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from lazyhippo_dagster.cli import app
+    from lazyhippo_dagster.runner import instance_for
+
+    src, home = tmp_path / "src", tmp_path / "home"
+    src.mkdir()
+    (src / "scan.pdf").write_bytes(b"%PDF-1.4\n1 0 obj << /Type /Catalog /Pages 9 0 R >> endobj\ntrailer << >>\n%%EOF\n")
+    (src / "rows.jsonl").write_text(json.dumps({"id": "a", "title": "Alpha", "text": None}) + "\n")
+    out = CliRunner().invoke(app, ["index", str(src), "--home", str(home), "-n", "papers"])
+    assert out.exit_code == 2, out.output
+    text = " ".join(out.output.split())
+    assert "no readable document, nothing to index" in text and "2 file(s) could not be read" in text
+    assert "scan.pdf:" in text and 'rows.jsonl:1: "text" is null, not a string' in text
+    assert "Traceback" not in out.output and "graph_not_empty" not in out.output
+    assert not instance_for(home).get_runs()  # no run started, so none failed
+    assert counts(Settings(home=home, namespace="papers"))["documents"] == 0
