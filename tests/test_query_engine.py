@@ -178,10 +178,32 @@ def test_a_long_name_in_the_question_is_matched_whatever_its_length():
     title = "The Blue Collar Worker and the Hairdresser in a Whirl of Sex and Politics"
     raw = ["Who", "directed", *title.split()]
     idx = SimpleNamespace(entities=SimpleNamespace(name_index={"politics": [3]}),
-                          chunks=SimpleNamespace(title_index={title.lower(): [7]}))
+                          chunks=SimpleNamespace(title_index={title.lower(): [7]}), longest_name=14)
     found = _span_matches(idx, raw)
     assert found[0] == (2, len(raw), title.lower())
     assert (len(raw) - 1, len(raw), "politics") in found
+
+
+def test_a_long_question_reads_no_span_longer_than_the_longest_name():
+    """Spans longer than every name cannot match: a long question costs its length times the longest name in
+    look-ups, not its length squared (a 40,000-character question took minutes)."""
+    from types import SimpleNamespace
+
+    from lazyhippo.query.local import _span_matches
+
+    class Counting(dict):
+        reads = 0
+
+        def __contains__(self, key):
+            Counting.reads += 1
+            return super().__contains__(key)
+
+    raw = ("Who succeeded Ada Fenwick at the Marlow Observatory " * 40).split()
+    idx = SimpleNamespace(entities=SimpleNamespace(name_index=Counting({"ada fenwick": [1], "marlow observatory": [0]})),
+                          chunks=SimpleNamespace(title_index=Counting({"marlow": [2]})), longest_name=2)
+    found = _span_matches(idx, raw)
+    assert [k for _, _, k in found].count("marlow observatory") == 40 and [k for _, _, k in found].count("marlow") == 40
+    assert Counting.reads <= 2 * idx.longest_name * len(raw)
 
 
 def test_retrieve_gives_ranked_chunks_with_titles(qsettings):

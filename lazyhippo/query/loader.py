@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -137,6 +138,7 @@ class GraphIndex:
     communities: Communities
     graph: Graph
     lexical: Lexical
+    longest_name: int                 # words of the longest entity name or title: no longer question span can match
     stats: dict = field(default_factory=dict)
 
     @property
@@ -359,7 +361,10 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     return GraphIndex(namespace=namespace, db_path=db_path, loaded_at=time.time(), load_seconds=seconds, dim=dim,
                       embedding_model=model, chunks=chunks, entities=entities, mentions=mentions, facts=facts,
                       communities=communities, graph=graph,
-                      lexical=Lexical.build([f"{t}\n{x}" for t, x in zip(chunks.titles, chunks.texts)]), stats=stats)
+                      lexical=Lexical.build([f"{t}\n{x}" for t, x in zip(chunks.titles, chunks.texts)]),
+                      longest_name=max((k.count(" ") + 1 for k in chain(entities.name_index, chunks.title_index) if k),
+                                       default=0),
+                      stats=stats)
 
 
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")

@@ -58,10 +58,11 @@ def _idf(idx: GraphIndex, e: int) -> float:
 
 
 def _span_matches(idx: GraphIndex, raw: list[str]) -> list[tuple[int, int, str]]:
-    """Every span of the question that is an entity name or a title, longest first."""
+    """Every span of the question that is an entity name or a title, longest first. No span is longer than the
+    longest name, so a long question costs its length times that, not its length squared."""
     low = [t.lower() for t in raw]
     found = []
-    for n in range(len(low), 0, -1):
+    for n in range(min(len(low), idx.longest_name), 0, -1):
         for i in range(len(low) - n + 1):
             span = low[i:i + n]
             if all(t in STOPWORDS for t in span):
