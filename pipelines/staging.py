@@ -54,10 +54,10 @@ def stage_documents(instance: dg.DagsterInstance, settings) -> tuple[list[str], 
 
 def _unreadable(settings, shown: int = 10) -> str:
     """Why a source yields no document: one line per file (the first `shown`), as the documents asset reports."""
-    head = f"{settings.source}: no readable document, nothing to index"
+    head = "no readable document, nothing to index"  # one short first line, with no server path in it
     if bucket_source(settings.source) is not None:
         return head
     errors = read_source(Path(settings.source), settings.max_file_bytes)[1]
     lines = [f"  {e.source}: {e.reason}" for e in errors[:shown]]
     more = [f"  ... and {len(errors) - shown} more"] if len(errors) > shown else []
-    return "\n".join([f"{head} ({len(errors)} file(s) could not be read):", *lines, *more])
+    return "\n".join([f"{head} ({len(errors)} file(s) failed):", *lines, *more])

@@ -153,7 +153,7 @@ def test_a_source_with_files_but_no_readable_document_is_an_error_naming_each_fi
     out = CliRunner().invoke(app, ["index", str(src), "--home", str(home), "-n", "papers"])
     assert out.exit_code == 2, out.output
     text = " ".join(out.output.split())
-    assert "no readable document, nothing to index" in text and "2 file(s) could not be read" in text
+    assert "error: no readable document, nothing to index (2 file(s) failed):" in out.output
     assert "scan.pdf:" in text and 'rows.jsonl:1: "text" is null, not a string' in text
     assert "Traceback" not in out.output and "graph_not_empty" not in out.output
     assert not instance_for(home).get_runs()  # no run started, so none failed

@@ -257,6 +257,11 @@ def test_kg_create_and_upload_run_the_index_job_in_their_own_process(pool, tmp_p
         assert r.status_code == 200 and "Quillon Barrow" in r.json()["answer"]
         assert r.json()["citations"][0]["source"] == "barrow.txt"
         assert len(list((pool.settings.home / "uploads" / "uploaded").glob("*/barrow.txt"))) == 1
+        r = post(f"{url}/api/kg/upload", files=[("files", ("scan.pdf", b"%PDF-1.4 not a PDF"))],
+                 data={"namespace": "scans"}, headers=token)  # nothing readable: a failed run that says why
+        failed = wait_run(url, r.json()["run_id"])
+        assert failed["status"] == "FAILURE" and failed["error"].startswith("no readable document"), failed
+        assert str(pool.settings.home) not in failed["error"]
 
 
 def test_index_swaps_atomically_under_load(any_pool, home, tmp_path):
