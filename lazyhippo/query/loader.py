@@ -16,8 +16,8 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from itertools import chain
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
