@@ -671,11 +671,18 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
     if executor == "celery":
         result = run_cluster_index_bench(corpus, workdir.resolve(), workers, limit,
                                          progress=lambda m: console.print(f"[bold]{m}[/bold]"))
-        print(json.dumps(result))
+        print(json.dumps(_rounded(result)))
         return
     result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
     _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents")
-    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+    print(json.dumps(_rounded({k: v for k, v in result.items() if not isinstance(v, dict)})))
+
+
+def _rounded(result, digits: int = 2):
+    """A bench result's floats rounded for display (the bench functions keep them exact for their ratios)."""
+    if isinstance(result, dict):
+        return {k: _rounded(v, digits) for k, v in result.items()}
+    return round(result, digits) if isinstance(result, float) else result
 
 
 @bench.command("partitions")
@@ -685,7 +692,7 @@ def bench_partitions(documents: int = typer.Option(400, min=1, help="Document pa
     Dagster's SQLite event log and with lazyhippo's batched one, and what each projects for a full index."""
     from lazyhippo_dagster.bench_partitions import run_partition_bench
 
-    result = run_partition_bench(documents, project)
+    result = _rounded(run_partition_bench(documents, project))
     for name in ("stock", "batched"):
         r = result[name]
         console.print(f"{name:8s} event log: {documents} partitions x 2 assets in {r['seconds']} s "
@@ -701,7 +708,7 @@ def bench_run_page(documents: int = typer.Option(1500, min=1, help="Document par
     all its events), with per-partition previews as typed tables and as the Markdown tables the assets record."""
     from lazyhippo_dagster.bench_partitions import run_page_bench
 
-    result = run_page_bench(documents)
+    result = _rounded(run_page_bench(documents))
     for name in ("table", "markdown"):
         r = result[name]
         console.print(f"{name:8s} previews: run over {documents} partitions x 3 assets in {r['run_seconds']} s; "
