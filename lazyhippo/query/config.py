@@ -74,6 +74,7 @@ class MultiHopParams:
                                                         "multi_part": 3, "exploratory": 3})
     nodes_by_type: dict = field(default_factory=lambda: {"technical": 200})  # focused lookups (a term, an identifier)
     min_new_nodes: int = 3            # a hop that adds fewer new nodes than this ends the expansion
+    hub_top_share: float = 0.01       # a hub (not expanded) is also among this share of entities named most often
 
     def hops(self, kind: str | None) -> int:
         levels = self.hops_by_type.get(kind)
