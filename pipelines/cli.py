@@ -305,8 +305,9 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
 
 @app.command()
 def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names or ids as in the entities table)."),
-          into: str = typer.Option(..., "--into", help="The entity that remains."),
-          strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest"),
+          into: str = typer.Option(..., "--into", help="The entity that remains (created when no entity has that name)."),
+          strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest "
+                                       "| llm_summary (needs an LLM)"),
           home: Path = HomeOpt, namespace: str = NsOpt,
           graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
           object_store: Optional[str] = typer.Option(None, help="local | minio")) -> None:
@@ -315,10 +316,11 @@ def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names
     from lazyhippo.stages.merge import merge_on_neo4j, record_merge
 
     def edit(settings, con, store, objects) -> str:
-        done = record_merge(con, namespace, sources, into, strategy)
-        if store.name == "neo4j":
+        done = record_merge(con, namespace, sources, into, strategy, settings.llm != "none")
+        if store.name == "neo4j" and not done.created:
             merge_on_neo4j(store, namespace, done)
-        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}"
+        new = " (a new entity)" if done.created else ""
+        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}{new}"
 
     _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
 
