@@ -1,7 +1,8 @@
 """`lazyhippo mcp`: an MCP server over stdio (the official `mcp` SDK) for agents, on the same warm indexes as
 the HTTP API. Tools: `lazyhippo_retrieve(query, limit, mode)` returns cited passages with scores and their
 entities; `lazyhippo_answer(question, history)` a cited answer that sees the conversation so far;
-`lazyhippo_namespaces()` lists the knowledge bases. Nothing but the protocol goes to stdout."""
+`lazyhippo_namespaces()` lists the knowledge bases; `lazyhippo_delete`, `lazyhippo_merge` (runs like the HTTP API's,
+followed with `lazyhippo_run`) and `lazyhippo_export` keep one current. Nothing but the protocol goes to stdout."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from lazyhippo.logs import configure_logging
 from lazyhippo.query import ROUTES
+from lazyhippo.serve import operations
 from lazyhippo.serve.pool import IndexPool, UnknownNamespace
+from lazyhippo.serve.runs import IndexRuns, QueueFull
 from lazyhippo.settings import Settings, environment
 
 MAX_LIMIT = 50
 MAX_QUERY_CHARS = 2000
 MAX_HISTORY = 10
+RUN_WAIT_SECONDS = 600  # how long delete and merge wait for their run before returning its status so far
 # the agent's task, besides the route names: how many passages it wants (the auto route picks the route)
 TASK_MODES = {"execution": 5, "planning": 10, "brainstorming": 20}
 Selection = Optional[Literal["graph", "vector", "weight"]]
@@ -38,7 +42,9 @@ def _checked_query(query: str) -> str:
     return query
 
 
-def build_server(pool: IndexPool) -> MCPServer:
+def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
+    """The tools over `pool`; `runs` executes deletes and merges (default: a queue of its own)."""
+    runs = runs or IndexRuns(pool)
     server = MCPServer("lazyhippo", instructions="Retrieve cited passages from lazyhippo knowledge graphs. Use mode "
                        "execution (5 passages), planning (10) or brainstorming (20) by task, or a route: multi_hop or "
                        "local for questions that chain facts across documents, global for themes.")
@@ -96,6 +102,64 @@ def build_server(pool: IndexPool) -> MCPServer:
                 "history_turns": len(result.history), "rerank": result.diagnostics["rerank"]["status"],
                 "usage": result.usage, "tokens": result.tokens}
 
+    def indexed(namespace: str):
+        if namespace not in pool.namespaces():
+            raise unknown_namespace(namespace)
+        return pool.settings.with_(namespace=namespace)
+
+    def queued(namespace: str, command: tuple[str, ...], wait: bool) -> dict:
+        try:
+            run = runs.submit(None, namespace, None, command=command)
+        except QueueFull as exc:
+            raise ToolError(str(exc))
+        return (runs.wait(run, RUN_WAIT_SECONDS) if wait else run).public()
+
+    @server.tool()
+    def lazyhippo_delete(documents: list[str], namespace: str = "default", wait: bool = True) -> dict:
+        """Remove documents (doc_id or source path, as the passages' `doc_id` and `source` give them) and rebuild
+        the graph without them. With `wait` (default) it returns once the run ended (status SUCCESS, FAILURE);
+        otherwise at once, with the run id for `lazyhippo_run`."""
+        try:
+            command = operations.delete_command(indexed(namespace), documents)
+        except ValueError as exc:
+            raise ToolError(str(exc))
+        return queued(namespace, command, wait)
+
+    @server.tool()
+    def lazyhippo_merge(sources: list[str], into: str, strategy: str = "concatenate", namespace: str = "default",
+                        wait: bool = True) -> dict:
+        """Fold entities (names or ids) into `into`, which is created when no entity has that name; kept across
+        reindexing. `strategy` sets the target's description: concatenate, keep_first, keep_longest, or
+        llm_summary (needs the server's LLM). `wait` as for lazyhippo_delete."""
+        try:
+            command = operations.merge_command(indexed(namespace), sources, into, strategy)
+        except ValueError as exc:
+            raise ToolError(str(exc))
+        return queued(namespace, command, wait)
+
+    @server.tool()
+    def lazyhippo_run(run_id: str) -> dict:
+        """Status of a delete or merge run: QUEUED, STARTED, SUCCESS (its index is served), FAILURE (with the
+        error) or CANCELED."""
+        run = runs.get(run_id)
+        if run is None:
+            raise ToolError(f"no run {run_id!r}")
+        return run.public()
+
+    @server.tool()
+    def lazyhippo_export(namespace: str = "default", format: str = "csv", tables: Optional[list[str]] = None,
+                         include_vectors: bool = False) -> dict:
+        """Write tables of a knowledge base (default: entities, relations, chunks) as csv, xlsx, md or parquet files
+        into a new folder under the server's home (`exports/<namespace>/<time>`); returns each file and its rows."""
+        settings = indexed(namespace)
+        folder = operations.export_folder(settings)
+        try:
+            done = operations.export_files(settings, format, tables, include_vectors, folder)
+        except ValueError as exc:
+            raise ToolError(str(exc))
+        return {"namespace": namespace, "folder": str(folder),
+                "files": [{"table": e.table, "rows": e.rows, "path": str(e.path)} for e in done]}
+
     @server.tool()
     def lazyhippo_namespaces() -> dict:
         """The knowledge bases (namespaces) that can be searched, with their passage counts when loaded."""
@@ -149,8 +213,10 @@ def _valid_text_stdin() -> None:
 def run_stdio(settings: Settings) -> None:
     configure_logging(environment().verbose)  # stderr is the client's log: warnings only, unless verbose
     pool = IndexPool(settings).start()
+    runs = IndexRuns(pool)
     _valid_text_stdin()
     try:
-        build_server(pool).run("stdio")
+        build_server(pool, runs).run("stdio")
     finally:
+        runs.stop()
         pool.stop()

@@ -40,7 +40,7 @@ def check_strategy(strategy: str, llm_configured: bool) -> str:
     return strategy
 
 
-def _resolve(con: duckdb.DuckDBPyConnection, ns: str, refs: list[str]) -> dict[str, tuple[str, str]]:
+def resolve_entities(con: duckdb.DuckDBPyConnection, ns: str, refs: list[str]) -> dict[str, tuple[str, str]]:
     """ref -> (entity_id, norm_name) for refs naming an entity id or (normalized) name; unknown refs raise."""
     found, missing = {}, []
     for ref in refs:
@@ -63,7 +63,7 @@ def record_merge(con: duckdb.DuckDBPyConnection, ns: str, sources: list[str], ta
     check_strategy(strategy, llm_configured)
     if not target.strip():
         raise ValueError("--into is empty: name the entity that remains")
-    found = _resolve(con, ns, list(sources))
+    found = resolve_entities(con, ns, list(sources))
     existing = con.execute("SELECT entity_id, norm_name, name FROM entities WHERE namespace = ? AND "
                            "(entity_id = ? OR norm_name = lh_norm(?))", [ns, target, target]).fetchone()
     if existing is None:
