@@ -361,6 +361,58 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
 
 
 @app.command()
+def entity(name: str = typer.Argument(..., help="Entity name (matched loosely) or id."),
+           neighbours: int = typer.Option(20, min=0, help="Neighbours to show."),
+           chunks: int = typer.Option(10, min=0, help="Mentioning passages to show."),
+           as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
+           home: Path = HomeOpt, namespace: str = NsOpt) -> None:
+    """One entity: description, type, community at each level, PageRank, neighbours with their relation
+    descriptions and weights, and the passages that mention it. A loose name with several candidates lists them."""
+    from lazyhippo.query.entity import lookup_entity
+
+    _checked(check_namespace_option, namespace)
+    settings = Settings.from_env(home=home, namespace=namespace)
+    if not counts(settings)["chunks"]:
+        console.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
+        raise typer.Exit(2)
+    try:
+        found = lookup_entity(settings, name, neighbours, chunks)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(found.to_dict(), indent=2))
+    out = Console()
+    if found.match == "none":
+        console.print(f"[red]error:[/red] no entity like {name!r} in namespace {namespace!r}")
+        raise typer.Exit(1)
+    if as_json:
+        return
+    if found.match == "ambiguous":
+        out.print(f"{name!r} could be any of these (give one exactly):")
+        for c in found.candidates:
+            out.print(f"  {escape(c.name)} [dim]({c.type}, similarity {c.similarity:.2f}, {c.entity_id})[/dim]")
+        return
+    e = found.entity
+    matched = f" [dim](closest to {name!r})[/dim]" if found.match == "fuzzy" else ""
+    out.print(f"[bold]{escape(e.name)}[/bold] ({e.type}, {e.entity_id}){matched}")
+    out.print(f"  {escape(e.description or '(no description)')}")
+    out.print(f"  PageRank {e.pagerank or 0:.4f}, {e.mentions} mentions, {e.degree} relations")
+    for c in e.communities:
+        out.print(f"  community level {c['level']}: {c['community_id']} ({c['size']} entities) {escape(c['title'] or '')}")
+    table = Table(title="neighbours")
+    for col in ("entity", "edge", "weight", "description"):
+        table.add_column(col)
+    for n in e.neighbours:
+        table.add_row(escape(n["name"]), n["relation"], f"{n['weight']:g}", escape(n["description"] or ""))
+    out.print(table)
+    for i, c in enumerate(e.chunks, 1):
+        where = " ".join(x for x in (f"§ {c['section']}" if c.get("section") else "",
+                                     f"p. {c['page']}" if c.get("page") else "") if x)
+        out.print(f"  [{i}] {escape(c['title'] or '')} {where} ({c['chunk_id']}, {c['source']}; {c['mentions']} mentions)")
+
+
+@app.command()
 def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopback: LAZYHIPPO_API_KEY is required; "
                                    "docs/security.md)."),
           port: int = typer.Option(8000), home: Path = HomeOpt,

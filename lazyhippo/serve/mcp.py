@@ -17,6 +17,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from lazyhippo.logs import configure_logging
 from lazyhippo.query import ROUTES
+from lazyhippo.query.entity import lookup_entity
 from lazyhippo.serve import operations
 from lazyhippo.serve.pool import IndexPool, UnknownNamespace
 from lazyhippo.serve.runs import IndexRuns, QueueFull
@@ -159,6 +160,20 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
             raise ToolError(str(exc))
         return {"namespace": namespace, "folder": str(folder),
                 "files": [{"table": e.table, "rows": e.rows, "path": str(e.path)} for e in done]}
+
+    @server.tool()
+    def lazyhippo_entity(name: str, namespace: str = "default", neighbours: int = 20, chunks: int = 10) -> dict:
+        """One entity: description, type, PageRank, communities (finest level first), neighbours with their
+        relation descriptions and weights, and the passages that mention it with citations. `match`: exact,
+        fuzzy (one clear candidate), ambiguous (no entity; choose among `candidates`) or none."""
+        if not 0 <= neighbours <= 200 or not 0 <= chunks <= 100:
+            raise ToolError("neighbours must be 0-200 and chunks 0-100")
+        if len(name) > 500 or REPLACED in name:
+            raise ToolError("name must be at most 500 characters of valid Unicode")
+        try:
+            return lookup_entity(indexed(namespace), name, neighbours, chunks).to_dict()
+        except ValueError as exc:
+            raise ToolError(str(exc))
 
     @server.tool()
     def lazyhippo_namespaces() -> dict:
