@@ -23,7 +23,8 @@ from rich.table import Table
 
 from lazyhippo.logs import configure_logging
 from lazyhippo.models.embedders import PROFILES
-from lazyhippo.serve.chat import MaxRelatedOpt, RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, run_usage
+from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, MaxRelatedOpt,
+                                  RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, query_options, run_usage)
 from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
@@ -217,21 +218,25 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
               home: Path = HomeOpt, namespace: str = NsOpt,
               graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
               rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
-              chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
+              chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
+              group_neighbours: Optional[bool] = GroupOpt, damping: Optional[float] = DampingOpt,
+              communities: Optional[int] = CommunitiesOpt, knn_threshold: Optional[float] = KnnThresholdOpt,
+              hub_weight: Optional[float] = HubWeightOpt) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
     root = home
     _checked(check_query_options, question, namespace, route=route, top_k=top_k, budget=budget, graph_store=graph_store)
+    options = query_options(rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
+                            max_related_chunks=max_related_chunks, group_neighbours=group_neighbours, damping=damping,
+                            communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight)
     settings = Settings(home=root, namespace=namespace)
     _notice(settings)
     if not counts(settings)["chunks"]:
         console.print(f"[red]error:[/red] namespace {namespace!r} in {root} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
-    chosen = {"rerank": rerank, "rerank_top_n": rerank_top_n, "chunk_selection": chunk_selection,
-              "max_related_chunks": max_related_chunks}
-    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace,
-                                                **{k: v for k, v in chosen.items() if v is not None}},
+    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
                                   "graph_store": {"kind": graph_store}},
-                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}},
+                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k,
+                                                      "budget": budget, "options": options.chosen()}}},
                   namespace=namespace)
     data = result.output_for_node("answer_question")
     if as_json:

@@ -6,7 +6,7 @@ followed with `lazyhippo_run`) and `lazyhippo_export` keep one current. Nothing 
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 import json
 import os
 import re
@@ -16,7 +16,7 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from lazyhippo.logs import configure_logging
-from lazyhippo.query import ROUTES
+from lazyhippo.query import ROUTES, QueryOptions
 from lazyhippo.query.entity import lookup_entity
 from lazyhippo.serve import operations
 from lazyhippo.serve.pool import IndexPool, UnknownNamespace
@@ -43,6 +43,13 @@ def _checked_query(query: str) -> str:
     return query
 
 
+def checked_options(options: dict | None) -> dict:
+    try:
+        return QueryOptions.from_mapping(options).chosen()
+    except (TypeError, ValueError) as exc:
+        raise ToolError(str(exc))
+
+
 def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
     """The tools over `pool`; `runs` executes deletes and merges (default: a queue of its own)."""
     runs = runs or IndexRuns(pool)
@@ -55,14 +62,16 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
 
     @server.tool()
     def lazyhippo_retrieve(query: str, limit: Optional[int] = None, mode: str = "local", namespace: str = "default",
-                           chunk_selection: Selection = None) -> dict:
+                           chunk_selection: Selection = None, options: Optional[dict[str, Any]] = None) -> dict:
         """Passages answering `query`, best first, each with its score, citation (title, source, chunk id) and the
         entities it mentions. Modes by task: execution (5 passages), planning (10), brainstorming (20), the route
         chosen from the question; or a route (8 passages): local (entity graph PPR), multi_hop (breadth-first hops
         from the named entities, then PPR), global (community summaries), drift (per sub-question), hybrid (dense +
         BM25 + graph fused). `limit` overrides the count; `chunk_selection` (graph | vector | weight) how the local
-        routes pick passages."""
+        routes pick passages. `options`: further query options by name (rerank, rerank_top_n, max_related_chunks,
+        group_neighbours, damping, communities, knn_threshold, hub_weight; docs/query-routes.md)."""
         query = _checked_query(query)
+        choices = checked_options({**(options or {}), **({"chunk_selection": chunk_selection} if chunk_selection else {})})
         if mode not in ROUTES and mode not in TASK_MODES:
             raise ToolError(f"unknown mode {mode!r} (expected one of {', '.join([*TASK_MODES, *ROUTES])})")
         route, count = ("auto", TASK_MODES[mode]) if mode in TASK_MODES else (mode, 8)
@@ -70,8 +79,7 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
         if not 1 <= limit <= MAX_LIMIT:
             raise ToolError(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
         try:
-            found = pool.retrieve(namespace, query, route=route, top_k=limit, with_entities=True,
-                                  choices={"chunk_selection": chunk_selection} if chunk_selection else None)
+            found = pool.retrieve(namespace, query, route=route, top_k=limit, with_entities=True, choices=choices)
         except UnknownNamespace:
             raise unknown_namespace(namespace)
         notice = pool.notice(namespace)
@@ -83,18 +91,20 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
 
     @server.tool()
     def lazyhippo_answer(question: str, history: Optional[list[dict[str, str]]] = None, route: str = "auto",
-                         namespace: str = "default", top_k: int = 8) -> dict:
+                         namespace: str = "default", top_k: int = 8, options: Optional[dict[str, Any]] = None) -> dict:
         """A cited answer to `question` (the LLM's when the server has one, else extractive). `history`: the earlier
         turns of the conversation, oldest first, as {"role": "user" | "assistant", "content"}; the newest that fit
-        the budget reach the LLM and make a follow-up question standalone."""
+        the budget reach the LLM and make a follow-up question standalone. `options`: query options by name, as
+        for lazyhippo_retrieve."""
         question = _checked_query(question)
+        choices = checked_options(options)
         history = history or []
         if len(history) > MAX_HISTORY:
             raise ToolError(f"history has {len(history)} turns; the limit is {MAX_HISTORY}")
         if not 1 <= top_k <= MAX_LIMIT:
             raise ToolError(f"top_k must be between 1 and {MAX_LIMIT}, got {top_k}")
         try:
-            result = pool.answer(namespace, question, route=route, top_k=top_k, history=history)
+            result = pool.answer(namespace, question, route=route, top_k=top_k, history=history, choices=choices)
         except UnknownNamespace:
             raise unknown_namespace(namespace)
         except ValueError as exc:  # a malformed turn, an unknown route
