@@ -462,7 +462,7 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
 @app.command("mcp")
 def mcp_cmd(home: Path = HomeOpt, rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
             chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
-    """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve, lazyhippo_answer and lazyhippo_namespaces."""
+    """MCP server over stdio (official mcp SDK): retrieve, answer, entity, delete, merge, run, export and namespaces tools."""
     from lazyhippo.serve.mcp import run_stdio
 
     run_stdio(Settings.from_env(home=home, rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,

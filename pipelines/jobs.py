@@ -90,6 +90,7 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
                     graph_store: GraphStoreResource, llm: LLMResource) -> dict:
     from lazyhippo.query import QueryOptions
     from lazyhippo.query import answer_question as answer
+    from lazyhippo.stores.usage import record_answer_usage
     from lazyhippo.stores.warehouse import index_notice
     from lazyhippo_dagster.assets.metadata import llm_usage, table
 
@@ -103,6 +104,7 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
                     ppr=graph_store.store.ppr_backend(settings.namespace), llm=llm.client(settings),
                     history=[t.model_dump() for t in config.history], history_budget=config.history_budget)
     data = result.to_dict()
+    record_answer_usage(settings.home, settings.namespace, context.run_id, data["usage"])
     # the answer heads the run page (run tags), not only the step's output event
     context.instance.add_run_tags(context.run_id, {"lazyhippo/question": config.question[:500],
                                                    "lazyhippo/answer": data["answer"][:500],

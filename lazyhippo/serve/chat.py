@@ -3,6 +3,7 @@ and the token usage the LLM reports printed per turn and per operation (also for
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -86,6 +87,7 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
          hub_weight: Optional[float] = HubWeightOpt) -> None:
     """Ask questions in turn (empty line or Ctrl-D ends); each answer sees the conversation so far."""
     from lazyhippo.query import answer_question
+    from lazyhippo.stores.usage import record_answer_usage
     from lazyhippo.stores.warehouse import counts
 
     options = query_options(rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
@@ -98,6 +100,7 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
         err.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
     out = Console()
+    session = f"chat-{uuid.uuid4().hex[:12]}"  # the run id of this conversation's token_usage rows
     history: list[dict] = []
     while True:
         try:
@@ -113,4 +116,5 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
         for cite in res.citations:
             out.print(f"  [{cite['n']}] {cite['title']} ({cite['chunk_id']})")
         print_usage(res.usage, out)
+        record_answer_usage(settings.home, settings.namespace, session, res.usage)
         history += [{"role": "user", "content": question}, {"role": "assistant", "content": res.answer}]

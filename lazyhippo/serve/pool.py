@@ -36,6 +36,7 @@ from lazyhippo.query.loader import db_version
 from lazyhippo.query.routes import check_route
 from lazyhippo.settings import Settings, environment
 from lazyhippo.stores.snapshots import SnapshotSync
+from lazyhippo.stores.usage import record_answer_usage
 from lazyhippo.stores.warehouse import (IndexIncomplete, index_notice, published_namespaces, republish, snapshot_dir,
                                         snapshot_path)
 
@@ -120,8 +121,10 @@ class IndexPool:
         settings, config, index = self._chosen(warm, choices)
         self._count()
         with self._slots:
-            return answer_question(settings, question, route=route, top_k=top_k, budget=budget, config=config,
-                                   llm=llm, embedder=self.embedder, index=index, history=history)
+            result = answer_question(settings, question, route=route, top_k=top_k, budget=budget, config=config,
+                                     llm=llm, embedder=self.embedder, index=index, history=history)
+        record_answer_usage(settings.home, namespace, None, result.usage)
+        return result
 
     def notice(self, namespace: str) -> str | None:
         return namespace_notice(self.settings, namespace)
