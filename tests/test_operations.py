@@ -51,6 +51,7 @@ def test_writes_need_a_write_key_for_the_namespace(pool):  # noqa: F811
     ("/api/kg/merge", {"sources": ["Reyes"], "into": "Tomas Reyes", "strategy": "biggest"}, 422, "strategy"),
     ("/api/kg/merge", {"sources": ["Reyes"], "into": "Tomas Reyes", "strategy": "llm_summary"}, 400, "needs an LLM"),
     ("/api/kg/merge", {"sources": ["Reyes"], "into": "  "}, 400, "into is empty"),
+    ("/api/kg/delete", {"documents": ["visitor_form.txt\u0000"]}, 400, "NUL character"),
     ("/api/kg/export", {"format": "docx"}, 422, "format"),
     ("/api/kg/export", {"tables": ["secrets"]}, 422, "tables"),
     ("/api/kg/export", {"tables": []}, 400, "--tables (empty)"),

@@ -45,6 +45,8 @@ def test_an_option_over_http_ranks_as_on_the_cli(pool, sample_settings, tmp_path
             on_cli = context_ids(json.loads(out.stdout))
             assert over_http == on_cli == engine(sample_settings, route, options)
             assert over_http != engine(sample_settings, route), (route, options)  # the option did something
+        fixed = post(f"{url}/api/kg/qa", json={"question": SUCCESSOR_Q, "communities": 1}).json()
+        assert context_ids(fixed) == engine(sample_settings, "global", {"communities": 1})
 
 
 @pytest.mark.parametrize("options, needle", [({"damping": 1.0}, "damping"), ({"communities": 0}, "communities"),

@@ -22,6 +22,8 @@ MAX_ITEMS = 1000  # documents or entities in one request
 
 def _items(name: str, values: list[str]) -> list[str]:
     values = list(dict.fromkeys(v.strip() for v in values if v and v.strip()))
+    if any("\x00" in v for v in values):
+        raise ValueError(f"{name} holds a NUL character")
     if not values:
         raise ValueError(f"{name} is empty: give at least one")
     if len(values) > MAX_ITEMS:
@@ -43,8 +45,8 @@ def merge_command(settings: Settings, sources: list[str], into: str, strategy: s
     without an LLM. `into` may name no entity yet: the merge creates it."""
     sources = _items("sources", sources)
     check_strategy(strategy, settings.llm != "none")
-    if not into.strip():
-        raise ValueError("into is empty: name the entity that remains")
+    if not into.strip() or "\x00" in into:
+        raise ValueError("into is empty or holds a NUL character: name the entity that remains")
     with connect(settings, read_only=True) as con:
         resolve_entities(con, settings.namespace, sources)
     return ("merge", f"--into={into.strip()}", f"--strategy={strategy}", "--", *sources)

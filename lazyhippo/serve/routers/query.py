@@ -47,7 +47,7 @@ class QueryRequest(OptionFields):
                                 "the question (the newest that fit its budget) and used to make a follow-up standalone.")
 
 
-class FixedRouteRequest(BaseModel):
+class FixedRouteRequest(OptionFields):
     question: str
     namespace: str = "default"
     top_k: int = Field(8, ge=1)
@@ -112,10 +112,12 @@ def query(body: QueryRequest, request: Request) -> JSONResponse:
 @router.post("/api/kg/qa", tags=["query"])
 def kg_qa(body: FixedRouteRequest, request: Request) -> JSONResponse:
     """The global route: an answer from community evidence."""
-    return run_query(request, body.question, body.namespace, "global", body.top_k, body.budget)
+    return run_query(request, body.question, body.namespace, "global", body.top_k, body.budget,
+                     choices=body.options())
 
 
 @router.post("/api/kg/hybrid", tags=["query"])
 def kg_hybrid(body: FixedRouteRequest, request: Request) -> JSONResponse:
     """The hybrid route: dense, BM25 and graph channels fused."""
-    return run_query(request, body.question, body.namespace, "hybrid", body.top_k, body.budget)
+    return run_query(request, body.question, body.namespace, "hybrid", body.top_k, body.budget,
+                     choices=body.options())
