@@ -16,7 +16,7 @@ from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.local import local_scores, retrieve_local
 from lazyhippo.query.multihop import SubgraphPPR
-from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
+from lazyhippo.query.types import PreparedQuery, ScoredChunk, hub_entities, top_indices
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def expand_scores(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig) -> np.nda
     out = np.zeros(idx.n_chunks)
     if not len(hits) or not idx.n_entities:
         return out
-    hub = idx.entities.df > max(2.0, cfg.local.hub_df_share * idx.n_chunks)
+    hub = hub_entities(idx, cfg.local.hub_df_share)
     ents = np.unique(idx.mentions.counts[hits].indices)
     ents = ents[~hub[ents]]
     if not len(ents):

@@ -26,7 +26,8 @@ from lazyhippo.settings import Environment
 MIN_KEY_CHARS = 16
 TOKEN_HEADER = "x-lazyhippo-token"
 PUBLIC = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
-WRITES = {"/api/kg/create", "/api/kg/upload"}  # POST: they change data
+WRITES = {"/api/kg/create", "/api/kg/upload",  # POST: they change data (export: it hands out whole tables)
+          "/api/kg/delete", "/api/kg/merge", "/api/kg/export"}
 UPLOAD = "/api/kg/upload"
 
 

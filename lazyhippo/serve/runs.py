@@ -1,6 +1,7 @@
-"""Index runs the HTTP API accepts, executed outside the serving process.
+"""Index runs the HTTP API and the MCP tool accept, executed outside the serving process.
 
-Each run is one `lazyhippo index` process (Dagster's in-process runs reconfigure logging and hold locks that
+Each run is one `lazyhippo index` process (or `lazyhippo delete` / `merge`: an edit, then the Dagster
+`rebuild_graph` run) (Dagster's in-process runs reconfigure logging and hold locks that
 deadlocked a server running several at once); runs go one at a time (they write the same warehouse) from a
 bounded queue, so a burst of submissions is refused (429) rather than piling up. The server's threads only
 wait on the child, which inherits the server's one compute thread (the other cores keep answering queries). A run is SUCCESS once its index is served: the pool has swapped it in.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 COUNTS = re.compile(r"documents: (\d+) added, (\d+) changed, (\d+) removed")
+REMOVED = re.compile(r"^removed (\d+) document\(s\)", re.MULTILINE)
 KEPT_RUNS = 1000  # ended runs whose status stays available
 CAUSE = re.compile(r"^(?:error|root cause|\S+ failed): (.+)$", re.MULTILINE)
 
@@ -36,18 +38,32 @@ class QueueFull(RuntimeError):
 class Run:
     run_id: str
     namespace: str
-    mode: str
-    source: Path = field(repr=False)
+    mode: str | None          # an index run's replace | add (None: an edit)
+    source: Path | None = field(repr=False)
     upload: bool = False
     options: tuple[str, ...] = ()   # further `lazyhippo index` options (index settings the request set)
+    command: tuple[str, ...] = field(default=(), repr=False)  # an edit's `lazyhippo` arguments (none: an index run)
     status: str = "QUEUED"   # QUEUED, STARTED, SUCCESS, FAILURE, CANCELED
     submitted_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     documents: dict | None = None   # {"added", "changed", "removed"} once the run read its source
     error: str | None = None
 
+    @property
+    def operation(self) -> str:
+        return self.command[0] if self.command else "index"
+
     def public(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in ("source", "upload")}
+        return {"operation": self.operation,
+                **{k: v for k, v in asdict(self).items() if k not in ("source", "upload", "command")}}
+
+    def argv(self, home: Path) -> list[str]:
+        """The `lazyhippo` process of this run (an edit's own arguments come after `--`, so none is an option)."""
+        scope = ["--home", str(home), "--namespace", self.namespace]
+        if self.command:
+            return [sys.executable, "-m", "lazyhippo_dagster.cli", *self.command[:1], *scope, *self.command[1:]]
+        return [sys.executable, "-m", "lazyhippo_dagster.cli", "index", str(self.source), *scope, "--mode", self.mode,
+                *self.options]
 
 
 class IndexRuns:
@@ -64,9 +80,10 @@ class IndexRuns:
         self._thread = threading.Thread(target=self._work, name="lazyhippo-index-runs", daemon=True)
         self._thread.start()
 
-    def submit(self, source: Path, namespace: str, mode: str, upload: bool = False,
-               options: tuple[str, ...] = ()) -> Run:
-        run = Run(str(uuid.uuid4()), namespace, mode, source, upload, options)
+    def submit(self, source: Path | None, namespace: str, mode: str | None, upload: bool = False,
+               options: tuple[str, ...] = (), command: tuple[str, ...] = ()) -> Run:
+        """Queue an index run of `source`, or with `command` an edit (`("delete", ..., "--", DOC...)`)."""
+        run = Run(str(uuid.uuid4()), namespace, mode, source, upload, options, command=command)
         try:
             self._queue.put_nowait(run)
         except queue.Full:
@@ -79,6 +96,13 @@ class IndexRuns:
 
     def get(self, run_id: str) -> Run | None:
         return self._runs.get(run_id)
+
+    def wait(self, run: Run, seconds: float) -> Run:
+        """`run` once it ended, or as it is after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while run.ended_at is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return run
 
     def _work(self) -> None:
         while (run := self._queue.get()) is not None:
@@ -94,8 +118,7 @@ class IndexRuns:
             run.status = "CANCELED"
             return
         run.status = "STARTED"
-        argv = [sys.executable, "-m", "lazyhippo_dagster.cli", "index", str(run.source), "--home", str(self.home),
-                "--namespace", run.namespace, "--mode", run.mode, *run.options]
+        argv = run.argv(self.home)
         self.pool.begin_write()
         try:
             self._child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -112,6 +135,8 @@ class IndexRuns:
         text = out.decode("utf-8", "replace")
         if counts := COUNTS.search(text):
             run.documents = dict(zip(("added", "changed", "removed"), map(int, counts.groups())))
+        elif removed := REMOVED.search(text):
+            run.documents = {"added": 0, "changed": 0, "removed": int(removed.group(1))}
         if code == 0 and run.namespace in self.pool.namespaces():
             run.status = "SUCCESS"
             if run.upload:
@@ -120,7 +145,7 @@ class IndexRuns:
         run.status = "CANCELED" if self._stopping else "FAILURE"
         causes = CAUSE.findall(text)
         run.error = causes[-1].strip() if causes else f"the index process exited with code {code}"
-        log.warning("index run %s for namespace %s failed: %s", run.run_id, run.namespace, run.error)
+        log.warning("%s run %s for namespace %s failed: %s", run.operation, run.run_id, run.namespace, run.error)
 
     def _prune(self, done: Run) -> None:
         """Remove the namespace's upload folders older than the one just indexed, except those of runs still to
