@@ -22,6 +22,7 @@ import uvicorn
 from lazyhippo.index import run_index
 from lazyhippo.query import answer_question
 from lazyhippo.serve.app import Access, Limits, create_app
+from lazyhippo.serve.connections import server_config
 from lazyhippo.serve.middleware import Grant
 from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.pool import IndexPool
@@ -50,8 +51,7 @@ def running(pool: IndexPool, access: Access | None = None, limits: Limits = Limi
     """A real uvicorn server on a free loopback port, in a thread; yields its base URL. Keyless by default,
     with the token `TOKEN`."""
     app = create_app(pool, access or Access(token=TOKEN), limits, source_roots=roots)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, "127.0.0.1", 0, limits, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30

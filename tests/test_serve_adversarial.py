@@ -513,3 +513,111 @@ def test_errors_name_no_exception_class(pool, monkeypatch):
         assert r.status_code == 503 and "Error" not in r.text and "10.0.0.7" not in r.text
         r = post(f"{url}/api/kg/create", json={"path": "/tmp"}, headers={"X-API-Key": WRITE_KEY})
         assert r.status_code == 403 and "Error" not in r.text
+
+
+# ---------------------------------------------------------------- 9. abusive connections, before any key check
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _status(s: socket.socket) -> str:
+    return s.recv(65536).split(b"\r\n", 1)[0].decode()
+
+
+def _health_ms(url: str) -> float:
+    t0 = time.perf_counter()
+    assert get(f"{url}/health", timeout=5).status_code == 200
+    return (time.perf_counter() - t0) * 1000
+
+
+def test_oversized_or_numerous_headers_get_431_at_once_and_health_stays_fast(pool):
+    with running(pool, keyed()) as url:
+        for head in ("X-Big: " + "a" * 64 * 1024 * 1024 + "\r\n",                      # one 64 MB header
+                     "".join(f"X-H{i}: {'b' * 100}\r\n" for i in range(200)),          # 20 KB in many headers
+                     "".join(f"X-H{i}: b\r\n" for i in range(101)),                     # small but too many
+                     "X-Line: " + "c" * 20_000 + "\r\n"):
+            with _connect(url) as s:
+                t0 = time.perf_counter()
+                try:
+                    s.sendall(f"GET /health HTTP/1.1\r\nHost: localhost\r\n{head}\r\n".encode())
+                except (BrokenPipeError, ConnectionResetError):  # refused while the rest was still on its way
+                    pass
+                status = _status(s)
+                assert status.endswith("431 Request Header Fields Too Large"), (head[:20], status)
+                assert time.perf_counter() - t0 < 2
+                assert _health_ms(url) < 100
+        with _connect(url) as s:  # 100 headers of a normal size are fine
+            s.sendall(("GET /health HTTP/1.1\r\nHost: localhost\r\n" + "".join(f"X-H{i}: b\r\n" for i in range(98))
+                       + "\r\n").encode())
+            assert _status(s).endswith("200 OK")
+
+
+def test_slow_silent_and_idle_connections_are_closed_by_their_timeouts(pool):
+    limits = Limits(header_seconds=0.5, body_seconds=0.5, idle_seconds=0.5)
+
+    def closed_after(s: socket.socket, drip: bytes = b"") -> tuple[bytes, float]:
+        """Send `drip` a byte every 0.1 s until the server answers or closes; what it sent and when."""
+        t0, got = time.perf_counter(), b""
+        s.settimeout(0.1)
+        for i in range(100):
+            try:
+                if drip:
+                    s.sendall(drip[i % len(drip):i % len(drip) + 1])
+                chunk = s.recv(4096)
+                got += chunk
+                if not chunk:
+                    break
+            except socket.timeout:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        return got, time.perf_counter() - t0
+
+    with running(pool, keyed(), limits=limits) as url:
+        with _connect(url) as s:  # silent: never sends a byte
+            got, seconds = closed_after(s)
+            assert got == b"" and 0.4 < seconds < 2
+        with _connect(url) as s:  # slow headers: a byte at a time, never done
+            s.sendall(b"GET /health HTTP/1.1\r\n")
+            got, seconds = closed_after(s, b"X-Slow: aaaaaaaaaa\r\n")
+            assert got.startswith(b"HTTP/1.1 408") and seconds < 2
+        with _connect(url) as s:  # slow body
+            s.sendall(f"POST /api/query HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {READ_KEY}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
+            got, seconds = closed_after(s, b" ")
+            assert got.startswith(b"HTTP/1.1 408") or got == b"", got
+            assert seconds < 2
+        with _connect(url) as s:  # idle after an answer: the keep-alive timeout
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert _status(s).endswith("200 OK")
+            got, seconds = closed_after(s)
+            assert got == b"" and seconds < 2
+        assert _health_ms(url) < 100
+
+
+def test_open_connections_are_capped(pool):
+    with running(pool, keyed(), limits=Limits(max_connections=4, header_seconds=5)) as url:
+        held = [_connect(url) for _ in range(4)]
+        try:
+            time.sleep(0.2)
+            with _connect(url) as extra:
+                assert _status(extra).endswith("503 Service Unavailable")
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.2)
+        assert _health_ms(url) < 100
+
+
+def test_the_host_check_reads_one_host_header_and_the_request_line(pool):
+    with running(pool) as url:  # keyless: loopback names only
+        for head in ("GET /health HTTP/1.1\r\nHost: localhost\r\nHost: attacker.example\r\n\r\n",
+                     "GET http://attacker.example/health HTTP/1.1\r\nHost: localhost\r\n\r\n"):
+            with _connect(url) as s:
+                s.sendall(head.encode())
+                assert _status(s).endswith("400 Bad Request"), head
+        with _connect(url) as s:
+            s.sendall(b"GET http://localhost/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert _status(s).endswith("200 OK")

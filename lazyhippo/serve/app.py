@@ -21,6 +21,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from lazyhippo.serve.connections import server_config
 from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.limits import Limits
 from lazyhippo.serve.middleware import TOKEN_HEADER, Access, Guard, Metrics
@@ -104,5 +105,5 @@ def serve(settings, host: str = "127.0.0.1", port: int = 8000, limits: Limits = 
         yield
         pool.stop()  # engine processes end with the server
 
-    uvicorn.run(create_app(pool, access, limits, lifespan, env.source_roots), host=host, port=port,
-                log_level="warning", access_log=False)
+    app = create_app(pool, access, limits, lifespan, env.source_roots)
+    uvicorn.Server(server_config(app, host, port, limits, log_level="warning", access_log=False)).run()

@@ -113,6 +113,8 @@ class Guard:
     def check(self, scope) -> JSONResponse | None:
         headers = dict(scope["headers"])
         path, method = scope["path"], scope["method"]
+        if sum(name == b"host" for name, _ in scope["headers"]) > 1:
+            return _refuse(400, "more than one Host header")
         if not self.access.keys:
             host = headers.get(b"host", b"").decode("latin-1")
             if not is_loopback(urlsplit(f"//{host}").hostname or ""):
