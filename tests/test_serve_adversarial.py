@@ -27,6 +27,8 @@ from lazyhippo.sources.pdf import ParseLimits
 from lazyhippo.stores.warehouse import snapshot_path
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 from tests.test_serve import (  # noqa: F401 - fixtures
+    NEW_DOC,
+    NEW_Q,
     READ_KEY,
     REPO,
     SUCCESSOR_Q,
@@ -621,3 +623,141 @@ def test_the_host_check_reads_one_host_header_and_the_request_line(pool):
         with _connect(url) as s:
             s.sendall(b"GET http://localhost/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert _status(s).endswith("200 OK")
+
+
+# ---------------------------------------------------------------- 10. engines that come back, damaged snapshots
+
+def test_the_engine_pool_comes_back_to_its_size_after_every_engine_died(home, monkeypatch):
+    """Both engines die while replacements cannot start: /health answers at once (degraded, not a 500), a
+    query fails within seconds instead of waiting a minute; once the cause is gone the pool is whole again."""
+    pool = EnginePool(Settings(home=home), 2, probe_seconds=2, retry_seconds=0.2, max_retry_seconds=0.5,
+                      fail_seconds=1).start()
+    body = {"question": SUCCESSOR_Q, "route": "local"}
+    snapshot = snapshot_path(Settings(home=home))
+    try:
+        with running(pool) as url, httpx.Client(base_url=url, timeout=60) as c:
+            assert c.post("/api/query", json=body).status_code == 200
+            monkeypatch.setenv("LAZYHIPPO_THREADS", "not-a-number")  # engines started from now on fail at once
+            with open(snapshot, "r+b") as f:
+                f.truncate(4096)  # and the published file is damaged
+            dead = [e["pid"] for e in pool.engines()]
+            for pid in dead:
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.time() + 30
+            while pool.engines():
+                assert time.time() < deadline
+                time.sleep(0.1)
+            time.sleep(1)  # a few failed starts
+            t0 = time.perf_counter()
+            health = c.get("/health")
+            assert health.status_code == 200 and time.perf_counter() - t0 < 0.1
+            assert health.json()["status"] == "degraded" and health.json()["engines_running"] == 0
+            t0 = time.perf_counter()
+            assert c.post("/api/query", json=body).status_code == 503 and time.perf_counter() - t0 < 5
+            monkeypatch.delenv("LAZYHIPPO_THREADS")  # the cause is gone: the next retry starts
+            deadline = time.time() + 120
+            while len(pool.engines()) < 2 or c.get("/health").json()["status"] != "ok":
+                assert time.time() < deadline, c.get("/health").json()
+                time.sleep(0.2)
+            assert not set(dead) & {e["pid"] for e in pool.engines()}
+            assert all(c.post("/api/query", json=body).status_code == 200 for _ in range(4))
+    finally:
+        pool.stop()
+
+
+@pytest.fixture
+def two_namespaces(home) -> Path:
+    """The sample home with a second, small namespace `second`."""
+    from lazyhippo.index import run_index
+
+    _rows(home.parent / "second_src", "rows.jsonl", {"s1": "Ilse Marrow charted the reefs of Tolland in 1904.",
+                                                    "s2": "The Tolland reef chart guided the Varne lifeboat."})
+    run_index(Settings(home=home, namespace="second", source=str(home.parent / "second_src")))
+    return home
+
+
+def test_a_damaged_snapshot_harms_only_its_namespace(two_namespaces):
+    """`second`'s snapshot is truncated while the warehouse cannot publish it again (a run holds it): the server
+    starts, serves `default`, reports `second` damaged; `lazyhippo index` for it repairs it and it is served."""
+    from filelock import FileLock
+
+    from lazyhippo.serve.pool import IndexPool
+
+    home = two_namespaces
+    second = Settings(home=home, namespace="second")
+    with open(snapshot_path(second), "r+b") as f:
+        f.truncate(4096)
+    lock = FileLock(home / "warehouse.lock", thread_local=False)
+    lock.acquire()
+    try:
+        pool = IndexPool(Settings(home=home), settle_seconds=0.2, poll_seconds=0.1).start()
+    finally:
+        lock.release()
+    try:
+        with running(pool) as url:
+            health = get(f"{url}/health").json()
+            assert health["status"] == "degraded" and list(health["damaged"]) == ["second"]
+            assert post(f"{url}/api/query", json={"question": SUCCESSOR_Q}).status_code == 200
+            r = post(f"{url}/api/query", json={"question": "Who charted the reefs of Tolland?", "namespace": "second"})
+            assert r.status_code == 503 and "Error" not in r.text
+            out = subprocess.run([sys.executable, "-m", "lazyhippo_dagster.cli", "index", str(home.parent / "second_src"),
+                                  "--home", str(home), "-n", "second"], cwd=REPO, capture_output=True, text=True,
+                                 env={**os.environ, "DAGSTER_HOME": str(home.parent / "dagster")}, timeout=300)
+            assert out.returncode == 0, out.stdout + out.stderr
+            deadline = time.time() + 60
+            while get(f"{url}/health").json()["status"] != "ok":
+                assert time.time() < deadline
+                time.sleep(0.1)
+            r = post(f"{url}/api/query", json={"question": "Who charted the reefs of Tolland?", "namespace": "second"})
+            assert r.status_code == 200 and "Marrow" in r.text
+    finally:
+        pool.stop()
+
+
+def test_a_missing_or_damaged_snapshot_is_published_again_at_start(two_namespaces):
+    from lazyhippo.serve.pool import IndexPool
+
+    home = two_namespaces
+    snapshot_path(Settings(home=home)).unlink()  # deleted while the server was down
+    with open(snapshot_path(Settings(home=home, namespace="second")), "r+b") as f:
+        f.truncate(4096)
+    pool = IndexPool(Settings(home=home)).start()
+    try:
+        assert pool.namespaces() == ["default", "second"] and pool.health() == {"status": "ok"}
+        assert snapshot_path(Settings(home=home)).exists() and set(pool.status()) == {"default", "second"}
+    finally:
+        pool.stop()
+
+
+def test_a_run_is_success_only_once_its_index_is_served_beside_a_damaged_namespace(two_namespaces, tmp_path,
+                                                                                 monkeypatch):
+    """`second` is damaged beyond repair (its last run failed): an upload into `default` still swaps in and
+    reports SUCCESS only then; the failed upload's folder is removed and its error names no server path."""
+    from lazyhippo.serve.pool import IndexPool
+    from lazyhippo.stores.warehouse import _write_state
+
+    home = two_namespaces
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    second = Settings(home=home, namespace="second")
+    pool = IndexPool(Settings(home=home), settle_seconds=0.2, poll_seconds=0.1).start()
+    try:
+        with running(pool) as url:
+            _write_state(second, status="failed")  # the warehouse cannot publish it again
+            with open(snapshot_path(second), "r+b") as f:
+                f.truncate(4096)
+            deadline = time.time() + 30
+            while get(f"{url}/health").json()["status"] != "degraded":
+                assert time.time() < deadline
+                time.sleep(0.1)
+            r = post(f"{url}/api/kg/upload", files=[("files", ("barrow.txt", NEW_DOC.encode()))],
+                     data={"namespace": "default", "mode": "add"}, headers=TOKEN_HEADERS)
+            assert wait_run(url, r.json()["run_id"])["status"] == "SUCCESS"
+            answer = post(f"{url}/api/query", json={"question": NEW_Q, "route": "local"}).json()
+            assert any("Quillon" in c["text"] for c in answer["context"])
+            bad = post(f"{url}/api/kg/upload", files=[("files", ("empty.txt", b"   "))], data={"namespace": "third"},
+                       headers=TOKEN_HEADERS)
+            failed = wait_run(url, bad.json()["run_id"])
+            assert failed["status"] == "FAILURE" and str(home) not in failed["error"] and "Error" not in failed["error"]
+            assert not [p for p in (home / "uploads" / "third").iterdir()]
+    finally:
+        pool.stop()
