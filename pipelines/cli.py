@@ -39,7 +39,12 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also prin
     restore_interrupts()  # a CLI started in the background (pipelines/interrupts.py)
     if verbose:
         os.environ.setdefault("LAZYHIPPO_VERBOSE", "1")  # worker processes and servers started from here inherit it
-    configure_logging(environment().verbose)
+    try:
+        env = environment()
+    except ValueError as exc:  # a malformed variable: one line naming it
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    configure_logging(env.verbose)
 
 
 console = Console(stderr=True)

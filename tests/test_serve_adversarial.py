@@ -761,3 +761,41 @@ def test_a_run_is_success_only_once_its_index_is_served_beside_a_damaged_namespa
             assert not [p for p in (home / "uploads" / "third").iterdir()]
     finally:
         pool.stop()
+
+
+# ---------------------------------------------------------------- 11. clean errors and configuration
+
+def test_error_bodies_carry_no_python_object_text(pool, tmp_path):
+    with running(pool, roots=(tmp_path,)) as url:
+        answers = [
+            post(f"{url}/api/kg/upload", data={"files": "not a file", "namespace": "x"}, headers=TOKEN_HEADERS),
+            post(f"{url}/api/kg/upload", files=[("files", ("a.txt", b"x")), ("namespace", ("n.txt", b"y"))],
+                 headers=TOKEN_HEADERS),
+            post(f"{url}/api/kg/create", content=b'{"path": ".", "community_resolutions": [NaN, Infinity]}',
+                 headers={**TOKEN_HEADERS, "content-type": "application/json"}),
+            post(f"{url}/api/query", json=[1, 2])]
+    for r in answers:
+        assert 400 <= r.status_code < 500, r.text
+        assert not any(s in r.text for s in ("<class", "UploadFile(", "Error", "Traceback")), r.text
+    assert "finite" in answers[2].text and answers[3].json()["problems"][0].startswith("body:")
+
+
+def test_predictable_keys_and_non_finite_resolutions_are_refused():
+    from lazyhippo.serve.middleware import Access
+    from lazyhippo.settings import Environment
+
+    for key in ("1234567812345678", "abcdefghijklmnopqrst", "abababababababab"):
+        with pytest.raises(ValueError, match="LAZYHIPPO_API_KEY must be at least 16 random characters"):
+            Access.for_host(Environment(api_key=key), "0.0.0.0")
+    assert Access.for_host(Environment(api_key="Jx3f_9Qm2-LpZr8t"), "0.0.0.0").keys
+    for bad in ([float("nan")], [0.5, float("inf")]):
+        with pytest.raises(ValueError, match="positive finite values"):
+            Settings().with_(community_resolutions=bad)
+
+
+def test_a_malformed_key_scope_is_one_line_naming_the_variable(home):
+    env = {**os.environ, "LAZYHIPPO_API_KEY_NAMESPACES": "docs,../etc"}
+    out = subprocess.run([sys.executable, "-m", "lazyhippo_dagster.cli", "serve", "--home", str(home)], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "LAZYHIPPO_API_KEY_NAMESPACES: invalid namespace '../etc'" in " ".join(out.stderr.split())
