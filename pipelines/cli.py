@@ -40,7 +40,12 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also prin
     restore_interrupts()  # a CLI started in the background (pipelines/interrupts.py)
     if verbose:
         os.environ.setdefault("LAZYHIPPO_VERBOSE", "1")  # worker processes and servers started from here inherit it
-    configure_logging(environment().verbose)
+    try:
+        env = environment()
+    except ValueError as exc:  # a malformed variable: one line naming it
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    configure_logging(env.verbose)
 
 
 console = Console(stderr=True)
@@ -428,7 +433,13 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
           rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
           chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
           snapshots: Optional[str] = typer.Option(None, help="s3://bucket/prefix: serve the snapshots published there "
-                                                  "(pulled when their manifest changes) [$LAZYHIPPO_SNAPSHOTS].")) -> None:
+                                                  "(pulled when their manifest changes) [$LAZYHIPPO_SNAPSHOTS]."),
+          max_header_bytes: int = typer.Option(16 * 1024, min=1024, help="Largest request line and headers (431 beyond)."),
+          max_headers: int = typer.Option(100, min=10, help="Most request headers (431 beyond)."),
+          header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a client has to send the request line and headers."),
+          body_timeout: float = typer.Option(60.0, min=0.1, help="Seconds a client has to send a body once its headers are in."),
+          keep_alive_timeout: float = typer.Option(5.0, min=0.1, help="Seconds an idle keep-alive connection stays open."),
+          max_connections: int = typer.Option(256, min=1, help="Open connections at once (503 beyond).")) -> None:
     """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics. Without
     a key it prints a token that creating and uploading need; `kg_create` reads only under LAZYHIPPO_SOURCE_ROOTS."""
     from lazyhippo.serve.app import Access, Limits
@@ -456,7 +467,10 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
         console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
     console.print(f"serving {root} on http://{host}:{port} (docs at /docs)")
     run_server(settings, host, port, Limits(max_body_bytes=max_body_bytes, max_question_chars=max_question_chars,
-                                                       max_budget=max_budget), workers)
+                                            max_budget=max_budget, max_header_bytes=max_header_bytes,
+                                            max_headers=max_headers, header_seconds=header_timeout,
+                                            body_seconds=body_timeout, idle_seconds=keep_alive_timeout,
+                                            max_connections=max_connections), workers)
 
 
 @app.command("mcp")

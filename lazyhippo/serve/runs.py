@@ -4,7 +4,9 @@ Each run is one `lazyhippo index` process (or `lazyhippo delete` / `merge`: an e
 `rebuild_graph` run) (Dagster's in-process runs reconfigure logging and hold locks that
 deadlocked a server running several at once); runs go one at a time (they write the same warehouse) from a
 bounded queue, so a burst of submissions is refused (429) rather than piling up. The server's threads only
-wait on the child, which inherits the server's one compute thread (the other cores keep answering queries). A run is SUCCESS once its index is served: the pool has swapped it in.
+wait on the child, which inherits the server's one compute thread (the other cores keep answering queries). A run is SUCCESS once its index is served: the pool has swapped in the snapshot the run published.
+A failed run's `error` is its cause without server paths or exception names; a failed upload's files are
+removed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ COUNTS = re.compile(r"documents: (\d+) added, (\d+) changed, (\d+) removed")
 REMOVED = re.compile(r"^removed (\d+) document\(s\)", re.MULTILINE)
 KEPT_RUNS = 1000  # ended runs whose status stays available
 CAUSE = re.compile(r"^(?:error|root cause|\S+ failed): (.+)$", re.MULTILINE)
+EXCEPTION_NAME = re.compile(r"\b(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?\s*")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"/:,;()]+/)*([^\s'\"/:,;()]+)")
+
+
+def public_error(cause: str, source: Path | None) -> str:
+    """A run's cause as a client may see it: files named relative to its source, other paths by their last
+    part, no exception names."""
+    if source is not None:
+        cause = cause.replace(f"{source}/", "").replace(str(source), "the source")
+    return EXCEPTION_NAME.sub("", ABSOLUTE_PATH.sub(r"\1", cause)).strip() or "the index run failed"
 
 
 class QueueFull(RuntimeError):
@@ -110,7 +122,9 @@ class IndexRuns:
                 self._execute(run)
             except Exception as exc:  # noqa: BLE001 - one run's failure never stops the queue
                 log.exception("index run %s failed", run.run_id)
-                run.status, run.error = "FAILURE", f"the server could not run it ({type(exc).__name__})"
+                run.status, run.error = "FAILURE", "the server could not run it; see the server log"
+            if run.upload and run.status != "SUCCESS":
+                shutil.rmtree(run.source, ignore_errors=True)
             run.ended_at = time.time()
 
     def _execute(self, run: Run) -> None:
@@ -137,15 +151,26 @@ class IndexRuns:
             run.documents = dict(zip(("added", "changed", "removed"), map(int, counts.groups())))
         elif removed := REMOVED.search(text):
             run.documents = {"added": 0, "changed": 0, "removed": int(removed.group(1))}
-        if code == 0 and run.namespace in self.pool.namespaces():
+        if code == 0 and self._served(run.namespace):
             run.status = "SUCCESS"
             if run.upload:
                 self._prune(run)
             return
         run.status = "CANCELED" if self._stopping else "FAILURE"
         causes = CAUSE.findall(text)
-        run.error = causes[-1].strip() if causes else f"the index process exited with code {code}"
-        log.warning("%s run %s for namespace %s failed: %s", run.operation, run.run_id, run.namespace, run.error)
+        if code == 0:
+            run.error = "the index was built but the server could not load it (see /health)"
+        else:
+            run.error = public_error(causes[-1].strip(), run.source) if causes else f"the index process exited with code {code}"
+        log.warning("%s run %s for namespace %s failed: %s", run.operation, run.run_id, run.namespace,
+                    causes[-1].strip() if causes else run.error)
+
+    def _served(self, namespace: str) -> bool:
+        """Whether the pool serves the snapshot the run published (not an older one it still holds)."""
+        from lazyhippo.serve.pool import snapshot_version
+
+        version = snapshot_version(self.pool.settings.with_(namespace=namespace))
+        return bool(version) and self.pool.served().get(namespace) == version
 
     def _prune(self, done: Run) -> None:
         """Remove the namespace's upload folders older than the one just indexed, except those of runs still to
