@@ -126,13 +126,14 @@ class IndexPool:
         return namespace_notice(self.settings, namespace)
 
     def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8,
-                 choices: dict | None = None, with_entities: bool = False) -> Retrieval:
+                 choices: dict | None = None, with_entities: bool = False, with_support: bool = False) -> Retrieval:
         check_route(route)
         warm = self.get(namespace)
         self._count()
         with self._slots:
             return search(query_settings(warm.settings, choices), question, route=route, top_k=top_k,
-                          config=self.config, embedder=self.embedder, index=warm.index, with_entities=with_entities)
+                          config=self.config, embedder=self.embedder, index=warm.index, with_entities=with_entities,
+                          with_support=with_support)
 
     def _count(self) -> None:
         with self._count_lock:
