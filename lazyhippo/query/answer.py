@@ -134,7 +134,7 @@ def search(settings: Settings, question: str, route: str = "local", top_k: int =
     answerable = None
     if with_support:
         passages = [Passage(i + 1, c.title, c.section, c.text) for i, c in enumerate(chunks)]
-        support = extract(question, passages, emb, idx.lexical.idf, cfg.answer_sentences).support
+        support = extract(question, passages, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind).support
         out.diagnostics["support"] = {"score": support, "threshold": SUPPORT_THRESHOLD}
         answerable = support >= SUPPORT_THRESHOLD
     return Retrieval(used, kind, chunks, out.diagnostics, entities, answerable)
@@ -199,7 +199,7 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     t["assemble_ms"] = (time.perf_counter() - t3) * 1000
     t4 = time.perf_counter()
     llm_name = None
-    found = extract(standalone, context, emb, idx.lexical.idf, cfg.answer_sentences)
+    found = extract(standalone, context, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind)
     answerable = found.support >= SUPPORT_THRESHOLD
     diag["support"] = {"score": found.support, "threshold": SUPPORT_THRESHOLD, "parts": found.parts}
     if not answerable:
@@ -210,7 +210,7 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
         diag.update(llm_diag)
         llm_name = model.model
     elif used_route == "global" and evidence:
-        answer, cited = community_answer(question, context, evidence, emb, idx)
+        answer, cited = community_answer(standalone, context, evidence, emb, idx, kind)
     else:
         answer, cited = found.text, found.cited
     t["answer_ms"] = (time.perf_counter() - t4) * 1000
@@ -244,7 +244,7 @@ def _neighbour_fn(idx: GraphIndex):
 
 
 def community_answer(question: str, context: list[ContextChunk], evidence: list[CommunityEvidence], embedder,
-                     idx: GraphIndex, max_chars: int = ANSWER_CHARS) -> tuple[str, list[int]]:
+                     idx: GraphIndex, kind: str | None = None, max_chars: int = ANSWER_CHARS) -> tuple[str, list[int]]:
     """Offline reduce of the global route: one line per kept community (its title, then its best cited
     evidence sentence), strongest community first, within `max_chars`."""
     by_id = {c.chunk_id: c for c in context}
@@ -253,7 +253,7 @@ def community_answer(question: str, context: list[ContextChunk], evidence: list[
         ctx = [by_id[cid] for cid in ev.chunk_ids(idx) if cid in by_id]
         if not ctx:
             continue
-        found = extract(question, ctx, embedder, idx.lexical.idf)
+        found = extract(question, ctx, embedder, idx.lexical.idf, kind=kind)
         picked = next(((t, n) for t, n in found.sentences if t not in used), None)  # one no other community used
         if picked is None:
             continue
@@ -265,7 +265,8 @@ def community_answer(question: str, context: list[ContextChunk], evidence: list[
         if picked[1] not in cited:
             cited.append(picked[1])
     if not lines:
-        return extractive_answer(question, context, embedder, idf=idx.lexical.idf)
+        found = extract(question, context, embedder, idx.lexical.idf, kind=kind)
+        return found.text, found.cited
     return "\n".join(lines), cited
 
 
@@ -340,21 +341,22 @@ def _clip(text: str, limit: int) -> str:
 
 
 def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=None, per_part: int = 3,
-            max_chars: int = ANSWER_CHARS, max_chunks: int = 8) -> Extract:
+            max_chars: int = ANSWER_CHARS, max_chunks: int = 8, kind: str | None = None) -> Extract:
     """The best one to `per_part` sentences for each part of the question ("..., and ...?" has two), within
     `max_chars` with their citations. A sentence is considered only when it shares a content word with its
     part; the best is taken first, then others only while they hold a word of the part the taken ones lack.
     Scores: similarity to the part, the idf-weighted share of its words held (`idf`: keywords -> weights,
-    uniform when None) and the passage's rank."""
+    uniform when None) and the passage's rank. `kind`: the question's type when already classified."""
     pool = _candidates(context, max_chunks)
     if not pool:
         return Extract([], 0.0)
     keywords = list(dict.fromkeys(tokens(subject_words(question))))
-    parts = split_question(question) if classify_query(question) == "multi_part" else [question]
+    parts = split_question(question) if (kind or classify_query(question)) == "multi_part" else [question]
     vecs = embedder.embed([*parts, *(c.text for c in pool)])
     sims = vecs[len(parts):] @ vecs[:len(parts)].T  # sentence x part
     budget = max_chars // len(parts)
     chosen: dict[int, str] = {}  # candidate -> its text in the answer (clipped to the room left)
+    total = 0
     for p, part in enumerate(parts):
         kw = list(dict.fromkeys(tokens(subject_words(part)))) or keywords
         w = _weights(kw, idf)
@@ -369,11 +371,13 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
                          if gain[i] > 0 and int(i) not in chosen), None)
             if best is None:
                 break
-            mark = len(f" [{pool[best].n}]") + (1 if used else 0)
-            if used and budget - used - mark < 40:
+            mark = len(f" [{pool[best].n}]") + (1 if chosen else 0)  # its citation, the space before it
+            room = min(budget - used, max_chars - total) - mark
+            if used and room < 40:
                 break
-            chosen[best] = _clip(pool[best].text, budget - used - mark)
+            chosen[best] = _clip(pool[best].text, room)
             used += len(chosen[best]) + mark
+            total += len(chosen[best]) + mark
             have |= held[best]
     support = _support(keywords, idf, [pool[i] for i in chosen]) if keywords else 1.0  # about the whole collection
     return Extract([(t, pool[i].n) for i, t in chosen.items()], support, len(parts))
