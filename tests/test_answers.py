@@ -169,3 +169,23 @@ def test_http_and_mcp_say_whether_the_namespace_answers(home):
         assert asyncio.run(call("lazyhippo_retrieve", query=SUCCESSOR_Q))["answerable"] is True
     finally:
         pool.stop()
+
+
+def test_the_answerable_bench_counts_misses_and_catches_and_calibrates_on_the_tune_halves():
+    from lazyhippo.evaluate.answerable import calibrate, mean_rates, rates
+    from lazyhippo.evaluate.bench import split_of
+
+    questions = [f"question {i}?" for i in range(200)]
+    tune = [q for q in questions if split_of(q) == "tune"][:40]
+    confirm = [q for q in questions if split_of(q) == "confirm"][:40]
+    rows = []
+    for half, qs in (("tune", tune), ("confirm", confirm)):
+        for i, q in enumerate(qs):  # own index: supports 0.4 (two questions), then 0.8; other index: 0.1 or 0.6
+            rows.append({"set": "a", "half": half, "question": q, "in_corpus": True, "support": 0.4 if i < 2 else 0.8})
+            rows.append({"set": "a", "half": half, "question": q, "in_corpus": False, "support": 0.6 if i < 4 else 0.1})
+    table = rates(rows, 0.5)
+    assert {(r["half"], r["missed"], r["caught"]) for r in table} == {("tune", 0.05, 0.9), ("confirm", 0.05, 0.9)}
+    assert mean_rates(table, "tune") == {"missed": 0.05, "caught": 0.9}
+    assert calibrate(rows) == 0.8  # misses the two at 0.4 (5%), catches every out-of-corpus one
+    assert calibrate(rows, max_missed=0.04) == 0.4  # anything above 0.4 misses those two
+    assert rates(rows, 0.8)[0]["caught"] == 1.0
