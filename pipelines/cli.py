@@ -249,11 +249,15 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         return
     out = Console()
     out.print(f"[bold]Q:[/bold] {question}  [dim](route {data['route']}, {data['context_tokens']} context tokens)[/dim]")
-    out.print(f"[bold]A:[/bold] {data['answer']}  [dim](rerank {data['diagnostics']['rerank']['status']})[/dim]")
-    for cite in data["citations"]:
+    if data["answerable"]:
+        out.print(f"[bold]A:[/bold] {data['answer']}  [dim](rerank {data['diagnostics']['rerank']['status']})[/dim]")
+    else:
+        out.print(f"[bold]A:[/bold] nothing in namespace {namespace!r} answers this question"
+                  + ("; the closest passages:" if data["closest"] else "."))
+    for cite in data["citations"] or data["closest"]:
         where = " ".join(x for x in (f"§ {cite['section']}" if cite.get("section") else "",
                                      f"p. {cite['page']}" if cite.get("page") else "") if x)
-        out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
+        out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})", markup=False)
     print_usage(data["usage"], out)
 
 
@@ -652,6 +656,45 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
         json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     for name, result in results.items():
         print(json.dumps({"dataset": name, **headline(result)}))
+
+
+@bench.command("answerable")
+def bench_answerable(dataset: str = typer.Option("all", help="2wiki | hotpotqa | musique | gitdocs | all (comma-separated: "
+                                                             "at least two, each asked of the others' indexes)."),
+                     split: str = typer.Option("all", help="tune | confirm | all (the halves of `bench retrieval`)."),
+                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspaces (those of `bench "
+                                                  "retrieval`, reused when they hold the same corpus)."),
+                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-question rows here.")) -> None:
+    """How often offline answers say "not answerable" rightly: each set's questions asked of its own index
+    (missed: answerable ones marked not answerable) and of every other set's index (caught: marked not
+    answerable), at the current threshold, and the threshold the tune halves call for (at most 5% missed)."""
+    from lazyhippo.evaluate.answerable import ANSWER_SETS, answer_set_files, calibrate, mean_rates, rates, run_answerable_bench
+    from lazyhippo.evaluate.bench import SPLITS
+    from lazyhippo.query.answer import SUPPORT_THRESHOLD
+
+    if split not in SPLITS:
+        raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
+    names = list(ANSWER_SETS) if dataset == "all" else [n.strip() for n in dataset.split(",") if n.strip()]
+    if len(names) < 2:
+        raise typer.BadParameter("name at least two sets: out-of-corpus questions come from the others", param_hint="--dataset")
+    sets = {}
+    for name in names:
+        try:
+            corpus, questions = answer_set_files(name, environment().datasets)
+        except (ValueError, FileNotFoundError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
+        sets[name] = (corpus, questions, workdir / name)
+    bar, update = _progress_bar()
+    with bar:
+        rows = run_answerable_bench(sets, split, Settings.from_env(), update)
+    table = rates(rows, SUPPORT_THRESHOLD)
+    _print_frame(pl.DataFrame(table), f"answerable or not at support >= {SUPPORT_THRESHOLD} ({split}): missed = answerable "
+                                      "questions marked not answerable, caught = out-of-corpus questions marked so")
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=1))
+    halves = {h: mean_rates(table, h) for h in ("tune", "confirm") if any(r["half"] == h for r in table)}
+    print(json.dumps({"threshold": SUPPORT_THRESHOLD, **{f"{h}_{k}": v for h, m in halves.items() for k, v in m.items()},
+                      **({"tune_threshold": calibrate(rows)} if "tune" in halves else {})}))
 
 
 @bench.command("keep")

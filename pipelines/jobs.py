@@ -108,10 +108,12 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
     # the answer heads the run page (run tags), not only the step's output event
     context.instance.add_run_tags(context.run_id, {"lazyhippo/question": config.question[:500],
                                                    "lazyhippo/answer": data["answer"][:500],
+                                                   "lazyhippo/answerable": str(data["answerable"]).lower(),
                                                    "lazyhippo/route": data["route"]})
     context.add_output_metadata({
         "answer": dg.MetadataValue.md(answer_markdown(config.question, data)), "question": config.question, "route": data["route"],
         "options": dg.MetadataValue.json(options.chosen()),
+        "answerable": data["answerable"], "support": data["diagnostics"]["support"]["score"],
         "index_notice": notice or "complete",
         "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
         "chosen_chunks": table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
@@ -125,9 +127,10 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
 
 def answer_markdown(question: str, data: dict) -> str:
     """The question, the whole answer and its numbered citations, as the Markdown the run page shows."""
-    cites = [f"{c['n']}. **{c['title']}** ({c['source']}, `{c['chunk_id']}`)" for c in data["citations"]]
+    cites = [f"{c['n']}. **{c['title']}** ({c['source']}, `{c['chunk_id']}`)" for c in data["citations"] or data["closest"]]
     return "\n\n".join([f"**Question:** {question}", f"**Answer:** {data['answer']}",
-                         "**Citations:**\n\n" + ("\n".join(cites) or "none")])
+                         ("**Citations:**" if data["answerable"] else "**Not answerable; the closest passages:**")
+                         + "\n\n" + ("\n".join(cites) or "none")])
 
 
 @dg.job(partitions_def=namespaces, executor_def=dg.in_process_executor,

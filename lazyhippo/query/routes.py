@@ -63,6 +63,15 @@ _CLAUSE_SPLIT = re.compile(r"\?\s+|;\s*|\.\s+(?=[A-Z])|,?\s+(?:and|also|as well 
 _COMPARE = re.compile(r"^(?P<stem>.+?),\s*(?P<a>[^,]+?)\s+or\s+(?P<b>[^,?]+)\??$", re.I)
 
 
+_ABOUT_CORPUS = re.compile(r"\b(?:this|these|the) (?:collection|corpus|documents?|dataset|index|knowledge base)\b", re.I)
+
+
+def subject_words(question: str) -> str:
+    """The question without the words that ask for an overview ("the main themes of this collection"): what is
+    left names its subject, empty when it asks about the collection as a whole."""
+    return _ABOUT_CORPUS.sub(" ", _EXPLORATORY.sub(" ", question))
+
+
 def classify_query(question: str) -> str:
     """'multi_part', 'exploratory', 'technical', 'relational' or 'general' (heuristic, no LLM)."""
     q = question.strip()

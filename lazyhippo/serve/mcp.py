@@ -79,12 +79,14 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
         if not 1 <= limit <= MAX_LIMIT:
             raise ToolError(f"limit must be between 1 and {MAX_LIMIT}, got {limit}")
         try:
-            found = pool.retrieve(namespace, query, route=route, top_k=limit, with_entities=True, choices=choices)
+            found = pool.retrieve(namespace, query, route=route, top_k=limit, with_entities=True, with_support=True,
+                                  choices=choices)
         except UnknownNamespace:
             raise unknown_namespace(namespace)
         notice = pool.notice(namespace)
         return {"query": query, "mode": mode, "route": found.route, "namespace": namespace,
-                "rerank": found.diagnostics["rerank"]["status"], **({"notice": notice} if notice else {}), "passages": [
+                "answerable": found.answerable, "rerank": found.diagnostics["rerank"]["status"],
+                **({"notice": notice} if notice else {}), "passages": [
             {"rank": i + 1, "score": round(c.score, 6), "title": c.title, "text": c.text, "chunk_id": c.chunk_id,
              "doc_id": c.doc_id, "source": c.source, "section": c.section, "page": c.page, "entities": entities}
             for i, (c, entities) in enumerate(zip(found.chunks, found.entities))]}
@@ -109,7 +111,8 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
             raise unknown_namespace(namespace)
         except ValueError as exc:  # a malformed turn, an unknown route
             raise ToolError(str(exc))
-        return {"question": question, "answer": result.answer, "route": result.route, "citations": result.citations,
+        return {"question": question, "answer": result.answer, "answerable": result.answerable,
+                "route": result.route, "citations": result.citations, "closest": result.closest,
                 "history_turns": len(result.history), "rerank": result.diagnostics["rerank"]["status"],
                 "usage": result.usage, "tokens": result.tokens}
 

@@ -140,14 +140,14 @@ class IndexPool:
         return namespace_notice(self.settings, namespace)
 
     def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8,
-                 choices: dict | None = None, with_entities: bool = False) -> Retrieval:
+                 choices: dict | None = None, with_entities: bool = False, with_support: bool = False) -> Retrieval:
         check_route(route)
         warm = self.get(namespace)
         settings, config, index = self._chosen(warm, choices)
         self._count()
         with self._slots:
             return search(settings, question, route=route, top_k=top_k, config=config, embedder=self.embedder,
-                          index=index, with_entities=with_entities)
+                          index=index, with_entities=with_entities, with_support=with_support)
 
     def _chosen(self, warm: Warm, choices: dict | None) -> tuple[Settings, QueryConfig, GraphIndex]:
         """The settings, query config and index of one question with its query options (QueryOptions names);
