@@ -4,8 +4,8 @@ entities) and the passages that mention it, with their citations. Read from the 
 so every surface (CLI, HTTP, MCP) shows the same thing.
 
 A name is matched as the index normalizes names; failing that, by similarity of the normalized names (DuckDB's
-Jaro-Winkler, of the whole name or of one of its words) and by containment ("Marlow" in "Marlow Observatory"): one clear candidate is taken, several
-are returned for the caller to choose from.
+Jaro-Winkler, of the whole name or of one of its words) and by containment ("Marlow" in "Marlow Observatory"):
+one clear candidate is taken, several are returned for the caller to choose from.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def lookup_entity(settings: Settings, name: str, neighbours: int = 20, chunks: i
         raise ValueError("neighbours and chunks must be 0 or more")
     ns = settings.namespace
     with connect(settings, read_only=True) as con:
-        row = con.execute("SELECT entity_id FROM entities WHERE namespace = ? AND (entity_id = ? OR norm_name = lh_norm(?))",
-                          [ns, name, name]).fetchone()
+        row = con.execute("SELECT entity_id FROM entities WHERE namespace = ? AND "
+                          "(entity_id = ? OR norm_name = lh_norm(?))", [ns, name, name]).fetchone()
         if row is not None:
             return EntityLookup(name, ns, "exact", _view(con, ns, row[0], neighbours, chunks))
         found = [Candidate(*r) for r in con.execute("""
@@ -81,7 +81,7 @@ def lookup_entity(settings: Settings, name: str, neighbours: int = 20, chunks: i
             FROM entities e, q LEFT JOIN entity_scores s ON s.namespace = e.namespace AND s.entity_id = e.entity_id
             WHERE e.namespace = ? AND similarity >= ?
             ORDER BY similarity DESC, coalesce(s.pagerank, 0) DESC, e.name LIMIT ?""",
-                                                         [name, WORD_FACTOR, ns, MIN_SIMILARITY, MAX_CANDIDATES]).fetchall()]
+            [name, WORD_FACTOR, ns, MIN_SIMILARITY, MAX_CANDIDATES]).fetchall()]
         if not found:
             return EntityLookup(name, ns, "none")
         if len(found) == 1 or found[0].similarity - found[1].similarity >= CLEAR_MARGIN:
@@ -105,7 +105,8 @@ def _view(con, ns: str, entity_id: str, n_neighbours: int, n_chunks: int) -> Ent
         JOIN communities c ON c.namespace = $ns AND c.community_id = up.community_id
         LEFT JOIN community_summaries m ON m.namespace = $ns AND m.community_id = c.community_id
         ORDER BY up.depth""", {"ns": ns, "c": community}).fetchall()] if community else []
-    neighbours = [dict(zip(("entity_id", "name", "type", "relation", "description", "weight"), r)) for r in con.execute("""
+    neighbour_fields = ("entity_id", "name", "type", "relation", "description", "weight")
+    neighbours = [dict(zip(neighbour_fields, r)) for r in con.execute("""
         SELECT o.entity_id, o.name, o.type, n.relation, n.description, round(n.weight, 4) FROM (
             SELECT CASE WHEN source_id = $e THEN target_id ELSE source_id END AS other, 'related' AS relation,
                    description, weight, 0 AS kind

@@ -1,8 +1,9 @@
 """`lazyhippo mcp`: an MCP server over stdio (the official `mcp` SDK) for agents, on the same warm indexes as
 the HTTP API. Tools: `lazyhippo_retrieve(query, limit, mode)` returns cited passages with scores and their
 entities; `lazyhippo_answer(question, history)` a cited answer that sees the conversation so far;
-`lazyhippo_namespaces()` lists the knowledge bases; `lazyhippo_delete`, `lazyhippo_merge` (runs like the HTTP API's,
-followed with `lazyhippo_run`) and `lazyhippo_export` keep one current. Nothing but the protocol goes to stdout."""
+`lazyhippo_namespaces()` lists the knowledge bases; `lazyhippo_entity(name)` shows one entity; `lazyhippo_delete`,
+`lazyhippo_merge` (runs like the HTTP API's, followed with `lazyhippo_run`) and `lazyhippo_export` keep a knowledge
+base current. Nothing but the protocol goes to stdout."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
         routes pick passages. `options`: further query options by name (rerank, rerank_top_n, max_related_chunks,
         group_neighbours, damping, communities, knn_threshold, hub_weight; docs/query-routes.md)."""
         query = _checked_query(query)
-        choices = checked_options({**(options or {}), **({"chunk_selection": chunk_selection} if chunk_selection else {})})
+        choices = checked_options({**(options or {}),
+                                   **({"chunk_selection": chunk_selection} if chunk_selection else {})})
         if mode not in ROUTES and mode not in TASK_MODES:
             raise ToolError(f"unknown mode {mode!r} (expected one of {', '.join([*TASK_MODES, *ROUTES])})")
         route, count = ("auto", TASK_MODES[mode]) if mode in TASK_MODES else (mode, 8)

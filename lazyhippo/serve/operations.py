@@ -62,7 +62,8 @@ def export_files(settings: Settings, fmt: str, tables: list[str] | None, include
         return export_tables(con, settings.namespace, fmt, tables, out, include_vectors=include_vectors)
 
 
-def export_archive(settings: Settings, fmt: str, tables: list[str] | None, include_vectors: bool) -> tuple[Path, list[Exported]]:
+def export_archive(settings: Settings, fmt: str, tables: list[str] | None, include_vectors: bool
+                   ) -> tuple[Path, list[Exported]]:
     """`export_files` as one zip file in a new temporary folder (the caller removes the folder)."""
     work = Path(tempfile.mkdtemp(prefix="lazyhippo-export-"))
     try:

@@ -1,8 +1,8 @@
 """Index runs the HTTP API and the MCP tool accept, executed outside the serving process.
 
-Each run is one `lazyhippo index` process (or `lazyhippo delete` / `merge`: an edit, then the Dagster
-`rebuild_graph` run) (Dagster's in-process runs reconfigure logging and hold locks that
-deadlocked a server running several at once); runs go one at a time (they write the same warehouse) from a
+Each run is one `lazyhippo index`, `delete` or `merge` process (the last two: an edit, then the Dagster
+`rebuild_graph` run); a process, because Dagster's in-process runs reconfigure logging and hold locks that
+deadlocked a server running several at once; runs go one at a time (they write the same warehouse) from a
 bounded queue, so a burst of submissions is refused (429) rather than piling up. The server's threads only
 wait on the child, which inherits the server's one compute thread (the other cores keep answering queries). A run is SUCCESS once its index is served: the pool has swapped in the snapshot the run published.
 A failed run's `error` is its cause without server paths or exception names; a failed upload's files are

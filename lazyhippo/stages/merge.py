@@ -70,7 +70,8 @@ def record_merge(con: duckdb.DuckDBPyConnection, ns: str, sources: list[str], ta
         target_norm = con.execute("SELECT lh_norm(?)", [target.strip()]).fetchone()[0]
         if not target_norm:
             raise ValueError(f"--into {target!r} has no letters or digits to name an entity by")
-        target_id, name = con.execute("SELECT 'e_' || substr(sha256(?), 1, 16)", [target_norm]).fetchone()[0], target.strip()
+        target_id = con.execute("SELECT 'e_' || substr(sha256(?), 1, 16)", [target_norm]).fetchone()[0]
+        name = target.strip()
     else:
         target_id, target_norm, name = existing
     source_rows = set(found.values()) - {(target_id, target_norm)}
@@ -79,7 +80,8 @@ def record_merge(con: duckdb.DuckDBPyConnection, ns: str, sources: list[str], ta
     seq = con.execute("SELECT coalesce(max(seq), 0) + 1 FROM entity_merges WHERE namespace = ?", [ns]).fetchone()[0]
     con.executemany("INSERT INTO entity_merges (namespace, source_norm, target_norm, strategy, seq, target_name) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
-                    [(ns, norm, target_norm, strategy, seq, None if existing else name) for _, norm in sorted(source_rows)])
+                    [(ns, norm, target_norm, strategy, seq, None if existing else name)
+                     for _, norm in sorted(source_rows)])
     return Merge(tuple(sorted(i for i, _ in source_rows)), target_id, name, strategy, created=existing is None)
 
 
@@ -171,15 +173,18 @@ def summarize_merges(settings, con: duckdb.DuckDBPyConnection, llm) -> int:
     cache = JsonCache(settings.cache_dir / "llm.sqlite")
     try:
         for _, strategy, target_id, _, _, target_norm, source_norms in _merges(con, ns):
-            row = con.execute("SELECT name FROM entities WHERE namespace = ? AND entity_id = ?", [ns, target_id]).fetchone()
+            row = con.execute("SELECT name FROM entities WHERE namespace = ? AND entity_id = ?",
+                              [ns, target_id]).fetchone()
             if strategy != LLM_STRATEGY or row is None:
                 continue
             descriptions = [d for (d,) in con.execute(
-                "SELECT DISTINCT description FROM extracted_entities WHERE namespace = ? AND coalesce(description, '') <> '' "
-                "AND lh_norm(name) IN (SELECT unnest(?)) ORDER BY description", [ns, [target_norm, *source_norms]]).fetchall()]
+                "SELECT DISTINCT description FROM extracted_entities WHERE namespace = ? AND "
+                "coalesce(description, '') <> '' AND lh_norm(name) IN (SELECT unnest(?)) ORDER BY description",
+                [ns, [target_norm, *source_norms]]).fetchall()]
             if descriptions:
                 text = summarize_descriptions(llm, "the entity", row[0], descriptions, cache)
-                con.execute("UPDATE entities SET description = ? WHERE namespace = ? AND entity_id = ?", [text, ns, target_id])
+                con.execute("UPDATE entities SET description = ? WHERE namespace = ? AND entity_id = ?",
+                            [text, ns, target_id])
                 done += 1
     finally:
         cache.close()

@@ -57,4 +57,5 @@ def answer_usage(home: Path, namespace: str | None = None, run_id: str | None = 
                            "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3", [namespace, run_id]).fetchall()
     finally:
         con.close()
-    return [dict(zip(("namespace", "operation", "model", "rows", "prompt_tokens", "completion_tokens"), r)) for r in rows]
+    names = ("namespace", "operation", "model", "rows", "prompt_tokens", "completion_tokens")
+    return [dict(zip(names, r)) for r in rows]
