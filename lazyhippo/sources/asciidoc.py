@@ -169,7 +169,6 @@ class _Reader:
                 continue
             if s == "+":  # a list continuation: what follows belongs to the item
                 self.flush()
-                after_blank = False
                 i += 1
                 continue
             label = _LABEL.match(line)
