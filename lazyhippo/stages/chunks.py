@@ -110,25 +110,18 @@ def _common_heading(pieces: list[_Piece]) -> str | None:
     return PATH_SEP.join(common) or pieces[0].heading
 
 
+def _top_level(section: Section) -> tuple[int | None, str | None]:
+    return section.page, section.heading.split(PATH_SEP)[0] if section.heading else None
+
+
 def chunk_document(doc: Document, size: int = 256, overlap: int = 32) -> list[Chunk]:
-    """A top-level section that fits in a chunk is never split: it shares a chunk only with whole neighbours that
-    fit with it. A longer one has chunks of its own, cut between its subsections where they fit and in them by
-    sentences. A chunk's
-    section is the heading path its text is under (where it starts, when it holds several top-level sections);
-    chunks never cross a page. Chunk ids derive from (document, position, content), so unchanged input gets
-    the same ids."""
+    """Chunks never cross a top-level section (nor a page): one that fits is one chunk, a longer one is cut
+    between its subsections where they fit and in them by sentences. A chunk's section is the heading path its
+    text is under. Chunk ids derive from (document, position, content), so unchanged input gets the same ids."""
     by_line = doc.kind in MARKUP_KINDS
     chunks: list[Chunk] = []
-    for page, on_page in groupby(doc.sections, key=lambda s: s.page):
-        runs: list[list[list[_Piece]]] = [[]]  # windows never span two runs
-        for _, group in groupby(on_page, key=lambda s: s.heading.split(PATH_SEP)[0] if s.heading else None):
-            subsections = [_pieces(s, size, overlap, by_line) for s in group]
-            whole = [p for sub in subsections for p in sub]
-            if sum(p.n_tokens for p in whole) <= size:
-                runs[-1].append(whole)
-            else:
-                runs += [subsections, []]
-        for window in (w for run in runs for w in _windows(run, size, overlap)):
+    for (page, _), group in groupby(doc.sections, key=_top_level):
+        for window in _windows([_pieces(s, size, overlap, by_line) for s in group], size, overlap):
             text = _join(window, by_line)
             h = sha(text, 32)
             pos = len(chunks)
