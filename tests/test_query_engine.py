@@ -313,6 +313,17 @@ def test_split_question_rules():
     assert split_question("Who built the Halden Telescope?") == ["Who built the Halden Telescope?"]
 
 
+def test_compound_question_parts_keep_their_subject():
+    """A later part that refers back ("it", "they") carries the first part's subject; one with its own does not."""
+    assert split_question("What does push.default control, and what happens if it is set to None?") == [
+        "What does push.default control?", "push.default control: what happens if it is set to None?"]
+    parts = split_question("How does git rebase --onto pick the commits, and what does it do when a commit is upstream?")
+    assert parts[1].startswith("git rebase --onto pick commits: ") and parts[1].endswith("what does it do when a commit is upstream?")
+    assert split_question("What is the Marlow Observatory and when was it founded?") == [
+        "What is the Marlow Observatory?", "Marlow Observatory: when was it founded?"]
+    assert split_question("Who founded the observatory and who funded the fellowship?")[1] == "who funded the fellowship?"
+
+
 def test_drift_merges_subquestions_with_scores(qsettings):
     res = _offline(qsettings, "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?", route="drift")
     assert len(res.diagnostics["subquestions"]) == 3  # the whole question plus its two parts

@@ -16,6 +16,7 @@ from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.local import local_scores, retrieve_local
 from lazyhippo.query.multihop import SubgraphPPR
+from lazyhippo.query.text import QUESTION_WORDS, tokens
 from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
 
 
@@ -61,6 +62,7 @@ _RELATIONAL = re.compile(
     re.I)
 _CLAUSE_SPLIT = re.compile(r"\?\s+|;\s*|\.\s+(?=[A-Z])|,?\s+(?:and|also|as well as|then)\s+(?=(?:who|whom|whose|what|when|where|which|why|how|did|does|do|is|are|was|were)\b)", re.I)
 _COMPARE = re.compile(r"^(?P<stem>.+?),\s*(?P<a>[^,]+?)\s+or\s+(?P<b>[^,?]+)\??$", re.I)
+_REFERENCE = re.compile(r"\b(it|its|they|them|their|this|that|these|those|he|she|him|his|her|one)\b", re.I)
 
 
 def classify_query(question: str) -> str:
@@ -118,7 +120,15 @@ def split_question(question: str, llm=None, max_parts: int = 4) -> list[str]:
     parts = [p for p in parts if p and len(p.split()) >= 2]
     if len(parts) <= 1:
         return [question]
-    return [p + "?" for p in parts][:max_parts]
+    subject = question_subject(parts[0])
+    return [p + "?" if i == 0 or not subject or not _REFERENCE.search(p) else f"{subject}: {p}?"
+            for i, p in enumerate(parts)][:max_parts]
+
+
+def question_subject(part: str) -> str:
+    """What the first part of a compound question is about, for the later parts that refer to it ("..., and
+    what happens if it is set to None?" loses "it" on its own): its content words, as written."""
+    return " ".join(w.strip(",;:") for w in part.split() if tokens(w) and w.lower() not in QUESTION_WORDS)
 
 
 def retrieve_drift(req: RouteRequest) -> RouteResult:
