@@ -332,9 +332,10 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
                    extra_seeds: dict[int, float] | None = None, route: str = "local",
                    selection: ChunkSelectionParams = ChunkSelectionParams(),
                    fact_filter: FactFilter | None = None) -> tuple[list[ScoredChunk], dict]:
-    """The best `top_k` chunks, the first reordered by `cover_question`, each taking the score of the rank it
-    lands on (so assembly, which sorts by score, keeps the order). With a `vector` or `weight` selection, the
-    chunks `related_chunks` picks instead."""
+    """The best `top_k` chunks: the graph's order (the first reordered by `cover_question`) fused by rank with
+    BM25's (`lexical_weight`), each document's best chunks first (`chunks_per_document`); each chunk takes the
+    score of the rank it lands on (so assembly, which sorts by score, keeps the order). With a `vector` or
+    `weight` selection, the chunks `related_chunks` picks instead."""
     ls = local_scores(idx, q, p, ppr, extra_seeds, fact_filter)
     if selection.mode != "graph":
         picked, values = related_chunks(idx, q, ls, selection)
@@ -346,7 +347,42 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
     scores = ls.scores
     depth = max(top_k, p.coverage_pool, p.bridge_depth)
     ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)
-    order = cover_question(idx, q, ranked, scores, p)[:top_k]
+    order = cover_question(idx, q, ranked, scores, p)
+    values = scores[ranked]
+    if p.lexical_weight > 0:
+        bm25 = q.bm25
+        lexical = np.asarray([c for c in top_indices(bm25, depth) if bm25[c] > 0], dtype=np.int64)
+        order, values = fuse_ranks([order, lexical], [1.0, p.lexical_weight])
+    order = documents_first(idx, order, p.chunks_per_document)[:top_k]
     dense = q.dense
-    return [ScoredChunk.from_index(idx, int(c), scores[r], route, ppr=ls.ppr[c], dense=dense[c])
-            for c, r in zip(order, ranked)], ls.diagnostics
+    lexical = q.bm25 if p.lexical_weight > 0 else None
+    return [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=dense[c],
+                                   **({"bm25": lexical[c]} if lexical is not None else {}))
+            for c, v in zip(order, values)], ls.diagnostics
+
+
+def fuse_ranks(rankings: list[np.ndarray], weights: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion without a constant (k = 0): every chunk scores the sum of weight / rank over the
+    rankings that hold it, so the first places of the heaviest ranking lead; (chunks best first, their fused
+    scores). Ties: the first ranking's order."""
+    fused: dict[int, float] = {}
+    for ranking, w in zip(rankings, weights):
+        for r, c in enumerate(ranking):
+            fused[int(c)] = fused.get(int(c), 0.0) + w / (r + 1)
+    order = sorted(fused, key=lambda c: -fused[c])  # stable: first seen (the graph's order) wins ties
+    return np.asarray(order, dtype=np.int64), np.asarray([fused[c] for c in order])
+
+
+def documents_first(idx: GraphIndex, order: np.ndarray, per_document: int) -> np.ndarray:
+    """`order` with each document's first `per_document` chunks ahead of the rest (both parts keep their order):
+    a long document whose title carries graph mass lifts all its chunks at once and would fill the top with
+    itself, when a question usually needs several documents. 0 keeps the order."""
+    if per_document <= 0:
+        return order
+    seen: dict[str, int] = {}
+    ahead = np.zeros(len(order), dtype=bool)
+    for i, c in enumerate(order):
+        doc = idx.chunks.doc_ids[c]
+        seen[doc] = seen.get(doc, 0) + 1
+        ahead[i] = seen[doc] <= per_document
+    return np.concatenate([order[ahead], order[~ahead]])
