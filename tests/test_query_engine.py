@@ -102,11 +102,15 @@ def test_every_route_returns_cited_chunks(qsettings, route):
     assert res.timings["total_ms"] > 0 and res.context_tokens <= res.budget
 
 
+GRAPH_ORDER = {"lexical_weight": 0.0, "chunks_per_document": 0}  # the graph's own order: no BM25, no documents first
+
+
 def test_local_route_follows_the_graph_to_the_second_hop(qsettings):
     titles = [c.title for c in retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=8)]
     assert "Marlow Observatory" in titles[:3]
     assert "Tomas Reyes" in titles  # the successor is reached through the graph
-    assert "Visitor Form" not in titles
+    # each document's best chunk comes first, so a top 8 of this 8-document corpus names them all: the form last
+    assert "Visitor Form" not in titles[:5]
 
 
 def test_a_passage_adding_question_words_moves_above_a_near_duplicate(qsettings, monkeypatch):
@@ -123,7 +127,8 @@ def test_a_passage_adding_question_words_moves_above_a_near_duplicate(qsettings,
     scores[[first, twin, hop]] = [1.0, 0.9, 0.8]
     monkeypatch.setattr(local, "local_scores", lambda *a, **k: local.LocalScores(scores, scores, {}))
     for weight, order in ((0.0, [first, twin, hop]), (LocalParams().coverage_weight, [first, hop, twin])):
-        got = retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=3, config=QueryConfig().with_(local={"coverage_weight": weight}))
+        got = retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=3,
+                       config=QueryConfig().with_(local={"coverage_weight": weight, **GRAPH_ORDER}))
         assert [idx.chunks.pos[c.chunk_id] for c in got] == order
         assert [c.score for c in got] == [1.0, 0.9, 0.8]  # scores follow the order, so assembly keeps it
 
@@ -146,7 +151,8 @@ def test_a_second_hop_below_the_pool_joins_it_through_an_entity_the_first_pick_m
     scores[[first, *pool, form, hub_only, hop]] = [1.0, *np.linspace(0.5, 0.3, len(pool)), 0.1, 0.09, 0.08]
     monkeypatch.setattr(local, "local_scores", lambda *a, **k: local.LocalScores(scores, scores, {}))
     for depth, joins in ((0, False), (LocalParams().bridge_depth, True)):
-        got = retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=10, config=QueryConfig().with_(local={"bridge_depth": depth}))
+        got = retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=10,
+                       config=QueryConfig().with_(local={"bridge_depth": depth, **GRAPH_ORDER}))
         top = [idx.chunks.pos[c.chunk_id] for c in got]
         assert top[0] == first and (hop in top) == joins and hub_only not in top
 
@@ -299,8 +305,12 @@ def test_auto_route_picks_by_query_type(qsettings):
     assert classify_query("Who founded the observatory and who funded the fellowship?") == "multi_part"
     assert _offline(qsettings, "What are the main themes of this collection?").route == "global"
     assert _offline(qsettings, SUCCESSOR_Q).route == "local"
-    assert _offline(qsettings, "Who founded the observatory and who funded the fellowship?").route == "drift"
-    assert _offline(qsettings, "What does the setting max_file_bytes=20 do in config?").route == "hybrid"
+    # auto stays on local unless a type is measured to win elsewhere: compound and technical questions too
+    assert _offline(qsettings, "Who founded the observatory and who funded the fellowship?").route == "local"
+    assert _offline(qsettings, "What does the setting max_file_bytes=20 do in config?").route == "local"
+    # a bare "topic" or "broad" is no question about the collection
+    assert classify_query("Whose version wins when I rebase my topic branch with -X ours?") != "exploratory"
+    assert classify_query("Which mountain is higher, Nanda Devi or Broad Peak?") != "exploratory"
 
 
 def test_split_question_rules():
@@ -391,8 +401,8 @@ def test_budget_is_never_exceeded(overflow_settings):
 
 
 def test_ppr_scores_order_the_context(qsettings):
-    """Without title mass and the reorder a chunk's score is its PPR mass, nothing added."""
-    cfg = QueryConfig().with_(local={"title_mass_weight": 0.0, "coverage_weight": 0.0})
+    """Without title mass, the reorder and the fusion with BM25 a chunk's score is its PPR mass, nothing added."""
+    cfg = QueryConfig().with_(local={"title_mass_weight": 0.0, "coverage_weight": 0.0, **GRAPH_ORDER})
     res = _offline(qsettings, SUCCESSOR_Q, route="local", top_k=10, config=cfg)
     clean = [c for c in res.context if not c.noise]
     ppr = [c.channels["ppr"] for c in clean]
