@@ -280,7 +280,8 @@ def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route
     picked: dict[str, dict[str, str]] = {}
     try:
         before = assist.llm.meter.snapshot() if assist else {}
-        rankers = retrieval_rankers(settings, routes, k, served_ppr(settings, store), field_, assist, config, picked)
+        rankers = retrieval_rankers(settings, routes, k, served_ppr(settings, store), gold_field=field_, assist=assist,
+                                    config=config, picked=picked)
         reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
         usage = assist.llm.meter.since(before) if assist else []
     finally:
