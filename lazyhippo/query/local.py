@@ -67,7 +67,7 @@ def _span_matches(idx: GraphIndex, raw: list[str]) -> list[tuple[int, int, str]]
             span = low[i:i + n]
             if all(t in STOPWORDS for t in span):
                 continue
-            if n == 1 and (len(span[0]) < 3 and not span[0].isdigit()):
+            if n == 1 and len(span[0]) < 3:
                 continue
             key = " ".join(span)
             if key in idx.entities.name_index or key in idx.chunks.title_index:
@@ -135,7 +135,8 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
 
     # embedding links for name-like phrases the exact matcher did not cover: each to its nearest entity
     phrases = [(i, j) for i, j in name_phrases(raw)
-               if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0]
+               if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0
+               and not (j - i == 1 and raw[i].isdigit() and len(raw[i]) < 3)]  # as for spans: no "1", "42"
     if phrases:
         texts = [" ".join(raw[i:j]) for i, j in phrases]
         for text, vec in zip(texts, q.embed(texts)):
