@@ -641,7 +641,7 @@ def _route_rows(path: Path) -> dict[str, list[dict]]:
 
 
 @bench.command("query")
-def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique (overrides --corpus/--questions)."),
+def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs (overrides --corpus/--questions)."),
                 corpus: Optional[Path] = typer.Option(None),
                 questions: Optional[Path] = typer.Option(None),
                 embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
