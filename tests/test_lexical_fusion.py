@@ -75,6 +75,7 @@ def test_fuse_ranks_and_documents_first_on_hand_made_orders():
     class Idx:
         chunks = Chunks()
 
-    assert documents_first(Idx(), np.array([0, 1, 3, 2, 4]), 1).tolist() == [0, 3, 4, 1, 2]
-    assert documents_first(Idx(), np.array([0, 1, 3, 2, 4]), 2).tolist() == [0, 1, 3, 4, 2]
-    assert documents_first(Idx(), np.array([0, 1, 3, 2, 4]), 0).tolist() == [0, 1, 3, 2, 4]
+    assert documents_first(Idx(), np.array([0, 1, 3, 2, 4]), 1, 5).tolist() == [0, 3, 4, 1, 2]
+    assert documents_first(Idx(), np.array([0, 1, 3, 2, 4]), 1, 2).tolist() == [0, 3]
+    assert documents_first(Idx(), np.array([0, 1, 3, 2, 4]), 2, 5).tolist() == [0, 1, 3, 4, 2]
+    assert documents_first(Idx(), np.array([0, 1, 3, 2, 4]), 0, 4).tolist() == [0, 1, 3, 2]

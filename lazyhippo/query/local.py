@@ -354,7 +354,7 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
         bm25 = q.bm25
         lexical = np.asarray([c for c in top_indices(bm25, depth) if bm25[c] > 0], dtype=np.int64)
         order, values = fuse_ranks([order, lexical], [1.0, p.lexical_weight])
-    order = documents_first(idx, order, p.chunks_per_document)[:top_k]
+    order = documents_first(idx, order, p.chunks_per_document, top_k)
     dense = q.dense
     lexical = q.bm25 if p.lexical_weight > 0 else None
     return [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=dense[c],
@@ -365,25 +365,27 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
 def fuse_ranks(rankings: list[np.ndarray], weights: list[float]) -> tuple[np.ndarray, np.ndarray]:
     """Reciprocal-rank fusion without a constant (k = 0): every chunk scores the sum of weight / rank over the
     rankings that hold it, so the first places of the heaviest ranking lead; (chunks best first, their fused
-    scores). Ties: the first ranking's order."""
-    fused: dict[int, float] = {}
-    for ranking, w in zip(rankings, weights):
-        for r, c in enumerate(ranking):
-            fused[int(c)] = fused.get(int(c), 0.0) + w / (r + 1)
-    order = sorted(fused, key=lambda c: -fused[c])  # stable: first seen (the graph's order) wins ties
-    return np.asarray(order, dtype=np.int64), np.asarray([fused[c] for c in order])
+    scores). Ties: the first ranking's order, then the next's."""
+    ids = np.concatenate([np.asarray(r, dtype=np.int64) for r in rankings])
+    scores = np.concatenate([w / np.arange(1.0, len(r) + 1.0) for r, w in zip(rankings, weights)])
+    chunks, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    fused = np.bincount(inverse, weights=scores, minlength=len(chunks))
+    order = np.lexsort((first, -fused))
+    return chunks[order], fused[order]
 
 
-def documents_first(idx: GraphIndex, order: np.ndarray, per_document: int) -> np.ndarray:
-    """`order` with each document's first `per_document` chunks ahead of the rest (both parts keep their order):
-    a long document whose title carries graph mass lifts all its chunks at once and would fill the top with
-    itself, when a question usually needs several documents. 0 keeps the order."""
+def documents_first(idx: GraphIndex, order: np.ndarray, per_document: int, limit: int) -> np.ndarray:
+    """The first `limit` chunks of `order` once each document's first `per_document` chunks go ahead of the rest
+    (both parts keep their order): a long document whose title carries graph mass lifts all its chunks at once
+    and would fill the top with itself, when a question usually needs several documents. 0 keeps the order."""
     if per_document <= 0:
-        return order
+        return order[:limit]
     seen: dict[str, int] = {}
-    ahead = np.zeros(len(order), dtype=bool)
-    for i, c in enumerate(order):
+    ahead, behind = [], []
+    for c in order:  # stops once `limit` chunks are ahead: the rest cannot reach the first `limit`
         doc = idx.chunks.doc_ids[c]
         seen[doc] = seen.get(doc, 0) + 1
-        ahead[i] = seen[doc] <= per_document
-    return np.concatenate([order[ahead], order[~ahead]])
+        (ahead if seen[doc] <= per_document else behind).append(int(c))
+        if len(ahead) == limit:
+            break
+    return np.asarray((ahead + behind)[:limit], dtype=np.int64)
