@@ -601,12 +601,15 @@ def _retrieval_assist(settings: Settings, timeout: float, rounds: int):
 
 
 @bench.command("retrieval")
-def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | all: a shared set by name "
-                                                                  "(overrides --corpus/--questions)."),
-                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
+def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs | all: a shared "
+                                                                  "set by name (overrides --corpus/--questions)."),
+                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}, or a folder of documents."),
                     questions: Optional[Path] = typer.Option(None,
-                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}]'),
-                    route: str = typer.Option("local"), k: int = typer.Option(8),
+                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}] or '
+                                                        '[{"question","gold_files"}] (paths inside the corpus folder)'),
+                    route: str = typer.Option("local", help="The route under test; several, comma-separated, are "
+                                                            "measured side by side (the first is the one `bench keep` reads)."),
+                    k: int = typer.Option(8, help="Chunks retrieved per question, by every route and baseline."),
                     embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
@@ -620,9 +623,10 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     set_: list[str] = typer.Option([], "--set", help="A query setting of the route under test, "
                                                    "section.field=value, repeatable (e.g. graph.synonym_min_score=0.6).")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
-    passage id when the questions carry `supporting_ids`. The summary shows the tune and confirm halves side
-    by side."""
-    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, query_config, run_retrieval_bench, summary_row
+    source file when the questions carry `gold_files`, by passage id when they carry `supporting_ids`. The
+    summary shows the tune and confirm halves side by side."""
+    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, part_rows, query_config, run_retrieval_bench, summary_row
+    from lazyhippo.query.routes import check_route
 
     if split not in SPLITS:
         raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
@@ -635,14 +639,22 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
     runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
     settings = Settings.from_env(embedder=embedder)
-    if llm and route != "local":
+    routes = [r.strip() for r in route.split(",") if r.strip()]
+    try:
+        for r in routes:
+            check_route(r)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--route") from None
+    if not routes:
+        raise typer.BadParameter("no route given", param_hint="--route")
+    if llm and routes != ["local"]:
         raise typer.BadParameter("--llm assists the local route only", param_hint="--route")
     assist = _retrieval_assist(settings, llm_timeout, llm_rounds) if llm else None
     results = {}
     for name, corpus_file, questions_file, wd in runs:
         bar, update = _progress_bar()
         with bar:
-            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
+            result = run_retrieval_bench(corpus_file, questions_file, wd, route=routes, k=k, progress=update,
                                          graph_store=graph_store, settings=settings, split=split, assist=assist,
                                          config=config)
         results[name] = result
@@ -650,8 +662,13 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                      f"retrieval on {name} ({graph_store} store): {result['questions']} questions ({split}), "
                      f"scored by {result['scored_by']}, "
                      f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
+        _print_frame(pl.DataFrame(part_rows(result)), f"{name} by half" + (" and gold documents per question (hops)"
+                                                                           if any(result["by_hops"].values()) else ""))
+        for r, used in result["routes_used"].items():
+            if used != {r: result["questions"]}:
+                print(f"{name}: route {r} ran " + ", ".join(f"{n} {u}" for u, n in used.items()))
     _print_frame(pl.DataFrame([summary_row(n, r) for n, r in results.items()]),
-                 f"summary: route {route}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
+                 f"summary: route {routes[0]}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
     if json_out:
         json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     for name, result in results.items():
@@ -740,7 +757,7 @@ def _route_rows(path: Path) -> dict[str, list[dict]]:
 
 
 @bench.command("query")
-def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique (overrides --corpus/--questions)."),
+def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs (overrides --corpus/--questions)."),
                 corpus: Optional[Path] = typer.Option(None),
                 questions: Optional[Path] = typer.Option(None),
                 embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
