@@ -31,7 +31,7 @@ NO_ANSWER = "No relevant information was found in the index."
 ANSWER_CHARS = 400  # an offline answer, citations included
 # The least support (`Extract.support`) that counts as an answer: calibrated on the shared question sets, each
 # asked of its own index and of the others' (docs/benchmarks.md, `lazyhippo bench answerable`).
-SUPPORT_THRESHOLD = 0.5
+SUPPORT_THRESHOLD = 0.46
 
 
 @dataclass
@@ -272,8 +272,10 @@ def community_answer(question: str, context: list[ContextChunk], evidence: list[
 
 @dataclass(frozen=True)
 class Extract:
-    """The sentences an offline answer is made of, each with its citation number, and how well they support
-    the question: the rarity-weighted share of its content words they (and their passages' titles) hold."""
+    """The sentences an offline answer is made of, each with its citation number, and how well the passages
+    they come from support the question: the rarity-weighted share of its content words those passages (and
+    their titles) hold. The passages rather than the chosen sentences: an answer of 400 characters cannot hold
+    every word of a long question that the passages do answer (benchmarks.md, answerable or not)."""
 
     sentences: list[tuple[str, int]]
     support: float
@@ -329,10 +331,9 @@ def _candidates(context: list[ContextChunk | Passage], max_chunks: int) -> list[
 
 
 def _weights(keywords: list[str], idf) -> np.ndarray:
-    """How much each question word counts: its idf squared, so that the rare words that name what the question
-    is about (which an index that cannot answer it lacks) outweigh the common ones (squared caught 8 points more
-    out-of-corpus questions than plain idf at the same miss rate, benchmarks.md)."""
-    return np.asarray(idf(keywords), dtype=np.float64) ** 2 if idf is not None else np.ones(len(keywords))
+    """How much each question word counts: its idf in the index, so the rare words that name what the question
+    is about (and that an index which cannot answer it lacks) outweigh the common ones."""
+    return np.asarray(idf(keywords), dtype=np.float64) if idf is not None else np.ones(len(keywords))
 
 
 def _clip(text: str, limit: int) -> str:
@@ -382,13 +383,13 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
             used += len(chosen[best]) + mark
             total += len(chosen[best]) + mark
             have |= held[best]
-    support = _support(keywords, idf, [pool[i] for i in chosen]) if keywords else 1.0  # about the whole collection
+    support = _support(keywords, idf, pool) if keywords else 1.0  # no keywords: about the whole collection
     return Extract([(t, pool[i].n) for i, t in chosen.items()], support, len(parts))
 
 
 def _support(keywords: list[str], idf, chosen: list[_Candidate]) -> float:
-    """The weighted share (`_weights`) of the question's content words that the chosen sentences or their
-    passages' titles hold."""
+    """The weighted share (`_weights`) of the question's content words that the sentences or their passages'
+    titles hold."""
     if not chosen:
         return 0.0
     w = _weights(keywords, idf)
