@@ -43,7 +43,7 @@ def strip_heading(text: str) -> str:
 # comments, directives, includes, table rules.
 _MARKUP_LINE = re.compile(
     r"^\s*(?:[-=~^+*_.#/`]{3,}\s*|\[\[?[^\]]*\]\]?\s*|:[\w-]+:(?:\s.*)?|//.*|\.\.\s*(?:[\w:-]+::.*|_[^:]+:.*)?|"
-    r"(?:include|ifdef|ifndef|ifeval|endif|image|toc)::.*|\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?|\+|--|"
+    r"(?:include|ifdef|ifndef|ifeval|endif|image|toc)::\S*\[[^\]]*\]|\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?|\+|--|"
     r"\.[A-Z].*)$")  # ... an AsciiDoc open block (--) and block title (.Title)
 _FENCE = re.compile(r"^\s*(?:```|~~~|-{4,}|\.{4,})\s*\w*\s*$")       # code fences, AsciiDoc listing/literal blocks
 _HEADING_LINE = re.compile(r"^\s*(?:#{1,6}|={1,6})\s+\S")           # Markdown and AsciiDoc section titles
