@@ -25,7 +25,7 @@ from tests.test_serve import post, running
 
 SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
 OUT_OF_CORPUS_Q = "Which rebase option keeps merge commits when replaying a branch in git?"
-MARKUP = re.compile(r"`|\*\*|::|\[\[|\]\]|linkgit:|:func:|\]\(|^#|^=|\{\w+\}|<br>|\+\+\+", re.M)
+MARKUP = re.compile(r"`|\*\*|::|\[\[|\]\]|linkgit:|:func:|\]\(|^#|^=|\{\w+\}|<br>|\+\+\+|-{4}|~{4}|^\$ ", re.M)
 
 
 @pytest.fixture
@@ -88,6 +88,9 @@ A **fast-forward** merge moves the branch pointer: see [the manual](https://git-
 git merge --ff-only topic
 ```
 """
+COLLAPSED = ("# was suggested\n------------ Then compile and test the chosen revision. Bisect skip ~~~~~~~~~~~ Instead "
+             "of choosing a nearby commit yourself, you can ask Git to do\nit for you: ------------ $ git bisect skip "
+             "------------ ifdef::git-commit[] Git cannot tell which commit was the first bad one.")  # as a chunker joins lines
 REST = """Rebasing
 ========
 
@@ -105,9 +108,13 @@ def test_markup_in_a_passage_never_reaches_the_answer(embedder):
     assert found.sentences and not MARKUP.search(found.text), found.text
     assert "git pull runs git fetch" in found.text and "Only update to the new history" in found.text
     assert "A---B---C" not in found.text  # a literal block is not prose
-    for text in (ASCIIDOC, MARKDOWN, REST):
+    for text in (ASCIIDOC, MARKDOWN, REST, COLLAPSED):
         for sentence in prose_sentences(text):
             assert not MARKUP.search(sentence), sentence
+    assert prose_sentences(COLLAPSED) == [
+        "Then compile and test the chosen revision.",
+        "Instead of choosing a nearby commit yourself, you can ask Git to do it for you:",
+        "Git cannot tell which commit was the first bad one."]
     assert "Use git rebase to replay commits; --onto moves them elsewhere." in prose_sentences(REST)
     assert "--ff-only: Only update to the new history if there is no divergent local history." in prose_sentences(ASCIIDOC)
 

@@ -31,7 +31,7 @@ NO_ANSWER = "No relevant information was found in the index."
 ANSWER_CHARS = 400  # an offline answer, citations included
 # The least support (`Extract.support`) that counts as an answer: calibrated on the shared question sets, each
 # asked of its own index and of the others' (docs/benchmarks.md, `lazyhippo bench answerable`).
-SUPPORT_THRESHOLD = 0.5
+SUPPORT_THRESHOLD = 0.46
 
 
 @dataclass
@@ -272,8 +272,10 @@ def community_answer(question: str, context: list[ContextChunk], evidence: list[
 
 @dataclass(frozen=True)
 class Extract:
-    """The sentences an offline answer is made of, each with its citation number, and how well they support
-    the question: the idf-weighted share of its content words they (and their passages' titles) hold."""
+    """The sentences an offline answer is made of, each with its citation number, and how well the passages
+    they come from support the question: the rarity-weighted share of its content words those passages (and
+    their titles) hold. The passages rather than the chosen sentences: an answer of 400 characters cannot hold
+    every word of a long question that the passages do answer (benchmarks.md, answerable or not)."""
 
     sentences: list[tuple[str, int]]
     support: float
@@ -329,6 +331,8 @@ def _candidates(context: list[ContextChunk | Passage], max_chunks: int) -> list[
 
 
 def _weights(keywords: list[str], idf) -> np.ndarray:
+    """How much each question word counts: its idf in the index, so the rare words that name what the question
+    is about (and that an index which cannot answer it lacks) outweigh the common ones."""
     return np.asarray(idf(keywords), dtype=np.float64) if idf is not None else np.ones(len(keywords))
 
 
@@ -345,7 +349,7 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
     """The best one to `per_part` sentences for each part of the question ("..., and ...?" has two), within
     `max_chars` with their citations. A sentence is considered only when it shares a content word with its
     part; the best is taken first, then others only while they hold a word of the part the taken ones lack.
-    Scores: similarity to the part, the idf-weighted share of its words held (`idf`: keywords -> weights,
+    Scores: similarity to the part, the rarity-weighted share of its words held (`idf`: keywords -> idf,
     uniform when None) and the passage's rank. `kind`: the question's type when already classified."""
     pool = _candidates(context, max_chunks)
     if not pool:
@@ -379,12 +383,12 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
             used += len(chosen[best]) + mark
             total += len(chosen[best]) + mark
             have |= held[best]
-    support = _support(keywords, idf, [pool[i] for i in chosen]) if keywords else 1.0  # about the whole collection
+    support = _support(keywords, idf, pool) if keywords else 1.0  # no keywords: about the whole collection
     return Extract([(t, pool[i].n) for i, t in chosen.items()], support, len(parts))
 
 
 def _support(keywords: list[str], idf, chosen: list[_Candidate]) -> float:
-    """The idf-weighted share of the question's content words that the chosen sentences or their passages'
+    """The weighted share (`_weights`) of the question's content words that the sentences or their passages'
     titles hold."""
     if not chosen:
         return 0.0
