@@ -464,7 +464,9 @@ def test_an_unpaired_surrogate_is_bad_input_not_a_backend_failure(pool):
         assert r.status_code == 422 and "history.0.content" in r.text and "unicode" in r.text
 
 
-def test_an_unpaired_surrogate_over_mcp_gets_an_error_answer(sample_settings, tmp_path):
+def test_malformed_json_rpc_over_mcp_gets_error_replies_and_the_session_goes_on(sample_settings, tmp_path):
+    """Unparsable lines, wrong shapes, unpaired surrogates and deep nesting each get a JSON-RPC error (a
+    notification none); the session answers the next request, and a literal U+FFFD is ordinary text."""
     proc = subprocess.Popen([sys.executable, "-m", "lazyhippo_dagster.cli", "mcp", "--home", str(sample_settings.home)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
                             env={**os.environ, "DAGSTER_HOME": str(tmp_path / "d")})
@@ -483,11 +485,31 @@ def test_an_unpaired_surrogate_over_mcp_gets_an_error_answer(sample_settings, tm
         call({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
               "params": {"name": "lazyhippo_retrieve", "arguments": {"query": "Who \ud800 founded it?"}}})
         reply = json.loads(lines.get(timeout=60))
-        assert reply["id"] == 2 and reply["result"]["isError"] and "not valid Unicode" in reply["result"]["content"][0]["text"]
-        call({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        assert reply["id"] == 2 and reply["error"]["code"] == -32602 and "not valid Unicode" in reply["error"]["message"]
+        head = b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "lazyhippo_retrieve", ' \
+               b'"arguments": {"query": "\\udfff", "x": '
+        for depth, ident, code in ((100_000, None, -32700), (100, 3, -32600)):  # too deep to parse; parsed, too deep
+            proc.stdin.write(head + b"[" * depth + b"]" * depth + b"}}}\n")
+            proc.stdin.flush()
+            reply = json.loads(lines.get(timeout=60))
+            assert reply["id"] == ident and reply["error"]["code"] == code, reply
+        for raw, ident, code in ((b'{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": ', None, -32700),
+                                 (b'{"jsonrpc": "1.0", "id": 5, "method": "tools/call"}', 5, -32600),
+                                 (b'{"jsonrpc": "2.0", "id": 6, "method": 7}', 6, -32600),
+                                 (b'[1, 2]', None, -32600), (b"\xff\xfe", None, -32700)):
+            proc.stdin.write(raw + b"\n")
+            proc.stdin.flush()
+            reply = json.loads(lines.get(timeout=60))
+            assert reply["id"] == ident and reply["error"]["code"] == code, (raw, reply)
+        call({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"x": "\ud800"}})  # no reply
+        call({"jsonrpc": "2.0", "id": 7, "method": "tools/call",  # a literal U+FFFD is valid text
+              "params": {"name": "lazyhippo_retrieve", "arguments": {"query": "Who \ufffd succeeded the founder?", "limit": 2}}})
+        reply = json.loads(lines.get(timeout=60))
+        assert reply["id"] == 7 and not reply["result"].get("isError"), reply
+        call({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
               "params": {"name": "lazyhippo_retrieve", "arguments": {"query": SUCCESSOR_Q, "limit": 2}}})
         reply = json.loads(lines.get(timeout=60))
-        assert reply["id"] == 3 and not reply["result"].get("isError")
+        assert reply["id"] == 8 and not reply["result"].get("isError")
     finally:
         proc.kill()
         proc.wait(10)
