@@ -821,3 +821,27 @@ def test_a_malformed_key_scope_is_one_line_naming_the_variable(home):
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "LAZYHIPPO_API_KEY_NAMESPACES: invalid namespace '../etc'" in " ".join(out.stderr.split())
+
+
+# ---------------------------------------------------------------- 12. budgets per upload and per document
+
+def test_many_small_pdfs_share_one_cpu_budget(tmp_path):
+    """50 tiny PDFs, each well within the per-file limit: together they get the source's total and no more."""
+    for i in range(50):
+        _content_bomb(tmp_path / f"p{i:02d}.pdf", 10_000)  # about 0.5 s of CPU each
+    t0 = time.perf_counter()
+    docs, errors = read_source(tmp_path, 10**6, ParseLimits(cpu_seconds=5, total_cpu_seconds=3))
+    seconds = time.perf_counter() - t0
+    over = [e for e in errors if "used up their CPU budget (3 s)" in e.reason]
+    assert len(over) >= 40 and len(docs) + len(errors) == 50  # a few parsed, the rest never started
+    assert seconds < 30, seconds
+
+
+def test_a_document_is_cut_at_the_chunk_cap(tmp_path):
+    """A few kilobytes can expand to megabytes of short words (a PDF bomb's text): at most 2,000 chunks."""
+    from lazyhippo.stages.chunks import MAX_CHUNKS_PER_DOCUMENT, chunk_document
+
+    (tmp_path / "words.txt").write_text("a b. " * 400_000)
+    [doc] = list(read_path(tmp_path / "words.txt", tmp_path, 10**7))
+    chunks = chunk_document(doc)
+    assert len(chunks) == MAX_CHUNKS_PER_DOCUMENT == 2000 and [c.position for c in chunks] == list(range(2000))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from lazyhippo.sources.pdf import PARSE_LIMITS, ParseLimits, read_pdf
+from lazyhippo.sources.pdf import PARSE_LIMITS, ParseLimits, cpu_budget, read_pdf
 
 SUPPORTED = {".txt", ".md", ".pdf", ".jsonl"}
 MAX_WORD_CHARS = 1000  # a run without whitespace longer than this is an encoded blob or garbage, not text
@@ -220,10 +220,11 @@ def read_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS
     files, skipped = scan_source(source)
     docs: dict[str, Document] = {}
     errors: list[ReadError] = list(skipped)
-    for path in files:
-        for item in read_path(path, root, max_bytes, limits):
-            if isinstance(item, ReadError):
-                errors.append(item)
-            else:
-                docs[item.doc_id] = item
+    with cpu_budget(limits):
+        for path in files:
+            for item in read_path(path, root, max_bytes, limits):
+                if isinstance(item, ReadError):
+                    errors.append(item)
+                else:
+                    docs[item.doc_id] = item
     return list(docs.values()), errors
