@@ -687,6 +687,34 @@ def test_the_engine_pool_comes_back_to_its_size_after_every_engine_died(home, mo
         pool.stop()
 
 
+def test_a_query_on_a_stuck_engine_goes_to_a_live_one_once_it_is_replaced(home):
+    """The query timeout is two minutes, but the stuck engine is killed after its missed probe (1 s): the query
+    it held is answered by the live engine within seconds."""
+    pool = EnginePool(Settings(home=home), 2, query_seconds=120, probe_seconds=1).start()
+    body = {"question": SUCCESSOR_Q, "route": "local"}
+    stopped = pool.engines()[0]["pid"]
+    try:
+        with running(pool) as url:
+            os.kill(stopped, signal.SIGSTOP)
+            results: list[tuple[int, float]] = []
+
+            def ask() -> None:
+                t0 = time.perf_counter()
+                results.append((post(f"{url}/api/query", json=body).status_code, time.perf_counter() - t0))
+
+            asking = [threading.Thread(target=ask) for _ in range(2)]  # both engines free: one query each
+            for t in asking:
+                t.start()
+            for t in asking:
+                t.join(60)
+            assert [code for code, _ in results] == [200, 200] and max(s for _, s in results) < 15, results
+            assert not alive(stopped)
+    finally:
+        if alive(stopped):
+            os.kill(stopped, signal.SIGKILL)
+        pool.stop()
+
+
 @pytest.fixture
 def two_namespaces(home) -> Path:
     """The sample home with a second, small namespace `second`."""
