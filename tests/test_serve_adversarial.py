@@ -551,9 +551,14 @@ def _status(s: socket.socket) -> str:
 
 
 def _health_ms(url: str) -> float:
-    t0 = time.perf_counter()
-    assert get(f"{url}/health", timeout=5).status_code == 200
-    return (time.perf_counter() - t0) * 1000
+    """The best of three /health round trips (one slow answer on a shared machine is noise; a server busy
+    with an attacker answers all three late)."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        assert get(f"{url}/health", timeout=5).status_code == 200
+        times.append((time.perf_counter() - t0) * 1000)
+    return min(times)
 
 
 def test_oversized_or_numerous_headers_get_431_at_once_and_health_stays_fast(pool):
