@@ -27,7 +27,7 @@ from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.limits import Limits
 from lazyhippo.serve.middleware import TOKEN_HEADER, Access, Guard, Metrics
 from lazyhippo.serve.pool import IndexPool, limit_threads
-from lazyhippo.serve.routers import knowledge, ops, query
+from lazyhippo.serve.routers import entity, knowledge, operations, ops, query
 from lazyhippo.serve.runs import IndexRuns
 from lazyhippo.settings import environment
 
@@ -78,7 +78,7 @@ def create_app(pool: IndexPool | EnginePool, access: Access | None = None, limit
         log.exception("unhandled error on %s", request.url.path)
         return JSONResponse({"error": "internal error"}, status_code=500)
 
-    for router in (query.router, knowledge.router, ops.router):
+    for router in (query.router, knowledge.router, operations.router, entity.router, ops.router):
         app.include_router(router)
     return app
 

@@ -29,7 +29,8 @@ MIN_KEY_CHARS = 16
 MIN_KEY_BITS = 30  # (16 random hex digits estimate 33 or more)
 TOKEN_HEADER = "x-lazyhippo-token"
 PUBLIC = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
-WRITES = {"/api/kg/create", "/api/kg/upload"}  # POST: they change data
+WRITES = {"/api/kg/create", "/api/kg/upload",  # POST: they change data (export: it hands out whole tables)
+          "/api/kg/delete", "/api/kg/merge", "/api/kg/export"}
 UPLOAD = "/api/kg/upload"
 
 

@@ -30,6 +30,7 @@ from lazyhippo.query import (
     DEFAULT_CONFIG,
     GraphIndex,
     QueryConfig,
+    QueryOptions,
     QueryResult,
     Retrieval,
     answer_question,
@@ -37,8 +38,9 @@ from lazyhippo.query import (
     search,
 )
 from lazyhippo.query.routes import check_route
-from lazyhippo.settings import QUERY_FIELDS, Settings, environment
+from lazyhippo.settings import Settings, environment
 from lazyhippo.stores.snapshots import SnapshotSync
+from lazyhippo.stores.usage import record_answer_usage
 from lazyhippo.stores.warehouse import (IndexIncomplete, index_notice, published_namespaces, read_state, republish,
                                         snapshot_dir, snapshot_path)
 
@@ -122,27 +124,38 @@ class IndexPool:
 
     def answer(self, namespace: str, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
                llm="auto", history: list[dict] | None = None, choices: dict | None = None) -> QueryResult:
-        """`history`: earlier turns of the conversation; `choices`: query-time settings for this question
-        (rerank, chunk_selection, ...) over the server's."""
+        """`history`: earlier turns of the conversation; `choices`: query options for this question
+        (QueryOptions names: rerank, chunk_selection, damping, ...) over the server's."""
         check_route(route)
         warm = self.get(namespace)
+        settings, config, index = self._chosen(warm, choices)
         self._count()
         with self._slots:
-            return answer_question(query_settings(warm.settings, choices), question, route=route, top_k=top_k,
-                                   budget=budget, config=self.config, llm=llm, embedder=self.embedder,
-                                   index=warm.index, history=history)
+            result = answer_question(settings, question, route=route, top_k=top_k, budget=budget, config=config,
+                                     llm=llm, embedder=self.embedder, index=index, history=history)
+        record_answer_usage(settings.home, namespace, None, result.usage)
+        return result
 
     def notice(self, namespace: str) -> str | None:
         return namespace_notice(self.settings, namespace)
 
     def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8,
-                 choices: dict | None = None, with_entities: bool = False) -> Retrieval:
+                 choices: dict | None = None, with_entities: bool = False, with_support: bool = False) -> Retrieval:
         check_route(route)
         warm = self.get(namespace)
+        settings, config, index = self._chosen(warm, choices)
         self._count()
         with self._slots:
-            return search(query_settings(warm.settings, choices), question, route=route, top_k=top_k,
-                          config=self.config, embedder=self.embedder, index=warm.index, with_entities=with_entities)
+            return search(settings, question, route=route, top_k=top_k, config=config, embedder=self.embedder,
+                          index=index, with_entities=with_entities, with_support=with_support)
+
+    def _chosen(self, warm: Warm, choices: dict | None) -> tuple[Settings, QueryConfig, GraphIndex]:
+        """The settings, query config and index of one question with its query options (QueryOptions names);
+        another KNN threshold walks another graph, built once over the warm index's other parts."""
+        options = QueryOptions.from_mapping(choices)
+        config = options.config(self.config)
+        index = warm.index if config.graph == self.config.graph else load_index(warm.settings, config.graph)
+        return options.settings(warm.settings), config, index
 
     def _count(self) -> None:
         with self._count_lock:
@@ -295,14 +308,6 @@ class IndexPool:
         return {"status": "degraded", "damaged": damaged} if damaged else {"status": "ok"}
 
 
-def query_settings(settings: Settings, choices: dict | None) -> Settings:
-    """`settings` with a request's query-time choices (None values: the server's); nothing else can change."""
-    if not choices:
-        return settings
-    unknown = set(choices) - set(QUERY_FIELDS)
-    if unknown:
-        raise ValueError(f"not query-time settings: {', '.join(sorted(unknown))} (choose from {', '.join(QUERY_FIELDS)})")
-    return settings.with_(**choices)
 def snapshot_sync(settings: Settings) -> SnapshotSync | None:
     """The server's pull of published snapshots when LAZYHIPPO_SNAPSHOTS (`serve --snapshots`) names a store."""
     uri = environment().snapshots
