@@ -23,7 +23,8 @@ from rich.table import Table
 
 from lazyhippo.logs import configure_logging
 from lazyhippo.models.embedders import PROFILES
-from lazyhippo.serve.chat import MaxRelatedOpt, RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, run_usage
+from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, MaxRelatedOpt,
+                                  RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, query_options, run_usage)
 from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
@@ -39,7 +40,12 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also prin
     restore_interrupts()  # a CLI started in the background (pipelines/interrupts.py)
     if verbose:
         os.environ.setdefault("LAZYHIPPO_VERBOSE", "1")  # worker processes and servers started from here inherit it
-    configure_logging(environment().verbose)
+    try:
+        env = environment()
+    except ValueError as exc:  # a malformed variable: one line naming it
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    configure_logging(env.verbose)
 
 
 console = Console(stderr=True)
@@ -217,21 +223,25 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
               home: Path = HomeOpt, namespace: str = NsOpt,
               graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
               rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
-              chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
+              chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
+              group_neighbours: Optional[bool] = GroupOpt, damping: Optional[float] = DampingOpt,
+              communities: Optional[int] = CommunitiesOpt, knn_threshold: Optional[float] = KnnThresholdOpt,
+              hub_weight: Optional[float] = HubWeightOpt) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
     root = home
     _checked(check_query_options, question, namespace, route=route, top_k=top_k, budget=budget, graph_store=graph_store)
+    options = query_options(rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
+                            max_related_chunks=max_related_chunks, group_neighbours=group_neighbours, damping=damping,
+                            communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight)
     settings = Settings(home=root, namespace=namespace)
     _notice(settings)
     if not counts(settings)["chunks"]:
         console.print(f"[red]error:[/red] namespace {namespace!r} in {root} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
-    chosen = {"rerank": rerank, "rerank_top_n": rerank_top_n, "chunk_selection": chunk_selection,
-              "max_related_chunks": max_related_chunks}
-    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace,
-                                                **{k: v for k, v in chosen.items() if v is not None}},
+    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
                                   "graph_store": {"kind": graph_store}},
-                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}},
+                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k,
+                                                      "budget": budget, "options": options.chosen()}}},
                   namespace=namespace)
     data = result.output_for_node("answer_question")
     if as_json:
@@ -239,11 +249,15 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         return
     out = Console()
     out.print(f"[bold]Q:[/bold] {question}  [dim](route {data['route']}, {data['context_tokens']} context tokens)[/dim]")
-    out.print(f"[bold]A:[/bold] {data['answer']}  [dim](rerank {data['diagnostics']['rerank']['status']})[/dim]")
-    for cite in data["citations"]:
+    if data["answerable"]:
+        out.print(f"[bold]A:[/bold] {data['answer']}  [dim](rerank {data['diagnostics']['rerank']['status']})[/dim]")
+    else:
+        out.print(f"[bold]A:[/bold] nothing in namespace {namespace!r} answers this question"
+                  + ("; the closest passages:" if data["closest"] else "."))
+    for cite in data["citations"] or data["closest"]:
         where = " ".join(x for x in (f"§ {cite['section']}" if cite.get("section") else "",
                                      f"p. {cite['page']}" if cite.get("page") else "") if x)
-        out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
+        out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})", markup=False)
     print_usage(data["usage"], out)
 
 
@@ -292,8 +306,9 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
 
 @app.command()
 def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names or ids as in the entities table)."),
-          into: str = typer.Option(..., "--into", help="The entity that remains."),
-          strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest"),
+          into: str = typer.Option(..., "--into", help="The entity that remains (created when no entity has that name)."),
+          strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest "
+                                       "| llm_summary (needs an LLM)"),
           home: Path = HomeOpt, namespace: str = NsOpt,
           graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
           object_store: Optional[str] = typer.Option(None, help="local | minio")) -> None:
@@ -302,10 +317,11 @@ def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names
     from lazyhippo.stages.merge import merge_on_neo4j, record_merge
 
     def edit(settings, con, store, objects) -> str:
-        done = record_merge(con, namespace, sources, into, strategy)
-        if store.name == "neo4j":
+        done = record_merge(con, namespace, sources, into, strategy, settings.llm != "none")
+        if store.name == "neo4j" and not done.created:
             merge_on_neo4j(store, namespace, done)
-        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}"
+        new = " (a new entity)" if done.created else ""
+        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}{new}"
 
     _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
 
@@ -346,6 +362,58 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
 
 
 @app.command()
+def entity(name: str = typer.Argument(..., help="Entity name (matched loosely) or id."),
+           neighbours: int = typer.Option(20, min=0, help="Neighbours to show."),
+           chunks: int = typer.Option(10, min=0, help="Mentioning passages to show."),
+           as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
+           home: Path = HomeOpt, namespace: str = NsOpt) -> None:
+    """One entity: description, type, community at each level, PageRank, neighbours with their relation
+    descriptions and weights, and the passages that mention it. A loose name with several candidates lists them."""
+    from lazyhippo.query.entity import lookup_entity
+
+    _checked(check_namespace_option, namespace)
+    settings = Settings.from_env(home=home, namespace=namespace)
+    if not counts(settings)["chunks"]:
+        console.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
+        raise typer.Exit(2)
+    try:
+        found = lookup_entity(settings, name, neighbours, chunks)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(found.to_dict(), indent=2))
+    out = Console()
+    if found.match == "none":
+        console.print(f"[red]error:[/red] no entity like {name!r} in namespace {namespace!r}")
+        raise typer.Exit(1)
+    if as_json:
+        return
+    if found.match == "ambiguous":
+        out.print(f"{name!r} could be any of these (give one exactly):")
+        for c in found.candidates:
+            out.print(f"  {escape(c.name)} [dim]({c.type}, similarity {c.similarity:.2f}, {c.entity_id})[/dim]")
+        return
+    e = found.entity
+    matched = f" [dim](closest to {name!r})[/dim]" if found.match == "fuzzy" else ""
+    out.print(f"[bold]{escape(e.name)}[/bold] ({e.type}, {e.entity_id}){matched}")
+    out.print(f"  {escape(e.description or '(no description)')}")
+    out.print(f"  PageRank {e.pagerank or 0:.4f}, {e.mentions} mentions, {e.degree} relations")
+    for c in e.communities:
+        out.print(f"  community level {c['level']}: {c['community_id']} ({c['size']} entities) {escape(c['title'] or '')}")
+    table = Table(title="neighbours")
+    for col in ("entity", "edge", "weight", "description"):
+        table.add_column(col)
+    for n in e.neighbours:
+        table.add_row(escape(n["name"]), n["relation"], f"{n['weight']:g}", escape(n["description"] or ""))
+    out.print(table)
+    for i, c in enumerate(e.chunks, 1):
+        where = " ".join(x for x in (f"§ {c['section']}" if c.get("section") else "",
+                                     f"p. {c['page']}" if c.get("page") else "") if x)
+        out.print(f"  [{i}] {escape(c['title'] or '')} {where} ({c['chunk_id']}, {c['source']}; {c['mentions']} mentions)")
+
+
+@app.command()
 def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopback: LAZYHIPPO_API_KEY is required; "
                                    "docs/security.md)."),
           port: int = typer.Option(8000), home: Path = HomeOpt,
@@ -356,7 +424,13 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
           rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
           chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
           snapshots: Optional[str] = typer.Option(None, help="s3://bucket/prefix: serve the snapshots published there "
-                                                  "(pulled when their manifest changes) [$LAZYHIPPO_SNAPSHOTS].")) -> None:
+                                                  "(pulled when their manifest changes) [$LAZYHIPPO_SNAPSHOTS]."),
+          max_header_bytes: int = typer.Option(16 * 1024, min=1024, help="Largest request line and headers (431 beyond)."),
+          max_headers: int = typer.Option(100, min=10, help="Most request headers (431 beyond)."),
+          header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a client has to send the request line and headers."),
+          body_timeout: float = typer.Option(60.0, min=0.1, help="Seconds a client has to send a body once its headers are in."),
+          keep_alive_timeout: float = typer.Option(5.0, min=0.1, help="Seconds an idle keep-alive connection stays open."),
+          max_connections: int = typer.Option(256, min=1, help="Open connections at once (503 beyond).")) -> None:
     """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics. Without
     a key it prints a token that creating and uploading need; `kg_create` reads only under LAZYHIPPO_SOURCE_ROOTS."""
     from lazyhippo.serve.app import Access, Limits
@@ -384,13 +458,16 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
         console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
     console.print(f"serving {root} on http://{host}:{port} (docs at /docs)")
     run_server(settings, host, port, Limits(max_body_bytes=max_body_bytes, max_question_chars=max_question_chars,
-                                                       max_budget=max_budget), workers)
+                                            max_budget=max_budget, max_header_bytes=max_header_bytes,
+                                            max_headers=max_headers, header_seconds=header_timeout,
+                                            body_seconds=body_timeout, idle_seconds=keep_alive_timeout,
+                                            max_connections=max_connections), workers)
 
 
 @app.command("mcp")
 def mcp_cmd(home: Path = HomeOpt, rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
             chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
-    """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve, lazyhippo_answer and lazyhippo_namespaces."""
+    """MCP server over stdio (official mcp SDK): retrieve, answer, entity, delete, merge, run, export and namespaces tools."""
     from lazyhippo.serve.mcp import run_stdio
 
     run_stdio(Settings.from_env(home=home, rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
@@ -568,6 +645,45 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
         print(json.dumps({"dataset": name, **headline(result)}))
 
 
+@bench.command("answerable")
+def bench_answerable(dataset: str = typer.Option("all", help="2wiki | hotpotqa | musique | gitdocs | all (comma-separated: "
+                                                             "at least two, each asked of the others' indexes)."),
+                     split: str = typer.Option("all", help="tune | confirm | all (the halves of `bench retrieval`)."),
+                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspaces (those of `bench "
+                                                  "retrieval`, reused when they hold the same corpus)."),
+                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-question rows here.")) -> None:
+    """How often offline answers say "not answerable" rightly: each set's questions asked of its own index
+    (missed: answerable ones marked not answerable) and of every other set's index (caught: marked not
+    answerable), at the current threshold, and the threshold the tune halves call for (at most 5% missed)."""
+    from lazyhippo.evaluate.answerable import ANSWER_SETS, answer_set_files, calibrate, mean_rates, rates, run_answerable_bench
+    from lazyhippo.evaluate.bench import SPLITS
+    from lazyhippo.query.answer import SUPPORT_THRESHOLD
+
+    if split not in SPLITS:
+        raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
+    names = list(ANSWER_SETS) if dataset == "all" else [n.strip() for n in dataset.split(",") if n.strip()]
+    if len(names) < 2:
+        raise typer.BadParameter("name at least two sets: out-of-corpus questions come from the others", param_hint="--dataset")
+    sets = {}
+    for name in names:
+        try:
+            corpus, questions = answer_set_files(name, environment().datasets)
+        except (ValueError, FileNotFoundError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
+        sets[name] = (corpus, questions, workdir / name)
+    bar, update = _progress_bar()
+    with bar:
+        rows = run_answerable_bench(sets, split, Settings.from_env(), update)
+    table = rates(rows, SUPPORT_THRESHOLD)
+    _print_frame(pl.DataFrame(table), f"answerable or not at support >= {SUPPORT_THRESHOLD} ({split}): missed = answerable "
+                                      "questions marked not answerable, caught = out-of-corpus questions marked so")
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=1))
+    halves = {h: mean_rates(table, h) for h in ("tune", "confirm") if any(r["half"] == h for r in table)}
+    print(json.dumps({"threshold": SUPPORT_THRESHOLD, **{f"{h}_{k}": v for h, m in halves.items() for k, v in m.items()},
+                      **({"tune_threshold": calibrate(rows)} if "tune" in halves else {})}))
+
+
 @bench.command("keep")
 def bench_keep(base: Path = typer.Argument(..., help="`bench retrieval --json` output of the current defaults."),
                candidate: Path = typer.Argument(..., help="The same with the change."),
@@ -660,11 +776,18 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
     if executor == "celery":
         result = run_cluster_index_bench(corpus, workdir.resolve(), workers, limit,
                                          progress=lambda m: console.print(f"[bold]{m}[/bold]"))
-        print(json.dumps(result))
+        print(json.dumps(_rounded(result)))
         return
     result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
     _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents")
-    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+    print(json.dumps(_rounded({k: v for k, v in result.items() if not isinstance(v, dict)})))
+
+
+def _rounded(result, digits: int = 2):
+    """A bench result's floats rounded for display (the bench functions keep them exact for their ratios)."""
+    if isinstance(result, dict):
+        return {k: _rounded(v, digits) for k, v in result.items()}
+    return round(result, digits) if isinstance(result, float) else result
 
 
 @bench.command("serve")

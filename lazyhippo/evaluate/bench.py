@@ -163,10 +163,15 @@ def evaluate(method: str, ranker: Ranker, questions: Sequence[dict], k: int = 8,
 
 
 def file_sha(path: Path) -> str:
+    """SHA-256 of a file, or of a folder's files (their relative paths and contents, in path order)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(f.relative_to(path).as_posix().encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()
 
 

@@ -19,7 +19,7 @@ from lazyhippo.graph.ppr import PPRBackend, get_ppr_backend
 from lazyhippo.query.config import ChunkSelectionParams, LocalParams
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.text import STOPWORDS
-from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
+from lazyhippo.query.types import PreparedQuery, ScoredChunk, hub_entities, top_indices
 
 FactFilter = Callable[[list[str]], "list[int] | None"]  # fact texts -> positions kept, None: keep the offline choice
 
@@ -245,7 +245,7 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
 def _non_hub_entities(idx: GraphIndex, c: int, p: LocalParams) -> np.ndarray:
     """The entities chunk `c` mentions that are not hubs: the ones a bridge can go through."""
     ents = idx.mentions.counts[c].indices
-    return ents[idx.entities.df[ents] <= max(2.0, p.hub_df_share * idx.n_chunks)]
+    return ents[~hub_entities(idx, p.hub_df_share)[ents]]
 
 
 def _mention_any(idx: GraphIndex, chunks: np.ndarray, ents: np.ndarray) -> np.ndarray:

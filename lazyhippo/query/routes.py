@@ -16,7 +16,7 @@ from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.local import local_scores, retrieve_local
 from lazyhippo.query.multihop import SubgraphPPR
-from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
+from lazyhippo.query.types import PreparedQuery, ScoredChunk, hub_entities, top_indices
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,15 @@ _RELATIONAL = re.compile(
     re.I)
 _CLAUSE_SPLIT = re.compile(r"\?\s+|;\s*|\.\s+(?=[A-Z])|,?\s+(?:and|also|as well as|then)\s+(?=(?:who|whom|whose|what|when|where|which|why|how|did|does|do|is|are|was|were)\b)", re.I)
 _COMPARE = re.compile(r"^(?P<stem>.+?),\s*(?P<a>[^,]+?)\s+or\s+(?P<b>[^,?]+)\??$", re.I)
+
+
+_ABOUT_CORPUS = re.compile(r"\b(?:this|these|the) (?:collection|corpus|documents?|dataset|index|knowledge base)\b", re.I)
+
+
+def subject_words(question: str) -> str:
+    """The question without the words that ask for an overview ("the main themes of this collection"): what is
+    left names its subject, empty when it asks about the collection as a whole."""
+    return _ABOUT_CORPUS.sub(" ", _EXPLORATORY.sub(" ", question))
 
 
 def classify_query(question: str) -> str:
@@ -154,7 +163,7 @@ def expand_scores(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig) -> np.nda
     out = np.zeros(idx.n_chunks)
     if not len(hits) or not idx.n_entities:
         return out
-    hub = idx.entities.df > max(2.0, cfg.local.hub_df_share * idx.n_chunks)
+    hub = hub_entities(idx, cfg.local.hub_df_share)
     ents = np.unique(idx.mentions.counts[hits].indices)
     ents = ents[~hub[ents]]
     if not len(ents):

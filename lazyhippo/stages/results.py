@@ -89,7 +89,7 @@ class CommunitiesResult(StageResult):
     communities: int
     modularity: float
     algorithm: str
-    levels: int
+    levels: int            # levels of the hierarchy stored (communities.level 0 .. levels - 1)
     largest: int
     singletons: int
     size_distribution: dict[int, int] = field(default_factory=dict)   # size (50 = 50+) -> communities
