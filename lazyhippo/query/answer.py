@@ -202,13 +202,14 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     found = extract(standalone, context, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind)
     answerable = found.support >= SUPPORT_THRESHOLD
     diag["support"] = {"score": found.support, "threshold": SUPPORT_THRESHOLD, "parts": found.parts}
-    if not answerable:
-        answer, cited = NO_ANSWER, []
-    elif model is not None:
+    if model is not None and context:  # the LLM judges (it reads any language); answerable when it cites
         answer, cited, llm_diag = llm_answer(model, question, context, evidence if used_route == "global" else [],
                                              idx, turns)
         diag.update(llm_diag)
         llm_name = model.model
+        answerable = bool(cited)
+    elif not answerable:
+        answer, cited = NO_ANSWER, []
     elif used_route == "global" and evidence:
         answer, cited = community_answer(standalone, context, evidence, emb, idx, kind)
     else:
