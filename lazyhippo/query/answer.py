@@ -134,9 +134,9 @@ def search(settings: Settings, question: str, route: str = "local", top_k: int =
     answerable = None
     if with_support:
         passages = [Passage(i + 1, c.title, c.section, c.text) for i, c in enumerate(chunks)]
-        support = extract(question, passages, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind).support
-        out.diagnostics["support"] = {"score": support, "threshold": SUPPORT_THRESHOLD}
-        answerable = support >= SUPPORT_THRESHOLD
+        found = extract(question, passages, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind)
+        out.diagnostics["support"] = {"score": found.support, "threshold": SUPPORT_THRESHOLD}
+        answerable = found.answerable
     return Retrieval(used, kind, chunks, out.diagnostics, entities, answerable)
 
 
@@ -200,7 +200,7 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     t4 = time.perf_counter()
     llm_name = None
     found = extract(standalone, context, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind)
-    answerable = found.support >= SUPPORT_THRESHOLD
+    answerable = found.answerable
     diag["support"] = {"score": found.support, "threshold": SUPPORT_THRESHOLD, "parts": found.parts}
     if model is not None and context:  # the LLM judges (it reads any language); answerable when it cites
         answer, cited, llm_diag = llm_answer(model, question, context, evidence if used_route == "global" else [],
@@ -289,6 +289,10 @@ class Extract:
     @property
     def cited(self) -> list[int]:
         return list(dict.fromkeys(n for _, n in self.sentences))
+
+    @property
+    def answerable(self) -> bool:
+        return self.support >= SUPPORT_THRESHOLD
 
 
 class Passage(NamedTuple):
@@ -384,17 +388,18 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
             used += len(chosen[best]) + mark
             total += len(chosen[best]) + mark
             have |= held[best]
-    support = _support(keywords, idf, pool) if keywords else 1.0  # no keywords: about the whole collection
+    # no sentence bears on the question: no support; no keywords: it asks about the whole collection
+    support = 0.0 if not chosen else _support(keywords, idf, pool) if keywords else 1.0
     return Extract([(t, pool[i].n) for i, t in chosen.items()], support, len(parts))
 
 
-def _support(keywords: list[str], idf, chosen: list[_Candidate]) -> float:
+def _support(keywords: list[str], idf, sentences: list[_Candidate]) -> float:
     """The weighted share (`_weights`) of the question's content words that the sentences or their passages'
     titles hold."""
-    if not chosen:
+    if not sentences:
         return 0.0
     w = _weights(keywords, idf)
-    words = frozenset().union(*(c.words | c.title for c in chosen))
+    words = frozenset().union(*(c.words | c.title for c in sentences))
     return round(float(sum(wt for t, wt in zip(keywords, w) if t[:6] in words) / max(w.sum(), 1e-9)), 4)
 
 
