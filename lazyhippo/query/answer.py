@@ -355,7 +355,9 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
     `max_chars` with their citations. A sentence is considered only when it shares a content word with its
     part; the best is taken first, then others only while they hold a word of the part the taken ones lack.
     Scores: similarity to the part, the rarity-weighted share of its words held (`idf`: keywords -> idf,
-    uniform when None) and the passage's rank. `kind`: the question's type when already classified."""
+    uniform when None), the passage's rank, and a bridge: a sentence of a passage whose title a taken sentence
+    names ("B Boy is a song by Meek Mill" -> Meek Mill's passage) goes before others, as a multi-hop answer reads.
+    `kind`: the question's type when already classified."""
     pool = _candidates(context, max_chunks)
     if not pool:
         return Extract([], 0.0)
@@ -376,7 +378,10 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
         used = 0
         for _ in range(per_part if kw else 1):  # no subject words: the one sentence nearest the question
             gain = (held & ~have) @ w if kw else np.ones(len(pool))  # words of the part the taken ones lack
-            best = next((int(i) for i in np.argsort(-(score + gain), kind="stable")
+            named = frozenset().union(*(pool[i].words for i in chosen))  # a passage a taken sentence names
+            bridge = np.array([0.5 if c.title and c.title <= named and all(pool[i].n != c.n for i in chosen) else 0.0
+                               for c in pool])
+            best = next((int(i) for i in np.argsort(-(score + gain + bridge), kind="stable")
                          if gain[i] > 0 and int(i) not in chosen), None)
             if best is None:
                 break
