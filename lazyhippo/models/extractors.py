@@ -66,8 +66,10 @@ def _clean(name: str) -> str:
             new = "." + new
         if new.endswith("()") or new.endswith("(") or (new.endswith(")") and new.count(")") > new.count("(")):
             new = new[:-2] if new.endswith("()") else new[:-1]
-        if new.startswith(")") or (new.startswith("(") and (new.count("(") > new.count(")") or new.endswith(")"))):
-            new = new[1:-1] if new.startswith("(") and new.endswith(")") and new.count("(") == new.count(")") else new[1:]
+        if new.startswith("(") and new.endswith(")") and new.count("(") == new.count(")"):
+            new = new[1:-1]
+        elif new.startswith(")") or (new.startswith("(") and new.count("(") > new.count(")")):
+            new = new[1:]
         if new == name:
             break
         name = new
@@ -138,9 +140,8 @@ def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) 
     if noun_phrases:  # spans across a line break join a heading to its text: not a phrase
         spans += [Span(np.text, "CONCEPT", np.start_char, np.end_char) for np in doc.noun_chunks if "\n" not in np.text
                   and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
-    spans = [s for s in spans if not any(s.overlaps(h) for h in lines)
-             and not any(s.overlaps(t) and (s.label == "CONCEPT" or not t.inside(s) or t.start == s.start and t.end == s.end)
-                         for t in tech)]
+    spans = [s for s in spans if not any(s.overlaps(h) for h in lines) and not any(
+        s.overlaps(t) and (s.label == "CONCEPT" or not t.inside(s) or (t.start, t.end) == (s.start, s.end)) for t in tech)]
     return spans + tech + [h for h in headings if not any(t.inside(h) for t in tech)]
 
 
