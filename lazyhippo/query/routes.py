@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 
 from lazyhippo.query.assist import assisted_local
-from lazyhippo.query.communities import CommunityEvidence, community_seeds, retrieve_global
+from lazyhippo.query.communities import (CommunityEvidence, community_seeds, hub_seeds, matched_communities,
+                                         matched_evidence, retrieve_global)
 from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.local import local_scores, retrieve_local
@@ -131,16 +132,21 @@ def split_question(question: str, llm=None, max_parts: int = 4) -> list[str]:
 
 
 def retrieve_drift(req: RouteRequest) -> RouteResult:
-    """Local retrieval per sub-question (and the whole question), merged: each chunk keeps its best
-    score normalized within its sub-question, so every part of the question is represented."""
+    """DRIFT: the whole question (the primer) and each sub-question are matched to the community summaries, and
+    the hubs of the communities each matches seed its local retrieval beside its own links; the results are
+    merged, each chunk keeping its best score normalized within its sub-question, so every part is represented."""
     idx, cfg, top_k, question = req.idx, req.cfg, req.top_k, req.query.text
     subs = split_question(question, req.llm, cfg.drift_max_subquestions)
-    queries = subs if len(subs) > 1 else [question]
-    if len(subs) > 1:
-        queries = [question] + subs
+    queries = [question] + subs if len(subs) > 1 else [question]
     best: dict[int, tuple[float, str, float]] = {}
+    followups = []
     for sq in queries:
-        scores = local_scores(idx, req.prepare(sq), cfg.local, req.ppr).scores
+        pq = req.prepare(sq)
+        matched = matched_evidence(idx, matched_communities(idx, pq, cfg.global_))
+        seeds = hub_seeds(idx, matched, cfg.global_)
+        followups.append({"question": sq, "communities": [e.community_id for e in matched],
+                          "hubs": sorted({idx.entities.names[e] for e in seeds})})
+        scores = local_scores(idx, pq, cfg.local, req.ppr, seeds).scores
         top = top_indices(scores, max(top_k, cfg.candidates))
         peak = float(scores[top[0]]) if len(top) else 0.0
         if peak <= 0:
@@ -153,7 +159,7 @@ def retrieve_drift(req: RouteRequest) -> RouteResult:
     chunks = [ScoredChunk.from_index(idx, c, s, "drift", local=raw) for c, (s, sq, raw) in ranked]
     for ch, (_, (_, sq, _)) in zip(chunks, ranked):
         ch.channels["subquestion"] = float(queries.index(sq))
-    return RouteResult(chunks, {"subquestions": queries})
+    return RouteResult(chunks, {"subquestions": queries, "followups": followups})
 
 
 def expand_scores(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig) -> np.ndarray:
