@@ -186,15 +186,17 @@ def _strings(*names: str, max_length: int = 160) -> dict:
 
 RELATION_TYPES = ("PART_OF", "LOCATED_IN", "CREATED_BY", "FOUNDED_BY", "MEMBER_OF", "WORKS_FOR", "USES",
                   "DEPENDS_ON", "CONFIGURES", "PRODUCES", "SUCCEEDED", "RELATED_TO")
+_STRUCTURE = ("MENTIONS", "SEMANTICALLY_SIMILAR", "BELONGS_TO")  # the graph's own edges between entities, kept apart
 _TYPE_WORDS = re.compile(r"[^A-Za-z0-9]+")
 
 
 def relation_type(raw: object) -> str:
     """A relation type in upper snake case ("part of" -> PART_OF): one of RELATION_TYPES or a free type of one to
-    five words that starts with a letter; anything else is RELATED_TO."""
+    five words that starts with a letter and is not one of the graph's own edge types; anything else is RELATED_TO."""
     words = [w for w in _TYPE_WORDS.split(str(raw or "")) if w]
     name = "_".join(words).upper()
-    return name if 0 < len(words) <= 5 and name[0].isalpha() and len(name) <= 40 else "RELATED_TO"
+    usable = 0 < len(words) <= 5 and name[0].isalpha() and len(name) <= 40 and name not in _STRUCTURE
+    return name if usable else "RELATED_TO"
 
 
 def extraction_schema(max_entities: int = 8, max_relations: int = 6) -> dict:
