@@ -332,13 +332,13 @@ def test_drift_seeds_each_subquestion_with_its_communities_hubs(qsettings, monke
     cfg = QueryConfig()
     question = "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?"
     seeded: dict[str, dict[int, float]] = {}
-    real = routes.local_scores
+    real = routes.retrieve_local
 
-    def spy(idx_, q, p, ppr=None, extra_seeds=None, fact_filter=None):
+    def spy(idx_, q, p, top_k, ppr=None, extra_seeds=None, **kw):
         seeded[q.text] = dict(extra_seeds or {})
-        return real(idx_, q, p, ppr, extra_seeds, fact_filter)
+        return real(idx_, q, p, top_k, ppr, extra_seeds, **kw)
 
-    monkeypatch.setattr(routes, "local_scores", spy)
+    monkeypatch.setattr(routes, "retrieve_local", spy)
     emb = get_embedder(qsettings.embedder, qsettings.embedding_model)
     req = routes.RouteRequest(idx, PreparedQuery(idx, question, emb), classify_query(question), cfg, 5)
     res = routes.retrieve_drift(req)

@@ -133,8 +133,8 @@ def split_question(question: str, llm=None, max_parts: int = 4) -> list[str]:
 
 def retrieve_drift(req: RouteRequest) -> RouteResult:
     """DRIFT: the whole question (the primer) and each sub-question are matched to the community summaries, and
-    the hubs of the communities each matches seed its local retrieval beside its own links; the results are
-    merged, each chunk keeping its best score normalized within its sub-question, so every part is represented."""
+    the hubs of the communities each matches seed its local route beside its own links; the results are merged,
+    each chunk keeping its best score normalized within its sub-question, so every part is represented."""
     idx, cfg, top_k, question = req.idx, req.cfg, req.top_k, req.query.text
     subs = split_question(question, req.llm, cfg.drift_max_subquestions)
     queries = [question] + subs if len(subs) > 1 else [question]
@@ -146,15 +146,14 @@ def retrieve_drift(req: RouteRequest) -> RouteResult:
         seeds = hub_seeds(idx, matched, cfg.global_)
         followups.append({"question": sq, "communities": [e.community_id for e in matched],
                           "hubs": sorted({idx.entities.names[e] for e in seeds})})
-        scores = local_scores(idx, pq, cfg.local, req.ppr, seeds).scores
-        top = top_indices(scores, max(top_k, cfg.candidates))
-        peak = float(scores[top[0]]) if len(top) else 0.0
+        found, _ = retrieve_local(idx, pq, cfg.local, top_k, req.ppr, seeds, route="drift")
+        peak = found[0].score if found else 0.0
         if peak <= 0:
             continue
-        for c in top:
-            s = float(scores[c]) / peak
-            if s > best.get(int(c), (-1.0, "", 0.0))[0]:
-                best[int(c)] = (s, sq, float(scores[c]))
+        for ch in found:
+            c, s = idx.chunks.pos[ch.chunk_id], ch.score / peak
+            if s > best.get(c, (-1.0, "", 0.0))[0]:
+                best[c] = (s, sq, ch.score)
     ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_k]
     chunks = [ScoredChunk.from_index(idx, c, s, "drift", local=raw) for c, (s, sq, raw) in ranked]
     for ch, (_, (_, sq, _)) in zip(chunks, ranked):
