@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS extracted_entities (
 CREATE TABLE IF NOT EXISTS extracted_relations (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, source VARCHAR NOT NULL,
   target VARCHAR NOT NULL, description VARCHAR, weight DOUBLE);
+ALTER TABLE extracted_relations ADD COLUMN IF NOT EXISTS type VARCHAR;
 -- Which extraction of each document the warehouse holds (lazyhippo/parts.py): the signature of its chunks'
 -- cache keys, so a parallel run plans only the documents whose chunks or extractor changed.
 CREATE TABLE IF NOT EXISTS extraction_parts (
@@ -42,6 +43,10 @@ CREATE TABLE IF NOT EXISTS relations (
   namespace VARCHAR NOT NULL, relation_id VARCHAR NOT NULL, source_id VARCHAR NOT NULL,
   target_id VARCHAR NOT NULL, description VARCHAR, weight DOUBLE, n_chunks BIGINT,
   PRIMARY KEY (namespace, relation_id));
+-- a relation's type (upper snake case; RELATED_TO when the extraction gave none) and whether it reads from
+-- source_id to target_id (the pair is stored in id order, the type in the order the passage states it)
+ALTER TABLE relations ADD COLUMN IF NOT EXISTS type VARCHAR DEFAULT 'RELATED_TO';
+ALTER TABLE relations ADD COLUMN IF NOT EXISTS forward BOOLEAN DEFAULT true;
 CREATE TABLE IF NOT EXISTS mentions (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, entity_id VARCHAR NOT NULL,
   count BIGINT NOT NULL, PRIMARY KEY (namespace, chunk_id, entity_id));
