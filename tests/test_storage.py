@@ -9,22 +9,48 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from lazyhippo.index import run_index
 from lazyhippo.models.extractors import Extraction, ExtractionCache
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
 from lazyhippo.stores.warehouse import (STAGING, TABLES, connect, counts, quantize, read_vectors, snapshot_path,
                                         vector_matrix)
 
 
-def test_the_snapshot_leaves_the_staging_tables_out_and_status_still_counts_them(sample_settings):
-    snap = duckdb.connect(str(snapshot_path(sample_settings)), read_only=True)
+def _tables(path) -> set[str]:
+    con = duckdb.connect(str(path), read_only=True)
     try:
-        held = {r[0] for r in snap.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     finally:
-        snap.close()
+        con.close()
+
+
+def test_a_home_of_one_namespace_holds_its_index_once_and_the_next_write_leaves_the_snapshot_as_it_was(tmp_path):
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    snap = snapshot_path(settings)
+    assert snap.stat().st_ino == settings.db_path.stat().st_ino  # one file on disk, two names
+    before = counts(settings)
+    with connect(settings) as con:
+        con.execute("DELETE FROM chunks")
+    assert snap.stat().st_ino != settings.db_path.stat().st_ino and settings.db_path.stat().st_nlink == 1
+    assert counts(settings) == before and before["chunks"] > 0  # readers still see the published index
+    run_index(settings)
+    assert snap.stat().st_ino == settings.db_path.stat().st_ino and counts(settings) == before
+
+
+def test_beside_another_namespace_the_snapshot_is_a_copy_without_staging_tables_and_status_still_counts_them(tmp_path):
+    first = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(first)
+    other = first.with_(namespace="other")
+    run_index(other)
+    snap = snapshot_path(other)
+    assert snap.stat().st_ino != other.db_path.stat().st_ino
+    held = _tables(snap)
     assert not held & set(STAGING) and set(TABLES) - set(STAGING) <= held
-    with connect(sample_settings) as con:  # the work file keeps them: updates recompute from them
-        work = {t: con.execute(f"SELECT count(*) FROM {t} WHERE namespace = ?", [sample_settings.namespace]).fetchall()[0][0]
+    with connect(other) as con:  # the work file keeps them: updates recompute from them
+        work = {t: con.execute(f"SELECT count(*) FROM {t} WHERE namespace = ?", [other.namespace]).fetchall()[0][0]
                 for t in TABLES}
-    assert work["extracted_relations"] > 0 and counts(sample_settings) == work
+    assert work["extracted_relations"] > 0 and counts(other) == work
 
 
 def test_stored_vectors_are_int8_and_read_back_with_their_cosines_within_0_003():

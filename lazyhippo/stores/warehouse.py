@@ -2,19 +2,23 @@
 
 Concurrency (DuckDB locks the file per process, so a reader would break a writer): an index run owns the work
 file `warehouse.duckdb`, serialized between processes by a lock that waits (`WriterSession`). At the end of a
-successful run the namespace's rows are written to a new file atomically renamed onto
-`published/<namespace>.duckdb`, the read-only snapshot every query and `status` opens. Readers therefore never
-touch the writer's file and always see the last complete index; `index_notice` tells them when the latest run
-is still going, failed, or was killed. Writers outside an index run use a `WriterSession` too (it publishes).
+successful run the namespace is published to `published/<namespace>.duckdb` (atomically renamed onto it), the
+read-only snapshot every query and `status` opens: the work file itself, hard-linked, when it holds that
+namespace alone (the next write gives the work file a copy of its own first), else a new file with the
+namespace's rows of the tables readers read. Readers therefore never touch a file being written and always see
+the last complete index; `index_notice` tells them when the latest run is still going, failed, or was killed.
+Writers outside an index run use a `WriterSession` too (it publishes).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,6 +79,7 @@ def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection
 
 def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     settings.home.mkdir(parents=True, exist_ok=True)
+    _unshare(settings.db_path)
     con = duckdb.connect(str(settings.db_path))
     con.execute((SQL_DIR / "schema.sql").read_text())
     _migrate_vectors(con)
@@ -112,6 +117,7 @@ def read_path(settings: Settings) -> Path | None:
 def connect(settings: Settings, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
     """Writers get the work file (inside a run, or a caller that owns the home); readers get the published
     snapshot, except inside this process's own run, which reads what it has written so far."""
+    writer = None
     if read_only and not _owns(settings):
         path = _published(settings)
         if path is not None:
@@ -121,14 +127,35 @@ def connect(settings: Settings, read_only: bool = False) -> Iterator[duckdb.Duck
             con.execute((SQL_DIR / "schema.sql").read_text())
             _with_functions(con)
     else:
-        con = _open_writer(settings)
+        writer = settings.db_path.resolve()
+        with _SHARING:
+            con = _open_writer(settings)
+            _WRITERS[writer] += 1
     try:
         yield con
     finally:
         con.close()
+        if writer is not None:
+            _WRITERS[writer] -= 1
 
 
 _IN_TRANSACTION: set[int] = set()  # ids of connections inside transaction()
+_WRITERS: Counter[Path] = Counter()  # work file -> writer connections open in this process
+_SHARING = threading.RLock()  # no writer connection opens between publish's count of them and its hard link
+
+
+def _unshare(db_path: Path) -> None:
+    """Give the work file its own copy before writing when it is still the published snapshot (`publish` links
+    them): readers keep the snapshot as it was. Only when no connection of this process has it open: one would
+    keep writing to the old file."""
+    try:
+        if db_path.stat().st_nlink < 2 or _WRITERS[db_path.resolve()]:
+            return
+    except FileNotFoundError:
+        return
+    tmp = db_path.with_name(f".{db_path.name}.{os.getpid()}.tmp")
+    shutil.copyfile(db_path, tmp)
+    os.replace(tmp, db_path)
 
 
 @contextmanager
@@ -315,18 +342,34 @@ def process_alive(pid: int, host: str) -> bool:
 
 
 def publish(settings: Settings) -> Path:
-    """Write the namespace's rows to a temporary file and atomically rename it onto its snapshot (readers that
-    have the old one open keep it). Only this namespace (another namespace's unfinished run stays unpublished),
-    and only what readers read: the staging tables stay in the work file. Written afresh, the file is compact."""
+    """Atomically replace the namespace's snapshot (readers that have the old one open keep it).
+
+    When the work file holds this namespace alone and nothing else of this process has it open, the snapshot
+    is the checkpointed work file itself, hard-linked: the index takes its room on disk once, and the next write
+    copies the work file first (`_unshare`). Otherwise (other namespaces, whose unfinished runs must stay
+    unpublished; a snapshot uploaded for replicas) only what readers read is copied to a new file: the staging
+    tables stay in the work file."""
     target = snapshot_path(settings)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    with connect(settings) as con:
-        con.execute("SET enable_progress_bar = false")
-        _copy_namespace(con, settings.namespace, tmp)
-    os.replace(tmp, target)
     uri = environment().snapshots
+    with _SHARING:
+        with connect(settings) as con:
+            con.execute("SET enable_progress_bar = false")
+            alone = not uri and _WRITERS[settings.db_path.resolve()] == 1 and not any(
+                con.execute(f"SELECT 1 FROM {t} WHERE namespace <> ? LIMIT 1", [settings.namespace]).fetchall()
+                for t in TABLES)
+            if alone:
+                con.execute("CHECKPOINT")
+            else:
+                _copy_namespace(con, settings.namespace, tmp)
+        if alone:
+            try:
+                os.link(settings.db_path, tmp)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(settings.db_path, tmp)
+        os.replace(tmp, target)
     if uri:  # servers on other hosts pull it from there (lazyhippo.stores.snapshots)
         from lazyhippo.stores.snapshots import open_store, upload
 
