@@ -33,7 +33,7 @@ from lazyhippo.stages.chunks import Chunk, load_chunks
 from lazyhippo.stages.common import Progress, record_usage, resolve_llm, with_namespace
 from lazyhippo.stages.results import ExtractionsResult
 from lazyhippo.stores.objects import ObjectStore
-from lazyhippo.stores.warehouse import replace_rows, transaction
+from lazyhippo.stores.warehouse import insert_rows, replace_rows, transaction
 
 RETRY = "retry:"
 STORED_PARTS = "stored_parts"  # batch object metadata: its documents that held a part when it was planned
@@ -225,24 +225,41 @@ EXTRACTION_SCHEMAS = {
 }
 
 
-def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
-                      failures: dict[str, str], scope: list[str] | None = None) -> dict:
-    """Write the extracted_* rows of `results` (chunk_id -> extraction): the namespace's rows, or only those of
-    the chunks in `scope`; rows of chunks no longer in `chunks` go either way."""
-    rows: dict[str, list[dict]] = {t: [] for t in EXTRACTION_SCHEMAS}
+STORE_BATCH = 2000  # chunks whose rows are built and inserted at a time: the rows never all sit in memory at once
+
+
+def _extraction_rows(results: dict[str, Extraction]) -> dict[str, list[dict]]:
+    rows: dict[str, list[dict]] = {"extracted_entities": [], "extracted_relations": [], "extracted_facts": []}
     for cid, ex in results.items():
         rows["extracted_entities"] += [{"chunk_id": cid, **e} for e in ex.entities]
         rows["extracted_relations"] += [{"chunk_id": cid, **r} for r in ex.relations]
         rows["extracted_facts"] += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]}
                                     for i, f in enumerate(ex.facts)]
-    rows["extraction_failures"] = [{"chunk_id": c, "reason": r} for c, r in failures.items()]
+    return rows
+
+
+def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+                      failures: dict[str, str], scope: list[str] | None = None) -> dict:
+    """Write the extracted_* rows of `results` (chunk_id -> extraction): the namespace's rows, or only those of
+    the chunks in `scope`; rows of chunks no longer in `chunks` go either way. One transaction, rows built and
+    inserted STORE_BATCH chunks at a time."""
     where, params = ("AND chunk_id IN (SELECT unnest(?))", [scope]) if scope is not None else ("", [])
-    for table, schema in EXTRACTION_SCHEMAS.items():
-        replace_rows(con, table, ns, with_namespace(pa.Table.from_pylist(rows[table], schema), ns), where, params)
-        con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
-                    "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
-    return {"raw_entities": len(rows["extracted_entities"]), "raw_relations": len(rows["extracted_relations"]),
-            "facts": len(rows["extracted_facts"])}
+    written: Counter = Counter()
+    ids = list(results)
+    with transaction(con):
+        for table in EXTRACTION_SCHEMAS:
+            replace_rows(con, table, ns, None, where, params)
+        for i in range(0, len(ids), STORE_BATCH):
+            for table, rows in _extraction_rows({c: results[c] for c in ids[i:i + STORE_BATCH]}).items():
+                written[table] += insert_rows(con, table, with_namespace(
+                    pa.Table.from_pylist(rows, EXTRACTION_SCHEMAS[table]), ns))
+        insert_rows(con, "extraction_failures", with_namespace(pa.Table.from_pylist(
+            [{"chunk_id": c, "reason": r} for c, r in failures.items()], EXTRACTION_SCHEMAS["extraction_failures"]), ns))
+        for table in EXTRACTION_SCHEMAS:
+            con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
+                        "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
+    return {"raw_entities": written["extracted_entities"], "raw_relations": written["extracted_relations"],
+            "facts": written["extracted_facts"]}
 
 
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,

@@ -183,14 +183,19 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, row
     """Delete this namespace's rows (optionally narrowed by `where`) and insert `rows`, in one transaction."""
     with transaction(con):
         con.execute(f"DELETE FROM {table} WHERE namespace = ? {where}", [namespace, *params])
-        if rows is None or rows.num_rows == 0:
-            return 0
-        con.register("_incoming", rows)
-        try:
-            cols = ", ".join(rows.column_names)
-            con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming")
-        finally:
-            con.unregister("_incoming")
+        return insert_rows(con, table, rows)
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table | None) -> int:
+    """Append `rows` (columns by name) to `table`."""
+    if rows is None or rows.num_rows == 0:
+        return 0
+    con.register("_incoming", rows)
+    try:
+        cols = ", ".join(rows.column_names)
+        con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming")
+    finally:
+        con.unregister("_incoming")
     return rows.num_rows
 
 
