@@ -130,18 +130,28 @@ class TreeRss:
         self._thread.join()
 
 
-def disk_bytes(path: Path) -> int:
-    """Bytes the folder takes on disk (allocated blocks, as `du`)."""
-    return sum(p.lstat().st_blocks * 512 for p in path.rglob("*") if not p.is_symlink())
+def disk_bytes(paths: list[Path], seen: set[tuple[int, int]] | None = None) -> int:
+    """Bytes the files under `paths` take on disk (allocated blocks, as `du`): a file with several names (a
+    snapshot hard-linked to the warehouse) counts once, the first time `seen` meets it."""
+    seen = set() if seen is None else seen
+    total = 0
+    for path in paths:
+        for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+            st = p.lstat()
+            if p.is_file() and not p.is_symlink() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
 
 
 def _parts(home: Path) -> dict[str, int]:
-    """The home's size by part: work warehouse, published snapshots, caches, object store, Dagster."""
-    parts = {"warehouse": sum(disk_bytes(p) if p.is_dir() else p.lstat().st_blocks * 512
-                              for p in home.glob("warehouse.duckdb*")),
-             "published": disk_bytes(home / "published"), "cache": disk_bytes(home / "cache"),
-             "objects": disk_bytes(home / "objects"), "dagster": disk_bytes(home / "dagster")}
-    parts["total"] = disk_bytes(home)
+    """The home's size by part: work warehouse, published snapshots (what they do not share with the
+    warehouse), caches, object store, Dagster."""
+    seen: set[tuple[int, int]] = set()
+    parts = {"warehouse": disk_bytes(sorted(home.glob("warehouse.duckdb*")), seen),
+             "published": disk_bytes([home / "published"], seen), "cache": disk_bytes([home / "cache"], seen),
+             "objects": disk_bytes([home / "objects"], seen), "dagster": disk_bytes([home / "dagster"], seen)}
+    parts["total"] = sum(parts.values()) + disk_bytes([home], seen)
     return parts
 
 

@@ -60,9 +60,13 @@ def test_peak_rss_counts_the_child_processes():
     assert tree.peak - alone.peak > 150_000_000
 
 
-def test_disk_bytes_counts_allocated_blocks(tmp_path):
+def test_disk_bytes_counts_allocated_blocks_and_a_hard_linked_file_once(tmp_path):
     (tmp_path / "a").write_bytes(b"x" * 100_000)
-    assert 100_000 <= disk_bytes(tmp_path) < 120_000
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b").hardlink_to(tmp_path / "a")
+    assert 100_000 <= disk_bytes([tmp_path]) < 120_000
+    seen: set = set()
+    assert disk_bytes([tmp_path / "a"], seen) >= 100_000 and disk_bytes([tmp_path / "sub"], seen) == 0
 
 
 @pytest.mark.parametrize("value", ["", "ten", "0,100"])
