@@ -11,6 +11,8 @@ CREATE TABLE IF NOT EXISTS deleted_documents (
 CREATE TABLE IF NOT EXISTS entity_merges (
   namespace VARCHAR NOT NULL, source_norm VARCHAR NOT NULL, target_norm VARCHAR NOT NULL, strategy VARCHAR NOT NULL,
   seq BIGINT NOT NULL, merged_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (namespace, seq, source_norm));
+-- the name a merge gives its target when no entity had it yet (NULL: the target existed)
+ALTER TABLE entity_merges ADD COLUMN IF NOT EXISTS target_name VARCHAR;
 CREATE TABLE IF NOT EXISTS document_errors (
   namespace VARCHAR NOT NULL, source VARCHAR NOT NULL, reason VARCHAR NOT NULL,
   PRIMARY KEY (namespace, source));

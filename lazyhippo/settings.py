@@ -8,6 +8,7 @@ LAZYHIPPO_* variables (the home, unset, from DAGSTER_HOME: `<home>/dagster`) whe
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -79,8 +80,8 @@ def check_resolutions(resolutions: Sequence[float] | str) -> tuple[float, ...]:
         res = tuple(float(r) for r in (resolutions.split(",") if isinstance(resolutions, str) else resolutions))
     except (TypeError, ValueError):
         res = ()
-    if not res or any(r <= 0 for r in res) or any(a >= b for a, b in zip(res, res[1:])):
-        raise ValueError(f"community resolutions {resolutions!r}: need one or more positive values, increasing "
+    if not res or not all(math.isfinite(r) and r > 0 for r in res) or any(a >= b for a, b in zip(res, res[1:])):
+        raise ValueError(f"community resolutions {resolutions!r}: need one or more positive finite values, increasing "
                          "(coarse to fine, e.g. 0.25,0.5,1.0)")
     return res
 
@@ -222,11 +223,23 @@ def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _names(value: str | None) -> frozenset[str] | None:
-    """A comma-separated namespace list (each checked); None when unset."""
-    if not (value or "").strip():
+def _names(variable: str) -> frozenset[str] | None:
+    """The environment variable's comma-separated namespace list (each checked); None when unset."""
+    value = os.environ.get(variable) or ""
+    if not value.strip():
         return None
-    return frozenset(check_namespace(n.strip()) for n in value.split(",") if n.strip())
+    try:
+        return frozenset(check_namespace(n.strip()) for n in value.split(",") if n.strip())
+    except ValueError as exc:
+        raise ValueError(f"{variable}: {exc}") from None
+
+
+def _count(variable: str) -> int:
+    """The environment variable as a count (0 when unset)."""
+    value = (os.environ.get(variable) or "0").strip()
+    if not value.isdigit():
+        raise ValueError(f"{variable}: expected a whole number, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -274,15 +287,15 @@ def environment() -> Environment:
     defaults = Environment()
     return Environment(
         home=Path(env["LAZYHIPPO_HOME"]).resolve() if env.get("LAZYHIPPO_HOME") else None,
-        threads=int(env.get("LAZYHIPPO_THREADS") or 0),
+        threads=_count("LAZYHIPPO_THREADS"),
         model_cache=Path(env.get("LAZYHIPPO_MODEL_CACHE") or defaults.model_cache),
         openai_base_url=env.get("OPENAI_BASE_URL") or None,
         openai_api_key=env.get("OPENAI_API_KEY") or None,
         llm_model=env.get("LAZYHIPPO_LLM_MODEL") or None,
         api_key=env.get("LAZYHIPPO_API_KEY") or None,
         read_key=env.get("LAZYHIPPO_READ_KEY") or None,
-        api_key_namespaces=_names(env.get("LAZYHIPPO_API_KEY_NAMESPACES")),
-        read_key_namespaces=_names(env.get("LAZYHIPPO_READ_KEY_NAMESPACES")),
+        api_key_namespaces=_names("LAZYHIPPO_API_KEY_NAMESPACES"),
+        read_key_namespaces=_names("LAZYHIPPO_READ_KEY_NAMESPACES"),
         source_roots=tuple(Path(p).expanduser() for p in (env.get("LAZYHIPPO_SOURCE_ROOTS") or "").split(os.pathsep) if p),
         neo4j_uri=env.get("NEO4J_URI") or None,
         neo4j_user=env.get("NEO4J_USER") or None,

@@ -23,7 +23,8 @@ from rich.table import Table
 
 from lazyhippo.logs import configure_logging
 from lazyhippo.models.embedders import PROFILES
-from lazyhippo.serve.chat import MaxRelatedOpt, RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, run_usage
+from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, MaxRelatedOpt,
+                                  RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, query_options, run_usage)
 from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
@@ -39,7 +40,12 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also prin
     restore_interrupts()  # a CLI started in the background (pipelines/interrupts.py)
     if verbose:
         os.environ.setdefault("LAZYHIPPO_VERBOSE", "1")  # worker processes and servers started from here inherit it
-    configure_logging(environment().verbose)
+    try:
+        env = environment()
+    except ValueError as exc:  # a malformed variable: one line naming it
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    configure_logging(env.verbose)
 
 
 console = Console(stderr=True)
@@ -166,8 +172,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
                                                      "extraction batches in parallel (docs/scale-out.md)."),
           mode: IndexModeOpt = typer.Option("replace", "--mode", help="replace: the namespace becomes exactly this "
                                             "source (documents it lacks are dropped); add: nothing is dropped.")) -> None:
-    """Index through Dagster: one `index_documents` run over the added and changed documents' partitions, then the
-    namespace's `index_graph` run, with a progress display (unset options: lazyhippo.settings.Settings)."""
+    """Index through Dagster: one `index` run of the namespace (documents added or changed are read again, by
+    content hash), with a progress display. Unset options keep what the namespace was last indexed with."""
     root = home
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
@@ -184,8 +190,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
             "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
         }, namespace=namespace, workers=workers)
     change = result.change
-    removed = 0 if mode == IndexModeOpt.add else len(change.removed)
-    console.print(f"documents: {len(change.added)} added, {len(change.changed)} changed, {removed} removed (mode {mode.value})")
+    console.print(f"documents: {change.added} added, {change.changed} changed, {change.removed} removed, "
+                  f"{change.failed} failed (mode {mode.value})")
     status(home=root, namespace=namespace, as_json=False)
     print_usage([u for run_id in result.run_ids for u in run_usage(Settings(home=root, namespace=namespace), run_id)], Console())
 
@@ -217,21 +223,25 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
               home: Path = HomeOpt, namespace: str = NsOpt,
               graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
               rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
-              chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
+              chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
+              group_neighbours: Optional[bool] = GroupOpt, damping: Optional[float] = DampingOpt,
+              communities: Optional[int] = CommunitiesOpt, knn_threshold: Optional[float] = KnnThresholdOpt,
+              hub_weight: Optional[float] = HubWeightOpt) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
     root = home
     _checked(check_query_options, question, namespace, route=route, top_k=top_k, budget=budget, graph_store=graph_store)
+    options = query_options(rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
+                            max_related_chunks=max_related_chunks, group_neighbours=group_neighbours, damping=damping,
+                            communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight)
     settings = Settings(home=root, namespace=namespace)
     _notice(settings)
     if not counts(settings)["chunks"]:
         console.print(f"[red]error:[/red] namespace {namespace!r} in {root} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
-    chosen = {"rerank": rerank, "rerank_top_n": rerank_top_n, "chunk_selection": chunk_selection,
-              "max_related_chunks": max_related_chunks}
-    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace,
-                                                **{k: v for k, v in chosen.items() if v is not None}},
+    result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
                                   "graph_store": {"kind": graph_store}},
-                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k, "budget": budget}}},
+                  ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k,
+                                                      "budget": budget, "options": options.chosen()}}},
                   namespace=namespace)
     data = result.output_for_node("answer_question")
     if as_json:
@@ -239,11 +249,15 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
         return
     out = Console()
     out.print(f"[bold]Q:[/bold] {question}  [dim](route {data['route']}, {data['context_tokens']} context tokens)[/dim]")
-    out.print(f"[bold]A:[/bold] {data['answer']}  [dim](rerank {data['diagnostics']['rerank']['status']})[/dim]")
-    for cite in data["citations"]:
+    if data["answerable"]:
+        out.print(f"[bold]A:[/bold] {data['answer']}  [dim](rerank {data['diagnostics']['rerank']['status']})[/dim]")
+    else:
+        out.print(f"[bold]A:[/bold] nothing in namespace {namespace!r} answers this question"
+                  + ("; the closest passages:" if data["closest"] else "."))
+    for cite in data["citations"] or data["closest"]:
         where = " ".join(x for x in (f"§ {cite['section']}" if cite.get("section") else "",
                                      f"p. {cite['page']}" if cite.get("page") else "") if x)
-        out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})")
+        out.print(f"  [{cite['n']}] {cite['title']} {where} ({cite['chunk_id']}, {cite['source']})", markup=False)
     print_usage(data["usage"], out)
 
 
@@ -284,20 +298,7 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     from lazyhippo.stages.lifecycle import remove_documents
 
     def edit(settings, con, store, objects) -> str:
-        from lazyhippo.stores.namespaces import UnknownNamespace, namespace_settings
-        from lazyhippo_dagster.assets._partitions import documents as document_partitions
-        from lazyhippo_dagster.assets._partitions import source_keys
-        from lazyhippo_dagster.runner import instance_for
-
         deleted = remove_documents(settings, con, documents, store, objects)
-        instance = instance_for(settings.home)
-        try:  # partition names follow the source the namespace was indexed from
-            indexed = namespace_settings(settings.home, settings.namespace)
-        except UnknownNamespace:
-            indexed = settings
-        for key in source_keys(indexed, deleted.sources):  # the documents' Dagster partitions go too
-            if instance.has_dynamic_partition(document_partitions.name, key):
-                instance.delete_dynamic_partition(document_partitions.name, key)
         return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
 
     _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
@@ -305,8 +306,9 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
 
 @app.command()
 def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names or ids as in the entities table)."),
-          into: str = typer.Option(..., "--into", help="The entity that remains."),
-          strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest"),
+          into: str = typer.Option(..., "--into", help="The entity that remains (created when no entity has that name)."),
+          strategy: str = typer.Option("concatenate", help="Target description: concatenate | keep_first | keep_longest "
+                                       "| llm_summary (needs an LLM)"),
           home: Path = HomeOpt, namespace: str = NsOpt,
           graph_store: Optional[str] = typer.Option(None, help="embedded | neo4j"),
           object_store: Optional[str] = typer.Option(None, help="local | minio")) -> None:
@@ -315,10 +317,11 @@ def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names
     from lazyhippo.stages.merge import merge_on_neo4j, record_merge
 
     def edit(settings, con, store, objects) -> str:
-        done = record_merge(con, namespace, sources, into, strategy)
-        if store.name == "neo4j":
+        done = record_merge(con, namespace, sources, into, strategy, settings.llm != "none")
+        if store.name == "neo4j" and not done.created:
             merge_on_neo4j(store, namespace, done)
-        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}"
+        new = " (a new entity)" if done.created else ""
+        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}{new}"
 
     _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
 
@@ -359,6 +362,58 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
 
 
 @app.command()
+def entity(name: str = typer.Argument(..., help="Entity name (matched loosely) or id."),
+           neighbours: int = typer.Option(20, min=0, help="Neighbours to show."),
+           chunks: int = typer.Option(10, min=0, help="Mentioning passages to show."),
+           as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
+           home: Path = HomeOpt, namespace: str = NsOpt) -> None:
+    """One entity: description, type, community at each level, PageRank, neighbours with their relation
+    descriptions and weights, and the passages that mention it. A loose name with several candidates lists them."""
+    from lazyhippo.query.entity import lookup_entity
+
+    _checked(check_namespace_option, namespace)
+    settings = Settings.from_env(home=home, namespace=namespace)
+    if not counts(settings)["chunks"]:
+        console.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
+        raise typer.Exit(2)
+    try:
+        found = lookup_entity(settings, name, neighbours, chunks)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(found.to_dict(), indent=2))
+    out = Console()
+    if found.match == "none":
+        console.print(f"[red]error:[/red] no entity like {name!r} in namespace {namespace!r}")
+        raise typer.Exit(1)
+    if as_json:
+        return
+    if found.match == "ambiguous":
+        out.print(f"{name!r} could be any of these (give one exactly):")
+        for c in found.candidates:
+            out.print(f"  {escape(c.name)} [dim]({c.type}, similarity {c.similarity:.2f}, {c.entity_id})[/dim]")
+        return
+    e = found.entity
+    matched = f" [dim](closest to {name!r})[/dim]" if found.match == "fuzzy" else ""
+    out.print(f"[bold]{escape(e.name)}[/bold] ({e.type}, {e.entity_id}){matched}")
+    out.print(f"  {escape(e.description or '(no description)')}")
+    out.print(f"  PageRank {e.pagerank or 0:.4f}, {e.mentions} mentions, {e.degree} relations")
+    for c in e.communities:
+        out.print(f"  community level {c['level']}: {c['community_id']} ({c['size']} entities) {escape(c['title'] or '')}")
+    table = Table(title="neighbours")
+    for col in ("entity", "edge", "weight", "description"):
+        table.add_column(col)
+    for n in e.neighbours:
+        table.add_row(escape(n["name"]), n["relation"], f"{n['weight']:g}", escape(n["description"] or ""))
+    out.print(table)
+    for i, c in enumerate(e.chunks, 1):
+        where = " ".join(x for x in (f"§ {c['section']}" if c.get("section") else "",
+                                     f"p. {c['page']}" if c.get("page") else "") if x)
+        out.print(f"  [{i}] {escape(c['title'] or '')} {where} ({c['chunk_id']}, {c['source']}; {c['mentions']} mentions)")
+
+
+@app.command()
 def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopback: LAZYHIPPO_API_KEY is required; "
                                    "docs/security.md)."),
           port: int = typer.Option(8000), home: Path = HomeOpt,
@@ -369,7 +424,13 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
           rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
           chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
           snapshots: Optional[str] = typer.Option(None, help="s3://bucket/prefix: serve the snapshots published there "
-                                                  "(pulled when their manifest changes) [$LAZYHIPPO_SNAPSHOTS].")) -> None:
+                                                  "(pulled when their manifest changes) [$LAZYHIPPO_SNAPSHOTS]."),
+          max_header_bytes: int = typer.Option(16 * 1024, min=1024, help="Largest request line and headers (431 beyond)."),
+          max_headers: int = typer.Option(100, min=10, help="Most request headers (431 beyond)."),
+          header_timeout: float = typer.Option(10.0, min=0.1, help="Seconds a client has to send the request line and headers."),
+          body_timeout: float = typer.Option(60.0, min=0.1, help="Seconds a client has to send a body once its headers are in."),
+          keep_alive_timeout: float = typer.Option(5.0, min=0.1, help="Seconds an idle keep-alive connection stays open."),
+          max_connections: int = typer.Option(256, min=1, help="Open connections at once (503 beyond).")) -> None:
     """HTTP API over warm indexes (OpenAPI docs at /docs): query routes, index runs, /health and /metrics. Without
     a key it prints a token that creating and uploading need; `kg_create` reads only under LAZYHIPPO_SOURCE_ROOTS."""
     from lazyhippo.serve.app import Access, Limits
@@ -397,20 +458,23 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
         console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
     console.print(f"serving {root} on http://{host}:{port} (docs at /docs)")
     run_server(settings, host, port, Limits(max_body_bytes=max_body_bytes, max_question_chars=max_question_chars,
-                                                       max_budget=max_budget), workers)
+                                            max_budget=max_budget, max_header_bytes=max_header_bytes,
+                                            max_headers=max_headers, header_seconds=header_timeout,
+                                            body_seconds=body_timeout, idle_seconds=keep_alive_timeout,
+                                            max_connections=max_connections), workers)
 
 
 @app.command("mcp")
 def mcp_cmd(home: Path = HomeOpt, rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
             chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
-    """MCP server over stdio (official mcp SDK): tools lazyhippo_retrieve, lazyhippo_answer and lazyhippo_namespaces."""
+    """MCP server over stdio (official mcp SDK): retrieve, answer, entity, delete, merge, run, export and namespaces tools."""
     from lazyhippo.serve.mcp import run_stdio
 
     run_stdio(Settings.from_env(home=home, rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
                                 max_related_chunks=max_related_chunks))
 
 
-bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time, Dagster partition cost.", no_args_is_help=True)
+bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
 cluster_app = typer.Typer(no_args_is_help=True, help="A Dagster deployment on loopback: PostgreSQL instance, run queue, "
                           "daemon, webserver and Celery workers (docs/scale-out.md).")
@@ -454,7 +518,7 @@ def cluster_status(root: Path = ClusterRoot) -> None:
 @cluster_app.command("index")
 def cluster_index(source: Path = typer.Argument(..., help="Folder or file readable by the warehouse worker."),
                   namespace: str = typer.Option("default", "--namespace", "-n"), root: Path = ClusterRoot) -> None:
-    """Index through the cluster's run queue: `index_documents`, then `index_graph`."""
+    """Index through the cluster's run queue: one `index` run of the namespace."""
     from lazyhippo_dagster import cluster
 
     with _unreadable_source():
@@ -524,12 +588,15 @@ def _retrieval_assist(settings: Settings, timeout: float, rounds: int):
 
 
 @bench.command("retrieval")
-def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | all: a shared set by name "
-                                                                  "(overrides --corpus/--questions)."),
-                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
+def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs | all: a shared "
+                                                                  "set by name (overrides --corpus/--questions)."),
+                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}, or a folder of documents."),
                     questions: Optional[Path] = typer.Option(None,
-                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}]'),
-                    route: str = typer.Option("local"), k: int = typer.Option(8),
+                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}] or '
+                                                        '[{"question","gold_files"}] (paths inside the corpus folder)'),
+                    route: str = typer.Option("local", help="The route under test; several, comma-separated, are "
+                                                            "measured side by side (the first is the one `bench keep` reads)."),
+                    k: int = typer.Option(8, help="Chunks retrieved per question, by every route and baseline."),
                     embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
@@ -543,9 +610,10 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     set_: list[str] = typer.Option([], "--set", help="A query setting of the route under test, "
                                                    "section.field=value, repeatable (e.g. graph.synonym_min_score=0.6).")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
-    passage id when the questions carry `supporting_ids`. The summary shows the tune and confirm halves side
-    by side."""
-    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, query_config, run_retrieval_bench, summary_row
+    source file when the questions carry `gold_files`, by passage id when they carry `supporting_ids`. The
+    summary shows the tune and confirm halves side by side."""
+    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, part_rows, query_config, run_retrieval_bench, summary_row
+    from lazyhippo.query.routes import check_route
 
     if split not in SPLITS:
         raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
@@ -558,14 +626,22 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
     runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
     settings = Settings.from_env(embedder=embedder)
-    if llm and route != "local":
+    routes = [r.strip() for r in route.split(",") if r.strip()]
+    try:
+        for r in routes:
+            check_route(r)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--route") from None
+    if not routes:
+        raise typer.BadParameter("no route given", param_hint="--route")
+    if llm and routes != ["local"]:
         raise typer.BadParameter("--llm assists the local route only", param_hint="--route")
     assist = _retrieval_assist(settings, llm_timeout, llm_rounds) if llm else None
     results = {}
     for name, corpus_file, questions_file, wd in runs:
         bar, update = _progress_bar()
         with bar:
-            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
+            result = run_retrieval_bench(corpus_file, questions_file, wd, route=routes, k=k, progress=update,
                                          graph_store=graph_store, settings=settings, split=split, assist=assist,
                                          config=config)
         results[name] = result
@@ -573,12 +649,56 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                      f"retrieval on {name} ({graph_store} store): {result['questions']} questions ({split}), "
                      f"scored by {result['scored_by']}, "
                      f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
+        _print_frame(pl.DataFrame(part_rows(result)), f"{name} by half" + (" and gold documents per question (hops)"
+                                                                           if any(result["by_hops"].values()) else ""))
+        for r, used in result["routes_used"].items():
+            if used != {r: result["questions"]}:
+                print(f"{name}: route {r} ran " + ", ".join(f"{n} {u}" for u, n in used.items()))
     _print_frame(pl.DataFrame([summary_row(n, r) for n, r in results.items()]),
-                 f"summary: route {route}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
+                 f"summary: route {routes[0]}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
     if json_out:
         json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     for name, result in results.items():
         print(json.dumps({"dataset": name, **headline(result)}))
+
+
+@bench.command("answerable")
+def bench_answerable(dataset: str = typer.Option("all", help="2wiki | hotpotqa | musique | gitdocs | all (comma-separated: "
+                                                             "at least two, each asked of the others' indexes)."),
+                     split: str = typer.Option("all", help="tune | confirm | all (the halves of `bench retrieval`)."),
+                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspaces (those of `bench "
+                                                  "retrieval`, reused when they hold the same corpus)."),
+                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-question rows here.")) -> None:
+    """How often offline answers say "not answerable" rightly: each set's questions asked of its own index
+    (missed: answerable ones marked not answerable) and of every other set's index (caught: marked not
+    answerable), at the current threshold, and the threshold the tune halves call for (at most 5% missed)."""
+    from lazyhippo.evaluate.answerable import ANSWER_SETS, answer_set_files, calibrate, mean_rates, rates, run_answerable_bench
+    from lazyhippo.evaluate.bench import SPLITS
+    from lazyhippo.query.answer import SUPPORT_THRESHOLD
+
+    if split not in SPLITS:
+        raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
+    names = list(ANSWER_SETS) if dataset == "all" else [n.strip() for n in dataset.split(",") if n.strip()]
+    if len(names) < 2:
+        raise typer.BadParameter("name at least two sets: out-of-corpus questions come from the others", param_hint="--dataset")
+    sets = {}
+    for name in names:
+        try:
+            corpus, questions = answer_set_files(name, environment().datasets)
+        except (ValueError, FileNotFoundError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--dataset") from exc
+        sets[name] = (corpus, questions, workdir / name)
+    bar, update = _progress_bar()
+    with bar:
+        rows = run_answerable_bench(sets, split, Settings.from_env(), update)
+    table = rates(rows, SUPPORT_THRESHOLD)
+    _print_frame(pl.DataFrame(table), f"answerable or not at support >= {SUPPORT_THRESHOLD} ({split}): missed = answerable "
+                                      "questions marked not answerable, caught = out-of-corpus questions marked so")
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=1))
+    halves = {h: mean_rates(table, h) for h in ("tune", "confirm") if any(r["half"] == h for r in table)}
+    print(json.dumps({"threshold": SUPPORT_THRESHOLD, **{f"{h}_{k}": v for h, m in halves.items() for k, v in m.items()},
+                      **({"tune_threshold": calibrate(rows)} if "tune" in halves else {})}))
 
 
 @bench.command("keep")
@@ -624,7 +744,7 @@ def _route_rows(path: Path) -> dict[str, list[dict]]:
 
 
 @bench.command("query")
-def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique (overrides --corpus/--questions)."),
+def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs (overrides --corpus/--questions)."),
                 corpus: Optional[Path] = typer.Option(None),
                 questions: Optional[Path] = typer.Option(None),
                 embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
@@ -651,7 +771,8 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
 
 @bench.command("index")
 def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
-                workers: int = typer.Option(2, min=2, help="Worker processes of the parallel run (against 1)."),
+                workers: int = typer.Option(2, min=1, help="Worker processes of the parallel run (against 1); 1 skips "
+                                                           "that comparison."),
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
                 executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
@@ -660,10 +781,10 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                                                      "full in-process index of real text (the shared sets, gitdocs, "
                                                      "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
                 as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth: also write the results here.")) -> None:
-    """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
-    to date after one changed and after one deleted document. With --executor celery: 1 and N Celery workers of a
-    loopback cluster, and the event cost per document partition on PostgreSQL against SQLite. With --growth: the
-    cost of a full index at each corpus size."""
+    """Full index with 1 and with N worker processes (multiprocess executor) and in-process, then the time to bring
+    the index up to date after one changed and after one deleted document; each run's event-log rows and the share
+    of its time outside every step (Dagster's own). With --executor celery: 1 and N Celery workers of a loopback
+    cluster. With --growth: the cost of a full index at each corpus size."""
     from lazyhippo_dagster.bench_index import index_table, run_cluster_index_bench, run_index_bench
 
     if growth is not None:
@@ -698,42 +819,18 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
     if executor == "celery":
         result = run_cluster_index_bench(corpus, workdir.resolve(), workers, limit,
                                          progress=lambda m: console.print(f"[bold]{m}[/bold]"))
-        print(json.dumps(result))
+        print(json.dumps(_rounded(result)))
         return
     result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
     _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents")
-    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+    print(json.dumps(_rounded({k: v for k, v in result.items() if not isinstance(v, dict)})))
 
 
-@bench.command("partitions")
-def bench_partitions(documents: int = typer.Option(400, min=1, help="Document partitions in the probe run."),
-                     project: int = typer.Option(6119, min=1, help="Documents of the full index to project for (2Wiki: 6119).")) -> None:
-    """The cost of one Dagster run over N document partitions on a local instance (assets doing nothing), with
-    Dagster's SQLite event log and with lazyhippo's batched one, and what each projects for a full index."""
-    from lazyhippo_dagster.bench_partitions import run_partition_bench
-
-    result = run_partition_bench(documents, project)
-    for name in ("stock", "batched"):
-        r = result[name]
-        console.print(f"{name:8s} event log: {documents} partitions x 2 assets in {r['seconds']} s "
-                      f"({r['ms_per_partition_and_asset']} ms per partition and asset); {project} documents x 3 assets "
-                      f"~{r['projected_index_seconds']} s")
-    console.print(f"batched is {result['speedup']}x faster")
-    print(json.dumps(result))
-
-
-@bench.command("run-page")
-def bench_run_page(documents: int = typer.Option(1500, min=1, help="Document partitions in the probe run.")) -> None:
-    """The cost of opening the page of one run over N document partitions (the webserver's GraphQL for the run and
-    all its events), with per-partition previews as typed tables and as the Markdown tables the assets record."""
-    from lazyhippo_dagster.bench_partitions import run_page_bench
-
-    result = run_page_bench(documents)
-    for name in ("table", "markdown"):
-        r = result[name]
-        console.print(f"{name:8s} previews: run over {documents} partitions x 3 assets in {r['run_seconds']} s; "
-                      f"its page ({r['events']} events) in {r['page_seconds']} s")
-    print(json.dumps(result))
+def _rounded(result, digits: int = 2):
+    """A bench result's floats rounded for display (the bench functions keep them exact for their ratios)."""
+    if isinstance(result, dict):
+        return {k: _rounded(v, digits) for k, v in result.items()}
+    return round(result, digits) if isinstance(result, float) else result
 
 
 @bench.command("serve")

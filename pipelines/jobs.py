@@ -1,68 +1,52 @@
-import dagster as dg
+from typing import Optional, get_args
 
-from lazyhippo_dagster.assets._partitions import namespaces, range_tags
+import dagster as dg
+from pydantic import Field, create_model
+
+from lazyhippo.query.config import option_fields
+
+from lazyhippo_dagster.assets._partitions import namespaces
 from lazyhippo_dagster.assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
 from lazyhippo_dagster.executors import index_executor
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource
-from lazyhippo_dagster.staging import stage_documents
 
-# per-document assets over a range of document partitions: multiprocess unless configured otherwise, so
-# extraction batches run in parallel (`lazyhippo index --workers N` sets max_concurrent; the CLI's default
-# single-process run is in-process); in a cluster, Celery: extraction batches on any worker, the steps that
-# write the warehouse on its queue (their op tags)
-index_documents_job = dg.define_asset_job(
-    "index_documents", selection=dg.AssetSelection.groups("per_document"),
-    executor_def=index_executor("multiprocess", queue="dagster"),
-    # the run queue starts one at a time (see runner.INSTANCE_CONFIG); its new rows are published by the graph run
-    tags={"lazyhippo/writer": "warehouse"},
-    description="Read, chunk and extract the documents of the run's partitions (a key range of one namespace).",
+WRITER_TAGS = {"lazyhippo/writer": "warehouse"}  # the run queue starts one writing run at a time (runner.INSTANCE_CONFIG)
+
+# one run per namespace: read, chunk and extract what changed, then the graph, checks, exports and the snapshot.
+# Multiprocess unless configured otherwise, so extraction batches run in parallel (the warehouse steps one at a
+# time, by their op tag); `lazyhippo index` runs it in-process unless given --workers; in a cluster, Celery
+index_job = dg.define_asset_job(
+    "index", selection=dg.AssetSelection.groups("per_document", "graph", "exports"),
+    executor_def=index_executor(dg.multi_or_in_process_executor), tags=WRITER_TAGS,
+    description="Bring a namespace (its partition) up to date with its source: the documents added or changed "
+                "(by content hash) are read, chunked and extracted, removed ones dropped, then the graph, its checks, "
+                "the Parquet exports and the published snapshot.",
 )
 
 index_graph_job = dg.define_asset_job(
-    # every step writes or reads the warehouse: in a cluster, all on the warehouse worker's queue
     "index_graph", selection=dg.AssetSelection.groups("graph", "exports"),
-    executor_def=index_executor("in_process", queue="warehouse"),
-    tags={"lazyhippo/writer": "warehouse"},
-    description="Bring the namespace's graph up to date with its documents: entities to communities to Parquet "
-                "exports, with every asset check. Runs once per batch of changed document partitions.",
+    executor_def=index_executor(dg.in_process_executor), tags=WRITER_TAGS,
+    description="Bring the namespace's graph up to date with the documents it holds (documents whose file "
+                "vanished are dropped), with every asset check: the nightly audit.",
 )
 
 # the query-quality checks read questions beside the source, which a rebuild does not know: the audit runs alone
 rebuild_graph_job = dg.define_asset_job(
-    "rebuild_graph", executor_def=index_executor("in_process", queue="warehouse"), tags={"lazyhippo/writer": "warehouse"},
+    "rebuild_graph", executor_def=index_executor(dg.in_process_executor), tags=WRITER_TAGS,
     selection=dg.AssetSelection.groups("graph", "exports")
     - dg.AssetSelection.checks(context_quality_check, theme_coverage_check, retrieval_quality_check),
     description="Rebuild the graph-wide assets (entities onward) from the per-document tables: after `lazyhippo delete`.",
 )
 
 
-STAGED_START, STAGED_END = "lazyhippo/staged_start", "lazyhippo/staged_end"  # the range a `reindex` run staged
-
-
-@dg.op(description="Compare the namespace's source with what it holds (content hashes) and stage the document "
-                   "partitions: the added and changed ones as one range, which `documents_after_staging` then indexes.")
-def stage_changed_documents(context: dg.OpExecutionContext, lazyhippo: LazyhippoResource) -> None:
-    keys, _ = stage_documents(context.instance, lazyhippo.settings())
-    context.log.info(f"{len(keys)} document partition(s) staged" + (f": {keys[0]} .. {keys[-1]}" if keys else ""))
-    if keys:
-        staged = range_tags(keys)
-        context.instance.add_run_tags(context.run_id, {STAGED_START: staged["dagster/asset_partition_range_start"],
-                                                       STAGED_END: staged["dagster/asset_partition_range_end"]})
-
-
-@dg.job(partitions_def=namespaces, executor_def=dg.in_process_executor,
-        description="Stage a namespace's added and changed documents as partitions, in a run (so a schedule's "
-                    "evaluation changes nothing); their documents run follows.")
-def reindex():
-    stage_changed_documents()
-
-
-reindex_job = reindex
-
-
 class Turn(dg.Config):
     role: str  # "user" or "assistant"
     content: str
+
+
+# the query options (lazyhippo.query.QueryOptions) as typed run config: one field each, unset by default
+QueryOptionsConfig = create_model("QueryOptionsConfig", __base__=dg.Config, **{
+    name: (Optional[get_args(kind)[0]], Field(None, description=text)) for name, kind, text in option_fields()})
 
 
 class QueryConfig(dg.Config):
@@ -72,29 +56,38 @@ class QueryConfig(dg.Config):
     budget: int = 32000
     history: list[Turn] = []      # earlier turns of a conversation, oldest first
     history_budget: int = 2000    # tokens of history sent along (the newest turns that fit)
+    options: QueryOptionsConfig = QueryOptionsConfig()  # over the `lazyhippo` resource's settings
 
 
 @dg.op(description="Retrieve, assemble a cited context within the token budget, and answer.")
 def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhippo: LazyhippoResource,
                     graph_store: GraphStoreResource, llm: LLMResource) -> dict:
+    from lazyhippo.query import QueryOptions
     from lazyhippo.query import answer_question as answer
+    from lazyhippo.stores.usage import record_answer_usage
     from lazyhippo.stores.warehouse import index_notice
     from lazyhippo_dagster.assets.metadata import llm_usage, table
 
-    settings = lazyhippo.settings()
+    options = QueryOptions.from_mapping(config.options.model_dump())
+    settings = options.settings(lazyhippo.settings())
     notice = index_notice(settings)  # raises when nothing complete exists; else says what is unfinished
     if notice:
         context.log.warning(notice)
     result = answer(settings, config.question, route=config.route, top_k=config.top_k, budget=config.budget,
+                    config=options.config(),
                     ppr=graph_store.store.ppr_backend(settings.namespace), llm=llm.client(settings),
                     history=[t.model_dump() for t in config.history], history_budget=config.history_budget)
     data = result.to_dict()
+    record_answer_usage(settings.home, settings.namespace, context.run_id, data["usage"])
     # the answer heads the run page (run tags), not only the step's output event
     context.instance.add_run_tags(context.run_id, {"lazyhippo/question": config.question[:500],
                                                    "lazyhippo/answer": data["answer"][:500],
+                                                   "lazyhippo/answerable": str(data["answerable"]).lower(),
                                                    "lazyhippo/route": data["route"]})
     context.add_output_metadata({
         "answer": dg.MetadataValue.md(answer_markdown(config.question, data)), "question": config.question, "route": data["route"],
+        "options": dg.MetadataValue.json(options.chosen()),
+        "answerable": data["answerable"], "support": data["diagnostics"]["support"]["score"],
         "index_notice": notice or "complete",
         "context_tokens": data["context_tokens"], "budget": config.budget, "chunks": len(data["context"]),
         "chosen_chunks": table([(i + 1, c["title"], c["chunk_id"], round(c["score"], 4), c["tokens"])
@@ -108,9 +101,10 @@ def answer_question(context: dg.OpExecutionContext, config: QueryConfig, lazyhip
 
 def answer_markdown(question: str, data: dict) -> str:
     """The question, the whole answer and its numbered citations, as the Markdown the run page shows."""
-    cites = [f"{c['n']}. **{c['title']}** ({c['source']}, `{c['chunk_id']}`)" for c in data["citations"]]
+    cites = [f"{c['n']}. **{c['title']}** ({c['source']}, `{c['chunk_id']}`)" for c in data["citations"] or data["closest"]]
     return "\n\n".join([f"**Question:** {question}", f"**Answer:** {data['answer']}",
-                         "**Citations:**\n\n" + ("\n".join(cites) or "none")])
+                         ("**Citations:**" if data["answerable"] else "**Not answerable; the closest passages:**")
+                         + "\n\n" + ("\n".join(cites) or "none")])
 
 
 @dg.job(partitions_def=namespaces, executor_def=dg.in_process_executor,

@@ -62,6 +62,8 @@ def test_index_stores_levels_with_parents_and_summaries(tmp_path):
     settings = Settings(home=tmp_path, namespace="levels", source=str(SAMPLE_CORPUS))
     out = run_index(settings)
     assert len(out["communities"].per_level) == 3
+    assert out["communities"].figures()["levels"] == 3  # the run page's metadata: the levels stored
+    assert run_index(settings)["communities"].figures()["levels"] == 3  # and when an unchanged graph reuses them
     with connect(settings) as con:
         rows = con.execute("SELECT community_id, level, size, parent_id FROM communities WHERE namespace = 'levels'").fetchall()
         summarized = {c for (c,) in con.execute("SELECT community_id FROM community_summaries").fetchall()}

@@ -114,3 +114,52 @@ def test_cli_merge_rebuilds_through_dagster_and_names_unknown_entities(tmp_path,
     assert out.exit_code == 0, out.output
     after = json.loads(runner.invoke(app, ["status", "--home", home, "--json"]).stdout.strip().splitlines()[-1])
     assert after["entities"] == before["entities"] - 1
+
+
+def test_merge_into_a_new_name_creates_the_target_and_keeps_it_across_a_reindex(tmp_path):
+    settings = indexed(tmp_path)
+    with connect(settings) as con:
+        out = merge_entities(settings, con, ["Tomas Reyes", "Reyes"], "Tomás Reyes (astronomer)", "concatenate",
+                             EmbeddedGraphStore(), LocalObjectStore(settings.export_dir))
+        assert out["merge"].created and out["merge"].target_name == "Tomás Reyes (astronomer)"
+
+    def check():
+        with connect(settings) as con:
+            names = {r[0] for r in con.execute("SELECT name FROM entities WHERE namespace = 'default'").fetchall()}
+            assert "Tomás Reyes (astronomer)" in names and not names & {"Tomas Reyes", "Reyes"}
+            row = con.execute("SELECT e.type, e.description, e.mention_count, s.pagerank FROM entities e JOIN "
+                              "entity_scores s USING (namespace, entity_id) WHERE e.name = 'Tomás Reyes (astronomer)'"
+                              ).fetchone()
+            assert row[0] and "instrument maker" in row[1] and "spectrograph" in row[1] and row[2] >= 3 and row[3] > 0
+            assert con.execute("SELECT count(*) FROM embeddings e JOIN entities n ON n.entity_id = e.item_id "
+                               "WHERE n.name = 'Tomás Reyes (astronomer)'").fetchone()[0] == 1
+
+    check()
+    run_index(settings)
+    check()
+
+
+def test_llm_summary_needs_an_llm_and_describes_the_target_from_every_merged_name(tmp_path):
+    from types import SimpleNamespace
+
+    from lazyhippo.stages.merge import summarize_merges
+
+    settings = indexed(tmp_path)
+    with connect(settings) as con:
+        with pytest.raises(ValueError, match="llm_summary needs an LLM"):
+            merge_entities(settings, con, ["Reyes"], "Tomas Reyes", "llm_summary", EmbeddedGraphStore(),
+                           LocalObjectStore(settings.export_dir))
+        assert not con.execute("SELECT count(*) FROM entity_merges").fetchone()[0]
+        online = settings.with_(llm="openai")
+        merge_entities(online, con, ["Ada Fenwick"], "Tomas Reyes", "llm_summary", EmbeddedGraphStore(),
+                       LocalObjectStore(settings.export_dir))  # no LLM reached at rebuild: concatenated meanwhile
+        prompts = []
+
+        def complete(prompt, **_):
+            prompts.append(prompt)
+            return SimpleNamespace(text="Astronomers of the Marlow Observatory.")
+
+        assert summarize_merges(online, con, SimpleNamespace(model="fake", complete=complete)) == 1
+        assert "founded" in prompts[0] and "succeeded" in prompts[0]  # Ada Fenwick's and Tomas Reyes's descriptions
+        assert con.execute("SELECT description FROM entities WHERE name = 'Tomas Reyes'").fetchone()[0] == \
+            "Astronomers of the Marlow Observatory."

@@ -11,6 +11,7 @@ import scipy.sparse as sp
 from lazyhippo.query import answer_question
 from lazyhippo.query.config import MultiHopParams
 from lazyhippo.query.multihop import SubgraphPPR
+from lazyhippo.query.types import hub_entities
 
 
 def _chain_index(n_entities: int, n_chunks: int, pairs: list[tuple[int, int]]):
@@ -58,3 +59,22 @@ def test_route_reports_its_adaptive_expansion(sample_settings):
     assert relational.diagnostics["query_type"] == "relational" and relational.diagnostics["max_hops"] == 3
     assert relational.diagnostics["subgraph_nodes"] > focused.diagnostics["subgraph_nodes"]
     assert focused.context and relational.context
+
+
+def test_readme_example_answers_through_the_chain(sample_settings):
+    """Founder (Ada Fenwick) -> her successor (Tomas Reyes): on a corpus of a dozen passages both are named in a
+    large share of them, and the route must still walk through them."""
+    result = answer_question(sample_settings, "Who succeeded the founder of the Marlow Observatory as its director?",
+                             route="multi_hop", llm=None)
+    assert "Tomas Reyes" in result.answer and "succeeded her as director" in result.answer
+    assert "Tomas Reyes" in {c["title"] for c in result.citations}
+
+
+def test_hubs_are_the_most_named_entities_of_any_corpus():
+    small = SimpleNamespace(n_chunks=13, entities=SimpleNamespace(df=np.array([10, 9, 8, 3, 3, 2, 1] + [1] * 20, dtype=float)))
+    assert list(np.flatnonzero(hub_entities(small, 0.05, 0.01))) == [0]  # not every entity named in 3 passages
+    # a large corpus: the share of passages decides, as before (top 1% of entities is a lower bar here)
+    df = np.r_[np.full(9_900, 3.0), np.linspace(4, 600, 100)]
+    large = SimpleNamespace(n_chunks=6_000, entities=SimpleNamespace(df=df))
+    assert np.array_equal(hub_entities(large, 0.05, 0.01), df > 300)
+    assert hub_entities(small, 0.05).sum() == 5  # the share alone (the bridge's rule): all in 3 passages or more

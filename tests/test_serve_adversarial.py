@@ -27,6 +27,8 @@ from lazyhippo.sources.pdf import ParseLimits
 from lazyhippo.stores.warehouse import snapshot_path
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 from tests.test_serve import (  # noqa: F401 - fixtures
+    NEW_DOC,
+    NEW_Q,
     READ_KEY,
     REPO,
     SUCCESSOR_Q,
@@ -462,7 +464,9 @@ def test_an_unpaired_surrogate_is_bad_input_not_a_backend_failure(pool):
         assert r.status_code == 422 and "history.0.content" in r.text and "unicode" in r.text
 
 
-def test_an_unpaired_surrogate_over_mcp_gets_an_error_answer(sample_settings, tmp_path):
+def test_malformed_json_rpc_over_mcp_gets_error_replies_and_the_session_goes_on(sample_settings, tmp_path):
+    """Unparsable lines, wrong shapes, unpaired surrogates and deep nesting each get a JSON-RPC error (a
+    notification none); the session answers the next request, and a literal U+FFFD is ordinary text."""
     proc = subprocess.Popen([sys.executable, "-m", "lazyhippo_dagster.cli", "mcp", "--home", str(sample_settings.home)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO,
                             env={**os.environ, "DAGSTER_HOME": str(tmp_path / "d")})
@@ -481,11 +485,31 @@ def test_an_unpaired_surrogate_over_mcp_gets_an_error_answer(sample_settings, tm
         call({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
               "params": {"name": "lazyhippo_retrieve", "arguments": {"query": "Who \ud800 founded it?"}}})
         reply = json.loads(lines.get(timeout=60))
-        assert reply["id"] == 2 and reply["result"]["isError"] and "not valid Unicode" in reply["result"]["content"][0]["text"]
-        call({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        assert reply["id"] == 2 and reply["error"]["code"] == -32602 and "not valid Unicode" in reply["error"]["message"]
+        head = b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "lazyhippo_retrieve", ' \
+               b'"arguments": {"query": "\\udfff", "x": '
+        for depth, ident, code in ((100_000, None, -32700), (100, 3, -32600)):  # too deep to parse; parsed, too deep
+            proc.stdin.write(head + b"[" * depth + b"]" * depth + b"}}}\n")
+            proc.stdin.flush()
+            reply = json.loads(lines.get(timeout=60))
+            assert reply["id"] == ident and reply["error"]["code"] == code, reply
+        for raw, ident, code in ((b'{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": ', None, -32700),
+                                 (b'{"jsonrpc": "1.0", "id": 5, "method": "tools/call"}', 5, -32600),
+                                 (b'{"jsonrpc": "2.0", "id": 6, "method": 7}', 6, -32600),
+                                 (b'[1, 2]', None, -32600), (b"\xff\xfe", None, -32700)):
+            proc.stdin.write(raw + b"\n")
+            proc.stdin.flush()
+            reply = json.loads(lines.get(timeout=60))
+            assert reply["id"] == ident and reply["error"]["code"] == code, (raw, reply)
+        call({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"x": "\ud800"}})  # no reply
+        call({"jsonrpc": "2.0", "id": 7, "method": "tools/call",  # a literal U+FFFD is valid text
+              "params": {"name": "lazyhippo_retrieve", "arguments": {"query": "Who \ufffd succeeded the founder?", "limit": 2}}})
+        reply = json.loads(lines.get(timeout=60))
+        assert reply["id"] == 7 and not reply["result"].get("isError"), reply
+        call({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
               "params": {"name": "lazyhippo_retrieve", "arguments": {"query": SUCCESSOR_Q, "limit": 2}}})
         reply = json.loads(lines.get(timeout=60))
-        assert reply["id"] == 3 and not reply["result"].get("isError")
+        assert reply["id"] == 8 and not reply["result"].get("isError")
     finally:
         proc.kill()
         proc.wait(10)
@@ -513,3 +537,344 @@ def test_errors_name_no_exception_class(pool, monkeypatch):
         assert r.status_code == 503 and "Error" not in r.text and "10.0.0.7" not in r.text
         r = post(f"{url}/api/kg/create", json={"path": "/tmp"}, headers={"X-API-Key": WRITE_KEY})
         assert r.status_code == 403 and "Error" not in r.text
+
+
+# ---------------------------------------------------------------- 9. abusive connections, before any key check
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _status(s: socket.socket) -> str:
+    return s.recv(65536).split(b"\r\n", 1)[0].decode()
+
+
+def _health_ms(url: str) -> float:
+    """The best of three /health round trips (one slow answer on a shared machine is noise; a server busy
+    with an attacker answers all three late)."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        assert get(f"{url}/health", timeout=5).status_code == 200
+        times.append((time.perf_counter() - t0) * 1000)
+    return min(times)
+
+
+def test_oversized_or_numerous_headers_get_431_at_once_and_health_stays_fast(pool):
+    with running(pool, keyed()) as url:
+        for head in ("X-Big: " + "a" * 64 * 1024 * 1024 + "\r\n",                      # one 64 MB header
+                     "".join(f"X-H{i}: {'b' * 100}\r\n" for i in range(200)),          # 20 KB in many headers
+                     "".join(f"X-H{i}: b\r\n" for i in range(101)),                     # small but too many
+                     "X-Line: " + "c" * 20_000 + "\r\n"):
+            with _connect(url) as s:
+                t0 = time.perf_counter()
+                try:
+                    s.sendall(f"GET /health HTTP/1.1\r\nHost: localhost\r\n{head}\r\n".encode())
+                except (BrokenPipeError, ConnectionResetError):  # refused while the rest was still on its way
+                    pass
+                status = _status(s)
+                assert status.endswith("431 Request Header Fields Too Large"), (head[:20], status)
+                assert time.perf_counter() - t0 < 2
+                assert _health_ms(url) < 100
+        with _connect(url) as s:  # 100 headers of a normal size are fine
+            s.sendall(("GET /health HTTP/1.1\r\nHost: localhost\r\n" + "".join(f"X-H{i}: b\r\n" for i in range(98))
+                       + "\r\n").encode())
+            assert _status(s).endswith("200 OK")
+
+
+def test_slow_silent_and_idle_connections_are_closed_by_their_timeouts(pool):
+    limits = Limits(header_seconds=0.5, body_seconds=0.5, idle_seconds=0.5)
+
+    def closed_after(s: socket.socket, drip: bytes = b"") -> tuple[bytes, float]:
+        """Send `drip` a byte every 0.1 s until the server answers or closes; what it sent and when."""
+        t0, got = time.perf_counter(), b""
+        s.settimeout(0.1)
+        for i in range(100):
+            try:
+                if drip:
+                    s.sendall(drip[i % len(drip):i % len(drip) + 1])
+                chunk = s.recv(4096)
+                got += chunk
+                if not chunk:
+                    break
+            except socket.timeout:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        return got, time.perf_counter() - t0
+
+    with running(pool, keyed(), limits=limits) as url:
+        with _connect(url) as s:  # silent: never sends a byte
+            got, seconds = closed_after(s)
+            assert got == b"" and 0.4 < seconds < 2
+        with _connect(url) as s:  # slow headers: a byte at a time, never done
+            s.sendall(b"GET /health HTTP/1.1\r\n")
+            got, seconds = closed_after(s, b"X-Slow: aaaaaaaaaa\r\n")
+            assert got.startswith(b"HTTP/1.1 408") and seconds < 2
+        with _connect(url) as s:  # slow body
+            s.sendall(f"POST /api/query HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {READ_KEY}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{".encode())
+            got, seconds = closed_after(s, b" ")
+            assert got.startswith(b"HTTP/1.1 408") or got == b"", got
+            assert seconds < 2
+        with _connect(url) as s:  # idle after an answer: the keep-alive timeout
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert _status(s).endswith("200 OK")
+            got, seconds = closed_after(s)
+            assert got == b"" and seconds < 2
+        assert _health_ms(url) < 100
+
+
+def test_open_connections_are_capped(pool):
+    with running(pool, keyed(), limits=Limits(max_connections=4, header_seconds=5)) as url:
+        held = [_connect(url) for _ in range(4)]
+        try:
+            time.sleep(0.2)
+            with _connect(url) as extra:
+                assert _status(extra).endswith("503 Service Unavailable")
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.2)
+        assert _health_ms(url) < 100
+
+
+def test_the_host_check_reads_one_host_header_and_the_request_line(pool):
+    with running(pool) as url:  # keyless: loopback names only
+        for head in ("GET /health HTTP/1.1\r\nHost: localhost\r\nHost: attacker.example\r\n\r\n",
+                     "GET http://attacker.example/health HTTP/1.1\r\nHost: localhost\r\n\r\n"):
+            with _connect(url) as s:
+                s.sendall(head.encode())
+                assert _status(s).endswith("400 Bad Request"), head
+        with _connect(url) as s:
+            s.sendall(b"GET http://localhost/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert _status(s).endswith("200 OK")
+
+
+# ---------------------------------------------------------------- 10. engines that come back, damaged snapshots
+
+def test_the_engine_pool_comes_back_to_its_size_after_every_engine_died(home, monkeypatch):
+    """Both engines die while replacements cannot start: /health answers at once (degraded, not a 500), a
+    query fails within seconds instead of waiting a minute; once the cause is gone the pool is whole again."""
+    pool = EnginePool(Settings(home=home), 2, probe_seconds=2, retry_seconds=0.2, max_retry_seconds=0.5,
+                      fail_seconds=1).start()
+    body = {"question": SUCCESSOR_Q, "route": "local"}
+    snapshot = snapshot_path(Settings(home=home))
+    try:
+        with running(pool) as url, httpx.Client(base_url=url, timeout=60) as c:
+            assert c.post("/api/query", json=body).status_code == 200
+            monkeypatch.setenv("LAZYHIPPO_THREADS", "not-a-number")  # engines started from now on fail at once
+            with open(snapshot, "r+b") as f:
+                f.truncate(4096)  # and the published file is damaged
+            dead = [e["pid"] for e in pool.engines()]
+            for pid in dead:
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.time() + 30
+            while pool.engines():
+                assert time.time() < deadline
+                time.sleep(0.1)
+            time.sleep(1)  # a few failed starts
+            t0 = time.perf_counter()
+            health = c.get("/health")
+            assert health.status_code == 200 and time.perf_counter() - t0 < 0.1
+            assert health.json()["status"] == "degraded" and health.json()["engines_running"] == 0
+            t0 = time.perf_counter()
+            assert c.post("/api/query", json=body).status_code == 503 and time.perf_counter() - t0 < 5
+            monkeypatch.delenv("LAZYHIPPO_THREADS")  # the cause is gone: the next retry starts
+            deadline = time.time() + 120
+            while len(pool.engines()) < 2 or c.get("/health").json()["status"] != "ok":
+                assert time.time() < deadline, c.get("/health").json()
+                time.sleep(0.2)
+            assert not set(dead) & {e["pid"] for e in pool.engines()}
+            assert all(c.post("/api/query", json=body).status_code == 200 for _ in range(4))
+    finally:
+        pool.stop()
+
+
+def test_a_query_on_a_stuck_engine_goes_to_a_live_one_once_it_is_replaced(home):
+    """The query timeout is two minutes, but the stuck engine is killed after its missed probe (1 s): the query
+    it held is answered by the live engine within seconds."""
+    pool = EnginePool(Settings(home=home), 2, query_seconds=120, probe_seconds=1).start()
+    body = {"question": SUCCESSOR_Q, "route": "local"}
+    stopped = pool.engines()[0]["pid"]
+    try:
+        with running(pool) as url:
+            os.kill(stopped, signal.SIGSTOP)
+            results: list[tuple[int, float]] = []
+
+            def ask() -> None:
+                t0 = time.perf_counter()
+                results.append((post(f"{url}/api/query", json=body).status_code, time.perf_counter() - t0))
+
+            asking = [threading.Thread(target=ask) for _ in range(2)]  # both engines free: one query each
+            for t in asking:
+                t.start()
+            for t in asking:
+                t.join(60)
+            assert [code for code, _ in results] == [200, 200] and max(s for _, s in results) < 15, results
+            assert not alive(stopped)
+    finally:
+        if alive(stopped):
+            os.kill(stopped, signal.SIGKILL)
+        pool.stop()
+
+
+@pytest.fixture
+def two_namespaces(home) -> Path:
+    """The sample home with a second, small namespace `second`."""
+    from lazyhippo.index import run_index
+
+    _rows(home.parent / "second_src", "rows.jsonl", {"s1": "Ilse Marrow charted the reefs of Tolland in 1904.",
+                                                    "s2": "The Tolland reef chart guided the Varne lifeboat."})
+    run_index(Settings(home=home, namespace="second", source=str(home.parent / "second_src")))
+    return home
+
+
+def test_a_damaged_snapshot_harms_only_its_namespace(two_namespaces):
+    """`second`'s snapshot is truncated while the warehouse cannot publish it again (a run holds it): the server
+    starts, serves `default`, reports `second` damaged; `lazyhippo index` for it repairs it and it is served."""
+    from filelock import FileLock
+
+    from lazyhippo.serve.pool import IndexPool
+
+    home = two_namespaces
+    second = Settings(home=home, namespace="second")
+    with open(snapshot_path(second), "r+b") as f:
+        f.truncate(4096)
+    lock = FileLock(home / "warehouse.lock", thread_local=False)
+    lock.acquire()
+    try:
+        pool = IndexPool(Settings(home=home), settle_seconds=0.2, poll_seconds=0.1).start()
+    finally:
+        lock.release()
+    try:
+        with running(pool) as url:
+            health = get(f"{url}/health").json()
+            assert health["status"] == "degraded" and list(health["damaged"]) == ["second"]
+            assert post(f"{url}/api/query", json={"question": SUCCESSOR_Q}).status_code == 200
+            r = post(f"{url}/api/query", json={"question": "Who charted the reefs of Tolland?", "namespace": "second"})
+            assert r.status_code == 503 and "Error" not in r.text
+            out = subprocess.run([sys.executable, "-m", "lazyhippo_dagster.cli", "index", str(home.parent / "second_src"),
+                                  "--home", str(home), "-n", "second"], cwd=REPO, capture_output=True, text=True,
+                                 env={**os.environ, "DAGSTER_HOME": str(home.parent / "dagster")}, timeout=300)
+            assert out.returncode == 0, out.stdout + out.stderr
+            deadline = time.time() + 60
+            while get(f"{url}/health").json()["status"] != "ok":
+                assert time.time() < deadline
+                time.sleep(0.1)
+            r = post(f"{url}/api/query", json={"question": "Who charted the reefs of Tolland?", "namespace": "second"})
+            assert r.status_code == 200 and "Marrow" in r.text
+    finally:
+        pool.stop()
+
+
+def test_a_missing_or_damaged_snapshot_is_published_again_at_start(two_namespaces):
+    from lazyhippo.serve.pool import IndexPool
+
+    home = two_namespaces
+    snapshot_path(Settings(home=home)).unlink()  # deleted while the server was down
+    with open(snapshot_path(Settings(home=home, namespace="second")), "r+b") as f:
+        f.truncate(4096)
+    pool = IndexPool(Settings(home=home)).start()
+    try:
+        assert pool.namespaces() == ["default", "second"] and pool.health() == {"status": "ok"}
+        assert snapshot_path(Settings(home=home)).exists() and set(pool.status()) == {"default", "second"}
+    finally:
+        pool.stop()
+
+
+def test_a_run_is_success_only_once_its_index_is_served_beside_a_damaged_namespace(two_namespaces, tmp_path,
+                                                                                 monkeypatch):
+    """`second` is damaged beyond repair (its last run failed): an upload into `default` still swaps in and
+    reports SUCCESS only then; the failed upload's folder is removed and its error names no server path."""
+    from lazyhippo.serve.pool import IndexPool
+    from lazyhippo.stores.warehouse import _write_state
+
+    home = two_namespaces
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    second = Settings(home=home, namespace="second")
+    pool = IndexPool(Settings(home=home), settle_seconds=0.2, poll_seconds=0.1).start()
+    try:
+        with running(pool) as url:
+            _write_state(second, status="failed")  # the warehouse cannot publish it again
+            with open(snapshot_path(second), "r+b") as f:
+                f.truncate(4096)
+            deadline = time.time() + 30
+            while get(f"{url}/health").json()["status"] != "degraded":
+                assert time.time() < deadline
+                time.sleep(0.1)
+            r = post(f"{url}/api/kg/upload", files=[("files", ("barrow.txt", NEW_DOC.encode()))],
+                     data={"namespace": "default", "mode": "add"}, headers=TOKEN_HEADERS)
+            assert wait_run(url, r.json()["run_id"])["status"] == "SUCCESS"
+            answer = post(f"{url}/api/query", json={"question": NEW_Q, "route": "local"}).json()
+            assert any("Quillon" in c["text"] for c in answer["context"])
+            bad = post(f"{url}/api/kg/upload", files=[("files", ("empty.txt", b"   "))], data={"namespace": "third"},
+                       headers=TOKEN_HEADERS)
+            failed = wait_run(url, bad.json()["run_id"])
+            assert failed["status"] == "FAILURE" and str(home) not in failed["error"] and "Error" not in failed["error"]
+            assert not [p for p in (home / "uploads" / "third").iterdir()]
+    finally:
+        pool.stop()
+
+
+# ---------------------------------------------------------------- 11. clean errors and configuration
+
+def test_error_bodies_carry_no_python_object_text(pool, tmp_path):
+    with running(pool, roots=(tmp_path,)) as url:
+        answers = [
+            post(f"{url}/api/kg/upload", data={"files": "not a file", "namespace": "x"}, headers=TOKEN_HEADERS),
+            post(f"{url}/api/kg/upload", files=[("files", ("a.txt", b"x")), ("namespace", ("n.txt", b"y"))],
+                 headers=TOKEN_HEADERS),
+            post(f"{url}/api/kg/create", content=b'{"path": ".", "community_resolutions": [NaN, Infinity]}',
+                 headers={**TOKEN_HEADERS, "content-type": "application/json"}),
+            post(f"{url}/api/query", json=[1, 2])]
+    for r in answers:
+        assert 400 <= r.status_code < 500, r.text
+        assert not any(s in r.text for s in ("<class", "UploadFile(", "Error", "Traceback")), r.text
+    assert "finite" in answers[2].text and answers[3].json()["problems"][0].startswith("body:")
+
+
+def test_predictable_keys_and_non_finite_resolutions_are_refused():
+    from lazyhippo.serve.middleware import Access
+    from lazyhippo.settings import Environment
+
+    for key in ("1234567812345678", "abcdefghijklmnopqrst", "abababababababab"):
+        with pytest.raises(ValueError, match="LAZYHIPPO_API_KEY must be at least 16 random characters"):
+            Access.for_host(Environment(api_key=key), "0.0.0.0")
+    assert Access.for_host(Environment(api_key="Jx3f_9Qm2-LpZr8t"), "0.0.0.0").keys
+    for bad in ([float("nan")], [0.5, float("inf")]):
+        with pytest.raises(ValueError, match="positive finite values"):
+            Settings().with_(community_resolutions=bad)
+
+
+def test_a_malformed_key_scope_is_one_line_naming_the_variable(home):
+    env = {**os.environ, "LAZYHIPPO_API_KEY_NAMESPACES": "docs,../etc"}
+    out = subprocess.run([sys.executable, "-m", "lazyhippo_dagster.cli", "serve", "--home", str(home)], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "LAZYHIPPO_API_KEY_NAMESPACES: invalid namespace '../etc'" in " ".join(out.stderr.split())
+
+
+# ---------------------------------------------------------------- 12. budgets per upload and per document
+
+def test_many_small_pdfs_share_one_cpu_budget(tmp_path):
+    """50 tiny PDFs, each well within the per-file limit: together they get the source's total and no more."""
+    for i in range(50):
+        _content_bomb(tmp_path / f"p{i:02d}.pdf", 10_000)  # about 0.5 s of CPU each
+    t0 = time.perf_counter()
+    docs, errors = read_source(tmp_path, 10**6, ParseLimits(cpu_seconds=5, total_cpu_seconds=3))
+    seconds = time.perf_counter() - t0
+    over = [e for e in errors if "used up their CPU budget (3 s)" in e.reason]
+    assert len(over) >= 40 and len(docs) + len(errors) == 50  # a few parsed, the rest never started
+    assert seconds < 30, seconds
+
+
+def test_a_document_is_cut_at_the_chunk_cap(tmp_path):
+    """A few kilobytes can expand to megabytes of short words (a PDF bomb's text): at most 2,000 chunks."""
+    from lazyhippo.stages.chunks import MAX_CHUNKS_PER_DOCUMENT, chunk_document
+
+    (tmp_path / "words.txt").write_text("a b. " * 400_000)
+    [doc] = list(read_path(tmp_path / "words.txt", tmp_path, 10**7))
+    chunks = chunk_document(doc)
+    assert len(chunks) == MAX_CHUNKS_PER_DOCUMENT == 2000 and [c.position for c in chunks] == list(range(2000))

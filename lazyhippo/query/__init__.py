@@ -26,6 +26,7 @@ from lazyhippo.query.config import (
                                     LocalParams,
                                     MultiHopParams,
                                     QueryConfig,
+                                    QueryOptions,
 )
 from lazyhippo.query.context import ContextChunk, assemble_context, noise_reason, render_context
 from lazyhippo.query.loader import GraphIndex, clear_cache, load_index
@@ -51,7 +52,7 @@ from lazyhippo.query.routes import (
 from lazyhippo.query.types import PreparedQuery, ScoredChunk
 
 __all__ = [
-    "answer_question", "retrieve", "search", "Retrieval", "QueryResult", "ChunkSelectionParams", "configured_reranker", "ScoredChunk", "ContextChunk", "QueryConfig", "DEFAULT_CONFIG",
+    "answer_question", "retrieve", "search", "Retrieval", "QueryResult", "ChunkSelectionParams", "configured_reranker", "ScoredChunk", "ContextChunk", "QueryConfig", "QueryOptions", "DEFAULT_CONFIG",
     "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex",
     "load_index", "clear_cache", "PPRBackend", "EmbeddedPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
     "Reranker", "RerankStage", "RerankUnavailable", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",

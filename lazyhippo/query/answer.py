@@ -9,6 +9,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field, fields, is_dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,12 +22,16 @@ from lazyhippo.query.config import QueryConfig, config_for
 from lazyhippo.query.context import ContextChunk, assemble_context, render_context
 from lazyhippo.query.loader import GraphIndex, load_index
 from lazyhippo.query.rerank import RerankStage, configured_reranker
-from lazyhippo.query.routes import RouteRequest, RouteResult, check_route, classify_query, run_route
-from lazyhippo.query.text import sentences, strip_heading, tokens
+from lazyhippo.query.routes import RouteRequest, RouteResult, check_route, classify_query, run_route, split_question, subject_words
+from lazyhippo.query.text import prose_sentences, tokens
 from lazyhippo.query.types import PreparedQuery, ScoredChunk, chunk_entities
 from lazyhippo.settings import Settings
 
 NO_ANSWER = "No relevant information was found in the index."
+ANSWER_CHARS = 400  # an offline answer, citations included
+# The least support (`Extract.support`) that counts as an answer: calibrated on the shared question sets, each
+# asked of its own index and of the others' (docs/benchmarks.md, `lazyhippo bench answerable`).
+SUPPORT_THRESHOLD = 0.46
 
 
 @dataclass
@@ -35,7 +40,9 @@ class QueryResult:
     route: str
     query_type: str
     answer: str
+    answerable: bool                    # some passage supports an answer (else `answer` says none does)
     citations: list[dict]
+    closest: list[dict]                 # when not answerable: the passages that came nearest
     context: list[ContextChunk]
     timings: dict[str, float]           # milliseconds per stage
     context_tokens: int
@@ -103,25 +110,34 @@ class Retrieval:
     chunks: list[ScoredChunk]
     diagnostics: dict
     entities: list[list[str]] = field(default_factory=list)  # per chunk, the entities it mentions (when asked)
+    answerable: bool | None = None  # whether the chunks support an answer (when asked)
 
 
 @one_blas_thread
 def search(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
            config: QueryConfig | None = None, ppr=None, embedder=None, llm=None, index: GraphIndex | None = None,
-           reranker="auto", with_entities: bool = False, assist=None) -> Retrieval:
+           reranker="auto", with_entities: bool = False, with_support: bool = False, assist=None) -> Retrieval:
     """Ranked chunks (with document title, scores and citation metadata) without answer synthesis, and how they
     were found. `index` is an already loaded index to use (a server's warm one); by default the cached one is
     loaded. `reranker="auto"` uses the one the settings name (none by default), None turns it off.
-    `with_entities`: also the names of the entities each chunk mentions."""
+    `with_entities`: also the names of the entities each chunk mentions; `with_support`: also whether the chunks
+    support an answer (as `answer_question` decides it)."""
     cfg = config_for(settings, config)
     idx = index or load_index(settings, cfg.graph)
     stage = _reranker(settings, reranker)
     k = max(top_k, stage.top_n) if stage is not None else top_k  # the reranker sees its top_n candidates
-    used, kind, out = _retrieve(idx, question, route, k, cfg, _embedder(settings, embedder), ppr, llm, assist)
+    emb = _embedder(settings, embedder)
+    used, kind, out = _retrieve(idx, question, route, k, cfg, emb, ppr, llm, assist)
     chunks = _rerank(stage, question, out.chunks, out.diagnostics)
     chunks = chunks[:top_k]
     entities = [chunk_entities(idx, c.chunk_id) for c in chunks] if with_entities else []
-    return Retrieval(used, kind, chunks, out.diagnostics, entities)
+    answerable = None
+    if with_support:
+        passages = [Passage(i + 1, c.title, c.section, c.text) for i, c in enumerate(chunks)]
+        support = extract(question, passages, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind).support
+        out.diagnostics["support"] = {"score": support, "threshold": SUPPORT_THRESHOLD}
+        answerable = support >= SUPPORT_THRESHOLD
+    return Retrieval(used, kind, chunks, out.diagnostics, entities, answerable)
 
 
 def retrieve(settings: Settings, question: str, route: str = "local", top_k: int = 8, *,
@@ -183,7 +199,10 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     t["assemble_ms"] = (time.perf_counter() - t3) * 1000
     t4 = time.perf_counter()
     llm_name = None
-    if not context:
+    found = extract(standalone, context, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind)
+    answerable = found.support >= SUPPORT_THRESHOLD
+    diag["support"] = {"score": found.support, "threshold": SUPPORT_THRESHOLD, "parts": found.parts}
+    if not answerable:
         answer, cited = NO_ANSWER, []
     elif model is not None:
         answer, cited, llm_diag = llm_answer(model, question, context, evidence if used_route == "global" else [],
@@ -191,9 +210,9 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
         diag.update(llm_diag)
         llm_name = model.model
     elif used_route == "global" and evidence:
-        answer, cited = community_answer(question, context, evidence, emb, idx)
+        answer, cited = community_answer(standalone, context, evidence, emb, idx, kind)
     else:
-        answer, cited = extractive_answer(question, context, emb, cfg.answer_sentences)
+        answer, cited = found.text, found.cited
     t["answer_ms"] = (time.perf_counter() - t4) * 1000
     t["total_ms"] = (time.perf_counter() - t0) * 1000
     usage = model.meter.since(before) if hasattr(model, "meter") else []
@@ -202,7 +221,8 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     passage_model = getattr(getattr(emb, "passages", emb), "name", None)
     if idx.embedding_model and passage_model and idx.embedding_model != passage_model:
         diag["warning"] = f"index embedded with {idx.embedding_model}, queries with {passage_model}"
-    return QueryResult(question=question, route=used_route, query_type=kind, answer=answer, citations=citations,
+    return QueryResult(question=question, route=used_route, query_type=kind, answer=answer, answerable=answerable,
+                       citations=citations, closest=[] if answerable else [c.citation for c in context[:3]],
                        context=context, timings={k: round(v, 3) for k, v in t.items()},
                        context_tokens=stats["tokens"], budget=budget, llm=llm_name, diagnostics=diag,
                        usage=usage, history=turns, tokens={"input": sum(u["prompt_tokens"] for u in usage),
@@ -223,69 +243,165 @@ def _neighbour_fn(idx: GraphIndex):
     return neighbours
 
 
-def _clean_sentence(s: str, section: str | None) -> str:
-    s = strip_heading(s).strip()
-    if section and s.startswith(section + " ") and s != section:
-        s = s[len(section) + 1:]
-    return s
-
-
 def community_answer(question: str, context: list[ContextChunk], evidence: list[CommunityEvidence], embedder,
-                     idx: GraphIndex) -> tuple[str, list[int]]:
+                     idx: GraphIndex, kind: str | None = None, max_chars: int = ANSWER_CHARS) -> tuple[str, list[int]]:
     """Offline reduce of the global route: one line per kept community (its title, then its best cited
-    evidence sentence), strongest community first."""
+    evidence sentence), strongest community first, within `max_chars`."""
     by_id = {c.chunk_id: c for c in context}
     lines, cited, used = [], [], set()
     for ev in evidence:
         ctx = [by_id[cid] for cid in ev.chunk_ids(idx) if cid in by_id]
         if not ctx:
             continue
-        text, _ = extractive_answer(question, ctx, embedder, 4)
-        for part in re.findall(r"(.+?) \[(\d+)\](?: |$)", text):  # the first sentence no other community used
-            if part[0] not in used:
-                used.add(part[0])
-                lines.append(f"- {ev.title}: {part[0]} [{part[1]}]")
-                if int(part[1]) not in cited:
-                    cited.append(int(part[1]))
-                break
+        found = extract(question, ctx, embedder, idx.lexical.idf, kind=kind)
+        picked = next(((t, n) for t, n in found.sentences if t not in used), None)  # one no other community used
+        if picked is None:
+            continue
+        line = f"- {ev.title}: {picked[0]} [{picked[1]}]"
+        if sum(len(x) + 1 for x in lines) + len(line) > max_chars:
+            break
+        used.add(picked[0])
+        lines.append(line)
+        if picked[1] not in cited:
+            cited.append(picked[1])
     if not lines:
-        return extractive_answer(question, context, embedder)
+        found = extract(question, context, embedder, idx.lexical.idf, kind=kind)
+        return found.text, found.cited
     return "\n".join(lines), cited
 
 
-def extractive_answer(question: str, context: list[ContextChunk], embedder, n_sentences: int = 3,
-                      max_chunks: int = 8) -> tuple[str, list[int]]:
-    """The best-supported sentences of the top chunks, each cited [n]: similarity to the question,
-    keyword overlap and the chunk's rank in the context all count."""
-    pool: list[tuple[str, int, int, set[str]]] = []  # sentence, citation n, rank, its keywords
+@dataclass(frozen=True)
+class Extract:
+    """The sentences an offline answer is made of, each with its citation number, and how well the passages
+    they come from support the question: the rarity-weighted share of its content words those passages (and
+    their titles) hold. The passages rather than the chosen sentences: an answer of 400 characters cannot hold
+    every word of a long question that the passages do answer (benchmarks.md, answerable or not)."""
+
+    sentences: list[tuple[str, int]]
+    support: float
+    parts: int = 1
+
+    @property
+    def text(self) -> str:
+        return " ".join(f"{s} [{n}]" for s, n in self.sentences) or NO_ANSWER
+
+    @property
+    def cited(self) -> list[int]:
+        return list(dict.fromkeys(n for _, n in self.sentences))
+
+
+class Passage(NamedTuple):
+    """What an extractive answer reads of a passage (a ContextChunk has these fields too)."""
+
+    n: int                  # its citation number
+    title: str
+    section: str | None
+    text: str
+    noise: str | None = None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    text: str
+    n: int                  # citation number of its passage
+    rank: int               # its passage's place among the context's passages
+    words: frozenset[str]   # stems of its words
+    title: frozenset[str]   # stems of its passage's title
+
+
+def _stems(words) -> frozenset[str]:
+    """Word stems for matching a question with a sentence: a shared 6-letter prefix ("founded", "founder")."""
+    return frozenset(w[:6] for w in words)
+
+
+def _candidates(context: list[ContextChunk | Passage], max_chunks: int) -> list[_Candidate]:
+    """The readable sentences of the top passages: markup removed, wrapped lines joined, at least 3 words."""
+    pool, seen = [], set()
     for rank, c in enumerate([c for c in context if not c.noise][:max_chunks]):
-        for s in sentences(c.text):
-            s = _clean_sentence(s, c.section)
+        title = _stems(tokens(c.title))
+        for s in prose_sentences(c.text):
+            if c.section and s.startswith(c.section + " ") and s != c.section:
+                s = s[len(c.section) + 1:]  # a heading the chunker ran into its first sentence
             words = tokens(s)
-            if len(words) >= 3:
+            if len(words) >= 3 and s not in seen:
+                seen.add(s)
                 anchored = _anchored(s, c.title)
-                pool.append((anchored, c.n, rank, set(words) if anchored is s else set(tokens(anchored))))
+                pool.append(_Candidate(anchored, c.n, rank, _stems(tokens(anchored)), title))
+    return pool
+
+
+def _weights(keywords: list[str], idf) -> np.ndarray:
+    """How much each question word counts: its idf in the index, so the rare words that name what the question
+    is about (and that an index which cannot answer it lacks) outweigh the common ones."""
+    return np.asarray(idf(keywords), dtype=np.float64) if idf is not None else np.ones(len(keywords))
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text` cut at a word boundary to at most `limit` characters (an ellipsis marks the cut)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:max(limit - 1, 1)].rsplit(" ", 1)[0].rstrip(",;:")
+    return cut + "…"
+
+
+def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=None, per_part: int = 3,
+            max_chars: int = ANSWER_CHARS, max_chunks: int = 8, kind: str | None = None) -> Extract:
+    """The best one to `per_part` sentences for each part of the question ("..., and ...?" has two), within
+    `max_chars` with their citations. A sentence is considered only when it shares a content word with its
+    part; the best is taken first, then others only while they hold a word of the part the taken ones lack.
+    Scores: similarity to the part, the rarity-weighted share of its words held (`idf`: keywords -> idf,
+    uniform when None) and the passage's rank. `kind`: the question's type when already classified."""
+    pool = _candidates(context, max_chunks)
     if not pool:
-        return NO_ANSWER, []
-    vecs = embedder.embed([question] + [s for s, _, _, _ in pool])
-    sims = vecs[1:] @ vecs[0] if vecs.shape[0] > 1 else np.zeros(len(pool))
-    kw = set(tokens(question))
-    scored = []
-    for (s, n, rank, words), sim in zip(pool, sims):
-        overlap = len(kw & words) / max(len(kw), 1)
-        scored.append((float(sim) + 0.5 * overlap + 0.3 / (1 + rank), s, n))
-    scored.sort(key=lambda x: -x[0])
-    picked, seen, cited = [], set(), []
-    for _, s, n in scored:
-        if s in seen:
-            continue
-        seen.add(s)
-        picked.append(f"{s} [{n}]")
-        if n not in cited:
-            cited.append(n)
-        if len(picked) >= n_sentences:
-            break
-    return " ".join(picked), cited
+        return Extract([], 0.0)
+    keywords = list(dict.fromkeys(tokens(subject_words(question))))
+    parts = split_question(question) if (kind or classify_query(question)) == "multi_part" else [question]
+    vecs = embedder.embed([*parts, *(c.text for c in pool)])
+    sims = vecs[len(parts):] @ vecs[:len(parts)].T  # sentence x part
+    budget = max_chars // len(parts)
+    chosen: dict[int, str] = {}  # candidate -> its text in the answer (clipped to the room left)
+    total = 0
+    for p, part in enumerate(parts):
+        kw = list(dict.fromkeys(tokens(subject_words(part)))) or keywords
+        w = _weights(kw, idf)
+        w = w / max(w.sum(), 1e-9)
+        held = np.array([[t[:6] in c.words for t in kw] for c in pool], dtype=bool).reshape(len(pool), len(kw))
+        score = sims[:, p] + held @ w + 0.2 / (1 + np.array([c.rank for c in pool]))
+        have = np.zeros(len(kw), dtype=bool)
+        used = 0
+        for _ in range(per_part if kw else 1):  # no subject words: the one sentence nearest the question
+            gain = (held & ~have) @ w if kw else np.ones(len(pool))  # words of the part the taken ones lack
+            best = next((int(i) for i in np.argsort(-(score + gain), kind="stable")
+                         if gain[i] > 0 and int(i) not in chosen), None)
+            if best is None:
+                break
+            mark = len(f" [{pool[best].n}]") + (1 if chosen else 0)  # its citation, the space before it
+            room = min(budget - used, max_chars - total) - mark
+            if used and room < 40:
+                break
+            chosen[best] = _clip(pool[best].text, room)
+            used += len(chosen[best]) + mark
+            total += len(chosen[best]) + mark
+            have |= held[best]
+    support = _support(keywords, idf, pool) if keywords else 1.0  # no keywords: about the whole collection
+    return Extract([(t, pool[i].n) for i, t in chosen.items()], support, len(parts))
+
+
+def _support(keywords: list[str], idf, chosen: list[_Candidate]) -> float:
+    """The weighted share (`_weights`) of the question's content words that the sentences or their passages'
+    titles hold."""
+    if not chosen:
+        return 0.0
+    w = _weights(keywords, idf)
+    words = frozenset().union(*(c.words | c.title for c in chosen))
+    return round(float(sum(wt for t, wt in zip(keywords, w) if t[:6] in words) / max(w.sum(), 1e-9)), 4)
+
+
+def extractive_answer(question: str, context: list[ContextChunk], embedder, n_sentences: int = 3,
+                      max_chunks: int = 8, idf=None) -> tuple[str, list[int]]:
+    """The text and citation numbers of `extract`."""
+    found = extract(question, context, embedder, idf, n_sentences, max_chunks=max_chunks)
+    return found.text, found.cited
 
 
 _PRONOUN_START = re.compile(r"^(?:He|She|It|They|His|Her|Its|Their|This|These)\b")

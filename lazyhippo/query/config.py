@@ -3,7 +3,7 @@ that serves any corpus, and callers override per call with `QueryConfig(...)` or
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from lazyhippo.graph.passage import GraphParams
 
@@ -33,6 +33,8 @@ class LocalParams:
     coverage_pool: int = 10           # best chunks that reorder can move (0 or weight 0: the graph's order)
     bridge_depth: int = 100           # chunks sharing an entity with the reorder's first pick join it from this deep (0: off)
     bridge_min_gain: float = 0.2      # ... if they hold this share (IDF) of the question's words the first pick lacks
+    lexical_weight: float = 0.15      # the final order: the graph's and BM25's fused by rank, 1 / rank and this / rank (0: graph only)
+    chunks_per_document: int = 1      # each document's best chunks ahead of any document's next ones (0: off)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class MultiHopParams:
                                                         "multi_part": 3, "exploratory": 3})
     nodes_by_type: dict = field(default_factory=lambda: {"technical": 200})  # focused lookups (a term, an identifier)
     min_new_nodes: int = 3            # a hop that adds fewer new nodes than this ends the expansion
+    hub_top_share: float = 0.01       # a hub (not expanded) is also among this share of entities named most often
 
     def hops(self, kind: str | None) -> int:
         levels = self.hops_by_type.get(kind)
@@ -138,3 +141,95 @@ def config_for(settings, config: QueryConfig | None = None) -> QueryConfig:
     chosen = {k: v for k, v in (("mode", settings.chunk_selection), ("max_related_chunks", settings.max_related_chunks))
               if v is not None and v != getattr(config.selection, k)}
     return config.with_(selection=chosen) if chosen else config
+
+
+def _option(help_: str):
+    return field(default=None, metadata={"help": help_})
+
+
+@dataclass(frozen=True)
+class QueryOptions:
+    """The query-time options every surface offers by the same names: `lazyhippo query | chat` options, HTTP
+    request fields, MCP tool arguments and the Dagster `query` job's `options` config. None leaves the server's
+    or run's value (for the first four, the LAZYHIPPO_* settings; for the rest, QueryConfig's defaults)."""
+
+    rerank: str | None = _option("Reranker: none | http | cross-encoder.")
+    rerank_top_n: int | None = _option("Best chunks the reranker reorders (1 or more).")
+    chunk_selection: str | None = _option("How the local routes pick chunks: graph (PPR), vector or weight (LightRAG).")
+    max_related_chunks: int | None = _option("Chunks the vector/weight selections keep (1 or more).")
+    group_neighbours: bool | None = _option("Pull same-section neighbour chunks in after their anchor [off].")
+    damping: float | None = _option("PPR damping: probability of following an edge, between 0 and 1 exclusive [0.5].")
+    communities: int | None = _option("Communities the global route (and hybrid's global channel) reads, 1-50 [5].")
+    knn_threshold: float | None = _option("Cosine a KNN (SEMANTICALLY_SIMILAR) edge needs to join the walk's graph, "
+                                          "0-1 [0.90]; another value builds that graph once per server.")
+    hub_weight: float | None = _option("Seed weight of matched communities' hub entities in the global fallback and "
+                                       "the hybrid route's PPR, 0 or more [0.1].")
+
+    def __post_init__(self):
+        from lazyhippo.settings import CHUNK_SELECTIONS, RERANK_PROVIDERS
+
+        checks = {"rerank": (lambda v: v in RERANK_PROVIDERS, f"one of {', '.join(RERANK_PROVIDERS)}"),
+                  "chunk_selection": (lambda v: v in CHUNK_SELECTIONS, f"one of {', '.join(CHUNK_SELECTIONS)}"),
+                  "rerank_top_n": (lambda v: _integer(v) and v >= 1, "an integer, 1 or more"),
+                  "max_related_chunks": (lambda v: _integer(v) and v >= 1, "an integer, 1 or more"),
+                  "group_neighbours": (lambda v: isinstance(v, bool), "true or false"),
+                  "damping": (lambda v: _number(v) and 0 < v < 1, "a number between 0 and 1 (exclusive)"),
+                  "communities": (lambda v: _integer(v) and 1 <= v <= 50, "an integer from 1 to 50"),
+                  "knn_threshold": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
+                  "hub_weight": (lambda v: _number(v) and 0 <= v <= 100, "a number from 0 to 100")}
+        for name, (ok, expected) in checks.items():
+            value = getattr(self, name)
+            if value is not None and not ok(value):
+                raise ValueError(f"query option {name} {value!r}: expected {expected}")
+
+    @classmethod
+    def from_mapping(cls, values: dict | None) -> "QueryOptions":
+        """From a request's or a config's options (None values left out); unknown names are refused."""
+        values = {k: v for k, v in (values or {}).items() if v is not None}
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown query option(s) {', '.join(unknown)} (choose from {', '.join(option_names())})")
+        return cls(**values)
+
+    def chosen(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def settings(self, settings):
+        """`settings` with the options that are settings (rerank, rerank_top_n, chunk_selection, max_related_chunks)."""
+        from lazyhippo.settings import QUERY_FIELDS
+
+        chosen = {k: v for k, v in self.chosen().items() if k in QUERY_FIELDS}
+        return settings.with_(**chosen) if chosen else settings
+
+    def config(self, config: "QueryConfig | None" = None) -> "QueryConfig":
+        """`config` (default: DEFAULT_CONFIG) with the options that are QueryConfig fields."""
+        config = config or DEFAULT_CONFIG
+        places = {"group_neighbours": ("context", "group_neighbours"), "damping": ("local", "damping"),
+                  "communities": ("global", "top_communities"), "knn_threshold": ("graph", "synonym_min_score"),
+                  "hub_weight": ("global", "hub_seed_weight")}
+        sections: dict[str, dict] = {}
+        for name, value in self.chosen().items():
+            if name in places:
+                section, key = places[name]
+                sections.setdefault(section, {})[key] = value
+        return config.with_(**sections) if sections else config
+
+
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def option_names() -> list[str]:
+    return [f.name for f in fields(QueryOptions)]
+
+
+def option_fields() -> list[tuple[str, type, str]]:
+    """(name, type, help) per option: what a surface needs to declare them (HTTP body, Dagster config)."""
+    import typing
+
+    hints = typing.get_type_hints(QueryOptions)
+    return [(f.name, hints[f.name], f.metadata["help"]) for f in fields(QueryOptions)]

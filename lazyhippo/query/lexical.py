@@ -81,6 +81,13 @@ class Lexical:
             return np.zeros(self.size, dtype=np.float32)
         return np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
 
+    def idf(self, keywords: list[str]) -> np.ndarray:
+        """How rare each keyword is among the texts, ln((N + 1) / (df + 1)): a word no text holds weighs most."""
+        indptr = self.bm25.scores["indptr"] if self.bm25 is not None else np.zeros(1, dtype=np.int64)
+        df = [indptr[i + 1] - indptr[i] if (i := self.vocab.get(t)) is not None and i + 1 < len(indptr) else 0
+              for t in keywords]
+        return np.log((self.size + 1) / (np.asarray(df, dtype=np.float64) + 1))
+
     def holders(self, token: str) -> np.ndarray:
         """Positions of the texts that contain `token` (one of the folded tokens), from the BM25 matrix."""
         i, indptr = self.vocab.get(token), self.bm25.scores["indptr"] if self.bm25 is not None else ()

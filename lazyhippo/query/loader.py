@@ -409,8 +409,10 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-        idx = _build(settings, str(db_path), params)
-        stale = [k for k in _CACHE if k[:2] == key[:2]]
+        same_version = next((v for k, v in _CACHE.items() if k[:3] == key[:3]), None)
+        idx = (_regraph(settings, same_version, params) if same_version is not None
+               else _build(settings, str(db_path), params))
+        stale = [k for k in _CACHE if k[:2] == key[:2] and k[2] != key[2]]  # older versions of this warehouse
         for k in stale:
             del _CACHE[k]
         _CACHE[key] = idx
@@ -425,6 +427,20 @@ def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
 
     with connect(settings, read_only=True) as con:
         return build_index(con, settings.namespace, db_path, params)
+
+
+def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> GraphIndex:
+    """`base` with its walk's graph built with other `params` (another KNN threshold, say): every other part
+    (chunks, vectors, facts, communities) is shared, so only the edges are read again."""
+    from dataclasses import replace
+
+    from lazyhippo.stores.warehouse import connect
+
+    t0 = time.perf_counter()
+    with connect(settings, read_only=True) as con:
+        graph = _graph(con, {"ns": settings.namespace}, params, base.chunks, base.entities, base.mentions)
+    return replace(base, graph=graph, loaded_at=time.time(), load_seconds=time.perf_counter() - t0,
+                   stats={**base.stats, "graph_edges": int(graph.adjacency.nnz)})
 
 
 def clear_cache() -> None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from lazyhippo.graph.ppr import personalized_pagerank
 from lazyhippo.query.config import MultiHopParams
+from lazyhippo.query.types import hub_entities
 
 
 class SubgraphPPR:
@@ -34,7 +35,7 @@ class SubgraphPPR:
         adj = index.graph.adjacency
         n_e = index.n_entities
         expandable = np.ones(adj.shape[0], dtype=bool)
-        expandable[:n_e] = index.entities.df <= max(2.0, self.hub_df_share * index.n_chunks)
+        expandable[:n_e] = ~hub_entities(index, self.hub_df_share, self.params.hub_top_share)
         seen = np.zeros(adj.shape[0], dtype=bool)
         seen[start] = True
         frontier = start

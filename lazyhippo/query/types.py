@@ -39,6 +39,18 @@ class ScoredChunk:
         return asdict(self)
 
 
+def hub_entities(idx: GraphIndex, share: float, top_share: float | None = None) -> np.ndarray:
+    """Which entities are hubs: named in more than `share` of the passages (and in more than two) and, with
+    `top_share`, also among that share of the entities named most often. The second test is what a walk on a
+    small corpus needs: there a few passages make every well-connected entity pass the first one, and a chain of
+    facts finds no entity left to go through; on a large corpus the first test is the stricter one."""
+    df = idx.entities.df
+    limit = max(2.0, share * idx.n_chunks)
+    if top_share is not None and len(df):
+        limit = max(limit, float(np.quantile(df, 1.0 - top_share)))
+    return df > limit
+
+
 class PreparedQuery:
     """The question, its embedding and the per-chunk dense / BM25 scores, computed once on first use."""
 

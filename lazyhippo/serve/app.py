@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -21,11 +22,12 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from lazyhippo.serve.connections import server_config
 from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.limits import Limits
 from lazyhippo.serve.middleware import TOKEN_HEADER, Access, Guard, Metrics
 from lazyhippo.serve.pool import IndexPool, limit_threads
-from lazyhippo.serve.routers import knowledge, ops, query
+from lazyhippo.serve.routers import entity, knowledge, operations, ops, query
 from lazyhippo.serve.runs import IndexRuns
 from lazyhippo.settings import environment
 
@@ -63,7 +65,8 @@ def create_app(pool: IndexPool | EnginePool, access: Access | None = None, limit
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError):
-        problems = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors()]
+        problems = [f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {plain(e['msg'])}"
+                    for e in exc.errors()]
         return JSONResponse({"error": "invalid request", "problems": problems}, status_code=422)
 
     @app.exception_handler(HTTPException)
@@ -75,9 +78,20 @@ def create_app(pool: IndexPool | EnginePool, access: Access | None = None, limit
         log.exception("unhandled error on %s", request.url.path)
         return JSONResponse({"error": "internal error"}, status_code=500)
 
-    for router in (query.router, knowledge.router, ops.router):
+    for router in (query.router, knowledge.router, operations.router, entity.router, ops.router):
         app.include_router(router)
     return app
+
+
+PYTHON_TEXT = re.compile(r"<class '(\w+)'>|\b[A-Z]\w*\((?:[^()]|\([^()]*\))*\)")
+PYTHON_TYPES = {"str": "text", "int": "a whole number", "float": "a number", "bytes": "text", "list": "a list",
+                "dict": "an object", "UploadFile": "an uploaded file"}
+
+
+def plain(message: str) -> str:
+    """A validation message without Python object text (`<class 'str'>`, `UploadFile(...)`)."""
+    return PYTHON_TEXT.sub(lambda m: PYTHON_TYPES.get(m.group(1) or m.group(0).split("(")[0], "a value"),
+                           message).replace("UploadFile", "an uploaded file")
 
 
 def serve(settings, host: str = "127.0.0.1", port: int = 8000, limits: Limits = Limits(), workers: int = 1) -> None:
@@ -104,5 +118,5 @@ def serve(settings, host: str = "127.0.0.1", port: int = 8000, limits: Limits = 
         yield
         pool.stop()  # engine processes end with the server
 
-    uvicorn.run(create_app(pool, access, limits, lifespan, env.source_roots), host=host, port=port,
-                log_level="warning", access_log=False)
+    app = create_app(pool, access, limits, lifespan, env.source_roots)
+    uvicorn.Server(server_config(app, host, port, limits, log_level="warning", access_log=False)).run()

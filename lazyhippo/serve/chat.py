@@ -3,6 +3,7 @@ and the token usage the LLM reports printed per turn and per operation (also for
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lazyhippo.query.config import QueryOptions, option_fields
 from lazyhippo.settings import CHUNK_SELECTIONS, RERANK_PROVIDERS, Settings
 
 
@@ -32,6 +34,22 @@ SelectionOpt = typer.Option(None, "--chunk-selection", callback=_one_of(CHUNK_SE
                                  "[$LAZYHIPPO_CHUNK_SELECTION or graph].")
 MaxRelatedOpt = typer.Option(None, "--max-related-chunks", min=1, help="Chunks the vector/weight selections keep "
                              "[$LAZYHIPPO_MAX_RELATED_CHUNKS or 20].")
+# the query options that are QueryConfig fields (query and chat; a server takes them per request)
+_HELP = {name: text for name, _, text in option_fields()}
+GroupOpt = typer.Option(None, "--group-neighbours/--no-group-neighbours", help=_HELP["group_neighbours"])
+DampingOpt = typer.Option(None, "--damping", help=_HELP["damping"])
+CommunitiesOpt = typer.Option(None, "--communities", help=_HELP["communities"])
+KnnThresholdOpt = typer.Option(None, "--knn-threshold", help=_HELP["knn_threshold"])
+HubWeightOpt = typer.Option(None, "--hub-weight", help=_HELP["hub_weight"])
+
+
+def query_options(**values) -> QueryOptions:
+    """The options given on the command line; a bad one is a one-line error and exit code 2."""
+    try:
+        return QueryOptions.from_mapping(values)
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
 
 
 def print_usage(rows: list[dict], out: Console, title: str = "LLM tokens") -> None:
@@ -63,18 +81,26 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
          top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
          history_budget: int = typer.Option(2000, help="Tokens of earlier turns sent along with each question."),
          rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
-         chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt) -> None:
+         chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
+         group_neighbours: Optional[bool] = GroupOpt, damping: Optional[float] = DampingOpt,
+         communities: Optional[int] = CommunitiesOpt, knn_threshold: Optional[float] = KnnThresholdOpt,
+         hub_weight: Optional[float] = HubWeightOpt) -> None:
     """Ask questions in turn (empty line or Ctrl-D ends); each answer sees the conversation so far."""
     from lazyhippo.query import answer_question
+    from lazyhippo.stores.usage import record_answer_usage
     from lazyhippo.stores.warehouse import counts
 
-    settings = Settings.from_env(home=home, namespace=namespace, rerank=rerank, rerank_top_n=rerank_top_n,
-                                 chunk_selection=chunk_selection, max_related_chunks=max_related_chunks)
+    options = query_options(rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
+                            max_related_chunks=max_related_chunks, group_neighbours=group_neighbours, damping=damping,
+                            communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight)
+    settings = options.settings(Settings.from_env(home=home, namespace=namespace))
+    config = options.config()
     err = Console(stderr=True)
     if not counts(settings)["chunks"]:
         err.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
     out = Console()
+    session = f"chat-{uuid.uuid4().hex[:12]}"  # the run id of this conversation's token_usage rows
     history: list[dict] = []
     while True:
         try:
@@ -84,10 +110,11 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
         if not question:
             break
         res = answer_question(settings, question, route=route, top_k=top_k, budget=budget, history=history,
-                              history_budget=history_budget)
+                              history_budget=history_budget, config=config)
         out.print(f"[bold]lazyhippo>[/bold] {res.answer}  [dim](route {res.route}, {len(res.history)} earlier turns sent, "
                   f"rerank {res.diagnostics['rerank']['status']})[/dim]")
         for cite in res.citations:
             out.print(f"  [{cite['n']}] {cite['title']} ({cite['chunk_id']})")
         print_usage(res.usage, out)
+        record_answer_usage(settings.home, settings.namespace, session, res.usage)
         history += [{"role": "user", "content": question}, {"role": "assistant", "content": res.answer}]

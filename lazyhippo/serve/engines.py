@@ -8,10 +8,13 @@ one at a time, and N engines use N cores.
 
 Each engine holds its own `IndexPool` (warm indexes, swapped on its own after another process's index run);
 the index runs the front launches reach every engine through `begin_write`/`end_write`. An engine that dies
-is replaced in the background; the query it was running gets an error (a 503 over HTTP). So is a stuck one
-(stopped, or looping): a query it does not answer within `query_seconds`, or a status probe it does not answer
-within `probe_seconds`, gets it killed. What `/health` shows is the engines' last answers to those probes, so
-no request ever waits on an engine but the query it was given.
+is replaced in the background, and a replacement that fails to start is retried with a growing delay (up to
+`max_retry_seconds`) until one starts: the pool comes back to its size once the cause is gone. So is a stuck
+one (stopped, or looping): a query it does not answer within `query_seconds`, or a status probe it does not
+answer within `probe_seconds`, gets it killed. A query whose engine dies or is killed meanwhile is given once
+more to a live engine; with no engine running it fails after `fail_seconds`. What `/health` shows is the
+engines' last answers to those probes (the last known ones when none runs), so no request ever waits on an
+engine but the query it was given.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from lazyhippo.query import DEFAULT_CONFIG, QueryConfig, QueryResult
-from lazyhippo.serve.pool import IndexPool, limit_threads, namespace_notice, snapshot_sync
+from lazyhippo.serve.pool import DAMAGED, IndexPool, limit_threads, namespace_notice, snapshot_sync
 from lazyhippo.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,10 @@ log = logging.getLogger(__name__)
 
 class EngineGone(RuntimeError):
     """The engine process running a query died or was stuck; a new one is being started."""
+
+
+class _Lost(RuntimeError):
+    """The engine died or was replaced before answering: the query may go to another one."""
 
 
 @dataclass
@@ -71,14 +78,18 @@ class EnginePool:
 
     def __init__(self, settings: Settings, workers: int, config: QueryConfig = DEFAULT_CONFIG,
                  settle_seconds: float = 2.0, poll_seconds: float = 1.0, wait_seconds: float = 60.0,
-                 query_seconds: float = 120.0, probe_seconds: float = 10.0, write_seconds: float = 600.0):
+                 query_seconds: float = 120.0, probe_seconds: float = 10.0, write_seconds: float = 600.0,
+                 retry_seconds: float = 1.0, max_retry_seconds: float = 30.0, fail_seconds: float = 3.0):
         self.settings = settings
         self.workers = workers
         self.wait_seconds = wait_seconds  # longest a query waits for a free engine before it is refused
         self.query_seconds = query_seconds  # longest an engine may take over one query before it is killed
         self.probe_seconds = probe_seconds  # longest an idle engine may take to answer a status probe
         self.write_seconds = write_seconds  # longest an engine may take to load the new indexes after a run
+        self.retry_seconds, self.max_retry_seconds = retry_seconds, max_retry_seconds  # restart backoff
+        self.fail_seconds = fail_seconds    # longest a query waits while no engine runs at all
         self._info: dict[int, dict] = {}    # pid -> the engine's last answer to a status probe
+        self._last: list[dict] = []         # the last answers of the engines that ran, while none does
         self._args = (settings, config, settle_seconds, poll_seconds)
         self._ctx = mp.get_context("spawn")  # the front runs threads (event loop, index runs): never fork it
         self._engines: list[_Engine] = []
@@ -113,6 +124,7 @@ class EnginePool:
             engine.queries.recv()  # sent once its IndexPool has started
         except EOFError:
             engine.process.join(5)
+            engine.close()
             raise RuntimeError(f"a query engine exited while loading its indexes (exit code "
                                f"{engine.process.exitcode}); see the log above") from None
         self._info[engine.process.pid] = engine.ask("info", self.write_seconds)
@@ -129,26 +141,50 @@ class EnginePool:
 
     def answer(self, namespace: str, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
                llm="auto", history: list[dict] | None = None, choices: dict | None = None) -> QueryResult:
-        deadline = time.monotonic() + self.wait_seconds
+        request = dict(namespace=namespace, question=question, route=route, top_k=top_k, budget=budget, llm=llm,
+                       history=history, choices=choices)
+        try:
+            return self._ask(request)
+        except _Lost:  # its engine died or was replaced: a query changes nothing, so a live engine answers it
+            try:
+                return self._ask(request)
+            except _Lost as exc:
+                raise EngineGone(str(exc)) from None
+
+    def _idle_engine(self) -> _Engine:
+        """The next free live engine; EngineGone after `wait_seconds`, or after `fail_seconds` with none running."""
+        t0 = time.monotonic()
         while True:  # an engine killed while idle is still in the queue: skipped
             try:
-                engine = self._idle.get(timeout=max(0.0, deadline - time.monotonic()))
+                engine = self._idle.get(timeout=0.25)
             except queue.Empty:
-                raise EngineGone(f"no query engine came free within {self.wait_seconds:g} s") from None
+                waited = time.monotonic() - t0
+                if not self._engines and waited >= self.fail_seconds:
+                    raise EngineGone("no query engine is running; one is being started") from None
+                if waited >= self.wait_seconds:
+                    raise EngineGone(f"no query engine came free within {self.wait_seconds:g} s") from None
+                continue
             if engine in self._engines and engine.process.is_alive():
-                break
+                return engine
+
+    def _ask(self, request: dict):
+        engine = self._idle_engine()
         try:
-            engine.queries.send(dict(namespace=namespace, question=question, route=route, top_k=top_k,
-                                     budget=budget, llm=llm, history=history, choices=choices))
+            engine.queries.send(request)
             engine.answered += 1
-            if not engine.queries.poll(self.query_seconds):
-                self._restart(engine)
-                raise EngineGone(f"query engine {engine.process.pid} did not answer within {self.query_seconds:g} s; "
-                                 "restarting it")
+            deadline = time.monotonic() + self.query_seconds
+            while not engine.queries.poll(0.25):  # short polls: an engine killed meanwhile is noticed at once
+                if engine not in self._engines or not engine.process.is_alive():
+                    self._restart(engine)
+                    raise _Lost(f"query engine {engine.process.pid} was stopped during the query")
+                if time.monotonic() > deadline:
+                    self._restart(engine)
+                    raise EngineGone(f"query engine {engine.process.pid} did not answer within "
+                                     f"{self.query_seconds:g} s; restarting it")
             ok, value = engine.queries.recv()
         except (EOFError, OSError):
             self._restart(engine)
-            raise EngineGone(f"query engine {engine.process.pid} died during the query; restarting it") from None
+            raise _Lost(f"query engine {engine.process.pid} died during the query; restarting it") from None
         except EngineGone:
             raise
         except Exception:  # e.g. an argument that does not pickle: the engine itself is fine
@@ -171,14 +207,27 @@ class EnginePool:
     @property
     def swaps(self) -> int:
         """Swaps every live engine has made (the slowest one's count)."""
-        return min(info["swaps"] for info in self._infos())
+        return min((info["swaps"] for info in self._infos()), default=0)
+
+    def served(self) -> dict[str, tuple]:
+        """The snapshot version of each namespace every live engine serves (left out while they differ)."""
+        versions = [info["served"] for info in self._infos()]
+        return {ns: v for ns, v in versions[0].items() if all(o.get(ns) == v for o in versions)} if versions else {}
+
+    def health(self) -> dict:
+        """`degraded` while fewer engines run than asked for, or a namespace's index could not be read."""
+        running = len(self._engines)
+        damaged = {ns: DAMAGED for ns in sorted(set().union(*(info["damaged"] for info in self._infos())))}
+        return {"status": "degraded" if damaged or running < self.workers else "ok", "engines_running": running,
+                "engines_wanted": self.workers, **({"damaged": damaged} if damaged else {})}
 
     def _infos(self) -> list[dict]:
-        """The live engines' last answers to a probe (never waits on an engine)."""
+        """The live engines' last answers to a probe, or the last known ones while none runs (never waits on an
+        engine)."""
         infos = [self._info[e.process.pid] for e in list(self._engines) if e.process.pid in self._info]
-        if not infos:
-            raise EngineGone("no query engine is running")
-        return infos
+        if infos:
+            self._last = infos
+        return infos or self._last
 
     def _monitor(self) -> None:
         """Probe each idle engine's control thread every second: one that does not answer is killed and replaced.
@@ -235,12 +284,16 @@ class EnginePool:
             self._info.pop(dead.process.pid, None)
         dead.close()
         log.warning("query engine %s exited (code %s); starting a new one", dead.process.pid, dead.process.exitcode)
-        if self._stopping:
-            return
-        try:
-            self._ready(self._spawn())
-        except Exception:  # noqa: BLE001 - the other engines keep serving
-            log.exception("could not restart a query engine")
+        delay = self.retry_seconds
+        while not self._stopping:
+            try:
+                self._ready(self._spawn())
+                return
+            except Exception:  # noqa: BLE001 - the other engines keep serving; retried until one starts
+                log.exception("could not start a query engine; retrying in %g s", delay)
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, self.max_retry_seconds)
 
     def stop(self) -> None:
         """Closing its pipes ends an engine (it reads end-of-file); stragglers are terminated."""
@@ -282,7 +335,8 @@ def engine_main(settings: Settings, config: QueryConfig, settle_seconds: float, 
 
 def _serve_control(pool: IndexPool, control: Connection) -> None:
     actions = {"begin_write": pool.begin_write, "end_write": pool.end_write,
-               "info": lambda: {"namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps}}
+               "info": lambda: {"namespaces": pool.namespaces(), "warm": pool.status(), "swaps": pool.swaps,
+                                "served": pool.served(), "damaged": sorted(pool.damaged)}}
     while True:
         try:
             message = control.recv()

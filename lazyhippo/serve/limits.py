@@ -15,6 +15,13 @@ class Limits:
     max_history: int = 10
     max_pending_runs: int = 4        # index runs waiting for their turn; more are refused (429)
     query_seconds: float = 120.0     # longest an engine may take over one query before it is replaced
+    # connections (lazyhippo.serve.connections), enforced before a request reaches the key check
+    max_header_bytes: int = 16 * 1024  # request line and headers together
+    max_headers: int = 100
+    header_seconds: float = 10.0     # to send the request line and headers
+    body_seconds: float = 60.0       # to send the body, once the headers are in
+    idle_seconds: float = 5.0        # a keep-alive connection without a new request is closed
+    max_connections: int = 256       # open at once; more are answered 503 and closed
 
 
 def text_problem(name: str, value: str) -> str | None:

@@ -10,8 +10,10 @@ no foreign `Origin`, and endpoints that change data need the token printed at st
 
 from __future__ import annotations
 
+import collections
 import hmac
 import ipaddress
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -24,10 +26,23 @@ from lazyhippo.serve.limits import Limits
 from lazyhippo.settings import Environment
 
 MIN_KEY_CHARS = 16
+MIN_KEY_BITS = 30  # (16 random hex digits estimate 33 or more)
 TOKEN_HEADER = "x-lazyhippo-token"
 PUBLIC = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
-WRITES = {"/api/kg/create", "/api/kg/upload"}  # POST: they change data
+WRITES = {"/api/kg/create", "/api/kg/upload",  # POST: they change data (export: it hands out whole tables)
+          "/api/kg/delete", "/api/kg/merge", "/api/kg/export"}
 UPLOAD = "/api/kg/upload"
+
+
+def key_bits(key: str) -> float:
+    """A rough entropy estimate: the key's length times the Shannon entropy of its characters, or of the steps
+    between neighbours when lower (a run like `1234567812345678` uses many characters but one step)."""
+    def entropy(values: list) -> float:
+        counts = collections.Counter(values)
+        return -sum(c / len(values) * math.log2(c / len(values)) for c in counts.values()) if values else 0.0
+
+    steps = [ord(b) - ord(a) for a, b in zip(key, key[1:])]
+    return len(key) * min(entropy(list(key)), entropy(steps))
 
 
 def is_loopback(host: str) -> bool:
@@ -65,7 +80,7 @@ class Access:
             (env.api_key, True, env.api_key_namespaces), (env.read_key, False, env.read_key_namespaces)) if key)
         for key, grant in keys:
             name = "LAZYHIPPO_API_KEY" if grant.write else "LAZYHIPPO_READ_KEY"
-            if len(key) < MIN_KEY_CHARS or len(set(key)) < MIN_KEY_CHARS // 2:
+            if len(key) < MIN_KEY_CHARS or key_bits(key) < MIN_KEY_BITS:
                 raise ValueError(f"{name} must be at least {MIN_KEY_CHARS} random characters (e.g. "
                                  "`python -c 'import secrets; print(secrets.token_urlsafe(24))'`)")
         if not keys and not is_loopback(host):
@@ -113,6 +128,8 @@ class Guard:
     def check(self, scope) -> JSONResponse | None:
         headers = dict(scope["headers"])
         path, method = scope["path"], scope["method"]
+        if sum(name == b"host" for name, _ in scope["headers"]) > 1:
+            return _refuse(400, "more than one Host header")
         if not self.access.keys:
             host = headers.get(b"host", b"").decode("latin-1")
             if not is_loopback(urlsplit(f"//{host}").hostname or ""):

@@ -5,9 +5,14 @@ A query takes the namespace's current `Warm` entry and keeps it for its whole ru
 finishes on the index it started with while a refresher thread builds the newer one off the request path.
 Indexes are read from the published snapshots (`published/<namespace>.duckdb`, replaced atomically at the
 end of a complete index run; see `lazyhippo.stores.warehouse`): a run under way is never read half-written and the
-server never holds a lock a run needs. The snapshot folder's modification time is the version; a change is
-reloaded once it has stayed put for `settle_seconds`. `begin_write()`/`end_write()` bracket an index run this
-process launched: no polling meanwhile, one forced refresh right after it.
+server never holds a lock a run needs. Each snapshot file's modification time and size are its version; a
+namespace whose file changed is reloaded once the folder has stayed put for `settle_seconds`.
+`begin_write()`/`end_write()` bracket an index run this process launched: no polling meanwhile, one forced
+refresh right after it.
+
+A snapshot that cannot be read harms only its namespace: it is published again from the warehouse when that
+holds its complete index, else the namespace keeps its previous index (if any) and is reported `damaged` until
+a run replaces the file. Snapshots missing at start are published again the same way.
 """
 
 from __future__ import annotations
@@ -25,18 +30,19 @@ from lazyhippo.query import (
     DEFAULT_CONFIG,
     GraphIndex,
     QueryConfig,
+    QueryOptions,
     QueryResult,
     Retrieval,
     answer_question,
     load_index,
     search,
 )
-from lazyhippo.query.loader import db_version
 from lazyhippo.query.routes import check_route
-from lazyhippo.settings import QUERY_FIELDS, Settings, environment
+from lazyhippo.settings import Settings, environment
 from lazyhippo.stores.snapshots import SnapshotSync
-from lazyhippo.stores.warehouse import (IndexIncomplete, index_notice, published_namespaces, republish, snapshot_dir,
-                                        snapshot_path)
+from lazyhippo.stores.usage import record_answer_usage
+from lazyhippo.stores.warehouse import (IndexIncomplete, index_notice, published_namespaces, read_state, republish,
+                                        snapshot_dir, snapshot_path)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +71,10 @@ class SerializedEmbedder:
 class Warm:
     settings: Settings
     index: GraphIndex
-    version: tuple   # the warehouse file version the index was read from
+    version: tuple   # the snapshot file version the index was read from
+
+
+DAMAGED = "its published index could not be read; answering from the previous one if any; run `lazyhippo index` for it"
 
 
 class IndexPool:
@@ -78,12 +87,15 @@ class IndexPool:
         self.embedder = SerializedEmbedder(get_embedder(settings.embedder, settings.embedding_model))
         self._warm: dict[str, Warm] = {}
         self._known: set[str] = set()
-        self._version: tuple | None = None   # warehouse version of the namespace list and the warm indexes
+        self._version: dict | None = None    # snapshot versions by namespace, as of the last complete refresh
+        self.damaged: dict[str, tuple] = {}  # namespace -> version of the snapshot that could not be read
+        self._republished: set[tuple] = set()  # (namespace, version) already published again once
         self._lock = threading.Lock()        # one loader at a time; readers never take it
         self._holds = 0                      # index runs of this process under way
-        self._seen: tuple[tuple, float] | None = None  # (file version, first seen at) while settling
+        self._seen: tuple[dict, float] | None = None  # (snapshot versions, first seen at) while settling
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.preload = True                  # load every known namespace (else on first use)
         self.swaps = 0
         self.snapshots: SnapshotSync | None = None  # pulling published snapshots from the object store
         self.answered = 0                    # queries answered (answer and retrieve)
@@ -112,27 +124,38 @@ class IndexPool:
 
     def answer(self, namespace: str, question: str, route: str = "auto", top_k: int = 8, budget: int = 32000,
                llm="auto", history: list[dict] | None = None, choices: dict | None = None) -> QueryResult:
-        """`history`: earlier turns of the conversation; `choices`: query-time settings for this question
-        (rerank, chunk_selection, ...) over the server's."""
+        """`history`: earlier turns of the conversation; `choices`: query options for this question
+        (QueryOptions names: rerank, chunk_selection, damping, ...) over the server's."""
         check_route(route)
         warm = self.get(namespace)
+        settings, config, index = self._chosen(warm, choices)
         self._count()
         with self._slots:
-            return answer_question(query_settings(warm.settings, choices), question, route=route, top_k=top_k,
-                                   budget=budget, config=self.config, llm=llm, embedder=self.embedder,
-                                   index=warm.index, history=history)
+            result = answer_question(settings, question, route=route, top_k=top_k, budget=budget, config=config,
+                                     llm=llm, embedder=self.embedder, index=index, history=history)
+        record_answer_usage(settings.home, namespace, None, result.usage)
+        return result
 
     def notice(self, namespace: str) -> str | None:
         return namespace_notice(self.settings, namespace)
 
     def retrieve(self, namespace: str, question: str, route: str = "local", top_k: int = 8,
-                 choices: dict | None = None, with_entities: bool = False) -> Retrieval:
+                 choices: dict | None = None, with_entities: bool = False, with_support: bool = False) -> Retrieval:
         check_route(route)
         warm = self.get(namespace)
+        settings, config, index = self._chosen(warm, choices)
         self._count()
         with self._slots:
-            return search(query_settings(warm.settings, choices), question, route=route, top_k=top_k,
-                          config=self.config, embedder=self.embedder, index=warm.index, with_entities=with_entities)
+            return search(settings, question, route=route, top_k=top_k, config=config, embedder=self.embedder,
+                          index=index, with_entities=with_entities, with_support=with_support)
+
+    def _chosen(self, warm: Warm, choices: dict | None) -> tuple[Settings, QueryConfig, GraphIndex]:
+        """The settings, query config and index of one question with its query options (QueryOptions names);
+        another KNN threshold walks another graph, built once over the warm index's other parts."""
+        options = QueryOptions.from_mapping(choices)
+        config = options.config(self.config)
+        index = warm.index if config.graph == self.config.graph else load_index(warm.settings, config.graph)
+        return options.settings(warm.settings), config, index
 
     def _count(self) -> None:
         with self._count_lock:
@@ -146,21 +169,47 @@ class IndexPool:
 
     def _load(self, namespace: str) -> None:
         settings = self.settings.with_(namespace=namespace)
-        version = db_version(snapshot_dir(settings))
+        version = snapshot_version(settings)
         index = load_index(settings, self.config.graph)
         self._warm[namespace] = Warm(settings, index, version)  # one reference assignment: the swap
+        self.damaged.pop(namespace, None)
         # the index is millions of long-lived objects: out of the cyclic collector's reach, a full collection
         # no longer walks them all in the middle of some query (unfreeze first: a replaced index is freed)
         gc.unfreeze()
         gc.collect()
         gc.freeze()
 
+    def _load_or_repair(self, namespace: str) -> bool:
+        """Load the namespace; when its snapshot cannot be read, publish it again from the warehouse (once per
+        damaged file) and retry. False: the namespace is marked damaged, its previous index (if any) kept."""
+        try:
+            self._load(namespace)
+            return True
+        except Exception:  # noqa: BLE001 - any unreadable file: only this namespace is affected
+            settings = self.settings.with_(namespace=namespace)
+            version = snapshot_version(settings)
+            if self.damaged.get(namespace) != version:  # once per damaged file: it is retried every refresh
+                log.warning("the published index of namespace %s could not be read", namespace, exc_info=True)
+            if (namespace, version) not in self._republished:
+                self._republished.add((namespace, version))
+                try:
+                    if republish_from_warehouse(settings):
+                        log.warning("published namespace %s again from the warehouse", namespace)
+                        self._load(namespace)
+                        return True
+                except Exception:  # noqa: BLE001 - the warehouse cannot repair it: a new index run will
+                    log.warning("namespace %s could not be published again", namespace, exc_info=True)
+            self.damaged[namespace] = version
+            return False
+
     def refresh(self, force: bool = False) -> bool:
-        """Reload every warm namespace if the warehouse changed (and settled); True if anything was swapped."""
+        """Reload the namespaces whose snapshot changed (once the folder settled; at once when `force`d, even
+        while this process writes); True if anything was swapped. A namespace that failed to load is retried at
+        the next refresh."""
         db = Path(snapshot_dir(self.settings))
         if not db.exists() or (self._holds and not force):
             return False
-        version = db_version(db)
+        version = snapshot_versions(self.settings)
         if version == self._version and not force:
             self._seen = None
             return False
@@ -173,19 +222,24 @@ class IndexPool:
         with self._lock:
             known = set(list_namespaces(self.settings))
             for ns in set(self._warm) - known:  # its snapshot was deleted: keep serving it, publish it again
-                if republish(self.settings.with_(namespace=ns)):
+                if republish_from_warehouse(self.settings.with_(namespace=ns)):
                     log.warning("the published snapshot of namespace %s was gone: published it again", ns)
                     known.add(ns)
             self._known = known
-            for ns in list(self._warm):
-                if ns in self._known:
-                    self._load(ns)
-                else:
-                    del self._warm[ns]
-            self._version = version  # only once every load succeeded: a failed refresh is retried next poll
+            swapped, ok = False, True
+            for ns in sorted(set(self._warm) | set(self.damaged) | (known if self.preload else set())):
+                warm = self._warm.get(ns)
+                if ns not in known:
+                    self._warm.pop(ns, None)
+                    self.damaged.pop(ns, None)
+                elif warm is None or warm.version != snapshot_version(warm.settings):
+                    loaded = self._load_or_repair(ns)
+                    swapped, ok = swapped or loaded, ok and loaded
+            if ok:  # a namespace that failed is retried at the next poll
+                self._version = snapshot_versions(self.settings)
             self._seen = None
-            self.swaps += 1
-        return True
+            self.swaps += swapped
+        return swapped
 
     def begin_write(self) -> None:
         """This process starts writing the warehouse (an index run launched by the server): no refresh until
@@ -207,13 +261,20 @@ class IndexPool:
         With LAZYHIPPO_SNAPSHOTS (and `sync_snapshots`), the snapshots are pulled from the object store first."""
         if sync_snapshots:
             self.snapshots = snapshot_sync(self.settings)
-        known = list_namespaces(self.settings)  # (publishes a home indexed before snapshots existed)
+        self.preload = preload
+        known = set(list_namespaces(self.settings))  # (publishes a home indexed before snapshots existed)
+        for ns in sorted(completed_namespaces(self.settings) - known):  # its snapshot went while the server was down
+            if republish_from_warehouse(self.settings.with_(namespace=ns)):
+                log.warning("the published snapshot of namespace %s was missing: published it again", ns)
+                known.add(ns)
         if known:
-            self._version = db_version(snapshot_dir(self.settings))
-            self._known = set(known)
+            self._known = known
             if preload:
-                for ns in sorted(self._known):
-                    self.get(ns)
+                with self._lock:
+                    for ns in sorted(known):
+                        self._load_or_repair(ns)
+            if not self.damaged:  # else the poller retries the damaged ones
+                self._version = snapshot_versions(self.settings)
         self._thread = threading.Thread(target=self._poll, name="lazyhippo-index-pool", daemon=True)
         self._thread.start()
         return self
@@ -237,15 +298,16 @@ class IndexPool:
         return {ns: {"chunks": w.index.n_chunks, "entities": w.index.n_entities, "loaded_at": w.index.loaded_at,
                      "load_seconds": round(w.index.load_seconds, 3)} for ns, w in sorted(self._warm.items())}
 
+    def served(self) -> dict[str, tuple]:
+        """The snapshot version each warm namespace was loaded from."""
+        return {ns: w.version for ns, w in self._warm.items()}
 
-def query_settings(settings: Settings, choices: dict | None) -> Settings:
-    """`settings` with a request's query-time choices (None values: the server's); nothing else can change."""
-    if not choices:
-        return settings
-    unknown = set(choices) - set(QUERY_FIELDS)
-    if unknown:
-        raise ValueError(f"not query-time settings: {', '.join(sorted(unknown))} (choose from {', '.join(QUERY_FIELDS)})")
-    return settings.with_(**choices)
+    def health(self) -> dict:
+        """`ok`, or `degraded` with the namespaces whose index could not be read."""
+        damaged = {ns: DAMAGED for ns in sorted(self.damaged)}
+        return {"status": "degraded", "damaged": damaged} if damaged else {"status": "ok"}
+
+
 def snapshot_sync(settings: Settings) -> SnapshotSync | None:
     """The server's pull of published snapshots when LAZYHIPPO_SNAPSHOTS (`serve --snapshots`) names a store."""
     uri = environment().snapshots
@@ -255,6 +317,29 @@ def snapshot_sync(settings: Settings) -> SnapshotSync | None:
 def list_namespaces(settings: Settings) -> list[str]:
     """Namespaces with a published (complete) index."""
     return published_namespaces(settings)
+
+
+def republish_from_warehouse(settings: Settings) -> bool:
+    """Publish the namespace's snapshot again when this home has a warehouse (a replica has only snapshots)."""
+    return settings.db_path.exists() and republish(settings)
+
+
+def completed_namespaces(settings: Settings) -> set[str]:
+    """Namespaces whose last run completed and published (their snapshot should exist)."""
+    return {ns for ns, entry in read_state(settings).items() if entry.get("published_at")}
+
+
+def snapshot_version(settings: Settings) -> tuple:
+    """The namespace's snapshot file's modification time and size (() when it is gone)."""
+    try:
+        st = snapshot_path(settings).stat()
+    except OSError:
+        return ()
+    return st.st_mtime_ns, st.st_size
+
+
+def snapshot_versions(settings: Settings) -> dict[str, tuple]:
+    return {ns: snapshot_version(settings.with_(namespace=ns)) for ns in list_namespaces(settings)}
 
 
 def namespace_notice(settings: Settings, namespace: str) -> str | None:

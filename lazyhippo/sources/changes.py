@@ -17,6 +17,7 @@ from typing import Callable
 
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import ReadError, iter_files, read_path
+from lazyhippo.sources.pdf import cpu_budget
 
 HASH_CHARS = 12  # enough to tell two versions of one document apart, short enough for a cursor
 CURSOR_VERSION = 2  # documents by source (their partition names derive from it)
@@ -103,7 +104,8 @@ def scan_source(source: Path, max_bytes: int, previous: SourceState) -> tuple[So
     for path in iter_files(source):
         stat = path.stat()
         stamps[path.relative_to(root).as_posix()] = (stat.st_size, stat.st_mtime_ns)
-    return diff_source(stamps, lambda rel: read_docs(root / rel, root, max_bytes), previous)
+    with cpu_budget():  # the PDFs of one scan share a CPU budget: files past it count as unreadable
+        return diff_source(stamps, lambda rel: read_docs(root / rel, root, max_bytes), previous)
 
 
 def diff_source(stamps: dict[str, tuple[int, int | str]], read: Callable[[str], dict[str, str] | None],
@@ -144,11 +146,25 @@ def diff_source(stamps: dict[str, tuple[int, int | str]], read: Callable[[str], 
 
 def indexed_state(settings: Settings) -> SourceState:
     """The baseline for a sensor without a cursor: what the namespace holds, deleted documents included
-    (a reindex skips those anyway). Raises duckdb.IOException while an index run holds the warehouse."""
-    from lazyhippo.stores.warehouse import connect
+    (a reindex skips those anyway). A snapshot that cannot be read is published again from the warehouse first.
+    Raises duckdb.Error while an index run holds the warehouse (or nothing complete can repair the snapshot)."""
+    import duckdb
+
+    from lazyhippo.stores.warehouse import republish, snapshot_path
 
     if not settings.db_path.exists():
         return SourceState()
+    try:
+        return _indexed_rows(settings)
+    except duckdb.Error:  # a damaged snapshot: published again from the warehouse, then read
+        if not snapshot_path(settings).exists() or not republish(settings):
+            raise
+    return _indexed_rows(settings)
+
+
+def _indexed_rows(settings: Settings) -> SourceState:
+    from lazyhippo.stores.warehouse import connect
+
     with connect(settings, read_only=True) as con:
         rows = con.execute("SELECT doc_id, source, content_hash FROM documents WHERE namespace = $1 UNION ALL "
                            "SELECT doc_id, source, content_hash FROM deleted_documents WHERE namespace = $1",

@@ -1,4 +1,5 @@
-"""Read a folder (or one file) of .txt, .md, .pdf and .jsonl into documents, reporting what cannot be read."""
+"""Read a folder (or one file) of documents into documents, reporting what cannot be read: plain text, Markdown,
+reStructuredText, AsciiDoc and HTML (`sources/markup.py`), PDF (`sources/pdf.py`) and JSONL rows."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from lazyhippo.sources.pdf import PARSE_LIMITS, ParseLimits, read_pdf
+from lazyhippo.sources.markup import DOCUMENT_SUFFIXES, FORMAT_BY_SUFFIX, pretty_name, read_markup, sniff
+from lazyhippo.sources.pdf import PARSE_LIMITS, ParseLimits, cpu_budget, read_pdf
 
-SUPPORTED = {".txt", ".md", ".pdf", ".jsonl"}
+SUPPORTED = {".txt", ".md", ".markdown", ".rst", ".adoc", ".asciidoc", ".html", ".htm", ".pdf", ".jsonl"}
+# kinds whose readers unwrap paragraphs: every line of their text is a unit (heading, paragraph, item, code line)
+MARKUP_KINDS = {"md", "rst", "adoc", "html"}
 MAX_WORD_CHARS = 1000  # a run without whitespace longer than this is an encoded blob or garbage, not text
 _JUNK = re.compile(r"\S{%d,}" % (MAX_WORD_CHARS + 1))
 
@@ -74,20 +78,14 @@ def _decode(path: Path, data: bytes) -> str:
         raise ValueError(f"not valid UTF-8 (byte {exc.start})") from None
 
 
-def _markdown_sections(text: str) -> tuple[str | None, list[Section]]:
-    sections, heading, buf, title = [], None, [], None
-    for line in text.splitlines():
-        if line.lstrip().startswith("#"):
-            if buf:
-                sections.append(Section("\n".join(buf).strip(), heading))
-            heading, buf = line.lstrip("# ").strip() or None, []
-            title = title or heading
-            buf.append(line)  # keep the heading in the text: a bare heading is visible as such
-        else:
-            buf.append(line)
-    if buf:
-        sections.append(Section("\n".join(buf).strip(), heading))
-    return title, sections
+def _format(path: Path, text: str) -> str | None:
+    """The markup a text file is in: by extension, inner extension ("index.rst.txt") or, for .txt, by content."""
+    for suffix in reversed([x.lower() for x in path.suffixes]):
+        if suffix in FORMAT_BY_SUFFIX:
+            return FORMAT_BY_SUFFIX[suffix]
+        if suffix not in DOCUMENT_SUFFIXES:
+            break
+    return sniff(text)
 
 
 def read_path(path: Path, root: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> Iterator[Document | ReadError]:
@@ -114,18 +112,26 @@ def _read_file(path: Path, rel: str, max_bytes: int, limits: ParseLimits) -> Ite
         sections = [Section(text, None, page) for text, page in pages]
         if not any(s.text for s in sections):
             raise ValueError("PDF has no extractable text")
-        yield _make(rel, title or path.stem, "pdf", sections)
+        yield _make(rel, title or pretty_name(path.name), "pdf", sections)
         return
     text = _decode(path, path.read_bytes())
     if not text.strip():
         raise ValueError("empty file (whitespace only)")
     if suffix == ".jsonl":
         yield from _read_jsonl(rel, text)
-    elif suffix == ".md":
-        title, sections = _markdown_sections(text)
-        yield _make(rel, title or path.stem, "md", sections)
-    else:
-        yield _make(rel, path.stem.replace("_", " ").title(), "txt", [Section(text.strip())])
+        return
+    fmt = _format(path, text)
+    if fmt is None:
+        yield _make(rel, pretty_name(path.name), "txt", [Section(text.strip())])
+        return
+    try:
+        title, parts = read_markup(fmt, text)
+    except RecursionError:
+        raise ValueError(f"{fmt} markup nested too deeply to read") from None
+    sections = [Section(body, heading) for heading, body in parts]
+    if not any(s.text.strip() for s in sections):
+        raise ValueError(f"no text in this {fmt} document (markup only)")
+    yield _make(rel, title or pretty_name(path.name), fmt, sections)
 
 
 def _without_junk(doc: Document, rel: str) -> Iterator[Document | ReadError]:
@@ -220,10 +226,11 @@ def read_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS
     files, skipped = scan_source(source)
     docs: dict[str, Document] = {}
     errors: list[ReadError] = list(skipped)
-    for path in files:
-        for item in read_path(path, root, max_bytes, limits):
-            if isinstance(item, ReadError):
-                errors.append(item)
-            else:
-                docs[item.doc_id] = item
+    with cpu_budget(limits):
+        for path in files:
+            for item in read_path(path, root, max_bytes, limits):
+                if isinstance(item, ReadError):
+                    errors.append(item)
+                else:
+                    docs[item.doc_id] = item
     return list(docs.values()), errors

@@ -4,18 +4,26 @@ tokens carried over."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
+from itertools import groupby
 
 import duckdb
 import pyarrow as pa
 
 from lazyhippo.models.tokens import encoding, sentences
 from lazyhippo.settings import Settings
-from lazyhippo.sources.files import Document, sha
+from lazyhippo.sources.files import MARKUP_KINDS, Document, Section, sha
+from lazyhippo.sources.markup import PATH_SEP
 from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.documents import load_documents
 from lazyhippo.stages.results import ChunksResult
 from lazyhippo.stores.warehouse import replace_rows, transaction
+
+
+log = logging.getLogger(__name__)
+# a book of about 1,000 pages at the default size; a few kilobytes of PDF can expand to far more ("a a a ...")
+MAX_CHUNKS_PER_DOCUMENT = 2000
 
 
 @dataclass(frozen=True)
@@ -31,53 +39,104 @@ class Chunk:
     n_tokens: int
 
 
-def _windows(sents: list[str], size: int, overlap: int) -> list[str]:
+@dataclass(frozen=True)
+class _Piece:
+    text: str
+    n_tokens: int
+    heading: str | None
+    new_line: bool  # began a line of a marked-up document: joined with a line break
+
+
+def _pieces(section: Section, size: int, overlap: int, by_line: bool) -> list[_Piece]:
+    """The section's sentences (each line's, for a marked-up document); one longer than a window is cut by tokens."""
     enc = encoding()
-    pieces: list[tuple[str, int]] = []
-    for s in sents:
+    units = ([(s, i == 0) for line in section.text.split("\n") for i, s in enumerate(sentences(line))] if by_line
+             else [(s, False) for s in sentences(section.text)])
+    out: list[_Piece] = []
+    for s, new_line in units:
         toks = enc.encode_ordinary(s)
-        if len(toks) <= size:
-            pieces.append((s, len(toks)))
-        else:  # a sentence longer than a window is cut by tokens
+        if len(toks) + new_line <= size:  # a line break before it is one more token
+            out.append(_Piece(s, len(toks) + new_line, section.heading, new_line))
+        else:
             step = max(size - overlap, 1)
-            pieces += [(enc.decode(toks[i:i + size]), len(toks[i:i + size])) for i in range(0, len(toks), step)]
-    out: list[str] = []
-    cur: list[tuple[str, int]] = []
-    for piece in pieces:
-        if cur and sum(n for _, n in cur) + piece[1] > size:
-            out.append(_join(cur))
-            keep: list[tuple[str, int]] = []
-            for s, n in reversed(cur):  # carry whole trailing sentences up to `overlap` tokens
-                if sum(k for _, k in keep) + n > overlap:
-                    break
-                keep.insert(0, (s, n))
-            cur = keep
-        cur.append(piece)
-    if cur:
-        out.append(_join(cur))
+            out += [_Piece(enc.decode(toks[i:i + size]), len(toks[i:i + size]), section.heading, new_line and i == 0)
+                    for i in range(0, len(toks), step)]
     return out
 
 
-def _join(pieces: list[tuple[str, int]]) -> str:
-    """Sentences join with a space; headings and label lines keep their own line."""
+def _windows(parts: list[list[_Piece]], size: int, overlap: int) -> list[list[_Piece]]:
+    """Pieces packed into windows of `size` tokens, `overlap` tokens of whole sentences carried over. A part (a
+    subsection) that does not fit in what is left of a window starts a new one, carrying nothing over."""
+    out: list[list[_Piece]] = []
+    cur: list[_Piece] = []
+    for part in parts:
+        if cur and sum(p.n_tokens for p in cur) + sum(p.n_tokens for p in part) > size:
+            out.append(cur)
+            cur = []
+        for piece in part:
+            if cur and sum(p.n_tokens for p in cur) + piece.n_tokens > size:
+                out.append(cur)
+                keep: list[_Piece] = []
+                for p in reversed(cur):  # carry whole trailing sentences up to `overlap` tokens
+                    if sum(k.n_tokens for k in keep) + p.n_tokens > overlap:
+                        break
+                    keep.insert(0, p)
+                cur = keep
+            cur.append(piece)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _join(pieces: list[_Piece], by_line: bool) -> str:
+    """Sentences join with a space; headings and label lines keep their own line (every line of a marked-up
+    document does)."""
     text = ""
-    for s, _ in pieces:
+    for p in pieces:
+        s = p.text
         if text:
-            own_line = s.lstrip().startswith("#") or text.rstrip().split("\n")[-1].lstrip().startswith("#") or s.endswith(("____", ":"))
+            own_line = p.new_line if by_line else (s.lstrip().startswith("#") or s.endswith(("____", ":"))
+                                                   or text.rstrip().split("\n")[-1].lstrip().startswith("#"))
             text += "\n" if own_line else " "
         text += s
     return text
 
 
-def chunk_document(doc: Document, size: int = 256, overlap: int = 32) -> list[Chunk]:
-    """Chunk ids derive from (document, position, content), so unchanged input gets the same ids."""
+def _common_heading(pieces: list[_Piece]) -> str | None:
+    """The heading path shared by the pieces of a window: a window over several subsections is in their section."""
+    paths = [p.heading.split(PATH_SEP) for p in pieces if p.heading]
+    if not paths:
+        return None
+    common = paths[0]
+    for path in paths[1:]:
+        n = 0
+        while n < min(len(common), len(path)) and common[n] == path[n]:
+            n += 1
+        common = common[:n]
+    return PATH_SEP.join(common) or pieces[0].heading
+
+
+def _top_level(section: Section) -> tuple[int | None, str | None]:
+    return section.page, section.heading.split(PATH_SEP)[0] if section.heading else None
+
+
+def chunk_document(doc: Document, size: int = 256, overlap: int = 32,
+                   max_chunks: int = MAX_CHUNKS_PER_DOCUMENT) -> list[Chunk]:
+    """Chunks never cross a top-level section (nor a page): one that fits is one chunk, a longer one is cut
+    between its subsections where they fit and in them by sentences. A chunk's section is the heading path its
+    text is under. Chunk ids derive from (document, position, content), so unchanged input gets the same ids.
+    At most `max_chunks`: the rest of a longer document is left out."""
+    by_line = doc.kind in MARKUP_KINDS
     chunks: list[Chunk] = []
-    for section in doc.sections:
-        for text in _windows(sentences(section.text), size, overlap):
+    for (page, _), group in groupby(doc.sections, key=_top_level):
+        for window in _windows([_pieces(s, size, overlap, by_line) for s in group], size, overlap):
+            if len(chunks) == max_chunks:
+                return chunks
+            text = _join(window, by_line)
             h = sha(text, 32)
             pos = len(chunks)
             chunks.append(Chunk(chunk_id="c_" + sha(f"{doc.doc_id}#{pos}#{h}"), doc_id=doc.doc_id,
-                                title=doc.title, position=pos, section=section.heading, page=section.page,
+                                title=doc.title, position=pos, section=_common_heading(window), page=page,
                                 text=text, content_hash=h, n_tokens=len(encoding().encode_ordinary(text))))
     return chunks
 
@@ -95,7 +154,11 @@ def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: froze
     chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ?", [ns]).fetchall()}
     todo = [d for d in docs if (only is None or d.doc_id in only)
             and (before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked)]
-    chunks = [c for d in todo for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
+    per_document = [chunk_document(d, settings.chunk_size, settings.chunk_overlap) for d in todo]
+    capped = [d.source for d, cs in zip(todo, per_document) if len(cs) >= MAX_CHUNKS_PER_DOCUMENT]
+    if capped:
+        log.warning("%d document(s) cut at %d chunks each: %s", len(capped), MAX_CHUNKS_PER_DOCUMENT, ", ".join(capped[:5]))
+    chunks = [c for cs in per_document for c in cs]
     table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
     with transaction(con):
         replace_rows(con, "chunks", ns, with_namespace(table, ns) if table else None,
@@ -104,7 +167,8 @@ def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: froze
         write_inputs(con, ns, "chunks", inputs)
     n, total, most = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0), coalesce(max(n_tokens), 0) FROM chunks "
                                  "WHERE namespace = ?", [ns]).fetchall()[0]
-    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=len(todo))
+    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=len(todo),
+                        capped_documents=len(capped))
 
 
 def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:

@@ -36,7 +36,7 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
     fingerprint = graph_fingerprint(con, ns, f"{algorithm}:{resolutions}")
     recorded = read_inputs(con, ns, "communities")
     if recorded.get(PARAMS) == fingerprint:
-        return _communities_result(con, ns, algorithm, int(recorded.get("levels", 1)), reused=True)
+        return _communities_result(con, ns, algorithm, reused=True)
     nodes, edges = entity_graph(con, ns)
     previous = dict(con.execute("SELECT entity_id, community_id FROM entity_scores WHERE namespace = ?", [ns]).fetchall())
     initial = seed_membership(nodes, previous) if algorithm == "leiden" else None
@@ -49,8 +49,8 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
         replace_rows(con, "entity_scores", ns, with_namespace(pa.Table.from_pylist(
             [{"entity_id": n, "community_id": finest[n], "pagerank": float(pr.get(n, 0.0))} for n in nodes]), ns) if nodes else None)
         replace_rows(con, "communities", ns, with_namespace(pa.Table.from_pylist(rows, COMMUNITY_COLUMNS), ns) if rows else None)
-        write_inputs(con, ns, "communities", {PARAMS: fingerprint, "levels": str(comm.levels)})
-    return _communities_result(con, ns, algorithm, comm.levels, seeded=initial is not None)
+        write_inputs(con, ns, "communities", {PARAMS: fingerprint})
+    return _communities_result(con, ns, algorithm, seeded=initial is not None)
 
 
 COMMUNITY_COLUMNS = pa.schema([("community_id", pa.string()), ("level", pa.int32()), ("size", pa.int64()),
@@ -75,7 +75,7 @@ def community_rows(levels) -> list[dict]:
     return rows
 
 
-def _communities_result(con: duckdb.DuckDBPyConnection, ns: str, algorithm: str, levels: int, reused: bool = False,
+def _communities_result(con: duckdb.DuckDBPyConnection, ns: str, algorithm: str, reused: bool = False,
                         seeded: bool = False) -> CommunitiesResult:
     finest = "level = (SELECT max(level) FROM communities WHERE namespace = $ns)"
     sizes = [s for (s,) in con.execute(f"SELECT size FROM communities WHERE namespace = $ns AND {finest}", {"ns": ns}).fetchall()]
@@ -84,7 +84,7 @@ def _communities_result(con: duckdb.DuckDBPyConnection, ns: str, algorithm: str,
     dist = Counter(min(s, 50) for s in sizes)
     per_level = [n for _, n in con.execute("SELECT level, count(*) FROM communities WHERE namespace = ? GROUP BY level "
                                             "ORDER BY level", [ns]).fetchall()]
-    return CommunitiesResult(communities=len(sizes), modularity=modularity, algorithm=algorithm, levels=levels,
+    return CommunitiesResult(communities=len(sizes), modularity=modularity, algorithm=algorithm, levels=len(per_level),
                              largest=max(sizes, default=0), singletons=dist.get(1, 0),
                              size_distribution=dict(sorted(dist.items())), reused=reused, seeded=seeded,
                              per_level=per_level)

@@ -16,7 +16,7 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
                        run_id: str | None = None) -> GraphTablesResult:
     """The SQL models, in dependency order: the kept entities filter relations, mentions and facts. With an
     LLM, long entity and relation descriptions are then summarized (map-reduce, cached)."""
-    from lazyhippo.stages.merge import apply_merges
+    from lazyhippo.stages.merge import apply_merges, summarize_merges
 
     name_keys(con, settings.namespace)
     for m in ("entities", "relations", "mentions", "facts"):
@@ -29,6 +29,7 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
     before = llm.meter.snapshot()
     try:
         summarized = summarize_graph_descriptions(settings, con, llm)
+        summarize_merges(settings, con, llm)  # after them: a merged target is described from every merged name
     finally:
         usage = record_usage(con, settings.namespace, run_id, llm, before)
     return GraphTablesResult(**counts, **summarized, llm_usage=usage)

@@ -143,7 +143,7 @@ def merge_entities(settings: Settings, con: duckdb.DuckDBPyConnection, sources: 
     from lazyhippo.index import GRAPH_STAGES, run_stage
     from lazyhippo.stages.merge import merge_on_neo4j, record_merge
 
-    merge = record_merge(con, settings.namespace, sources, target, strategy)
+    merge = record_merge(con, settings.namespace, sources, target, strategy, settings.llm != "none")
     served = merge_on_neo4j(store, settings.namespace, merge) if store.name == "neo4j" else {}
     return {"merge": merge, "served": served,
             **{stage: run_stage(stage, settings, con, store, objects, run_id=run_id) for stage in GRAPH_STAGES}}

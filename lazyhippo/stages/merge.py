@@ -3,7 +3,9 @@
 A merge is stored by normalized names in `entity_merges`; `apply_merges` runs right after the SQL models
 (entities, relations, mentions, facts), so a reindex that recreates the source entities folds them again.
 Relations are redirected to the target, self-loops dropped, duplicate pairs combined (weights and chunk
-counts added, descriptions joined); mentions and facts follow; the sources (and their vectors) go.
+counts added, descriptions joined); mentions and facts follow; the sources (and their vectors) go. A target no
+entity has yet is created (named as given, typed like the first source). The `llm_summary` strategy has the
+LLM write the target's description from every description of the merged names (`summarize_merges`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 
 import duckdb
 
-STRATEGIES = ("concatenate", "keep_first", "keep_longest")
+STRATEGIES = ("concatenate", "keep_first", "keep_longest", "llm_summary")
+LLM_STRATEGY = "llm_summary"
 
 
 class UnknownEntityError(ValueError):
@@ -25,9 +28,19 @@ class Merge:
     target_id: str
     target_name: str
     strategy: str
+    created: bool = False             # the target is a new entity
+
+def check_strategy(strategy: str, llm_configured: bool) -> str:
+    """`strategy` when it can be used here: `llm_summary` needs an LLM."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if strategy == LLM_STRATEGY and not llm_configured:
+        raise ValueError("--strategy llm_summary needs an LLM: set OPENAI_BASE_URL (or OPENAI_API_KEY) and "
+                         "LAZYHIPPO_LLM=openai, or choose concatenate, keep_first or keep_longest")
+    return strategy
 
 
-def _resolve(con: duckdb.DuckDBPyConnection, ns: str, refs: list[str]) -> dict[str, tuple[str, str]]:
+def resolve_entities(con: duckdb.DuckDBPyConnection, ns: str, refs: list[str]) -> dict[str, tuple[str, str]]:
     """ref -> (entity_id, norm_name) for refs naming an entity id or (normalized) name; unknown refs raise."""
     found, missing = {}, []
     for ref in refs:
@@ -43,20 +56,33 @@ def _resolve(con: duckdb.DuckDBPyConnection, ns: str, refs: list[str]) -> dict[s
     return found
 
 
-def record_merge(con: duckdb.DuckDBPyConnection, ns: str, sources: list[str], target: str, strategy: str) -> Merge:
-    """Validate and record a merge (applied by the next graph rebuild); bad input changes nothing."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    found = _resolve(con, ns, [*sources, target])
-    target_id, target_norm = found[target]
-    source_rows = {found[s] for s in sources} - {(target_id, target_norm)}
+def record_merge(con: duckdb.DuckDBPyConnection, ns: str, sources: list[str], target: str, strategy: str,
+                 llm_configured: bool = False) -> Merge:
+    """Validate and record a merge (applied by the next graph rebuild); bad input changes nothing. A target that
+    names no entity is created by the rebuild."""
+    check_strategy(strategy, llm_configured)
+    if not target.strip():
+        raise ValueError("--into is empty: name the entity that remains")
+    found = resolve_entities(con, ns, list(sources))
+    existing = con.execute("SELECT entity_id, norm_name, name FROM entities WHERE namespace = ? AND "
+                           "(entity_id = ? OR norm_name = lh_norm(?))", [ns, target, target]).fetchone()
+    if existing is None:
+        target_norm = con.execute("SELECT lh_norm(?)", [target.strip()]).fetchone()[0]
+        if not target_norm:
+            raise ValueError(f"--into {target!r} has no letters or digits to name an entity by")
+        target_id = con.execute("SELECT 'e_' || substr(sha256(?), 1, 16)", [target_norm]).fetchone()[0]
+        name = target.strip()
+    else:
+        target_id, target_norm, name = existing
+    source_rows = set(found.values()) - {(target_id, target_norm)}
     if not source_rows:
         raise ValueError("nothing to merge: every source is the target itself")
     seq = con.execute("SELECT coalesce(max(seq), 0) + 1 FROM entity_merges WHERE namespace = ?", [ns]).fetchone()[0]
-    con.executemany("INSERT INTO entity_merges (namespace, source_norm, target_norm, strategy, seq) VALUES (?, ?, ?, ?, ?)",
-                    [(ns, norm, target_norm, strategy, seq) for _, norm in sorted(source_rows)])
-    name = con.execute("SELECT name FROM entities WHERE namespace = ? AND entity_id = ?", [ns, target_id]).fetchone()[0]
-    return Merge(tuple(sorted(i for i, _ in source_rows)), target_id, name, strategy)
+    con.executemany("INSERT INTO entity_merges (namespace, source_norm, target_norm, strategy, seq, target_name) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [(ns, norm, target_norm, strategy, seq, None if existing else name)
+                     for _, norm in sorted(source_rows)])
+    return Merge(tuple(sorted(i for i, _ in source_rows)), target_id, name, strategy, created=existing is None)
 
 
 # over `descs`: the non-empty descriptions, the target's first, then the sources' in name order
@@ -65,6 +91,7 @@ _DESCRIPTION = {
     "keep_first": "descs[1]",
     "keep_longest": "list_reduce(descs, lambda a, b: CASE WHEN length(b) > length(a) THEN b ELSE a END)",
 }
+_DESCRIPTION[LLM_STRATEGY] = _DESCRIPTION["concatenate"]  # until (and without) an LLM: summarize_merges
 
 
 def _fold(con: duckdb.DuckDBPyConnection, ns: str, source_ids: list[str], target_id: str, strategy: str) -> None:
@@ -107,21 +134,61 @@ def _fold(con: duckdb.DuckDBPyConnection, ns: str, source_ids: list[str], target
         WHERE entities.namespace = $ns AND entities.entity_id = d.entity_id""", {"ns": ns})
 
 
+def _merges(con: duckdb.DuckDBPyConnection, ns: str) -> list[tuple]:
+    """(seq, strategy, target id, target name or None, source ids, target norm, source norms) in merge order."""
+    return con.execute("""
+        SELECT seq, any_value(strategy), any_value('e_' || substr(sha256(target_norm), 1, 16)), any_value(target_name),
+               list('e_' || substr(sha256(source_norm), 1, 16)), any_value(target_norm), list(source_norm)
+        FROM entity_merges WHERE namespace = ? GROUP BY seq ORDER BY seq""", [ns]).fetchall()
+
+
 def apply_merges(con: duckdb.DuckDBPyConnection, ns: str) -> int:
     """Fold every recorded merge, in the order they were made, into freshly built graph tables."""
-    merges = con.execute("""
-        SELECT seq, any_value(strategy), any_value('e_' || substr(sha256(target_norm), 1, 16)),
-               list('e_' || substr(sha256(source_norm), 1, 16))
-        FROM entity_merges WHERE namespace = ? GROUP BY seq ORDER BY seq""", [ns]).fetchall()
     folded = 0
-    for _, strategy, target_id, source_ids in merges:
+    for _, strategy, target_id, target_name, source_ids, target_norm, _ in _merges(con, ns):
         present = {r[0] for r in con.execute("SELECT entity_id FROM entities WHERE namespace = ? AND entity_id IN "
                                              "(SELECT unnest(?))", [ns, [target_id, *source_ids]]).fetchall()}
         sources = [s for s in source_ids if s in present and s != target_id]
+        if sources and target_id not in present and target_name:  # a new entity: typed like the first source
+            con.execute("""INSERT INTO entities BY NAME
+                SELECT namespace, $t AS entity_id, $name AS name, $norm AS norm_name, type, NULL AS description,
+                       0 AS mention_count, 0 AS degree
+                FROM entities WHERE namespace = $ns AND entity_id IN (SELECT unnest($src)) ORDER BY name LIMIT 1""",
+                        {"ns": ns, "t": target_id, "name": target_name, "norm": target_norm, "src": sources})
+            present.add(target_id)
         if target_id in present and sources:  # an entity gone from the corpus has nothing to fold
             _fold(con, ns, sources, target_id, strategy)
             folded += len(sources)
     return folded
+
+
+def summarize_merges(settings, con: duckdb.DuckDBPyConnection, llm) -> int:
+    """The `llm_summary` merges' targets described by the LLM from every extracted description of the names
+    merged into them (cached like the other description summaries); how many were written."""
+    from lazyhippo.stages.summaries import summarize_descriptions
+    from lazyhippo.stores.cache import JsonCache
+
+    ns = settings.namespace
+    done = 0
+    cache = JsonCache(settings.cache_dir / "llm.sqlite")
+    try:
+        for _, strategy, target_id, _, _, target_norm, source_norms in _merges(con, ns):
+            row = con.execute("SELECT name FROM entities WHERE namespace = ? AND entity_id = ?",
+                              [ns, target_id]).fetchone()
+            if strategy != LLM_STRATEGY or row is None:
+                continue
+            descriptions = [d for (d,) in con.execute(
+                "SELECT DISTINCT description FROM extracted_entities WHERE namespace = ? AND "
+                "coalesce(description, '') <> '' AND lh_norm(name) IN (SELECT unnest(?)) ORDER BY description",
+                [ns, [target_norm, *source_norms]]).fetchall()]
+            if descriptions:
+                text = summarize_descriptions(llm, "the entity", row[0], descriptions, cache)
+                con.execute("UPDATE entities SET description = ? WHERE namespace = ? AND entity_id = ?",
+                            [text, ns, target_id])
+                done += 1
+    finally:
+        cache.close()
+    return done
 
 
 def merge_on_neo4j(store, ns: str, merge: Merge) -> dict:

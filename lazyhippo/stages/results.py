@@ -36,6 +36,7 @@ class ChunksResult(StageResult):
     tokens_total: int
     tokens_max: int
     rechunked_documents: int = 0   # new or changed since their chunks were made (the rest kept their rows)
+    capped_documents: int = 0      # cut at MAX_CHUNKS_PER_DOCUMENT chunks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +90,7 @@ class CommunitiesResult(StageResult):
     communities: int
     modularity: float
     algorithm: str
-    levels: int
+    levels: int            # levels of the hierarchy stored (communities.level 0 .. levels - 1)
     largest: int
     singletons: int
     size_distribution: dict[int, int] = field(default_factory=dict)   # size (50 = 50+) -> communities

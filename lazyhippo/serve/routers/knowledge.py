@@ -15,7 +15,7 @@ from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, FiniteFloat
 
 from lazyhippo.serve.limits import text_problem
 from lazyhippo.serve.routers import allowed_namespace, grant_of
@@ -34,7 +34,7 @@ class CreateRequest(BaseModel):
     namespace: str = "default"
     mode: Mode = Field("replace", description="replace: the namespace becomes exactly this source (documents it "
                                               "lacks are dropped); add: its documents are added or updated, none dropped.")
-    community_resolutions: list[float] | None = Field(None, description="Community levels coarse to fine.")
+    community_resolutions: list[FiniteFloat] | None = Field(None, description="Community levels coarse to fine.")
     knn_structural: Literal["off", "concat", "replace"] | None = Field(None, description="FastRP in the KNN (neo4j).")
 
 
@@ -98,6 +98,13 @@ def kg_create(body: CreateRequest, request: Request) -> dict:
     return _accepted(_submit(request, source, body.namespace, body.mode, options=index_options(body)))
 
 
+def _field(form, name: str, default: str) -> str:
+    value = form.get(name, default)
+    if not isinstance(value, str):
+        raise HTTPException(400, f"{name} must be a form field, not a file")
+    return value
+
+
 def _file_name(raw: str | None) -> str:
     name = Path(raw or "").name
     if not name or name.startswith(".") or "\x00" in name or "\\" in name:
@@ -138,8 +145,8 @@ async def kg_upload(request: Request, files: list[UploadFile]) -> dict:
     """Index uploaded files (multipart, up to the upload limit in all; form fields `namespace` and `mode` as in
     `kg_create`): they become the namespace's source; returns the run id at once."""
     form = await request.form()  # parsed once already for `files`
-    namespace = allowed_namespace(request, str(form.get("namespace", "default")))
-    mode = str(form.get("mode", "replace"))
+    namespace = allowed_namespace(request, _field(form, "namespace", "default"))
+    mode = _field(form, "mode", "replace")
     if mode not in ("replace", "add"):
         raise HTTPException(400, f"mode {mode!r}: expected replace or add")
     names = [_file_name(f.filename) for f in files]

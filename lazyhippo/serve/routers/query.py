@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Literal, Optional
+from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model, model_validator
 
-from lazyhippo.query import ROUTES, RerankUnavailable
+from lazyhippo.query import ROUTES, QueryOptions, RerankUnavailable
+from lazyhippo.query.config import option_fields
 from lazyhippo.serve.limits import text_problem
 from lazyhippo.serve.pool import UnknownNamespace
 from lazyhippo.serve.routers import allowed_namespace, visible
@@ -23,7 +24,20 @@ class Turn(BaseModel):
     content: str = Field(max_length=4000)
 
 
-class QueryRequest(BaseModel):
+class OptionFields(create_model("QueryOptionFields", **{
+        name: (kind, Field(None, description=text)) for name, kind, text in option_fields()})):
+    """The query options (lazyhippo.query.QueryOptions), checked as a whole: a bad one is a 422 naming it."""
+
+    @model_validator(mode="after")
+    def _valid(self):
+        QueryOptions.from_mapping(self.options())
+        return self
+
+    def options(self) -> dict:
+        return self.model_dump(include={name for name, _, _ in option_fields()}, exclude_none=True)
+
+
+class QueryRequest(OptionFields):
     question: str
     namespace: str = "default"
     route: str = "auto"
@@ -31,14 +45,9 @@ class QueryRequest(BaseModel):
     budget: int = Field(32000, ge=1)
     history: list[Turn] = Field(default_factory=list, description="Earlier turns, oldest first: sent to the LLM with "
                                 "the question (the newest that fit its budget) and used to make a follow-up standalone.")
-    rerank: Optional[Literal["none", "http", "cross-encoder"]] = Field(None, description="Reranker for this question "
-                                                                       "(default: the server's).")
-    chunk_selection: Optional[Literal["graph", "vector", "weight"]] = Field(None, description="How local routes pick "
-                                                                            "chunks (default: the server's).")
-    max_related_chunks: Optional[int] = Field(None, ge=1, description="Chunks the vector/weight selections keep.")
 
 
-class FixedRouteRequest(BaseModel):
+class FixedRouteRequest(OptionFields):
     question: str
     namespace: str = "default"
     top_k: int = Field(8, ge=1)
@@ -94,19 +103,21 @@ def namespaces(request: Request) -> dict:
 
 @router.post("/api/query", tags=["query"])
 def query(body: QueryRequest, request: Request) -> JSONResponse:
-    """Any route (auto, local, global, drift, hybrid, multi_hop): the JSON of `lazyhippo query --json`."""
-    choices = body.model_dump(include={"rerank", "chunk_selection", "max_related_chunks"}, exclude_none=True)
+    """Any route (auto, local, global, drift, hybrid, multi_hop) with any query option (docs/query-routes.md):
+    the JSON of `lazyhippo query --json`."""
     return run_query(request, body.question, body.namespace, body.route, body.top_k, body.budget, body.history,
-                     choices)
+                     body.options())
 
 
 @router.post("/api/kg/qa", tags=["query"])
 def kg_qa(body: FixedRouteRequest, request: Request) -> JSONResponse:
     """The global route: an answer from community evidence."""
-    return run_query(request, body.question, body.namespace, "global", body.top_k, body.budget)
+    return run_query(request, body.question, body.namespace, "global", body.top_k, body.budget,
+                     choices=body.options())
 
 
 @router.post("/api/kg/hybrid", tags=["query"])
 def kg_hybrid(body: FixedRouteRequest, request: Request) -> JSONResponse:
     """The hybrid route: dense, BM25 and graph channels fused."""
-    return run_query(request, body.question, body.namespace, "hybrid", body.top_k, body.budget)
+    return run_query(request, body.question, body.namespace, "hybrid", body.top_k, body.budget,
+                     choices=body.options())

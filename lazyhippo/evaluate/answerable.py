@@ -1,0 +1,92 @@
+"""Whether answers say "not answerable" when they should: each shared set's questions asked of its own index
+(answerable: the share marked not answerable is the miss rate) and of every other set's index (out of corpus:
+the share marked not answerable is the catch rate), through `answer_question` offline on the auto route, as
+the CLI answers. The support threshold is decided on the tune halves; the confirm halves report it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+from lazyhippo.evaluate.bench import DATASETS, ensure_index, select_split, split_of
+from lazyhippo.settings import Settings
+
+# the three multi-hop sets (corpus.jsonl) and git's AsciiDoc manual (a folder of .txt files)
+ANSWER_SETS = {**DATASETS, "gitdocs": "gitdocs"}
+MAX_MISSED = 0.05  # answerable questions marked not answerable, at most (mean over the sets' tune halves)
+
+
+def answer_set_files(name: str, root: Path) -> tuple[Path, Path]:
+    """(corpus file or folder, questions_dev.json) of a shared set by short name."""
+    if name not in ANSWER_SETS:
+        raise ValueError(f"unknown dataset {name!r} (expected one of {', '.join(ANSWER_SETS)} or all)")
+    folder = root / ANSWER_SETS[name]
+    corpus = folder / "src" if name == "gitdocs" else folder / "corpus.jsonl"
+    questions = folder / "questions_dev.json"
+    for f in (corpus, questions):
+        if not f.exists():
+            raise FileNotFoundError(f"dataset {name!r}: {f} does not exist")
+    return corpus, questions
+
+
+def run_answerable_bench(sets: dict[str, tuple[Path, Path, Path]], split: str = "all", settings: Settings | None = None,
+                         progress: Callable[[str, int, int], None] | None = None) -> list[dict]:
+    """One row per (index, question): `sets` maps a name to (corpus, questions file, index workdir); every
+    set's questions of `split` are asked of every set's index (built once, reused). Rows carry the support
+    score and whether the answer was marked answerable at the current threshold."""
+    from lazyhippo.query import answer_question, clear_cache
+
+    asked = {name: select_split(json.loads(Path(q).read_text()), split) for name, (_, q, _) in sets.items()}
+    rows: list[dict] = []
+    for index_name, (corpus, _, workdir) in sets.items():
+        indexed, _ = ensure_index(Path(corpus), Path(workdir), progress, settings)
+        total, done = sum(map(len, asked.values())), 0
+        for set_name, questions in asked.items():
+            for q in questions:
+                res = answer_question(indexed, q["question"], llm=None, reranker=None)
+                rows.append({"index": index_name, "set": set_name, "question": q["question"],
+                             "half": split_of(q["question"]), "in_corpus": set_name == index_name,
+                             "support": res.diagnostics["support"]["score"], "answerable": res.answerable,
+                             "route": res.route})
+                done += 1
+                if progress:
+                    progress(f"questions on the {index_name} index", done, total)
+        clear_cache()  # one index in memory at a time
+    return rows
+
+
+def rates(rows: Sequence[dict], threshold: float) -> list[dict]:
+    """Per set and half: answerable questions marked not answerable (`missed`) and out-of-corpus questions
+    marked not answerable (`caught`, over the other sets' indexes), at `threshold`."""
+    out = []
+    for name in dict.fromkeys(r["set"] for r in rows):
+        for half in ("tune", "confirm"):
+            own = [r for r in rows if r["set"] == name and r["half"] == half and r["in_corpus"]]
+            other = [r for r in rows if r["set"] == name and r["half"] == half and not r["in_corpus"]]
+            if own or other:
+                out.append({"set": name, "half": half, "answerable": len(own), "out_of_corpus": len(other),
+                            "missed": _share(own, lambda r: r["support"] < threshold),
+                            "caught": _share(other, lambda r: r["support"] < threshold)})
+    return out
+
+
+def _share(rows: Sequence[dict], test) -> float:
+    return round(sum(map(test, rows)) / len(rows), 4) if rows else 0.0
+
+
+def mean_rates(table: Sequence[dict], half: str) -> dict:
+    """The sets' mean of `missed` and `caught` on one half (each set counts once, whatever its size)."""
+    part = [r for r in table if r["half"] == half]
+    return {k: round(sum(r[k] for r in part) / len(part), 4) if part else 0.0 for k in ("missed", "caught")}
+
+
+def calibrate(rows: Sequence[dict], max_missed: float = MAX_MISSED) -> float:
+    """The highest threshold (among the observed support scores) whose tune halves miss at most `max_missed`
+    of the answerable questions, on the sets' mean: the most out-of-corpus questions caught within that."""
+    tune = [r for r in rows if r["half"] == "tune"]
+    best = 0.0
+    for t in sorted({r["support"] for r in tune} | {0.0}):
+        if mean_rates(rates(tune, t), "tune")["missed"] <= max_missed:
+            best = t
+    return best
