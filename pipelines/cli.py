@@ -776,12 +776,38 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
                 executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
-                                             "PostgreSQL, Redis and MinIO)")) -> None:
+                                             "PostgreSQL, Redis and MinIO)"),
+                growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
+                                                     "full in-process index of real text (the shared sets, gitdocs, "
+                                                     "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
+                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth: also write the results here.")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor) and in-process, then the time to bring
     the index up to date after one changed and after one deleted document; each run's event-log rows and the share
     of its time outside every step (Dagster's own). With --executor celery: 1 and N Celery workers of a loopback
-    cluster."""
+    cluster. With --growth: the cost of a full index at each corpus size."""
     from lazyhippo_dagster.bench_index import index_table, run_cluster_index_bench, run_index_bench
+
+    if growth is not None:
+        from lazyhippo_dagster.bench_growth import growth_rows_table, growth_table, run_growth_bench
+
+        try:
+            sizes = [int(s) for s in growth.split(",") if s.strip()]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            console.print(f"[red]error:[/red] --growth {growth!r}: expected document counts like 1000,10000")
+            raise typer.Exit(2)
+        datasets = environment().datasets
+        try:
+            results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+        _print_frame(growth_table(results), "index cost by corpus size")
+        _print_frame(growth_rows_table(results), "rows per table")
+        if as_json:
+            as_json.write_text(json.dumps(results, indent=1))
+        return
 
     corpus = corpus or _wiki("corpus.jsonl")
     if not corpus.is_file():

@@ -961,10 +961,11 @@ def test_loaded_lookups_are_the_warehouse_rows(qsettings):
         mentions = con.execute("SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = ?",
                                [qsettings.namespace]).fetchall()
         vectors = {(k, i): np.asarray(v, dtype=np.float32) for k, i, v in con.execute(
-            "SELECT kind, item_id, vector FROM embeddings WHERE namespace = ?", [qsettings.namespace]).fetchall()}
+            "SELECT kind, item_id, list_transform(vector, lambda x: x * scale) FROM embeddings WHERE namespace = ?",
+            [qsettings.namespace]).fetchall()}
     counts = idx.mentions.counts.toarray()
     assert counts.sum() == sum(k for _, _, k in mentions) and len(mentions) == idx.mentions.counts.nnz
     assert all(counts[idx.chunks.pos[c], idx.entities.pos[e]] == k for c, e, k in mentions)
     for kind, ids, vecs in (("chunk", idx.chunks.ids, idx.chunks.vecs), ("entity", idx.entities.ids, idx.entities.vecs),
                             ("fact", idx.facts.ids, idx.facts.vecs), ("community", idx.communities.ids, idx.communities.vecs)):
-        assert len(ids) and all(np.array_equal(vecs[r], vectors[(kind, i)]) for r, i in enumerate(ids)), kind
+        assert len(ids) and all(np.allclose(vecs[r], vectors[(kind, i)], atol=1e-6) for r, i in enumerate(ids)), kind
