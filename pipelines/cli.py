@@ -172,8 +172,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
                                                      "extraction batches in parallel (docs/scale-out.md)."),
           mode: IndexModeOpt = typer.Option("replace", "--mode", help="replace: the namespace becomes exactly this "
                                             "source (documents it lacks are dropped); add: nothing is dropped.")) -> None:
-    """Index through Dagster: one `index_documents` run over the added and changed documents' partitions, then the
-    namespace's `index_graph` run, with a progress display (unset options: lazyhippo.settings.Settings)."""
+    """Index through Dagster: one `index` run of the namespace (documents added or changed are read again, by
+    content hash), with a progress display. Unset options keep what the namespace was last indexed with."""
     root = home
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
@@ -190,8 +190,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
             "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
         }, namespace=namespace, workers=workers)
     change = result.change
-    removed = 0 if mode == IndexModeOpt.add else len(change.removed)
-    console.print(f"documents: {len(change.added)} added, {len(change.changed)} changed, {removed} removed (mode {mode.value})")
+    console.print(f"documents: {change.added} added, {change.changed} changed, {change.removed} removed, "
+                  f"{change.failed} failed (mode {mode.value})")
     status(home=root, namespace=namespace, as_json=False)
     print_usage([u for run_id in result.run_ids for u in run_usage(Settings(home=root, namespace=namespace), run_id)], Console())
 
@@ -298,20 +298,7 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     from lazyhippo.stages.lifecycle import remove_documents
 
     def edit(settings, con, store, objects) -> str:
-        from lazyhippo.stores.namespaces import UnknownNamespace, namespace_settings
-        from lazyhippo_dagster.assets._partitions import documents as document_partitions
-        from lazyhippo_dagster.assets._partitions import source_keys
-        from lazyhippo_dagster.runner import instance_for
-
         deleted = remove_documents(settings, con, documents, store, objects)
-        instance = instance_for(settings.home)
-        try:  # partition names follow the source the namespace was indexed from
-            indexed = namespace_settings(settings.home, settings.namespace)
-        except UnknownNamespace:
-            indexed = settings
-        for key in source_keys(indexed, deleted.sources):  # the documents' Dagster partitions go too
-            if instance.has_dynamic_partition(document_partitions.name, key):
-                instance.delete_dynamic_partition(document_partitions.name, key)
         return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
 
     _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
@@ -487,7 +474,7 @@ def mcp_cmd(home: Path = HomeOpt, rerank: Optional[str] = RerankOpt, rerank_top_
                                 max_related_chunks=max_related_chunks))
 
 
-bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time, Dagster partition cost.", no_args_is_help=True)
+bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
 cluster_app = typer.Typer(no_args_is_help=True, help="A Dagster deployment on loopback: PostgreSQL instance, run queue, "
                           "daemon, webserver and Celery workers (docs/scale-out.md).")
@@ -531,7 +518,7 @@ def cluster_status(root: Path = ClusterRoot) -> None:
 @cluster_app.command("index")
 def cluster_index(source: Path = typer.Argument(..., help="Folder or file readable by the warehouse worker."),
                   namespace: str = typer.Option("default", "--namespace", "-n"), root: Path = ClusterRoot) -> None:
-    """Index through the cluster's run queue: `index_documents`, then `index_graph`."""
+    """Index through the cluster's run queue: one `index` run of the namespace."""
     from lazyhippo_dagster import cluster
 
     with _unreadable_source():
@@ -784,15 +771,43 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
 
 @bench.command("index")
 def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
-                workers: int = typer.Option(2, min=2, help="Worker processes of the parallel run (against 1)."),
+                workers: int = typer.Option(2, min=1, help="Worker processes of the parallel run (against 1); 1 skips "
+                                                           "that comparison."),
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
                 executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
-                                             "PostgreSQL, Redis and MinIO)")) -> None:
-    """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
-    to date after one changed and after one deleted document. With --executor celery: 1 and N Celery workers of a
-    loopback cluster, and the event cost per document partition on PostgreSQL against SQLite."""
+                                             "PostgreSQL, Redis and MinIO)"),
+                growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
+                                                     "full in-process index of real text (the shared sets, gitdocs, "
+                                                     "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
+                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth: also write the results here.")) -> None:
+    """Full index with 1 and with N worker processes (multiprocess executor) and in-process, then the time to bring
+    the index up to date after one changed and after one deleted document; each run's event-log rows and the share
+    of its time outside every step (Dagster's own). With --executor celery: 1 and N Celery workers of a loopback
+    cluster. With --growth: the cost of a full index at each corpus size."""
     from lazyhippo_dagster.bench_index import index_table, run_cluster_index_bench, run_index_bench
+
+    if growth is not None:
+        from lazyhippo_dagster.bench_growth import growth_rows_table, growth_table, run_growth_bench
+
+        try:
+            sizes = [int(s) for s in growth.split(",") if s.strip()]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            console.print(f"[red]error:[/red] --growth {growth!r}: expected document counts like 1000,10000")
+            raise typer.Exit(2)
+        datasets = environment().datasets
+        try:
+            results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+        _print_frame(growth_table(results), "index cost by corpus size")
+        _print_frame(growth_rows_table(results), "rows per table")
+        if as_json:
+            as_json.write_text(json.dumps(results, indent=1))
+        return
 
     corpus = corpus or _wiki("corpus.jsonl")
     if not corpus.is_file():
@@ -816,37 +831,6 @@ def _rounded(result, digits: int = 2):
     if isinstance(result, dict):
         return {k: _rounded(v, digits) for k, v in result.items()}
     return round(result, digits) if isinstance(result, float) else result
-
-
-@bench.command("partitions")
-def bench_partitions(documents: int = typer.Option(400, min=1, help="Document partitions in the probe run."),
-                     project: int = typer.Option(6119, min=1, help="Documents of the full index to project for (2Wiki: 6119).")) -> None:
-    """The cost of one Dagster run over N document partitions on a local instance (assets doing nothing), with
-    Dagster's SQLite event log and with lazyhippo's batched one, and what each projects for a full index."""
-    from lazyhippo_dagster.bench_partitions import run_partition_bench
-
-    result = _rounded(run_partition_bench(documents, project))
-    for name in ("stock", "batched"):
-        r = result[name]
-        console.print(f"{name:8s} event log: {documents} partitions x 2 assets in {r['seconds']} s "
-                      f"({r['ms_per_partition_and_asset']} ms per partition and asset); {project} documents x 3 assets "
-                      f"~{r['projected_index_seconds']} s")
-    console.print(f"batched is {result['speedup']}x faster")
-    print(json.dumps(result))
-
-
-@bench.command("run-page")
-def bench_run_page(documents: int = typer.Option(1500, min=1, help="Document partitions in the probe run.")) -> None:
-    """The cost of opening the page of one run over N document partitions (the webserver's GraphQL for the run and
-    all its events), with per-partition previews as typed tables and as the Markdown tables the assets record."""
-    from lazyhippo_dagster.bench_partitions import run_page_bench
-
-    result = _rounded(run_page_bench(documents))
-    for name in ("table", "markdown"):
-        r = result[name]
-        console.print(f"{name:8s} previews: run over {documents} partitions x 3 assets in {r['run_seconds']} s; "
-                      f"its page ({r['events']} events) in {r['page_seconds']} s")
-    print(json.dumps(result))
 
 
 @bench.command("serve")

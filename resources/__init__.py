@@ -19,13 +19,11 @@ from lazyhippo.settings import INSTANCE_HOME_FILE, GraphStoreKind, ObjectStoreKi
 from lazyhippo.settings import instance_home as home_of_instance_dir
 from lazyhippo.stores import open_graph_store, open_object_store
 from lazyhippo.stores.graphs import GraphStore
-from lazyhippo.stores.namespaces import held_namespaces, namespace_settings
+from lazyhippo.stores.namespaces import held_namespaces, namespace_settings, resolve_settings
 from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import WriterSession
-from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, namespaces  # NAMESPACE_TAG: on every run
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, PARTITION_TAG, namespaces  # NAMESPACE_TAG: on every run
 
-PARTITION_TAG = "dagster/partition"
-RANGE_START_TAG = "dagster/asset_partition_range_start"
 HOME_FILE = INSTANCE_HOME_FILE
 
 
@@ -36,8 +34,9 @@ def instance_home(instance: dg.DagsterInstance) -> Path:
 
 class LazyhippoResource(dg.ConfigurableResource):
     """Where the index lives, which knowledge base (namespace), and how each stage behaves.
-    With `home` unset, a run acts on the home of its Dagster instance, on a namespace indexed there, with the
-    settings it was indexed with; else unset fields come from LAZYHIPPO_*, else `lazyhippo.settings.Settings`."""
+    With `home` unset, a run acts on the home of its Dagster instance, on a namespace indexed there. Unset fields
+    are resolved by `lazyhippo.stores.namespaces.resolve_settings`: the settings the namespace was last indexed
+    with, else LAZYHIPPO_*, else `lazyhippo.settings.Settings`."""
 
     home: Optional[str] = None
     namespace: Optional[str] = None
@@ -69,7 +68,7 @@ class LazyhippoResource(dg.ConfigurableResource):
     theme_coverage_min: float = 0.9
     recall_at_5_min: float = 0.6
     _settings: Optional[Settings] = PrivateAttr(default=None)
-    # the run's namespace: its partition key, or the namespace of its document partitions; None outside partitioned runs
+    # the run's namespace: its partition key; None outside partitioned runs
     _partition: Optional[str] = PrivateAttr(default=None)
     _instance: Optional[dg.DagsterInstance] = PrivateAttr(default=None)
 
@@ -81,15 +80,14 @@ class LazyhippoResource(dg.ConfigurableResource):
         return self._settings
 
     def settings_for(self, namespace: Optional[str], instance: Optional[dg.DagsterInstance] = None) -> Settings:
-        """Settings of `namespace` (else the configured one, else $LAZYHIPPO_NAMESPACE). With `home` unset and an
-        instance, the home is the instance's and the namespace must be one it holds, indexed as recorded
-        (UnknownNamespace otherwise); else the environment, then this resource's config."""
-        fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
+        """Settings of `namespace` (else the configured one, else $LAZYHIPPO_NAMESPACE): this resource's config
+        over `resolve_settings`. With `home` unset and an instance, the home is the instance's and the namespace
+        must be one it holds (UnknownNamespace otherwise)."""
+        given = {k: v for k, v in self._fields().items() if k not in ("home", "namespace")}
         namespace = namespace or self.namespace or Settings.from_env().namespace
         if self.home is None and environment().home is None and instance is not None and not instance.is_ephemeral:
-            given = {k: v for k, v in fields.items() if k not in ("home", "namespace")}
             return namespace_settings(instance_home(instance), namespace, **given)
-        return Settings.from_env(**{**fields, "namespace": namespace})
+        return resolve_settings(self.home, namespace, **given)
 
     def _fields(self) -> dict:
         """This resource's settings fields (None where unset)."""
@@ -116,7 +114,8 @@ class LazyhippoResource(dg.ConfigurableResource):
         # first index too: the sensor may create it
         configured = self.namespace or (Settings.from_env().namespace if self.source else None)
         if configured and configured not in known:
-            out.append(Settings.from_env(**{**self._fields(), "home": home, "namespace": configured}))
+            given = {k: v for k, v in self._fields().items() if k not in ("home", "namespace")}
+            out.append(resolve_settings(home, configured, **given))
         return out
 
     def run_config(self, settings: Settings) -> dict:
@@ -138,8 +137,7 @@ class LazyhippoResource(dg.ConfigurableResource):
         runs after every other (a query run never locks)."""
         self._settings = None  # filled once per run, on first use, with the run's partition as namespace
         tags = context.run.tags if context.run is not None else {}
-        key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<name>`
-        self._partition = key.split("/", 1)[0] if key else None
+        self._partition = tags.get(PARTITION_TAG)
         self._instance = context.instance
         if context.run is None:  # a sensor or schedule evaluation: it names its namespaces itself
             return
@@ -297,9 +295,7 @@ class StepOutputsIOManager(dg.ConfigurableIOManagerFactory):
     def create_io_manager(self, context: dg.InitResourceContext) -> dg.IOManager:
         store = step_output_store(self.object_store)
         if store is None:
-            from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
-
-            return PickledObjectFilesystemIOManager(base_dir=context.instance.storage_directory())
+            return dg.FilesystemIOManager(base_dir=context.instance.storage_directory()).create_io_manager(context)
         return ObjectStoreIOManager(store)
 
 

@@ -64,6 +64,28 @@ def test_an_out_of_corpus_question_is_not_answerable(sample_settings):
     assert res.closest and res.diagnostics["support"]["score"] < res.diagnostics["support"]["threshold"]
 
 
+class _ReplyingLLM:
+    model = "fake-llm"
+
+    def __init__(self, reply: str):
+        self.reply = reply
+
+    def complete(self, prompt, **kw):
+        from lazyhippo.models.llm import Completion
+
+        return Completion(self.reply, self.model, 10, 5)
+
+
+def test_an_llm_answer_is_answerable_when_it_cites_a_passage(sample_settings):
+    """The LLM reads a question in any language, which the offline word count cannot: it answers whenever there is
+    context, and its answer is answerable when it cites a passage."""
+    french = "Qui a succédé à Ada Fenwick comme directeur de l'Observatoire de Marlow ?"
+    cited = answer_question(sample_settings, french, llm=_ReplyingLLM("Tomas Reyes, en 1959 [1]."))
+    assert cited.answerable and cited.answer == "Tomas Reyes, en 1959 [1]." and cited.closest == []
+    uncited = answer_question(sample_settings, OUT_OF_CORPUS_Q, llm=_ReplyingLLM("The context does not say."))
+    assert not uncited.answerable and uncited.citations == [] and uncited.closest
+
+
 ASCIIDOC = """git-pull(1)
 ===========
 

@@ -239,17 +239,6 @@ def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, m
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 3
 
 
-def test_bench_partitions_records_every_partition_and_projects_from_its_event_cost():
-    from lazyhippo_dagster.bench_partitions import run_partition_bench
-
-    out = run_partition_bench(5, 1000)
-    assert out["documents"] == 5 and set(out) >= {"stock", "batched", "speedup"}
-    for r in (out["stock"], out["batched"]):
-        assert r["ms_per_partition_and_asset"] > 0
-        assert r["projected_index_seconds"] == pytest.approx(r["ms_per_partition_and_asset"] / 1000 * 1000 * 3)
-    assert out["speedup"] == pytest.approx(out["stock"]["seconds"] / out["batched"]["seconds"])
-
-
 def test_split_is_a_deterministic_disjoint_half_covering_every_question():
     """The same question always lands in the same half; the halves are disjoint, cover the set, and each
     holds about half of it (on the shared sets' sizes)."""
@@ -348,12 +337,21 @@ def test_bench_retrieval_llm_needs_an_endpoint_and_reports_its_tokens(wiki_slice
     assert out.exit_code == 0, out.output
     usage = {u["operation"]: u for u in json.loads((tmp_path / "out.json").read_text())["llm"]["usage"]}
     assert usage["recognition"]["calls"] == 5 and usage["bridge"]["calls"] == 5  # one each per question
-def test_bench_run_page_loads_every_event_of_a_run_over_document_partitions():
-    """One planned event per asset, one materialization per partition and asset, each with its own preview."""
-    from lazyhippo_dagster.bench_partitions import run_page_bench
 
-    out = run_page_bench(40)
-    for r in (out["table"], out["markdown"]):
-        assert r["page_seconds"] > 0 and r["run_seconds"] > 0
-        assert 3 * 40 < r["events"] < 3 * 40 + 60  # not 3 x 40 planned events besides
-    assert out["speedup"] == pytest.approx(out["table"]["page_seconds"] / out["markdown"]["page_seconds"])
+
+def test_bench_index_reports_the_event_rows_of_a_run_and_its_time_outside_steps(tmp_path):
+    import dagster as dg
+
+    from lazyhippo.settings import SAMPLE_CORPUS
+    from lazyhippo_dagster.bench_index import dagster_cost
+    from lazyhippo_dagster.runner import index_run, run_config
+
+    instance = dg.DagsterInstance.ephemeral()
+    config = run_config({"lazyhippo": {"home": str(tmp_path), "source": str(SAMPLE_CORPUS)}})
+    run = index_run(instance, tmp_path, config, {}, "default")
+    assert run.success
+    wall = instance.get_run_stats(run.run_id).end_time - instance.get_run_stats(run.run_id).start_time
+    cost = dagster_cost(instance, run.run_id, wall)
+    assert cost["event_rows"] == len(instance.all_logs(run.run_id)) > 20
+    assert 0 < cost["outside_steps_share"] < 0.5  # the steps take most of the run
+    assert dagster_cost(instance, run.run_id, wall * 2)["outside_steps_share"] > 0.5  # the span outside counts

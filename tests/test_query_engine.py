@@ -365,6 +365,37 @@ def test_drift_merges_subquestions_with_scores(qsettings):
     assert {"Marlow Observatory", "Ada Fenwick"} <= titles
 
 
+def test_drift_seeds_each_subquestion_with_its_communities_hubs(qsettings, monkeypatch):
+    """Every follow-up's local search is seeded by the hubs of the communities that follow-up matches."""
+    from lazyhippo.models.embedders import get_embedder
+    from lazyhippo.query import routes
+    from lazyhippo.query.communities import matched_communities
+    from lazyhippo.query.types import PreparedQuery
+
+    idx = load_index(qsettings)
+    cfg = QueryConfig()
+    question = "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?"
+    seeded: dict[str, dict[int, float]] = {}
+    real = routes.retrieve_local
+
+    def spy(idx_, q, p, top_k, ppr=None, extra_seeds=None, **kw):
+        seeded[q.text] = dict(extra_seeds or {})
+        return real(idx_, q, p, top_k, ppr, extra_seeds, **kw)
+
+    monkeypatch.setattr(routes, "retrieve_local", spy)
+    emb = get_embedder(qsettings.embedder, qsettings.embedding_model)
+    req = routes.RouteRequest(idx, PreparedQuery(idx, question, emb), classify_query(question), cfg, 5)
+    res = routes.retrieve_drift(req)
+    followups = res.diagnostics["followups"]
+    assert [f["question"] for f in followups] == res.diagnostics["subquestions"] and len(followups) == 3
+    for follow in followups:
+        top, _, _ = matched_communities(idx, req.prepare(follow["question"]), cfg.global_)
+        assert top and follow["communities"][0] == idx.communities.ids[top[0]]
+        hub = idx.communities.hubs[top[0]][0]  # the best matched community's first hub seeds this follow-up
+        assert {int(e) for e in idx.entities.name_index[norm_key(hub)]} <= set(seeded[follow["question"]])
+        assert hub in follow["hubs"]
+
+
 def test_hybrid_fuses_channels_by_rrf(qsettings):
     chunks = retrieve(qsettings, "Halden Telescope spectrograph", route="hybrid", top_k=5)
     assert chunks[0].title in {"Marlow Observatory", "Tomas Reyes"}
@@ -930,10 +961,11 @@ def test_loaded_lookups_are_the_warehouse_rows(qsettings):
         mentions = con.execute("SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = ?",
                                [qsettings.namespace]).fetchall()
         vectors = {(k, i): np.asarray(v, dtype=np.float32) for k, i, v in con.execute(
-            "SELECT kind, item_id, vector FROM embeddings WHERE namespace = ?", [qsettings.namespace]).fetchall()}
+            "SELECT kind, item_id, list_transform(vector, lambda x: x * scale) FROM embeddings WHERE namespace = ?",
+            [qsettings.namespace]).fetchall()}
     counts = idx.mentions.counts.toarray()
     assert counts.sum() == sum(k for _, _, k in mentions) and len(mentions) == idx.mentions.counts.nnz
     assert all(counts[idx.chunks.pos[c], idx.entities.pos[e]] == k for c, e, k in mentions)
     for kind, ids, vecs in (("chunk", idx.chunks.ids, idx.chunks.vecs), ("entity", idx.entities.ids, idx.entities.vecs),
                             ("fact", idx.facts.ids, idx.facts.vecs), ("community", idx.communities.ids, idx.communities.vecs)):
-        assert len(ids) and all(np.array_equal(vecs[r], vectors[(kind, i)]) for r, i in enumerate(ids)), kind
+        assert len(ids) and all(np.allclose(vecs[r], vectors[(kind, i)], atol=1e-6) for r, i in enumerate(ids)), kind

@@ -40,7 +40,7 @@ _BARE_WORDS = {
 @dataclass
 class Extraction:
     entities: list[dict] = field(default_factory=list)   # name, type, description
-    relations: list[dict] = field(default_factory=list)  # source, target, description, weight
+    relations: list[dict] = field(default_factory=list)  # source, target, description, weight[, type]
     facts: list[dict] = field(default_factory=list)      # text, names
     usage: dict = field(default_factory=dict)            # kept for cached payloads written before usage moved to the meter
 
@@ -66,8 +66,10 @@ def _clean(name: str) -> str:
             new = "." + new
         if new.endswith("()") or new.endswith("(") or (new.endswith(")") and new.count(")") > new.count("(")):
             new = new[:-2] if new.endswith("()") else new[:-1]
-        if new.startswith(")") or (new.startswith("(") and (new.count("(") > new.count(")") or new.endswith(")"))):
-            new = new[1:-1] if new.startswith("(") and new.endswith(")") and new.count("(") == new.count(")") else new[1:]
+        if new.startswith("(") and new.endswith(")") and new.count("(") == new.count(")"):
+            new = new[1:-1]
+        elif new.startswith(")") or (new.startswith("(") and new.count("(") > new.count(")")):
+            new = new[1:]
         if new == name:
             break
         name = new
@@ -138,9 +140,8 @@ def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) 
     if noun_phrases:  # spans across a line break join a heading to its text: not a phrase
         spans += [Span(np.text, "CONCEPT", np.start_char, np.end_char) for np in doc.noun_chunks if "\n" not in np.text
                   and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
-    spans = [s for s in spans if not any(s.overlaps(h) for h in lines)
-             and not any(s.overlaps(t) and (s.label == "CONCEPT" or not t.inside(s) or t.start == s.start and t.end == s.end)
-                         for t in tech)]
+    spans = [s for s in spans if not any(s.overlaps(h) for h in lines) and not any(
+        s.overlaps(t) and (s.label == "CONCEPT" or not t.inside(s) or (t.start, t.end) == (s.start, s.end)) for t in tech)]
     return spans + tech + [h for h in headings if not any(t.inside(h) for t in tech)]
 
 
@@ -219,6 +220,21 @@ def _strings(*names: str, max_length: int = 160) -> dict:
     return {n: {"type": "string", "maxLength": max_length} for n in names}
 
 
+RELATION_TYPES = ("PART_OF", "LOCATED_IN", "CREATED_BY", "FOUNDED_BY", "MEMBER_OF", "WORKS_FOR", "USES",
+                  "DEPENDS_ON", "CONFIGURES", "PRODUCES", "SUCCEEDED", "RELATED_TO")
+_STRUCTURE = ("MENTIONS", "SEMANTICALLY_SIMILAR", "BELONGS_TO")  # the graph's own edges between entities, kept apart
+_TYPE_WORDS = re.compile(r"[^A-Za-z0-9]+")
+
+
+def relation_type(raw: object) -> str:
+    """A relation type in upper snake case ("part of" -> PART_OF): one of RELATION_TYPES or a free type of one to
+    five words that starts with a letter and is not one of the graph's own edge types; anything else is RELATED_TO."""
+    words = [w for w in _TYPE_WORDS.split(str(raw or "")) if w]
+    name = "_".join(words).upper()
+    usable = 0 < len(words) <= 5 and name[0].isalpha() and len(name) <= 40 and name not in _STRUCTURE
+    return name if usable else "RELATED_TO"
+
+
 def extraction_schema(max_entities: int = 8, max_relations: int = 6) -> dict:
     """Bounded lists and strings: a small model at temperature 0 otherwise repeats itself until max_tokens."""
     return {
@@ -228,8 +244,9 @@ def extraction_schema(max_entities: int = 8, max_relations: int = 6) -> dict:
                 "type": "object", "required": ["name", "type", "description"],
                 "properties": {**_strings("name", "type", max_length=60), **_strings("description")}}},
             "relations": {"type": "array", "maxItems": max_relations, "items": {
-                "type": "object", "required": ["source", "target", "description", "weight"],
-                "properties": {**_strings("source", "target", max_length=60), **_strings("description"),
+                "type": "object", "required": ["source", "target", "type", "description", "weight"],
+                "properties": {**_strings("source", "target", max_length=60), **_strings("type", max_length=40),
+                               **_strings("description"),
                                "weight": {"type": "number"}}}},
         },
     }
@@ -243,7 +260,7 @@ def extraction_from_json(data: dict, passage: str = "") -> Extraction:
              "description": str(e.get("description") or "")} for e in data["entities"]]
     low = passage.lower()
     ents = [e for e in ents if _keep_mention(e["name"]) and (not passage or e["name"].lower() in low)]
-    rels = [{"source": _clean(str(r["source"])), "target": _clean(str(r["target"])),
+    rels = [{"source": _clean(str(r["source"])), "target": _clean(str(r["target"])), "type": relation_type(r.get("type")),
              "description": str(r.get("description") or ""), "weight": min(max(float(r.get("weight") or 1.0), 0.1), 10.0)}
             for r in data.get("relations", [])]
     names = {e["name"].lower() for e in ents}
@@ -267,19 +284,21 @@ class LlmExtractor:
         self.schema = extraction_schema(max_entities, max_relations)
         self.model = llm.model
         self.template = (Path(__file__).parent / "prompts" / "extract.txt").read_text()
-        self.prompt_version = "llm-" + sha(self.template, 8)
+        self.types = ", ".join(RELATION_TYPES)
+        self.prompt_version = "llm-" + sha(self.template + self.types, 8)
         self.attempts = attempts
         self.max_tokens = max_tokens
 
     def _one(self, chunk: Chunk) -> Extraction:
-        prompt = self.template.format(title=chunk.title, text=chunk.text)
+        prompt = self.template.format(title=chunk.title, text=chunk.text, types=self.types)
         result, _ = self.llm.complete_json(
             prompt, self.schema, operation="extraction", max_tokens=self.max_tokens, attempts=self.attempts,
             validate=lambda d: extraction_from_json(d, f"{chunk.title}\n{chunk.text}"))
         ent_title = _clean(chunk.title)
         if ent_title.lower() not in {e["name"].lower() for e in result.entities}:
             result.entities.append({"name": ent_title, "type": "TITLE", "description": chunk.text[:300]})
-        result.relations += [{"source": ent_title, "target": e["name"], "description": e["description"], "weight": 0.5}
+        result.relations += [{"source": ent_title, "target": e["name"], "type": "RELATED_TO",
+                              "description": e["description"], "weight": 0.5}
                              for e in result.entities if e["name"].lower() != ent_title.lower()]
         return result
 

@@ -16,7 +16,8 @@ _PART = r"(?:[A-Za-z_]\w*|<[\w-]+>)"
 _PATTERNS = [
     ("COMMAND", re.compile(r"(?<![\w./-])[a-z][\w.+-]*\(\d[a-z]?\)")),                        # git-fetch(1)
     ("OPTION", re.compile(r"(?<![\w/\\.-])(?:--[A-Za-z][\w-]*[A-Za-z0-9]|-[A-Za-z])(?![\w-])")),  # --depth, -B
-    ("CODE", re.compile(rf"(?<![\w./$-])(?:[A-Za-z_]\w+|<[\w-]+>)(?:\.{_PART})*\.(?:[A-Za-z_]\w+|<[\w-]+>)(?:\(\))?(?![\w/-]|\.\w)")),
+    ("CODE", re.compile(rf"(?<![\w./$-])(?:[A-Za-z_]\w+|<[\w-]+>)(?:\.{_PART})*\.(?:[A-Za-z_]\w+|<[\w-]+>)"
+                        r"(?:\(\))?(?![\w/-]|\.\w)")),                                          # core.autocrlf
     ("CODE", re.compile(r"(?<![\w.])[A-Za-z_]\w*\(\)")),                                      # func()
     ("CODE", re.compile(r"(?<![\w.-])_*[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+_*(?![\w-])")),  # snake_case, GIT_DIR
     # rejectShallow, ArgumentParser; a capital after two letters starts a name as often ("McKee", "DeVito")
@@ -49,7 +50,7 @@ def technical_spans(text: str, title: str, doc) -> list[Span]:
             span = Span(m.group(0), "CODE" if label == "CAMEL" else label, m.start(), m.end())
             if label == "CODE" and re.fullmatch(r"\w{1,2}(\.\w{1,2})+", span.text):
                 continue  # initials and abbreviations: "e.g", "U.S"
-            if label == "CAMEL" and any(span.inside(Span(e.text, e.label_, e.start_char, e.end_char)) for e in doc.ents):
+            if label == "CAMEL" and any(e.start_char <= span.start and span.end <= e.end_char for e in doc.ents):
                 continue
             found.append(span)
     found += _commands(text, title, doc)
@@ -66,7 +67,8 @@ def _commands(text: str, title: str, doc) -> list[Span]:
     if not programs:
         return []
     out = []
-    for m in re.finditer(rf"(?<![\w/.-])({'|'.join(map(re.escape, sorted(programs)))}) ([a-z][a-z0-9-]*[a-z0-9])(?![\w(-])", text):
+    names = "|".join(map(re.escape, sorted(programs)))
+    for m in re.finditer(rf"(?<![\w/.-])({names}) ([a-z][a-z0-9-]*[a-z0-9])(?![\w(-])", text):
         sub = doc.char_span(m.start(2), m.end(2), alignment_mode="expand")
         if sub is not None and len(sub) and not sub[0].is_stop and sub[0].tag_ not in _FINITE:
             out.append(Span(m.group(0), "COMMAND", m.start(), m.end()))

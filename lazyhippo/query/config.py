@@ -117,7 +117,7 @@ class QueryConfig:
     context: ContextParams = ContextParams()
     multi_hop: MultiHopParams = MultiHopParams()
     candidates: int = 50              # chunks handed from retrieval to assembly (before budget)
-    answer_sentences: int = 3         # sentences in an extractive answer
+    answer_sentences: int = 3         # at most, per part of the question, in an extractive answer
     drift_max_subquestions: int = 4
     selection: ChunkSelectionParams = ChunkSelectionParams()
 

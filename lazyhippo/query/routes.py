@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 
 from lazyhippo.query.assist import assisted_local
-from lazyhippo.query.communities import CommunityEvidence, community_seeds, retrieve_global
+from lazyhippo.query.communities import (CommunityEvidence, community_seeds, hub_seeds, matched_communities,
+                                         matched_evidence, retrieve_global)
 from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.local import local_scores, retrieve_local
@@ -130,29 +131,33 @@ def question_subject(part: str) -> str:
 
 
 def retrieve_drift(req: RouteRequest) -> RouteResult:
-    """Local retrieval per sub-question (and the whole question), merged: each chunk keeps its best
-    score normalized within its sub-question, so every part of the question is represented."""
+    """DRIFT: the whole question (the primer) and each sub-question are matched to the community summaries, and
+    the hubs of the communities each matches seed its local route beside its own links; the results are merged,
+    each chunk keeping its best score normalized within its sub-question, so every part is represented."""
     idx, cfg, top_k, question = req.idx, req.cfg, req.top_k, req.query.text
     subs = split_question(question, req.llm, cfg.drift_max_subquestions)
-    queries = subs if len(subs) > 1 else [question]
-    if len(subs) > 1:
-        queries = [question] + subs
+    queries = [question] + subs if len(subs) > 1 else [question]
     best: dict[int, tuple[float, str, float]] = {}
+    followups = []
     for sq in queries:
-        scores = local_scores(idx, req.prepare(sq), cfg.local, req.ppr).scores
-        top = top_indices(scores, max(top_k, cfg.candidates))
-        peak = float(scores[top[0]]) if len(top) else 0.0
+        pq = req.prepare(sq)
+        matched = matched_evidence(idx, matched_communities(idx, pq, cfg.global_))
+        seeds = hub_seeds(idx, matched, cfg.global_)
+        followups.append({"question": sq, "communities": [e.community_id for e in matched],
+                          "hubs": sorted({idx.entities.names[e] for e in seeds})})
+        found, _ = retrieve_local(idx, pq, cfg.local, top_k, req.ppr, seeds, route="drift")
+        peak = found[0].score if found else 0.0
         if peak <= 0:
             continue
-        for c in top:
-            s = float(scores[c]) / peak
-            if s > best.get(int(c), (-1.0, "", 0.0))[0]:
-                best[int(c)] = (s, sq, float(scores[c]))
+        for ch in found:
+            c, s = idx.chunks.pos[ch.chunk_id], ch.score / peak
+            if s > best.get(c, (-1.0, "", 0.0))[0]:
+                best[c] = (s, sq, ch.score)
     ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_k]
     chunks = [ScoredChunk.from_index(idx, c, s, "drift", local=raw) for c, (s, sq, raw) in ranked]
     for ch, (_, (_, sq, _)) in zip(chunks, ranked):
         ch.channels["subquestion"] = float(queries.index(sq))
-    return RouteResult(chunks, {"subquestions": queries})
+    return RouteResult(chunks, {"subquestions": queries, "followups": followups})
 
 
 def expand_scores(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig) -> np.ndarray:

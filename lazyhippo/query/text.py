@@ -75,7 +75,7 @@ _INLINE = [  # (pattern, replacement), in order: links before emphasis, code bef
     (re.compile(r"(?<![\w*\\])([*_])(?=[^\s*_])(.+?)(?<=[^\s*_])\1(?![\w*])"), r"\2"),  # emphasis
     (re.compile(r"(?<![\w'])'(?=[^\s'])([^'\n]{1,80}?)(?<=[^\s'])'(?![\w'])"), r"\1"),  # AsciiDoc 'emphasis'
     (re.compile(r"(?<![\w+])\+(?=\S)([^+\n]{1,80}?)(?<=\S)\+(?![\w+])"), r"\1"),  # AsciiDoc +literal+
-    (re.compile(r"(?<=\w)::(?=\s|$)"), ":"),                                  # reST literal-block colons
+    (re.compile(r"(?<=\S):{2,4}(?=\s|$)"), ":"),              # reST literal-block colons, inline definition terms
     (re.compile(r"\\([\\`*_{}\[\]()#+.!|-])"), r"\1"),                       # escapes
 ]
 

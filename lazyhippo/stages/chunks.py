@@ -48,7 +48,7 @@ class _Piece:
 
 
 def _pieces(section: Section, size: int, overlap: int, by_line: bool) -> list[_Piece]:
-    """The section's sentences (each line's, for a marked-up document), a sentence longer than a window cut by tokens."""
+    """The section's sentences (each line's, for a marked-up document); one longer than a window is cut by tokens."""
     enc = encoding()
     units = ([(s, i == 0) for line in section.text.split("\n") for i, s in enumerate(sentences(line))] if by_line
              else [(s, False) for s in sentences(section.text)])
@@ -95,8 +95,8 @@ def _join(pieces: list[_Piece], by_line: bool) -> str:
     for p in pieces:
         s = p.text
         if text:
-            own_line = p.new_line if by_line else (
-                s.lstrip().startswith("#") or text.rstrip().split("\n")[-1].lstrip().startswith("#") or s.endswith(("____", ":")))
+            own_line = p.new_line if by_line else (s.lstrip().startswith("#") or s.endswith(("____", ":"))
+                                                   or text.rstrip().split("\n")[-1].lstrip().startswith("#"))
             text += "\n" if own_line else " "
         text += s
     return text
