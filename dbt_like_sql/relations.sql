@@ -1,7 +1,9 @@
 -- Relations between kept entities: one undirected row per pair, weights summed over chunks, the strongest
--- description kept. Reads `entities`.
+-- description kept; the type is the heaviest typed one the extractions gave the pair (RELATED_TO when none has a
+-- type), `forward` when it reads from the lower id to the higher (RELATED_TO always does). Reads `entities`.
 WITH raw AS (
-    SELECT a.entity_id AS s, b.entity_id AS t, r.description, r.weight, r.chunk_id
+    SELECT a.entity_id AS s, b.entity_id AS t, r.description, r.weight, r.chunk_id,
+           coalesce(r.type, 'RELATED_TO') AS type
     FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
     WHERE r.namespace = $namespace AND a.norm_name <> '' AND b.norm_name <> ''
 ),
@@ -15,7 +17,9 @@ SELECT
     greatest(s, t) AS target_id,
     first(description ORDER BY weight DESC, description) AS description,
     sum(weight) AS weight,
-    count(DISTINCT chunk_id) AS n_chunks
+    count(DISTINCT chunk_id) AS n_chunks,
+    first(type ORDER BY type = 'RELATED_TO', weight DESC, type) AS type,
+    first(s < t OR type = 'RELATED_TO' ORDER BY type = 'RELATED_TO', weight DESC, type) AS forward
 FROM raw
 WHERE s <> t AND s IN (SELECT entity_id FROM kept) AND t IN (SELECT entity_id FROM kept)
 GROUP BY least(s, t), greatest(s, t)

@@ -588,12 +588,15 @@ def _retrieval_assist(settings: Settings, timeout: float, rounds: int):
 
 
 @bench.command("retrieval")
-def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | all: a shared set by name "
-                                                                  "(overrides --corpus/--questions)."),
-                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
+def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs | all: a shared "
+                                                                  "set by name (overrides --corpus/--questions)."),
+                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}, or a folder of documents."),
                     questions: Optional[Path] = typer.Option(None,
-                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}]'),
-                    route: str = typer.Option("local"), k: int = typer.Option(8),
+                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}] or '
+                                                        '[{"question","gold_files"}] (paths inside the corpus folder)'),
+                    route: str = typer.Option("local", help="The route under test; several, comma-separated, are "
+                                                            "measured side by side (the first is the one `bench keep` reads)."),
+                    k: int = typer.Option(8, help="Chunks retrieved per question, by every route and baseline."),
                     embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
@@ -607,9 +610,10 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     set_: list[str] = typer.Option([], "--set", help="A query setting of the route under test, "
                                                    "section.field=value, repeatable (e.g. graph.synonym_min_score=0.6).")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
-    passage id when the questions carry `supporting_ids`. The summary shows the tune and confirm halves side
-    by side."""
-    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, query_config, run_retrieval_bench, summary_row
+    source file when the questions carry `gold_files`, by passage id when they carry `supporting_ids`. The
+    summary shows the tune and confirm halves side by side."""
+    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, part_rows, query_config, run_retrieval_bench, summary_row
+    from lazyhippo.query.routes import check_route
 
     if split not in SPLITS:
         raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
@@ -622,14 +626,22 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
     runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
     settings = Settings.from_env(embedder=embedder)
-    if llm and route != "local":
+    routes = [r.strip() for r in route.split(",") if r.strip()]
+    try:
+        for r in routes:
+            check_route(r)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--route") from None
+    if not routes:
+        raise typer.BadParameter("no route given", param_hint="--route")
+    if llm and routes != ["local"]:
         raise typer.BadParameter("--llm assists the local route only", param_hint="--route")
     assist = _retrieval_assist(settings, llm_timeout, llm_rounds) if llm else None
     results = {}
     for name, corpus_file, questions_file, wd in runs:
         bar, update = _progress_bar()
         with bar:
-            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
+            result = run_retrieval_bench(corpus_file, questions_file, wd, route=routes, k=k, progress=update,
                                          graph_store=graph_store, settings=settings, split=split, assist=assist,
                                          config=config)
         results[name] = result
@@ -637,8 +649,13 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                      f"retrieval on {name} ({graph_store} store): {result['questions']} questions ({split}), "
                      f"scored by {result['scored_by']}, "
                      f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
+        _print_frame(pl.DataFrame(part_rows(result)), f"{name} by half" + (" and gold documents per question (hops)"
+                                                                           if any(result["by_hops"].values()) else ""))
+        for r, used in result["routes_used"].items():
+            if used != {r: result["questions"]}:
+                print(f"{name}: route {r} ran " + ", ".join(f"{n} {u}" for u, n in used.items()))
     _print_frame(pl.DataFrame([summary_row(n, r) for n, r in results.items()]),
-                 f"summary: route {route}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
+                 f"summary: route {routes[0]}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
     if json_out:
         json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     for name, result in results.items():
@@ -727,7 +744,7 @@ def _route_rows(path: Path) -> dict[str, list[dict]]:
 
 
 @bench.command("query")
-def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique (overrides --corpus/--questions)."),
+def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs (overrides --corpus/--questions)."),
                 corpus: Optional[Path] = typer.Option(None),
                 questions: Optional[Path] = typer.Option(None),
                 embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
@@ -759,12 +776,38 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
                 executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
-                                             "PostgreSQL, Redis and MinIO)")) -> None:
+                                             "PostgreSQL, Redis and MinIO)"),
+                growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
+                                                     "full in-process index of real text (the shared sets, gitdocs, "
+                                                     "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
+                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth: also write the results here.")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor) and in-process, then the time to bring
     the index up to date after one changed and after one deleted document; each run's event-log rows and the share
     of its time outside every step (Dagster's own). With --executor celery: 1 and N Celery workers of a loopback
-    cluster."""
+    cluster. With --growth: the cost of a full index at each corpus size."""
     from lazyhippo_dagster.bench_index import index_table, run_cluster_index_bench, run_index_bench
+
+    if growth is not None:
+        from lazyhippo_dagster.bench_growth import growth_rows_table, growth_table, run_growth_bench
+
+        try:
+            sizes = [int(s) for s in growth.split(",") if s.strip()]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            console.print(f"[red]error:[/red] --growth {growth!r}: expected document counts like 1000,10000")
+            raise typer.Exit(2)
+        datasets = environment().datasets
+        try:
+            results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+        _print_frame(growth_table(results), "index cost by corpus size")
+        _print_frame(growth_rows_table(results), "rows per table")
+        if as_json:
+            as_json.write_text(json.dumps(results, indent=1))
+        return
 
     corpus = corpus or _wiki("corpus.jsonl")
     if not corpus.is_file():

@@ -102,9 +102,10 @@ class Graph:
             self.sql("DELETE FROM community_summaries WHERE namespace = ? AND community_id = 'k_1'") if emb \
                 else self.cypher("MATCH (c:Community {namespace: $ns, id: 'k_1'}) REMOVE c.summary")
         elif what == "no_orphan_edges":  # a relation to something that is no entity
-            self.sql("INSERT INTO relations VALUES (?, 'r_ghost', 'e1', 'e_ghost', 'x', 1.0, 1)") if emb else self.cypher(
+            self.sql("INSERT INTO relations (namespace, relation_id, source_id, target_id, description, weight, n_chunks) "
+                     "VALUES (?, 'r_ghost', 'e1', 'e_ghost', 'x', 1.0, 1)") if emb else self.cypher(
                 "MATCH (a:Entity {namespace: $ns, id: 'e1'}) MERGE (g:Document {namespace: $ns, id: 'e_ghost'}) "
-                "MERGE (a)-[:RELATED_TO {namespace: $ns}]->(g)")
+                "MERGE (a)-[:RELATED_TO {namespace: $ns, id: 'r_ghost'}]->(g)")
         else:
             raise ValueError(what)
 

@@ -24,7 +24,7 @@ from lazyhippo.stores.warehouse import connect
 from tests.services_fixtures import minio_store, namespaces, neo4j_store  # noqa: F401 - fixtures
 
 LABELS = ("Document", "Chunk", "Entity", "Community")
-RELS = ("PART_OF", "MENTIONS", "RELATED_TO", "SEMANTICALLY_SIMILAR", "BELONGS_TO")
+RELS = ("PART_OF", "MENTIONS", "SEMANTICALLY_SIMILAR", "BELONGS_TO")
 
 
 @dataclass
@@ -72,13 +72,49 @@ def test_same_tables_and_served_graph_counts(runs: Runs, neo4j_store):
     assert emb["entities"] > 20 and emb["relations"] > 50
     served = neo4j_store.counts(runs.neo.namespace)
     assert served["Document"] == neo["documents"] and served["Chunk"] == neo["chunks"]
-    assert served["Entity"] == neo["entities"] and served["RELATED_TO"] == neo["relations"]
+    assert served["Entity"] == neo["entities"] and served["relations"] == neo["relations"]
     assert served["MENTIONS"] == neo["mentions"] and served["PART_OF"] == neo["chunks"]
     assert served["SEMANTICALLY_SIMILAR"] == neo["knn_edges"]
     with connect(runs.neo) as con:
         nested = con.execute("SELECT count(*) FROM communities WHERE namespace = ? AND parent_id IS NOT NULL",
                              [runs.neo.namespace]).fetchall()[0][0]
     assert served["Community"] == neo["communities"] and served["BELONGS_TO"] == neo["entities"] + nested
+
+
+@pytest.mark.services
+def test_relation_types_and_entity_types_served_as_types_and_labels(tmp_path, neo4j_store, namespaces):  # noqa: F811
+    """A relation is served as a relationship of its type, in the direction the type reads; a changed type
+    replaces the old relationship; entity types are labels beside Entity."""
+    s = Settings(home=tmp_path, namespace=namespaces("typed"), source=str(SAMPLE_CORPUS))
+    run_index(s)
+    ns = s.namespace
+    with connect(s) as con:
+        rid, src, dst = con.execute("""SELECT r.relation_id, r.source_id, r.target_id FROM relations r
+            JOIN entities a ON a.namespace = r.namespace AND a.entity_id = r.source_id
+            JOIN entities b ON b.namespace = r.namespace AND b.entity_id = r.target_id
+            WHERE r.namespace = ? AND list_sort([a.name, b.name]) = ['Ada Fenwick', 'Marlow Observatory']""", [ns]).fetchone()
+        n_rel = con.execute("SELECT count(*) FROM relations WHERE namespace = ?", [ns]).fetchone()[0]
+        people = con.execute("SELECT count(*) FROM entities WHERE namespace = ? AND type = 'PERSON'", [ns]).fetchone()[0]
+        con.execute("UPDATE relations SET type = 'FOUNDED_BY', forward = false WHERE namespace = ? AND relation_id = ?",
+                    [ns, rid])
+        for asset in ("documents", "chunks", "entities"):
+            neo4j_store.sync(con, ns, asset)
+    typed = neo4j_store.query("MATCH (b:Entity {namespace: $ns})-[r:FOUNDED_BY]->(a:Entity {namespace: $ns}) "
+                              "RETURN a.id AS a, b.id AS b, r.id AS id", {"ns": ns})
+    assert typed == [{"a": src, "b": dst, "id": rid}]  # forward false: from target_id to source_id
+    counts = neo4j_store.counts(ns)
+    assert counts["relations"] == n_rel and counts["SEMANTICALLY_SIMILAR"] == 0
+    labelled = neo4j_store.query("MATCH (e:Entity:PERSON {namespace: $ns}) RETURN count(e) AS n", {"ns": ns})[0]["n"]
+    assert people > 0 and labelled == people
+    with connect(s) as con:
+        con.execute("UPDATE relations SET type = 'USES', forward = true WHERE namespace = ? AND relation_id = ?", [ns, rid])
+        con.execute("UPDATE entities SET type = 'ASTRONOMER' WHERE namespace = ? AND name = 'Ada Fenwick'", [ns])
+        neo4j_store.sync(con, ns, "entities")
+    types = neo4j_store.query("MATCH (a:Entity {namespace: $ns})-[r {id: $id}]->(b) RETURN type(r) AS t, a.id AS a",
+                              {"ns": ns, "id": rid})
+    assert types == [{"t": "USES", "a": src}] and neo4j_store.counts(ns)["relations"] == n_rel
+    ada = neo4j_store.query("MATCH (e:Entity {namespace: $ns, name: 'Ada Fenwick'}) RETURN labels(e) AS l", {"ns": ns})
+    assert sorted(ada[0]["l"]) == ["ASTRONOMER", "Entity"]
 
 
 @pytest.mark.services

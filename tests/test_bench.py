@@ -14,6 +14,7 @@ from lazyhippo.evaluate.bench import (
     distinct,
     gold_key,
     passage_id,
+    passage_key,
     percentile_ms,
     recall_at_k,
     split_of,
@@ -103,6 +104,54 @@ def test_gold_by_id_when_every_question_has_ids():
     assert passage_id("notes/a.md") == "notes/a.md"
 
 
+def test_file_recall_counts_distinct_source_files_in_chunk_order():
+    """gitdocs scoring: chunks map to their source file, each file counts at its first chunk; recall@5 is the
+    share of gold files among the first 5 distinct files, all-gold@8 whether every gold file is in the first 8."""
+    questions = [{"question": "q", "gold_files": ["howto/a.txt", "b.txt"], "supporting_titles": ["A"]}]
+    assert gold_key(questions) == "gold_files"
+    assert gold_key(questions + [{"question": "r", "supporting_titles": ["B"]}]) == "supporting_titles"
+    chunks = [("c.txt", "C"), ("c.txt", "C"), ("d.txt", "D"), ("howto/a.txt", "A"), ("c.txt", "C"), ("e.txt", "E"),
+              ("f.txt", "F"), ("g.txt", "G"), ("b.txt", "B")]
+    ranked = [passage_key(source, title, "gold_files") for source, title in chunks]
+    assert distinct(ranked)[:5] == ["c.txt", "d.txt", "howto/a.txt", "e.txt", "f.txt"]
+    assert recall_at_k(ranked, ["howto/a.txt", "b.txt"], 5) == 0.5   # b.txt is the 7th distinct file
+    assert all_supporting_at_k(ranked, ["howto/a.txt", "b.txt"], 8) == 1.0
+    assert all_supporting_at_k(ranked, ["howto/a.txt", "b.txt"], 6) == 0.0
+    assert passage_key("corpus.jsonl#p7", "T", "supporting_ids") == "p7"
+    assert passage_key("corpus.jsonl#p7", "T", "supporting_titles") == "T"
+
+
+def test_bench_scores_a_folder_corpus_by_file_per_hops(tmp_path):
+    """A folder of documents is indexed as a folder; questions with `gold_files` are scored by source file, with
+    single-file and two-file questions (`hops`) reported apart, for every route asked and BM25."""
+    src = tmp_path / "src"
+    (src / "howto").mkdir(parents=True)
+    topics = {"rebase.txt": "Rebasing replays commits onto another base; the interactive mode edits the todo list.",
+              "howto/bisect.txt": "Bisecting finds the commit that introduced a bug by binary search over history.",
+              "stash.txt": "Stashing records the working directory state and reverts to the HEAD commit.",
+              **{f"page{i}.txt": f"Page {i} describes the option number {i} of the tool and its default value."
+                 for i in range(8)}}
+    for name, text in topics.items():
+        (src / name).write_text(f"{text}\n\n{text} More words follow here about this one topic only.\n")
+    questions = [{"question": "How does bisecting find the commit that introduced a bug?", "gold_files": ["howto/bisect.txt"],
+                  "hops": 1},
+                 {"question": "What does stashing record, and how does rebasing replay commits?",
+                  "gold_files": ["stash.txt", "rebase.txt"], "hops": 2}]
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    out = CliRunner().invoke(app, ["bench", "retrieval", "--corpus", str(src), "--questions", str(tmp_path / "q.json"),
+                                   "--route", "auto,local", "--workdir", str(tmp_path / "ws"), "--json", str(tmp_path / "out.json")])
+    assert out.exit_code == 0, out.output
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["scored_by"] == "gold_files" and result["routes"] == ["auto", "local"]
+    assert set(result["methods"]) == {"auto", "local", "bm25", "dense"}
+    for method in ("local", "bm25"):
+        first = result["per_question"][method][0]
+        assert first["retrieved"][0] == "howto/bisect.txt", method
+        assert set(result["by_hops"][method]) == {"hops 1", "hops 2"}
+    assert result["methods"]["bm25"]["recall_at_5"] == 1.0
+    assert sum(result["routes_used"]["auto"].values()) == 2
+
+
 def test_unknown_dataset_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="unknown dataset 'squad'"):
         dataset_files("squad", tmp_path)
@@ -162,10 +211,12 @@ def test_summary_row_has_both_halves_the_baselines_and_index_time():
     half = lambda n, r2, r5, a8: {"questions": n, **m(r2, r5, a8)}  # noqa: E731
     result = {"route": "local", "index_seconds": 12.34, "reused": True,
               "methods": {"local": m(0.5, 0.75, 0.5), "bm25": m(0.1, 0.4, 0.0), "dense": m(0.2, 0.3, 0.0)},
-              "halves": {"local": {"tune": half(3, 0.4, 0.7, 0.3333), "confirm": half(2, 0.6, 0.8, 0.6667)}}}
+              "halves": {"local": {"tune": half(3, 0.4, 0.7, 0.3333), "confirm": half(2, 0.6, 0.8, 0.6667)},
+                         "bm25": {"tune": half(3, 0.1, 0.3, 0.0), "confirm": half(2, 0.1, 0.5, 0.5)}}}
     assert summary_row("musique", result) == {
         "set": "musique", "n t/c": "3/2", "r@2 t": 0.4, "r@2 c": 0.6, "r@5 t": 0.7, "r@5 c": 0.8, "all@8 t": 0.333,
-        "all@8 c": 0.667, "bm25 r@5": 0.4, "dense r@5": 0.3, "p50 ms": 4.0, "index s": 12.3, "reused": True}
+        "all@8 c": 0.667, "bm25 r@5 t": 0.3, "bm25 r@5 c": 0.5, "bm25 all@8 t": 0.0, "bm25 all@8 c": 0.5,
+        "dense r@5": 0.3, "p50 ms": 4.0, "index s": 12.3, "reused": True}
     result["halves"]["local"].pop("confirm")
     assert summary_row("musique", result)["all@8 c"] == "-" and summary_row("musique", result)["n t/c"] == "3/0"
 

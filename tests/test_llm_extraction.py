@@ -75,3 +75,42 @@ def test_llm_extractor_retries_records_failures_and_uses_cache(tmp_path, corpus,
         # the cached chunk is not sent again; only the failed chunk is retried
         assert again["extractions"].cached == 1
         assert sum(p.startswith("You extract") for p in server.prompts) == calls + 3
+
+
+def test_llm_relations_are_typed_in_the_table_and_the_export(tmp_path, monkeypatch):
+    """The model's relation types, normalized to upper snake case (unusable ones RELATED_TO), reach the relations
+    table with the direction the passage states, and the export."""
+    from lazyhippo.stages.exports import export_tables
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "eastbridge.txt").write_text("Ada Fenwick founded the Marlow Observatory. The Marlow Observatory lies in "
+                                        "Eastbridge. Ada Fenwick met Tomas Reyes.")
+    ents = [{"name": n, "type": t, "description": n} for n, t in (("Ada Fenwick", "PERSON"), ("Eastbridge", "GPE"),
+                                                                  ("Marlow Observatory", "ORG"), ("Tomas Reyes", "PERSON"))]
+    rels = [{"source": "Marlow Observatory", "target": "Ada Fenwick", "type": "founded by", "description": "f", "weight": 5},
+            {"source": "Marlow Observatory", "target": "Eastbridge", "type": "LOCATED_IN", "description": "l", "weight": 5},
+            {"source": "Ada Fenwick", "target": "Tomas Reyes", "type": "!! 42", "description": "m", "weight": 5}]
+
+    def reply(prompt: str) -> str:
+        if prompt.startswith("You extract a knowledge graph"):
+            assert "PART_OF, LOCATED_IN" in prompt  # the vocabulary is offered
+            return json.dumps({"entities": ents, "relations": rels})
+        return "A description."
+
+    with FakeOpenAI(reply) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        s = Settings.from_env(home=tmp_path / "home", source=str(src), extractor="llm", llm_model="fake-model")
+        run_index(s)
+    with connect(s, read_only=True) as con:
+        rows = con.execute("""SELECT a.name, b.name, r.type, r.forward FROM relations r
+            JOIN entities a ON a.namespace = r.namespace AND a.entity_id = r.source_id
+            JOIN entities b ON b.namespace = r.namespace AND b.entity_id = r.target_id""").fetchall()
+        export_tables(con, "default", "csv", ["relations"], tmp_path / "out")
+    typed = {(a, b) if fwd else (b, a): t for a, b, t, fwd in rows}
+    assert typed[("Marlow Observatory", "Ada Fenwick")] == "FOUNDED_BY"
+    assert typed[("Marlow Observatory", "Eastbridge")] == "LOCATED_IN"
+    assert {t for (a, b), t in typed.items() if {a, b} == {"Ada Fenwick", "Tomas Reyes"}} == {"RELATED_TO"}
+    exported = (tmp_path / "out" / "relations.csv").read_text()
+    assert "FOUNDED_BY" in exported and "LOCATED_IN" in exported and exported.splitlines()[0].count("type") == 1

@@ -68,6 +68,18 @@ def test_llm_extraction_lands_in_the_graph(indexed):
     assert "reports" in per_op  # every operation that called the model is counted under its name
 
 
+def test_the_model_relations_are_typed(indexed):
+    """The small model's relations come with types, normalized to upper snake case, in the table and the export."""
+    settings, _, _ = indexed
+    with connect(settings, read_only=True) as con:
+        raw = [t for (t,) in con.execute("SELECT type FROM extracted_relations").fetchall()]
+        types = [t for (t,) in con.execute("SELECT type FROM relations").fetchall()]
+    assert raw and all(re.fullmatch(r"[A-Z][A-Z0-9_]*", t) for t in raw + types)
+    assert any(t != "RELATED_TO" for t in raw)  # the model's own relations are typed (the title links are not)
+    exported = pq.read_table(settings.export_dir / "default" / "tables" / "relations.parquet")
+    assert sorted(exported.column("type").to_pylist()) == sorted(types)
+
+
 def test_community_report_has_every_field_and_is_exported(indexed):
     settings, _, out = indexed
     with connect(settings, read_only=True) as con:

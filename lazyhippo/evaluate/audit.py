@@ -146,12 +146,12 @@ class Neo4jFacts:
     def orphan_edges(self, kind: str) -> list[str]:
         """Edges touching this namespace whose endpoints are not both named entities of this namespace
         (stub nodes, other labels, other namespaces)."""
-        rel = {"relations": "RELATED_TO", "knn": "SEMANTICALLY_SIMILAR"}[kind]
+        rel, where = {"relations": ("", "r.id IS NOT NULL"), "knn": (":SEMANTICALLY_SIMILAR", "true")}[kind]
         rows = self._rows(f"""
             CALL () {{
-                MATCH (a:Entity {{namespace: $ns}})-[r:{rel}]-(b) RETURN DISTINCT r
+                MATCH (a:Entity {{namespace: $ns}})-[r{rel}]-(b) WHERE {where} RETURN DISTINCT r
                 UNION
-                MATCH ()-[r:{rel} {{namespace: $ns}}]->() RETURN r
+                MATCH ()-[r{rel} {{namespace: $ns}}]->() WHERE {where} RETURN r
             }}
             WITH r, startNode(r) AS a, endNode(r) AS b
             WHERE NOT (a:Entity AND b:Entity AND a.namespace = $ns AND b.namespace = $ns

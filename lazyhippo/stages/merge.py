@@ -108,12 +108,15 @@ def _fold(con: duckdb.DuckDBPyConnection, ns: str, source_ids: list[str], target
     mapped = f"CASE WHEN {{col}} IN {ids} THEN $t ELSE {{col}} END"
     con.execute(f"""CREATE OR REPLACE TEMP TABLE _rel AS
         WITH m AS (SELECT {mapped.format(col='source_id')} AS a, {mapped.format(col='target_id')} AS b,
-                          description, weight, n_chunks FROM relations WHERE namespace = $ns)
+                          description, weight, n_chunks, type, forward  -- the type reads a -> b
+                   FROM relations WHERE namespace = $ns)
         SELECT $ns AS namespace, 'r_' || substr(sha256(least(a, b) || '|' || greatest(a, b)), 1, 16) AS relation_id,
                least(a, b) AS source_id, greatest(a, b) AS target_id,
                CASE WHEN count(*) = 1 THEN first(description)
                     ELSE string_agg(DISTINCT description, ' | ' ORDER BY description) END AS description,
-               sum(weight) AS weight, sum(n_chunks) AS n_chunks
+               sum(weight) AS weight, sum(n_chunks) AS n_chunks,
+               first(type ORDER BY type = 'RELATED_TO', weight DESC, type) AS type,
+               first(forward = (a < b) OR type = 'RELATED_TO' ORDER BY type = 'RELATED_TO', weight DESC, type) AS forward
         FROM m WHERE a <> b GROUP BY least(a, b), greatest(a, b)""", p)
     con.execute("DELETE FROM relations WHERE namespace = $ns", {"ns": ns})
     con.execute("INSERT INTO relations BY NAME SELECT * FROM _rel")
@@ -198,10 +201,10 @@ def merge_on_neo4j(store, ns: str, merge: Merge) -> dict:
         MATCH (t:Entity {namespace: $ns, id: $target})
         MATCH (s:Entity {namespace: $ns}) WHERE s.id IN $sources
         CALL (s, t) {
-            MATCH (s)-[r:RELATED_TO]-(o:Entity) WHERE o <> t AND NOT o.id IN $sources
-            WITH t, o, r, CASE WHEN t.id < o.id THEN [t, o] ELSE [o, t] END AS ends
+            MATCH (s)-[r]-(o:Entity) WHERE r.id IS NOT NULL AND o <> t AND NOT o.id IN $sources
+            WITH t, o, r, CASE WHEN startNode(r) = s THEN [t, o] ELSE [o, t] END AS ends
             WITH ends[0] AS a, ends[1] AS b, r
-            MERGE (a)-[n:RELATED_TO]->(b)
+            MERGE (a)-[n:$(type(r))]->(b)
             ON CREATE SET n.weight = 0.0, n.n_chunks = 0, n.namespace = $ns, n.description = r.description
             SET n.weight = n.weight + r.weight, n.n_chunks = n.n_chunks + coalesce(r.n_chunks, 0)
             RETURN count(*) AS rels

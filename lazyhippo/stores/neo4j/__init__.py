@@ -6,7 +6,9 @@ Model (every node carries `namespace`; (namespace, id) is unique per label):
     (:Chunk {id, doc_id, title, position, section, page, text, n_tokens, content_hash})-[:PART_OF]->(:Document)
     (:Chunk)-[:MENTIONS {count, is_title}]->(:Entity {id, name, norm_name, type, description, mention_count,
                                                        degree, embedding, community_id, pagerank})
-    (:Entity)-[:RELATED_TO {id, weight, description, n_chunks}]->(:Entity)      source_id < target_id
+                                            the entity's type is a label too (:Entity:PERSON)
+    (:Entity)-[:<relation type> {id, weight, description, n_chunks}]->(:Entity) the way the type reads; RELATED_TO
+                                            when untyped; `id` (the relation id) marks relations (client.RELATIONS)
     (:Entity)-[:SEMANTICALLY_SIMILAR {score, rank}]->(:Entity)                  KNN, directed (source's top-k)
     (:Entity)-[:BELONGS_TO]->(:Community {id, level, size, modularity, title, summary, hub_entities})
     (:LazyhippoState {namespace, graph_version})                                bumped when the graph changes

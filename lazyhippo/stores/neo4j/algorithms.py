@@ -13,7 +13,7 @@ import numpy as np
 from lazyhippo.graph.algorithms import (Communities, KnnEdge, hierarchy, knn_edges, merged_undirected,
                                        modularity)
 from lazyhippo.settings import check_resolutions
-from lazyhippo.stores.neo4j.client import Neo4jClient
+from lazyhippo.stores.neo4j.client import RELATIONS, Neo4jClient
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Neo4jAlgorithms:
         `knn_engine="gds"` (default): `gds.knn` with exact settings (sampleRate 1, deltaThreshold 0, seeded, one
         thread). NN-descent with these settings matched the exact search on the sample corpus, but it stays a
         heuristic: on 63k entities it found 96% of the exact edges, 20x slower than faiss. `knn_engine="exact"`
-        runs the exact faiss search in process. `structural`: FastRP embeddings of the served RELATED_TO graph
+        runs the exact faiss search in process. `structural`: FastRP embeddings of the served relations
         "concat" (joined to the text vector, both halves unit length: the cosine is the mean of the two cosines)
         or "replace" (alone); "off": the text vectors only."""
         x = np.asarray(vectors, dtype=np.float32)
@@ -85,11 +85,12 @@ class Neo4jAlgorithms:
         return edges
 
     def fastrp(self, namespace: str) -> dict[str, list[float]]:
-        """FastRP structural embeddings over the served RELATED_TO graph (undirected, weighted), by entity id.
+        """FastRP structural embeddings over the served relations (every type, undirected, weighted), by entity id.
         Isolated entities get zero vectors."""
-        rows = self.client.query("""
-            MATCH (a:Entity {namespace: $ns}) OPTIONAL MATCH (a)-[r:RELATED_TO]->(b:Entity {namespace: $ns})
-            RETURN a.id AS s, b.id AS t, r.weight AS w ORDER BY s, t""", {"ns": namespace})
+        rows = self.client.query(f"""
+            CALL () {{ MATCH (e:Entity {{namespace: $ns}}) RETURN e.id AS s, null AS t, null AS w
+                       UNION ALL MATCH {RELATIONS} RETURN a.id AS s, b.id AS t, r.weight AS w }}
+            RETURN s, t, w ORDER BY s, t""", {"ns": namespace})
         ids = sorted({r["s"] for r in rows})
         if not ids:
             return {}

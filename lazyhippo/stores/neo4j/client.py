@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LABELS = ("Document", "Chunk", "Entity", "Community")
-REL_TYPES = ("PART_OF", "MENTIONS", "RELATED_TO", "SEMANTICALLY_SIMILAR", "BELONGS_TO")
+REL_TYPES = ("PART_OF", "MENTIONS", "SEMANTICALLY_SIMILAR", "BELONGS_TO")  # the structure's; relations are typed
+# every relation between two entities, whatever its type: the relations carry their relation id, no other edge does
+RELATIONS = "(a:Entity {namespace: $ns})-[r]->(b:Entity {namespace: $ns}) WHERE r.id IS NOT NULL"
 
 
 class Neo4jStoreError(RuntimeError):
@@ -185,12 +187,20 @@ class Neo4jClient:
     def count_rels(self, namespace: str, rel: str) -> int:
         if rel not in REL_TYPES:
             raise ValueError(f"unknown relationship type {rel!r}")
-        return self.query(f"MATCH (a {{namespace: $ns}})-[r:{rel}]->() RETURN count(r) AS n", {"ns": namespace})[0]["n"]
+        return self.query(f"MATCH (a {{namespace: $ns}})-[r:{rel}]->() WHERE r.id IS NULL RETURN count(r) AS n",
+                          {"ns": namespace})[0]["n"]
+
+    def count_relations(self, namespace: str) -> dict[str, int]:
+        """The relations between entities per relationship type (their relation types)."""
+        rows = self.query(f"MATCH {RELATIONS} RETURN type(r) AS t, count(r) AS n", {"ns": namespace})
+        return {r["t"]: r["n"] for r in rows}
 
     def counts(self, namespace: str) -> dict[str, int]:
-        """Nodes per label and relationships per type of one namespace."""
+        """Nodes per label, structural relationships per type and the entity relations (`relations`, all types)
+        of one namespace."""
         out = {label: self.count_nodes(namespace, label) for label in LABELS}
         out.update({rel: self.count_rels(namespace, rel) for rel in REL_TYPES})
+        out["relations"] = sum(self.count_relations(namespace).values())
         return out
 
     def drop_namespace(self, namespace: str) -> None:

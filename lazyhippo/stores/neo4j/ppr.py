@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
-from lazyhippo.stores.neo4j.client import Neo4jClient
+from lazyhippo.stores.neo4j.client import RELATIONS, Neo4jClient
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def read_served_edges(client: Neo4jClient, namespace: str, version: str) -> Serv
     ns = {"ns": namespace}
     types = client.query("MATCH (e:Entity {namespace: $ns}) RETURN collect(e.id) AS ids, collect(coalesce(e.type, '')) AS types",
                          ns, raw=True)[0]
-    rel = client.query("MATCH (a:Entity {namespace: $ns})-[r:RELATED_TO]->(b:Entity {namespace: $ns}) "
+    rel = client.query(f"MATCH {RELATIONS} "
                        "RETURN collect(a.id) AS s, collect(b.id) AS t, collect(r.weight) AS w", ns, raw=True)[0]
     syn = client.query("MATCH (a:Entity {namespace: $ns})-[r:SEMANTICALLY_SIMILAR]->(b:Entity {namespace: $ns}) "
                        "RETURN collect(a.id) AS s, collect(b.id) AS t, collect(r.score) AS w", ns, raw=True)[0]

@@ -12,7 +12,8 @@ import uuid
 
 import polars as pl
 
-from lazyhippo.stores.neo4j.client import Neo4jClient
+from lazyhippo.stores.neo4j.client import RELATIONS, Neo4jClient
+from lazyhippo.stores.warehouse import float_vector_sql
 
 # assets whose rows change the graph PPR walks: the namespace's graph version is bumped after them
 GRAPH_ASSETS = frozenset({"documents", "chunks", "entities", "knn_edges"})
@@ -62,6 +63,18 @@ class Neo4jSync:
                      "deleting stale relationships")
         return {rel.lower(): n, f"{rel.lower()}_missing_endpoints": rows.height - n}
 
+    def _merge_relations(self, ns: str, rows: pl.DataFrame, token: str) -> dict:
+        """rows: s, t, type, props; replaces the namespace's relations between entities (whatever their type)."""
+        c = self.client
+        n = c.write_batches("UNWIND $rows AS row MATCH (a:Entity {namespace: $ns, id: row.s}) "
+                            "MATCH (b:Entity {namespace: $ns, id: row.t}) MERGE (a)-[r:$(row.type)]->(b) "
+                            "SET r += row.props, r.namespace = $ns, r.sync_token = $token RETURN count(r) AS n",
+                            rows, {"ns": ns, "token": token})
+        c.autocommit(f"MATCH {RELATIONS} AND (r.sync_token IS NULL OR r.sync_token <> $token) "
+                     "CALL (r) { DELETE r } IN TRANSACTIONS OF 10000 ROWS", {"ns": ns, "token": token},
+                     "deleting stale relations")
+        return {"relations": n, "relations_missing_endpoints": rows.height - n}
+
     def _set_on_entities(self, ns: str, cypher_set: str, rows: pl.DataFrame, clear: str) -> int:
         """SET properties on entities by id; the entities not in `rows` lose them (`clear`: REMOVE list)."""
         c = self.client
@@ -96,9 +109,19 @@ class Neo4jSync:
         rows = self._rows(con, "SELECT entity_id AS id, struct_pack(name, norm_name, type, description, mention_count, "
                                "degree) AS props FROM entities WHERE namespace = ? ORDER BY entity_id", ns)
         out = self._merge_nodes("Entity", ns, rows, token)
-        rels = self._rows(con, "SELECT source_id AS s, target_id AS t, struct_pack(id := relation_id, weight, description, "
-                               "n_chunks) AS props FROM relations WHERE namespace = ? ORDER BY relation_id", ns)
-        out.update(self._merge_rels("RELATED_TO", "Entity", "Entity", ns, rels, token))
+        labels = self._rows(con, "SELECT entity_id AS id, CASE WHEN regexp_matches(label, '^[A-Z][A-Z0-9_]*$') "
+                                 "THEN [label] ELSE [] END AS labels FROM (SELECT entity_id, upper(trim(regexp_replace("
+                                 "coalesce(type, ''), '[^A-Za-z0-9]+', '_', 'g'), '_')) AS label FROM entities "
+                                 "WHERE namespace = ?) ORDER BY id", ns)
+        out["entities_labelled"] = self.client.write_batches(
+            "UNWIND $rows AS row MATCH (e:Entity {namespace: $ns, id: row.id}) "
+            "WITH e, row, [l IN labels(e) WHERE l <> 'Entity' AND NOT l IN row.labels] AS old "
+            "REMOVE e:$(old) SET e:$(row.labels) RETURN count(e) AS n", labels, {"ns": ns})
+        # each relation as its type, in the direction the type reads
+        rels = self._rows(con, "SELECT CASE WHEN forward THEN source_id ELSE target_id END AS s, CASE WHEN forward "
+                               "THEN target_id ELSE source_id END AS t, type, struct_pack(id := relation_id, weight, "
+                               "description, n_chunks) AS props FROM relations WHERE namespace = ? ORDER BY relation_id", ns)
+        out.update(self._merge_relations(ns, rels, token))
         # is_title: the chunk's document title names the entity (same normalization as the entity ids)
         mentions = self._rows(con, """
             SELECT m.chunk_id AS s, m.entity_id AS t, struct_pack(count := m.count, is_title := coalesce(
@@ -113,7 +136,7 @@ class Neo4jSync:
 
     def _knn_edges(self, con, ns, token) -> dict:
         """The entity text embeddings and the SEMANTICALLY_SIMILAR edges, as the warehouse holds them."""
-        vectors = self._rows(con, "SELECT item_id AS id, vector AS v FROM embeddings WHERE namespace = ? AND kind = 'entity' "
+        vectors = self._rows(con, f"SELECT item_id AS id, {float_vector_sql(con)} AS v FROM embeddings WHERE namespace = ? AND kind = 'entity' "
                                   "ORDER BY item_id", ns)
         out = {"embeddings_written": self._set_on_entities(ns, "e.embedding = row.v", vectors, "e.embedding")}
         rows = self._rows(con, "SELECT source_id AS s, target_id AS t, struct_pack(score, rank) AS props FROM knn_edges "
