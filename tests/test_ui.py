@@ -171,7 +171,8 @@ def test_tick_previews_see_every_namespace_and_change_nothing(ui):
     tags = _tags(sensed["runRequests"][0])
     assert tags["lazyhippo/namespace"] == tags["dagster/partition"] == "notes" and tags["lazyhippo/added"] == "1"
     nightly = ui.schedule_preview("nightly_reindex")
-    assert [(r["jobName"], _tags(r)["lazyhippo/namespace"]) for r in nightly["runRequests"]] == [("index", "notes")]
+    assert [(_tags(r)["dagster/partition"], _tags(r)["lazyhippo/namespace"]) for r in nightly["runRequests"]] == [
+        ("notes", "notes")]  # the schedule's job: `index`
     audit = ui.schedule_preview("nightly_audit")
     assert sorted(_tags(r)["lazyhippo/namespace"] for r in audit["runRequests"]) == ["notes", "wiki"]
     assert not ui.runs({"lazyhippo/namespace": "notes", "lazyhippo/added": "1"})  # previews launched nothing
