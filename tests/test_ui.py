@@ -226,7 +226,7 @@ def test_a_catalog_materialization_is_followed_by_its_graph_run(ui):
 
 
 def test_a_query_run_names_its_namespace_and_shows_its_answer(ui):
-    question = "Who painted the Harbour Light?"
+    question = "Who lit the Eastbridge harbor lights?"
     run_id = ui.launch("query", {"dagster/partition": "notes"},
                        {"ops": {"answer_question": {"config": {"question": question}}}})
     run = ui.wait(run_id)
