@@ -1,43 +1,87 @@
+"""`documents` and `chunks`: one step reads the namespace's source and chunks what changed. The engine's content
+hashes decide which documents are read into rows and chunked again (the rest keep theirs), so a run costs
+Dagster the same few events for ten documents or a hundred thousand; what changed is in the metadata."""
+
 import dagster as dg
 
 from lazyhippo.index import run_stage
 from lazyhippo_dagster.assets._kinds import store_kinds
-from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, key_doc_ids
-from lazyhippo_dagster.assets._partitions import documents as document_partitions
-from lazyhippo_dagster.assets.metadata import OWNERS, by_document, md_table, per_document
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets.metadata import OWNERS, PREVIEW_ROWS, preview
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
-PER_DOCUMENT = dict(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(),
-                    op_tags=WAREHOUSE_TAGS, group_name="per_document", owners=OWNERS)
-IN_RUN = "namespace = ? AND doc_id IN (SELECT unnest(?))"  # the run's documents
+PER_NAMESPACE = dict(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, group_name="per_document")
+CHANGES_SHOWN = 500  # rows of a run's change table: the counts beside it are complete
+CHANGE_ORDER = ("added", "changed", "removed", "failed")
+_KINDS = store_kinds("duckdb", graph=True)
 
 
-def run_documents(context, lazyhippo: LazyhippoResource) -> dict[str, str]:
-    """partition key -> doc_id of the run's document partitions (one namespace: the resource's)."""
-    return key_doc_ids(context.partition_keys, lazyhippo.settings())
+def _held(con, namespace: str) -> dict[str, tuple[str, str]]:
+    """doc_id -> (source, content hash) of the namespace's documents."""
+    return {d: (s, h) for d, s, h in con.execute(
+        "SELECT doc_id, source, content_hash FROM documents WHERE namespace = ?", [namespace]).fetchall()}
 
 
-@dg.asset(**PER_DOCUMENT, kinds=store_kinds("duckdb", graph=True),
-          description="Documents read from the source folder, with stable ids and content hashes: one partition each.")
-def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
+def document_changes(before: dict[str, tuple[str, str]], after: dict[str, tuple[str, str]], errors,
+                     chunks: dict[str, int]) -> list[tuple]:
+    """(document, doc_id, change, chunks, problem) for every document a run added, changed or removed, and
+    every file or row it could not read, in that order, then by document."""
+    rows = [(after[d][0], d, "added", chunks.get(d, 0), None) for d in after.keys() - before.keys()]
+    rows += [(after[d][0], d, "changed", chunks.get(d, 0), None) for d in after.keys() & before.keys()
+             if after[d][1] != before[d][1]]
+    rows += [(before[d][0], d, "removed", None, None) for d in before.keys() - after.keys()]
+    rows += [(e.source, None, "failed", None, e.reason) for e in errors]
+    return sorted(rows, key=lambda r: (CHANGE_ORDER.index(r[2]), r[0]))
+
+
+def changes_metadata(rows: list[tuple]) -> dict:
+    """Counts per kind of change (complete) and the first CHANGES_SHOWN rows as a typed table."""
+    counts = {kind: sum(1 for r in rows if r[2] == kind) for kind in CHANGE_ORDER}
+    shown = rows[:CHANGES_SHOWN]
+    schema = dg.TableSchema(columns=[
+        dg.TableColumn("document", "string", description="path under the source, or `file#row id`"),
+        dg.TableColumn("doc_id", "string"), dg.TableColumn("change", "string", description=" | ".join(CHANGE_ORDER)),
+        dg.TableColumn("chunks", "int", description="chunks of an added or changed document"),
+        dg.TableColumn("problem", "string", description="why a file or row could not be read (skipped; its "
+                                                        "earlier version is kept)")])
+    records = [dg.TableRecord(dict(zip(("document", "doc_id", "change", "chunks", "problem"), r))) for r in shown]
+    return {**{f"documents_{k}": v for k, v in counts.items()}, "changes_shown": len(shown),
+            "changes": dg.MetadataValue.table(records, schema)}
+
+
+@dg.multi_asset(
+    name="documents", **PER_NAMESPACE,
+    specs=[dg.AssetSpec("documents", kinds=_KINDS, owners=OWNERS,
+                        description="Documents read from the namespace's source, with stable ids and content hashes; "
+                                    "each run lists the documents it added, changed, removed or could not read."),
+           dg.AssetSpec("chunks", deps=["documents"], kinds=_KINDS, owners=OWNERS,
+                        description="Token-aware chunks (tiktoken) with citation metadata; only new or changed "
+                                    "documents are chunked again.")])
+def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource):
     settings = lazyhippo.settings()
-    keys = run_documents(context, lazyhippo)
-    only = sorted(set(keys.values()))
+    ns = settings.namespace
     with lazyhippo.warehouse() as con:
-        stats = run_stage("documents", settings, con, graph_store.store, only=frozenset(only))
-        read = by_document(con, f"SELECT doc_id, title, kind, source, n_chars FROM documents WHERE {IN_RUN}",
-                           [settings.namespace, only])
-    context.log.info(f"{len(read)} of {len(keys)} documents read: {stats.figures()}")
-    for err in stats.errors:
+        before = _held(con, ns)
+        docs = run_stage("documents", settings, con, graph_store.store)
+        after = _held(con, ns)
+        chunked = run_stage("chunks", settings, con, graph_store.store)
+        touched = sorted(d for d in after if after[d][1] != before.get(d, (None, None))[1])
+        counts = dict(con.execute("SELECT doc_id, count(*) FROM chunks WHERE namespace = ? AND doc_id IN (SELECT unnest(?)) "
+                                  "GROUP BY doc_id", [ns, touched]).fetchall())
+        first = preview(con, "SELECT d.source, c.position, c.section, c.n_tokens, left(c.text, 120) FROM chunks c "
+                        "JOIN documents d USING (namespace, doc_id) WHERE c.namespace = ? AND c.doc_id IN (SELECT unnest(?)) "
+                        f"ORDER BY d.source, c.position LIMIT {PREVIEW_ROWS}", [ns, touched],
+                        ["document", "pos", "section", "tokens", "text"])
+    changes = document_changes(before, after, docs.errors, counts)
+    for err in docs.errors:
         context.log.warning(f"{err.source}: {err.reason}")
-
-    def values(doc_id: str) -> dict:
-        found = read.get(doc_id, [])
-        title, kind, source, chars = found[0] if found else (None, None, None, 0)
-        problems = [(e.source, e.reason) for e in stats.errors if source and e.source in (source, source.split("#")[0])]
-        return {"dagster/row_count": len(found), "doc_id": doc_id, "title": title or "(not read)", "kind": kind or "",
-                "source": source or "", "chars": chars, "input_problems": len(problems),
-                **({"input_problems_list": md_table(problems, ["file or row", "problem (skipped or cut)"])} if problems else {})}
-
-    per_document(context, keys, values)
-    return dg.MaterializeResult(metadata={"namespace": settings.namespace, "source": settings.source})
+    meta = changes_metadata(changes)
+    context.log.info(f"{len(after)} documents: " + ", ".join(f"{meta[f'documents_{k}']} {k}" for k in CHANGE_ORDER))
+    per_doc = list(counts.values())
+    yield dg.MaterializeResult(asset_key="documents", metadata={
+        "dagster/row_count": len(after), "namespace": ns, "source": settings.source, **meta,
+        **({"chunks_per_changed_document_max": max(per_doc),
+            "chunks_per_changed_document_mean": round(sum(per_doc) / len(per_doc), 2)} if per_doc else {})})
+    yield dg.MaterializeResult(asset_key="chunks", metadata={
+        **chunked.figures(), "dagster/row_count": chunked.chunks, "chunk_size": settings.chunk_size,
+        "chunk_overlap": settings.chunk_overlap, "preview": first})

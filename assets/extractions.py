@@ -6,10 +6,8 @@ import dagster as dg
 
 from lazyhippo.stages.extractions import Batch, collect_parts, extract_batch, plan_batches
 from lazyhippo_dagster.assets._kinds import store_kinds
-from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS
-from lazyhippo_dagster.assets._partitions import documents as document_partitions
-from lazyhippo_dagster.assets.documents import run_documents
-from lazyhippo_dagster.assets.metadata import OWNERS, PREVIEW_ROWS, by_document, figures, md_table, per_document
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets.metadata import OWNERS, figures, preview
 from lazyhippo_dagster.resources import LazyhippoResource, ObjectStoreResource
 
 
@@ -22,8 +20,7 @@ def plan_extraction_batches(context: dg.OpExecutionContext, config: ExtractionBa
                             lazyhippo: LazyhippoResource, object_store: ObjectStoreResource):
     settings = lazyhippo.settings()
     with lazyhippo.warehouse() as con:
-        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks,
-                                        only=frozenset(run_documents(context, lazyhippo).values()))
+        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks)
     context.log.info(f"{figures['documents_to_extract']} of {figures['documents']} documents to extract "
                      f"in {figures['batches']} batches")
     for b in batches or [Batch("", "none", ())]:  # one (empty) step keeps the collect step running
@@ -42,32 +39,34 @@ def extract_documents(context: dg.OpExecutionContext, batch: dict, lazyhippo: La
     return {**stats, "batch": batch}
 
 
+FAILURES_SHOWN = 200  # rows of the failed-chunks table: the count beside it is complete
+
+
 @dg.op(tags=WAREHOUSE_TAGS, out=dg.Out(dg.Nothing), description="Load the new parts into the warehouse's extracted_* tables.")
 def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], lazyhippo: LazyhippoResource,
                           object_store: ObjectStoreResource) -> None:
     settings = lazyhippo.settings()
+    ns = [settings.namespace]
     batches = [Batch(s["batch"]["key"], s["batch"]["name"], tuple(s["batch"]["doc_ids"])) for s in stats if s]
-    keys = run_documents(context, lazyhippo)
-    only = sorted(set(keys.values()))
     with lazyhippo.warehouse() as con:
         out = collect_parts(settings, con, object_store.open(settings), batches, stats, context.run_id)
-        named = ("SELECT c.doc_id, e.name, e.type FROM extracted_entities e JOIN chunks c "
-                 "ON c.namespace = e.namespace AND c.chunk_id = e.chunk_id WHERE c.namespace = ? AND c.doc_id IN (SELECT unnest(?))")
-        counts = dict(con.execute(f"SELECT doc_id, count(*) FROM ({named}) GROUP BY doc_id", [settings.namespace, only]).fetchall())
-        top = by_document(con, f"SELECT doc_id, name, type, count(*) AS n FROM ({named}) GROUP BY doc_id, name, type "
-                          f"QUALIFY row_number() OVER (PARTITION BY doc_id ORDER BY n DESC, name) <= {PREVIEW_ROWS} "
-                          "ORDER BY doc_id, n DESC, name", [settings.namespace, only])
-    context.log.info(f"extractions of {len(keys)} documents in {len(batches)} batches: {figures(out)}")
-    per_document(context, keys, lambda d: {"dagster/row_count": counts.get(d, 0),
-                                           "entities": md_table(top.get(d, []), ["entity", "type", "mentions"])},
-                 asset_key="extractions")
-    for s in stats:  # run figures go to the log: the metadata of a partition is its own
+        rows = con.execute("SELECT count(*) FROM extracted_entities WHERE namespace = ?", ns).fetchone()[0]
+        failed = con.execute("SELECT count(*) FROM extraction_failures WHERE namespace = ?", ns).fetchone()[0]
+        failures = preview(con, "SELECT d.source, c.position, f.reason FROM extraction_failures f "
+                           "JOIN chunks c ON c.namespace = f.namespace AND c.chunk_id = f.chunk_id "
+                           "JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id "
+                           f"WHERE f.namespace = ? ORDER BY d.source, c.position LIMIT {FAILURES_SHOWN}", ns,
+                           ["document", "chunk position", "reason"])
+    context.log.info(f"extractions: {len(batches)} batches: {figures(out)}")
+    for s in stats:  # each batch's figures go to the log
         if s:
             context.log.info(f"batch {s['batch']['name']}: {s['documents']} documents, {s['computed']} extracted, "
                              f"{s['cached']} cached, {s['failed']} failed")
+    context.add_output_metadata({**figures(out), "dagster/row_count": rows, "batches": len(batches),  # the asset's
+                                 "chunks_failed": failed, **({"failed_chunks": failures} if failed else {})})
 
 
-@dg.graph_asset(partitions_def=document_partitions, backfill_policy=dg.BackfillPolicy.single_run(), group_name="per_document", kinds=store_kinds("duckdb", "spacy", "parquet", objects=True), owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
+@dg.graph_asset(partitions_def=namespaces, group_name="per_document", kinds=store_kinds("duckdb", "spacy", "parquet", objects=True), owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
                 description="Entities, relations and facts per chunk, extracted in parallel batches; per-document "
                             "parts in the object store; cached by (chunk hash, extractor, model, prompt version).")
 def extractions(chunks):

@@ -40,18 +40,6 @@ def table(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> dg.TableMeta
                                     infer_schema_length=None))
 
 
-def md_table(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> dg.MarkdownMetadataValue:
-    """Rows as one Markdown table: a document partition's preview. The UI shows it as a table, and a run page
-    over thousands of partitions loads it several times faster than typed tables (`lazyhippo bench run-page`)."""
-    def cell(v: Any) -> str:
-        s = "" if v is None else str(v)
-        s = s if len(s) <= TEXT_WIDTH else s[: TEXT_WIDTH - 1] + "…"
-        return s.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    return dg.MetadataValue.md("\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]))
-
-
 def preview(con, sql: str, params: Sequence, columns: Sequence[str]) -> dg.TableMetadataValue:
     """A few rows of a query (a DB-API result: the stage may leave one open on the connection, which a relation
     would refuse), named `columns` (joins repeat names)."""
@@ -63,36 +51,7 @@ def figures(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
 
 
-PREVIEW_ROWS = 5  # rows of a document partition's preview: a run over thousands of partitions stays light
-
-
-def by_document(con, sql: str, params: Sequence) -> dict[str, list[tuple]]:
-    """Rows of `sql` grouped by their first column (a doc_id), without it."""
-    out: dict[str, list[tuple]] = {}
-    for row in con.execute(sql, list(params)).fetchall():
-        out.setdefault(row[0], []).append(row[1:])
-    return out
-
-
-def per_document(context, key_docs: dict[str, str], values, asset_key: str | None = None) -> None:
-    """Each document partition's own metadata, `values(doc_id)`: Dagster merges it into that partition's
-    materialization only, so every partition carries its own row count, preview and problems.
-
-    Recorded the way `add_asset_metadata(partition_key=...)` records it, in one step: that method reloads the
-    run's partition range and copies everything recorded so far on every call, minutes for a run over thousands
-    of partitions. The keys are the run's own (`context.partition_keys`), which is all it checks."""
-    from dagster._core.execution.context.metadata_logging import AssetMetadataHandle, OutputMetadataAccumulator
-
-    step = context.get_step_execution_context()  # also reached from the op of a graph-backed asset
-    key = dg.AssetKey.from_coercible(asset_key) if asset_key else step.assets_def.key
-    unknown = set(key_docs) - set(context.partition_keys)
-    if unknown:
-        raise ValueError(f"partitions {sorted(unknown)[:3]} are not in the run's range")
-    recorded = dict(step._metadata_accumulator.per_output_metadata)
-    for partition, doc_id in key_docs.items():
-        handle = AssetMetadataHandle(asset_key=key, partition_key=partition)
-        recorded[handle] = {**recorded.get(handle, {}), **values(doc_id)}
-    step._metadata_accumulator = OutputMetadataAccumulator(per_output_metadata=recorded)
+PREVIEW_ROWS = 5  # rows of a chunk preview
 
 
 def check_result(res, tables: dict | None = None,

@@ -35,38 +35,42 @@ CREATE TABLE IF NOT EXISTS extraction_parts (
 CREATE TABLE IF NOT EXISTS extraction_failures (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, reason VARCHAR NOT NULL,
   PRIMARY KEY (namespace, chunk_id));
+-- The derived tables below (entities to entity_scores, stage_inputs) carry no PRIMARY KEY: their writers replace
+-- rows by key (warehouse.replace_rows, run_sql_model), and the keys' ART indexes were a third of the file.
+-- Files written before keep theirs.
 CREATE TABLE IF NOT EXISTS entities (
   namespace VARCHAR NOT NULL, entity_id VARCHAR NOT NULL, name VARCHAR NOT NULL,
   norm_name VARCHAR NOT NULL, type VARCHAR, description VARCHAR, mention_count BIGINT,
-  degree BIGINT, PRIMARY KEY (namespace, entity_id));
+  degree BIGINT);
 CREATE TABLE IF NOT EXISTS relations (
   namespace VARCHAR NOT NULL, relation_id VARCHAR NOT NULL, source_id VARCHAR NOT NULL,
-  target_id VARCHAR NOT NULL, description VARCHAR, weight DOUBLE, n_chunks BIGINT,
-  PRIMARY KEY (namespace, relation_id));
+  target_id VARCHAR NOT NULL, description VARCHAR, weight DOUBLE, n_chunks BIGINT);
 -- a relation's type (upper snake case; RELATED_TO when the extraction gave none) and whether it reads from
 -- source_id to target_id (the pair is stored in id order, the type in the order the passage states it)
 ALTER TABLE relations ADD COLUMN IF NOT EXISTS type VARCHAR DEFAULT 'RELATED_TO';
 ALTER TABLE relations ADD COLUMN IF NOT EXISTS forward BOOLEAN DEFAULT true;
 CREATE TABLE IF NOT EXISTS mentions (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, entity_id VARCHAR NOT NULL,
-  count BIGINT NOT NULL, PRIMARY KEY (namespace, chunk_id, entity_id));
+  count BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS extracted_facts (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, fact_idx INTEGER NOT NULL,
   text VARCHAR NOT NULL, names VARCHAR[] NOT NULL);
 CREATE TABLE IF NOT EXISTS facts (
   namespace VARCHAR NOT NULL, fact_id VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL,
-  text VARCHAR NOT NULL, entity_ids VARCHAR[] NOT NULL, PRIMARY KEY (namespace, fact_id));
+  text VARCHAR NOT NULL, entity_ids VARCHAR[] NOT NULL);
+-- Vectors in int8, a scale per vector (value = vector[i] * scale): a quarter of float32 on disk, cosines within
+-- about 0.003 (lazyhippo.stores.warehouse.quantize); files written before hold FLOAT[] (migrated on open).
 CREATE TABLE IF NOT EXISTS embeddings (
   namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL,
-  model VARCHAR NOT NULL, vector FLOAT[] NOT NULL, PRIMARY KEY (namespace, kind, item_id));
+  model VARCHAR NOT NULL, vector TINYINT[] NOT NULL, scale FLOAT NOT NULL);
 -- the hash of the text a vector was computed from: a changed text is embedded again (older files lack it)
 ALTER TABLE embeddings ADD COLUMN IF NOT EXISTS text_hash VARCHAR;
 CREATE TABLE IF NOT EXISTS knn_edges (
   namespace VARCHAR NOT NULL, source_id VARCHAR NOT NULL, target_id VARCHAR NOT NULL,
-  score DOUBLE NOT NULL, rank INTEGER NOT NULL, PRIMARY KEY (namespace, source_id, target_id));
+  score DOUBLE NOT NULL, rank INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS entity_scores (
   namespace VARCHAR NOT NULL, entity_id VARCHAR NOT NULL, community_id VARCHAR NOT NULL,
-  pagerank DOUBLE NOT NULL, PRIMARY KEY (namespace, entity_id));
+  pagerank DOUBLE NOT NULL);
 CREATE TABLE IF NOT EXISTS communities (
   namespace VARCHAR NOT NULL, community_id VARCHAR NOT NULL, level INTEGER NOT NULL,
   size BIGINT NOT NULL, modularity DOUBLE, PRIMARY KEY (namespace, community_id));
@@ -90,5 +94,4 @@ DROP MACRO IF EXISTS lh_norm;
 -- Fingerprints of what a graph-wide stage last computed from (lazyhippo/incremental.py): an update recomputes
 -- only what its change touched.
 CREATE TABLE IF NOT EXISTS stage_inputs (
-  namespace VARCHAR NOT NULL, stage VARCHAR NOT NULL, item_id VARCHAR NOT NULL, fingerprint VARCHAR NOT NULL,
-  PRIMARY KEY (namespace, stage, item_id));
+  namespace VARCHAR NOT NULL, stage VARCHAR NOT NULL, item_id VARCHAR NOT NULL, fingerprint VARCHAR NOT NULL);

@@ -1,5 +1,7 @@
 """`lazyhippo bench index`: the index job with 1 and with N worker processes, then the time to bring the index
-up to date after one changed and after one deleted document. Runs through Dagster (the code path users run)."""
+up to date after one changed and after one deleted document. Runs through Dagster (the code path users run),
+and reports what Dagster itself costs: the event-log rows of each run and the share of its wall time spent
+outside any step (launch, planning, event writes between steps)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from typing import Callable
 import dagster as dg
 import polars as pl
 
-from lazyhippo_dagster.runner import index_chain, instance_for, run_config
+from lazyhippo_dagster.runner import index_run, instance_for, run_config
 
-PER_DOCUMENT_STEPS = ("documents", "chunks", "extractions.")
+PER_DOCUMENT_STEPS = ("documents", "extractions.")
 
 
 def _per_document_seconds(instance: dg.DagsterInstance, run_ids: list[str]) -> float:
@@ -29,6 +31,22 @@ def _per_document_seconds(instance: dg.DagsterInstance, run_ids: list[str]) -> f
     return steps[kinds[1].value].max() - steps[kinds[0].value].min() if steps.height else 0.0
 
 
+def dagster_cost(instance: dg.DagsterInstance, run_id: str, seconds: float) -> dict:
+    """The run's event-log rows, and the share of `seconds` (its wall time) covered by no step: steps that run
+    side by side count once (the union of their start-to-end spans)."""
+    ends = (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE)
+    logs = instance.all_logs(run_id)
+    starts = {e.dagster_event.step_key: e.timestamp for e in logs if e.is_dagster_event
+              and e.dagster_event.event_type == dg.DagsterEventType.STEP_START}
+    spans = sorted((starts[e.dagster_event.step_key], e.timestamp) for e in logs if e.is_dagster_event
+                   and e.dagster_event.event_type in ends and e.dagster_event.step_key in starts)
+    covered, reach = 0.0, float("-inf")
+    for start, end in spans:
+        covered += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return {"event_rows": len(logs), "outside_steps_share": max(0.0, 1 - covered / seconds) if seconds else 0.0}
+
+
 def _timed_index(home: Path, source: Path, workers: int | None, namespace: str = "bench") -> dict:
     """Wall time of the whole `index` chain and of its per-document steps (first start to last end); `workers`
     None is the CLI's default in-process run, a number the multiprocess executor with that many processes."""
@@ -36,12 +54,13 @@ def _timed_index(home: Path, source: Path, workers: int | None, namespace: str =
     tags = {"lazyhippo/bench": f"index-{workers or 'in-process'}"}
     instance = instance_for(home)
     t0 = time.perf_counter()
-    result = index_chain(instance, home, config, tags, namespace, workers)
+    result = index_run(instance, home, config, tags, namespace, workers)
     seconds = time.perf_counter() - t0
     if not result.success:
         raise RuntimeError(f"bench index run {result.run_id} failed (see `dagster dev`)")
     per_doc = _per_document_seconds(instance, result.run_ids)
-    return {"seconds": seconds, "per_document_seconds": per_doc, "run_id": result.run_id}
+    return {"seconds": seconds, "per_document_seconds": per_doc, "run_id": result.run_id,
+            **dagster_cost(instance, result.run_id, seconds)}
 
 
 def _rewrite_jsonl(path: Path, edit: Callable[[list[dict]], list[dict]]) -> None:
@@ -64,15 +83,13 @@ def _fresh_source(corpus: Path, workdir: Path, limit: int | None) -> tuple[Path,
 
 
 def run_cluster_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | None = None,
-                            progress: Callable[[str], None] = print, probe_documents: int = 400) -> dict:
+                            progress: Callable[[str], None] = print) -> dict:
     """Full index through a loopback cluster (`lazyhippo cluster up`) with 1 and with `workers` Celery workers:
-    the per-document stages' speedup; then Dagster's event cost per document partition on the cluster's
-    PostgreSQL against the embedded instance's batched SQLite log (bench_partitions' probe), as a ratio."""
+    the per-document stages' speedup."""
     import uuid
 
     from lazyhippo.stores.minio import MinioObjectStore
     from lazyhippo_dagster import cluster
-    from lazyhippo_dagster.bench_partitions import postgres_event_cost
 
     source, _, lines = _fresh_source(corpus, workdir, limit)
     out: dict = {"corpus": str(corpus), "documents": len(lines), "workers": workers, "executor": "celery"}
@@ -93,18 +110,17 @@ def run_cluster_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit
             cluster.down(c.root)
             MinioObjectStore.from_env().delete_prefix(f"{namespace}/")
     out["speedup_per_document"] = out["full_1"]["per_document_seconds"] / out[f"full_{workers}"]["per_document_seconds"]
-    progress(f"event cost per document partition: PostgreSQL against SQLite ({probe_documents} partitions)")
-    out["events"] = postgres_event_cost(probe_documents, cluster.postgres_storage())
     return out
 
 
 def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | None = None,
                     progress: Callable[[str], None] = print) -> dict:
-    """Each full index starts from an empty home (no extraction cache). 1 vs N processes both run on the
-    multiprocess executor (like for like); updates run in-process, as `lazyhippo index` does."""
+    """Each full index starts from an empty home (no extraction cache). With `workers` > 1, 1 vs N processes
+    both run on the multiprocess executor (like for like); the CLI's in-process full index and the updates run
+    in-process, as `lazyhippo index` does."""
     source, data, lines = _fresh_source(corpus, workdir, limit)
     out: dict = {"corpus": str(corpus), "documents": len(lines), "workers": workers}
-    for n in (1, workers):
+    for n in ((1, workers) if workers > 1 else ()):
         progress(f"full index with {n} worker process(es)")
         out[f"full_{n}"] = _timed_index(workdir / f"home_{n}", source, n)
     progress("full index in-process (the CLI default)")
@@ -116,9 +132,10 @@ def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | 
     progress("one deleted document")
     _rewrite_jsonl(data, lambda rows: rows[1:])
     out["deleted_one"] = _timed_index(home, source, None)
-    full, par = out["full_1"], out[f"full_{workers}"]
-    out["speedup_total"] = full["seconds"] / par["seconds"]
-    out["speedup_per_document"] = full["per_document_seconds"] / par["per_document_seconds"]
+    if workers > 1:
+        full, par = out["full_1"], out[f"full_{workers}"]
+        out["speedup_total"] = full["seconds"] / par["seconds"]
+        out["speedup_per_document"] = full["per_document_seconds"] / par["per_document_seconds"]
     base = out["full_in_process"]["seconds"]
     out["changed_share_of_full"] = out["changed_one"]["seconds"] / base
     out["deleted_share_of_full"] = out["deleted_one"]["seconds"] / base
@@ -126,9 +143,13 @@ def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | 
 
 
 def index_table(result: dict) -> pl.DataFrame:
-    """One row per timed run: the whole time, the per-document stages, and the rest (graph-wide stages, overhead)."""
-    runs = ["full_1", f"full_{result['workers']}", "full_in_process", "changed_one", "deleted_one"]
-    return (pl.DataFrame([{"run": r, "seconds": result[r]["seconds"], "per-document stages s": result[r]["per_document_seconds"]}
+    """One row per timed run: the whole time, the per-document stages, the rest (graph-wide stages, overhead),
+    and Dagster's own cost: event-log rows and the share of the run outside every step."""
+    runs = [r for r in ("full_1", f"full_{result['workers']}", "full_in_process", "changed_one", "deleted_one") if r in result]
+    return (pl.DataFrame([{"run": r, "seconds": result[r]["seconds"], "per-document stages s": result[r]["per_document_seconds"],
+                           "event rows": result[r]["event_rows"], "outside steps": result[r]["outside_steps_share"]}
                           for r in runs])
             .with_columns((pl.col("seconds") - pl.col("per-document stages s")).alias("graph-wide stages and run overhead s"))
-            .with_columns(pl.exclude("run").round(2)))
+            .with_columns(pl.exclude("run", "event rows", "outside steps").round(2), pl.col("outside steps").round(3))
+            .select("run", "seconds", "per-document stages s", "graph-wide stages and run overhead s", "event rows",
+                    "outside steps"))

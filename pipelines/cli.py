@@ -172,8 +172,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
                                                      "extraction batches in parallel (docs/scale-out.md)."),
           mode: IndexModeOpt = typer.Option("replace", "--mode", help="replace: the namespace becomes exactly this "
                                             "source (documents it lacks are dropped); add: nothing is dropped.")) -> None:
-    """Index through Dagster: one `index_documents` run over the added and changed documents' partitions, then the
-    namespace's `index_graph` run, with a progress display (unset options: lazyhippo.settings.Settings)."""
+    """Index through Dagster: one `index` run of the namespace (documents added or changed are read again, by
+    content hash), with a progress display. Unset options keep what the namespace was last indexed with."""
     root = home
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
@@ -190,8 +190,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
             "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
         }, namespace=namespace, workers=workers)
     change = result.change
-    removed = 0 if mode == IndexModeOpt.add else len(change.removed)
-    console.print(f"documents: {len(change.added)} added, {len(change.changed)} changed, {removed} removed (mode {mode.value})")
+    console.print(f"documents: {change.added} added, {change.changed} changed, {change.removed} removed, "
+                  f"{change.failed} failed (mode {mode.value})")
     status(home=root, namespace=namespace, as_json=False)
     print_usage([u for run_id in result.run_ids for u in run_usage(Settings(home=root, namespace=namespace), run_id)], Console())
 
@@ -298,20 +298,7 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
     from lazyhippo.stages.lifecycle import remove_documents
 
     def edit(settings, con, store, objects) -> str:
-        from lazyhippo.stores.namespaces import UnknownNamespace, namespace_settings
-        from lazyhippo_dagster.assets._partitions import documents as document_partitions
-        from lazyhippo_dagster.assets._partitions import source_keys
-        from lazyhippo_dagster.runner import instance_for
-
         deleted = remove_documents(settings, con, documents, store, objects)
-        instance = instance_for(settings.home)
-        try:  # partition names follow the source the namespace was indexed from
-            indexed = namespace_settings(settings.home, settings.namespace)
-        except UnknownNamespace:
-            indexed = settings
-        for key in source_keys(indexed, deleted.sources):  # the documents' Dagster partitions go too
-            if instance.has_dynamic_partition(document_partitions.name, key):
-                instance.delete_dynamic_partition(document_partitions.name, key)
         return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
 
     _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
@@ -487,7 +474,7 @@ def mcp_cmd(home: Path = HomeOpt, rerank: Optional[str] = RerankOpt, rerank_top_
                                 max_related_chunks=max_related_chunks))
 
 
-bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time, Dagster partition cost.", no_args_is_help=True)
+bench = typer.Typer(help="Benchmarks: retrieval quality against gold passages, query latency and serving load, index time.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
 cluster_app = typer.Typer(no_args_is_help=True, help="A Dagster deployment on loopback: PostgreSQL instance, run queue, "
                           "daemon, webserver and Celery workers (docs/scale-out.md).")
@@ -531,7 +518,7 @@ def cluster_status(root: Path = ClusterRoot) -> None:
 @cluster_app.command("index")
 def cluster_index(source: Path = typer.Argument(..., help="Folder or file readable by the warehouse worker."),
                   namespace: str = typer.Option("default", "--namespace", "-n"), root: Path = ClusterRoot) -> None:
-    """Index through the cluster's run queue: `index_documents`, then `index_graph`."""
+    """Index through the cluster's run queue: one `index` run of the namespace."""
     from lazyhippo_dagster import cluster
 
     with _unreadable_source():
@@ -601,12 +588,15 @@ def _retrieval_assist(settings: Settings, timeout: float, rounds: int):
 
 
 @bench.command("retrieval")
-def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | all: a shared set by name "
-                                                                  "(overrides --corpus/--questions)."),
-                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
+def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs | all: a shared "
+                                                                  "set by name (overrides --corpus/--questions)."),
+                    corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}, or a folder of documents."),
                     questions: Optional[Path] = typer.Option(None,
-                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}]'),
-                    route: str = typer.Option("local"), k: int = typer.Option(8),
+                                                   help='[{"question","supporting_titles"[,"supporting_ids"]}] or '
+                                                        '[{"question","gold_files"}] (paths inside the corpus folder)'),
+                    route: str = typer.Option("local", help="The route under test; several, comma-separated, are "
+                                                            "measured side by side (the first is the one `bench keep` reads)."),
+                    k: int = typer.Option(8, help="Chunks retrieved per question, by every route and baseline."),
                     embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
                     workdir: Path = typer.Option(Path(".lazyhippo-bench"), help="Index workspace (reused when it holds the same corpus)."),
                     json_out: Optional[Path] = typer.Option(None, "--json", help="Write metrics and per-question rankings here."),
@@ -620,9 +610,10 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                     set_: list[str] = typer.Option([], "--set", help="A query setting of the route under test, "
                                                    "section.field=value, repeatable (e.g. graph.synonym_min_score=0.6).")) -> None:
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
-    passage id when the questions carry `supporting_ids`. The summary shows the tune and confirm halves side
-    by side."""
-    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, query_config, run_retrieval_bench, summary_row
+    source file when the questions carry `gold_files`, by passage id when they carry `supporting_ids`. The
+    summary shows the tune and confirm halves side by side."""
+    from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, part_rows, query_config, run_retrieval_bench, summary_row
+    from lazyhippo.query.routes import check_route
 
     if split not in SPLITS:
         raise typer.BadParameter(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})", param_hint="--split")
@@ -635,14 +626,22 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
     names = list(DATASETS) if dataset == "all" else [dataset] if dataset else []
     runs = [(n, *_dataset_run(n, embedder, workdir)) for n in names] or [(corpus.stem, corpus, questions, workdir)]
     settings = Settings.from_env(embedder=embedder)
-    if llm and route != "local":
+    routes = [r.strip() for r in route.split(",") if r.strip()]
+    try:
+        for r in routes:
+            check_route(r)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--route") from None
+    if not routes:
+        raise typer.BadParameter("no route given", param_hint="--route")
+    if llm and routes != ["local"]:
         raise typer.BadParameter("--llm assists the local route only", param_hint="--route")
     assist = _retrieval_assist(settings, llm_timeout, llm_rounds) if llm else None
     results = {}
     for name, corpus_file, questions_file, wd in runs:
         bar, update = _progress_bar()
         with bar:
-            result = run_retrieval_bench(corpus_file, questions_file, wd, route=route, k=k, progress=update,
+            result = run_retrieval_bench(corpus_file, questions_file, wd, route=routes, k=k, progress=update,
                                          graph_store=graph_store, settings=settings, split=split, assist=assist,
                                          config=config)
         results[name] = result
@@ -650,8 +649,13 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
                      f"retrieval on {name} ({graph_store} store): {result['questions']} questions ({split}), "
                      f"scored by {result['scored_by']}, "
                      f"index {result['index_seconds']:.1f}s" + (" (reused)" if result["reused"] else ""))
+        _print_frame(pl.DataFrame(part_rows(result)), f"{name} by half" + (" and gold documents per question (hops)"
+                                                                           if any(result["by_hops"].values()) else ""))
+        for r, used in result["routes_used"].items():
+            if used != {r: result["questions"]}:
+                print(f"{name}: route {r} ran " + ", ".join(f"{n} {u}" for u, n in used.items()))
     _print_frame(pl.DataFrame([summary_row(n, r) for n, r in results.items()]),
-                 f"summary: route {route}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
+                 f"summary: route {routes[0]}, top {k}, embedder {settings.embedder}, t = tune half, c = confirm half")
     if json_out:
         json_out.write_text(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     for name, result in results.items():
@@ -740,7 +744,7 @@ def _route_rows(path: Path) -> dict[str, list[dict]]:
 
 
 @bench.command("query")
-def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique (overrides --corpus/--questions)."),
+def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpotqa | musique | gitdocs (overrides --corpus/--questions)."),
                 corpus: Optional[Path] = typer.Option(None),
                 questions: Optional[Path] = typer.Option(None),
                 embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
@@ -767,15 +771,43 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
 
 @bench.command("index")
 def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
-                workers: int = typer.Option(2, min=2, help="Worker processes of the parallel run (against 1)."),
+                workers: int = typer.Option(2, min=1, help="Worker processes of the parallel run (against 1); 1 skips "
+                                                           "that comparison."),
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
                 executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
-                                             "PostgreSQL, Redis and MinIO)")) -> None:
-    """Full index with 1 and with N worker processes (multiprocess executor), then the time to bring the index up
-    to date after one changed and after one deleted document. With --executor celery: 1 and N Celery workers of a
-    loopback cluster, and the event cost per document partition on PostgreSQL against SQLite."""
+                                             "PostgreSQL, Redis and MinIO)"),
+                growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
+                                                     "full in-process index of real text (the shared sets, gitdocs, "
+                                                     "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
+                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth: also write the results here.")) -> None:
+    """Full index with 1 and with N worker processes (multiprocess executor) and in-process, then the time to bring
+    the index up to date after one changed and after one deleted document; each run's event-log rows and the share
+    of its time outside every step (Dagster's own). With --executor celery: 1 and N Celery workers of a loopback
+    cluster. With --growth: the cost of a full index at each corpus size."""
     from lazyhippo_dagster.bench_index import index_table, run_cluster_index_bench, run_index_bench
+
+    if growth is not None:
+        from lazyhippo_dagster.bench_growth import growth_rows_table, growth_table, run_growth_bench
+
+        try:
+            sizes = [int(s) for s in growth.split(",") if s.strip()]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            console.print(f"[red]error:[/red] --growth {growth!r}: expected document counts like 1000,10000")
+            raise typer.Exit(2)
+        datasets = environment().datasets
+        try:
+            results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+        _print_frame(growth_table(results), "index cost by corpus size")
+        _print_frame(growth_rows_table(results), "rows per table")
+        if as_json:
+            as_json.write_text(json.dumps(results, indent=1))
+        return
 
     corpus = corpus or _wiki("corpus.jsonl")
     if not corpus.is_file():
@@ -799,37 +831,6 @@ def _rounded(result, digits: int = 2):
     if isinstance(result, dict):
         return {k: _rounded(v, digits) for k, v in result.items()}
     return round(result, digits) if isinstance(result, float) else result
-
-
-@bench.command("partitions")
-def bench_partitions(documents: int = typer.Option(400, min=1, help="Document partitions in the probe run."),
-                     project: int = typer.Option(6119, min=1, help="Documents of the full index to project for (2Wiki: 6119).")) -> None:
-    """The cost of one Dagster run over N document partitions on a local instance (assets doing nothing), with
-    Dagster's SQLite event log and with lazyhippo's batched one, and what each projects for a full index."""
-    from lazyhippo_dagster.bench_partitions import run_partition_bench
-
-    result = _rounded(run_partition_bench(documents, project))
-    for name in ("stock", "batched"):
-        r = result[name]
-        console.print(f"{name:8s} event log: {documents} partitions x 2 assets in {r['seconds']} s "
-                      f"({r['ms_per_partition_and_asset']} ms per partition and asset); {project} documents x 3 assets "
-                      f"~{r['projected_index_seconds']} s")
-    console.print(f"batched is {result['speedup']}x faster")
-    print(json.dumps(result))
-
-
-@bench.command("run-page")
-def bench_run_page(documents: int = typer.Option(1500, min=1, help="Document partitions in the probe run.")) -> None:
-    """The cost of opening the page of one run over N document partitions (the webserver's GraphQL for the run and
-    all its events), with per-partition previews as typed tables and as the Markdown tables the assets record."""
-    from lazyhippo_dagster.bench_partitions import run_page_bench
-
-    result = _rounded(run_page_bench(documents))
-    for name in ("table", "markdown"):
-        r = result[name]
-        console.print(f"{name:8s} previews: run over {documents} partitions x 3 assets in {r['run_seconds']} s; "
-                      f"its page ({r['events']} events) in {r['page_seconds']} s")
-    print(json.dumps(result))
 
 
 @bench.command("serve")

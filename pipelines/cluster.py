@@ -48,24 +48,19 @@ storage:
       db_name: {env: LAZYHIPPO_PG_DB}
       port: {env: LAZYHIPPO_PG_PORT}
       scheme: postgresql+psycopg2   # the driver dagster-postgres installs (SQLAlchemy 2.1 defaults to psycopg 3)
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
-  config:
-    max_concurrent_runs: %(max_runs)d
-    dequeue_interval_seconds: 1
-    tag_concurrency_limits:
-      - key: lazyhippo/namespace
-        value: {applyLimitPerUniqueValue: true}
-        limit: %(namespace_limit)d
+run_queue:
+  max_concurrent_runs: %(max_runs)d
+  dequeue_interval_seconds: 1
+  tag_concurrency_limits:
+    - key: lazyhippo/namespace
+      value: {applyLimitPerUniqueValue: true}
+      limit: %(namespace_limit)d
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30
   max_resume_run_attempts: 0
-# step logs stay with the worker that ran the step (a shared compute log store, e.g. S3, is the alternative)
-compute_logs:
-  module: dagster._core.storage.noop_compute_log_manager
-  class: NoOpComputeLogManager
+# step logs stay with the worker that ran the step, under its own DAGSTER_HOME (Dagster's local compute log
+# manager; a shared compute log store, e.g. S3, is the alternative)
 telemetry:
   enabled: false
 """
@@ -114,20 +109,21 @@ class Cluster:
             return {}
 
     def instance(self) -> dg.DagsterInstance:
-        """The cluster's instance for a launcher in this process: the login given in memory, not via os.environ."""
-        from dagster._core.instance.ref import InstanceRef
-
-        ref = InstanceRef.from_dir(str(self.dagster_home), overrides={"storage": postgres_storage()})
-        return dg.DagsterInstance.from_ref(ref)
-
-
-def postgres_storage() -> dict:
-    """The dagster.yaml `storage` block with the login's values, for an instance built in this process only."""
-    env = cluster_environment()
-    return {"postgres": {"postgres_db": {
-        "username": env["LAZYHIPPO_PG_USER"], "password": env["LAZYHIPPO_PG_PASSWORD"],
-        "hostname": env["LAZYHIPPO_PG_HOST"], "db_name": env["LAZYHIPPO_PG_DB"],
-        "port": int(env["LAZYHIPPO_PG_PORT"]), "scheme": "postgresql+psycopg2"}}}
+        """The cluster's instance for a launcher in this process. Its dagster.yaml names the login by environment
+        variable; they are set only while the instance is built (its storage reads them then), so no process
+        this one starts later inherits them."""
+        env = {"DAGSTER_HOME": str(self.dagster_home),
+               **{k: v for k, v in cluster_environment().items() if k.startswith("LAZYHIPPO_PG_")}}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return dg.DagsterInstance.get()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _home_env(base: dict, folder: Path, **extra: str) -> dict:
@@ -307,26 +303,14 @@ def wait(cluster: Cluster, run_id: str, timeout: float = 1800.0, instance: dg.Da
 
 def index(cluster: Cluster, namespace: str, source: str, resources: dict | None = None, ops: dict | None = None,
           timeout: float = 1800.0) -> list[dg.DagsterRun]:
-    """`index_documents` over the source's documents, then `index_graph` of the namespace, both through the run
-    queue. Partitions are staged against an empty baseline (the launcher holds no warehouse): every document is
-    in the run, and the warehouse steps skip what is unchanged (content hashes, extraction signatures)."""
-    from lazyhippo.settings import Settings
-    from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, range_tags
-    from lazyhippo_dagster.runner import add_namespace_partition, stage_documents
-    from lazyhippo_dagster.sensors import LAUNCHER_RUNS_GRAPH
+    """One `index` run of the namespace through the run queue. The warehouse steps skip what is unchanged
+    (content hashes, extraction signatures)."""
+    from lazyhippo_dagster.assets._partitions import namespace_tags
+    from lazyhippo_dagster.runner import add_namespace_partition
 
-    config = {"resources": {"lazyhippo": {"config": {**(resources or {}), "namespace": namespace, "source": source}}}}
-    docs_config = {**config, **({"ops": ops} if ops else {})}  # op config of the extraction steps
-    settings = Settings(home=cluster.control / "lazyhippo", namespace=namespace, source=source)
+    config = {"resources": {"lazyhippo": {"config": {**(resources or {}), "namespace": namespace, "source": source}}},
+              **({"ops": ops} if ops else {})}  # op config of the extraction steps
     instance = cluster.instance()
     add_namespace_partition(instance, namespace)
-    keys, _ = stage_documents(instance, settings)
-    runs = []
-    if keys:
-        run_id = submit(cluster, "index_documents", docs_config, {**range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"})
-        runs.append(wait(cluster, run_id, timeout, instance))
-        if not runs[-1].is_success:
-            return runs
-    run_id = submit(cluster, "index_graph", config, {"dagster/partition": namespace, NAMESPACE_TAG: namespace})
-    runs.append(wait(cluster, run_id, timeout, instance))
-    return runs
+    run_id = submit(cluster, "index", config, namespace_tags(namespace))
+    return [wait(cluster, run_id, timeout, instance)]

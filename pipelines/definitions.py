@@ -3,14 +3,13 @@
 import dagster as dg
 
 from lazyhippo_dagster import assets
-from lazyhippo_dagster.event_log import enable_event_batches
 from lazyhippo_dagster.interrupts import restore_interrupts
-from lazyhippo_dagster.jobs import index_documents_job, index_graph_job, query, rebuild_graph_job
+from lazyhippo_dagster.jobs import index_graph_job, index_job, query, rebuild_graph_job
 from lazyhippo_dagster.resources import default_resources
 from lazyhippo_dagster.schedules import nightly_audit, nightly_reindex
-from lazyhippo_dagster.sensors import documents_after_staging, graph_after_documents, remove_step_outputs, source_changed
+from lazyhippo_dagster.executors import index_executor
+from lazyhippo_dagster.sensors import graph_after_documents, remove_step_outputs, source_changed
 
-enable_event_batches()  # runs launched from the UI and the daemon record their partitions' events in batches
 restore_interrupts()  # run workers of a `dagster dev` started in the background
 
 all_assets = dg.load_assets_from_package_module(assets)
@@ -19,14 +18,14 @@ all_checks = dg.load_asset_checks_from_package_module(assets)
 defs = dg.Definitions(
     assets=all_assets,
     asset_checks=all_checks,
-    jobs=[index_documents_job, index_graph_job, rebuild_graph_job, query],
-    sensors=[source_changed, graph_after_documents, documents_after_staging, remove_step_outputs],
+    jobs=[index_job, index_graph_job, rebuild_graph_job, query],
+    sensors=[source_changed, graph_after_documents, remove_step_outputs],
     schedules=[nightly_reindex, nightly_audit],
     resources=default_resources(),
-    executor=dg.in_process_executor,
+    executor=index_executor(dg.in_process_executor),  # the runs the catalog and graph_after_documents launch
 )
 
 
-def index_documents_job_def() -> dg.JobDefinition:
-    """The resolved per-document job, importable by path: the multiprocess executor re-imports it in every worker."""
-    return defs.resolve_job_def("index_documents")
+def index_job_def() -> dg.JobDefinition:
+    """The resolved index job, importable by path: the multiprocess executor re-imports it in every worker."""
+    return defs.resolve_job_def("index")

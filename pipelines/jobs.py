@@ -5,64 +5,38 @@ from pydantic import Field, create_model
 
 from lazyhippo.query.config import option_fields
 
-from lazyhippo_dagster.assets._partitions import namespaces, range_tags
+from lazyhippo_dagster.assets._partitions import namespaces
 from lazyhippo_dagster.assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
 from lazyhippo_dagster.executors import index_executor
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource
-from lazyhippo_dagster.staging import stage_documents
 
-# per-document assets over a range of document partitions: multiprocess unless configured otherwise, so
-# extraction batches run in parallel (`lazyhippo index --workers N` sets max_concurrent; the CLI's default
-# single-process run is in-process); in a cluster, Celery: extraction batches on any worker, the steps that
-# write the warehouse on its queue (their op tags)
-index_documents_job = dg.define_asset_job(
-    "index_documents", selection=dg.AssetSelection.groups("per_document"),
-    executor_def=index_executor("multiprocess", queue="dagster"),
-    # the run queue starts one at a time (see runner.INSTANCE_CONFIG); its new rows are published by the graph run
-    tags={"lazyhippo/writer": "warehouse"},
-    description="Read, chunk and extract the documents of the run's partitions (a key range of one namespace).",
+WRITER_TAGS = {"lazyhippo/writer": "warehouse"}  # the run queue starts one writing run at a time (runner.INSTANCE_CONFIG)
+
+# one run per namespace: read, chunk and extract what changed, then the graph, checks, exports and the snapshot.
+# Multiprocess unless configured otherwise, so extraction batches run in parallel (the warehouse steps one at a
+# time, by their op tag); `lazyhippo index` runs it in-process unless given --workers; in a cluster, Celery
+index_job = dg.define_asset_job(
+    "index", selection=dg.AssetSelection.groups("per_document", "graph", "exports"),
+    executor_def=index_executor(dg.multi_or_in_process_executor), tags=WRITER_TAGS,
+    description="Bring a namespace (its partition) up to date with its source: the documents added or changed "
+                "(by content hash) are read, chunked and extracted, removed ones dropped, then the graph, its checks, "
+                "the Parquet exports and the published snapshot.",
 )
 
 index_graph_job = dg.define_asset_job(
-    # every step writes or reads the warehouse: in a cluster, all on the warehouse worker's queue
     "index_graph", selection=dg.AssetSelection.groups("graph", "exports"),
-    executor_def=index_executor("in_process", queue="warehouse"),
-    tags={"lazyhippo/writer": "warehouse"},
-    description="Bring the namespace's graph up to date with its documents: entities to communities to Parquet "
-                "exports, with every asset check. Runs once per batch of changed document partitions.",
+    executor_def=index_executor(dg.in_process_executor), tags=WRITER_TAGS,
+    description="Bring the namespace's graph up to date with the documents it holds (documents whose file "
+                "vanished are dropped), with every asset check: the nightly audit.",
 )
 
 # the query-quality checks read questions beside the source, which a rebuild does not know: the audit runs alone
 rebuild_graph_job = dg.define_asset_job(
-    "rebuild_graph", executor_def=index_executor("in_process", queue="warehouse"), tags={"lazyhippo/writer": "warehouse"},
+    "rebuild_graph", executor_def=index_executor(dg.in_process_executor), tags=WRITER_TAGS,
     selection=dg.AssetSelection.groups("graph", "exports")
     - dg.AssetSelection.checks(context_quality_check, theme_coverage_check, retrieval_quality_check),
     description="Rebuild the graph-wide assets (entities onward) from the per-document tables: after `lazyhippo delete`.",
 )
-
-
-STAGED_START, STAGED_END = "lazyhippo/staged_start", "lazyhippo/staged_end"  # the range a `reindex` run staged
-
-
-@dg.op(description="Compare the namespace's source with what it holds (content hashes) and stage the document "
-                   "partitions: the added and changed ones as one range, which `documents_after_staging` then indexes.")
-def stage_changed_documents(context: dg.OpExecutionContext, lazyhippo: LazyhippoResource) -> None:
-    keys, _ = stage_documents(context.instance, lazyhippo.settings())
-    context.log.info(f"{len(keys)} document partition(s) staged" + (f": {keys[0]} .. {keys[-1]}" if keys else ""))
-    if keys:
-        staged = range_tags(keys)
-        context.instance.add_run_tags(context.run_id, {STAGED_START: staged["dagster/asset_partition_range_start"],
-                                                       STAGED_END: staged["dagster/asset_partition_range_end"]})
-
-
-@dg.job(partitions_def=namespaces, executor_def=dg.in_process_executor,
-        description="Stage a namespace's added and changed documents as partitions, in a run (so a schedule's "
-                    "evaluation changes nothing); their documents run follows.")
-def reindex():
-    stage_changed_documents()
-
-
-reindex_job = reindex
 
 
 class Turn(dg.Config):

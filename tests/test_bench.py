@@ -14,6 +14,7 @@ from lazyhippo.evaluate.bench import (
     distinct,
     gold_key,
     passage_id,
+    passage_key,
     percentile_ms,
     recall_at_k,
     split_of,
@@ -103,6 +104,54 @@ def test_gold_by_id_when_every_question_has_ids():
     assert passage_id("notes/a.md") == "notes/a.md"
 
 
+def test_file_recall_counts_distinct_source_files_in_chunk_order():
+    """gitdocs scoring: chunks map to their source file, each file counts at its first chunk; recall@5 is the
+    share of gold files among the first 5 distinct files, all-gold@8 whether every gold file is in the first 8."""
+    questions = [{"question": "q", "gold_files": ["howto/a.txt", "b.txt"], "supporting_titles": ["A"]}]
+    assert gold_key(questions) == "gold_files"
+    assert gold_key(questions + [{"question": "r", "supporting_titles": ["B"]}]) == "supporting_titles"
+    chunks = [("c.txt", "C"), ("c.txt", "C"), ("d.txt", "D"), ("howto/a.txt", "A"), ("c.txt", "C"), ("e.txt", "E"),
+              ("f.txt", "F"), ("g.txt", "G"), ("b.txt", "B")]
+    ranked = [passage_key(source, title, "gold_files") for source, title in chunks]
+    assert distinct(ranked)[:5] == ["c.txt", "d.txt", "howto/a.txt", "e.txt", "f.txt"]
+    assert recall_at_k(ranked, ["howto/a.txt", "b.txt"], 5) == 0.5   # b.txt is the 7th distinct file
+    assert all_supporting_at_k(ranked, ["howto/a.txt", "b.txt"], 8) == 1.0
+    assert all_supporting_at_k(ranked, ["howto/a.txt", "b.txt"], 6) == 0.0
+    assert passage_key("corpus.jsonl#p7", "T", "supporting_ids") == "p7"
+    assert passage_key("corpus.jsonl#p7", "T", "supporting_titles") == "T"
+
+
+def test_bench_scores_a_folder_corpus_by_file_per_hops(tmp_path):
+    """A folder of documents is indexed as a folder; questions with `gold_files` are scored by source file, with
+    single-file and two-file questions (`hops`) reported apart, for every route asked and BM25."""
+    src = tmp_path / "src"
+    (src / "howto").mkdir(parents=True)
+    topics = {"rebase.txt": "Rebasing replays commits onto another base; the interactive mode edits the todo list.",
+              "howto/bisect.txt": "Bisecting finds the commit that introduced a bug by binary search over history.",
+              "stash.txt": "Stashing records the working directory state and reverts to the HEAD commit.",
+              **{f"page{i}.txt": f"Page {i} describes the option number {i} of the tool and its default value."
+                 for i in range(8)}}
+    for name, text in topics.items():
+        (src / name).write_text(f"{text}\n\n{text} More words follow here about this one topic only.\n")
+    questions = [{"question": "How does bisecting find the commit that introduced a bug?", "gold_files": ["howto/bisect.txt"],
+                  "hops": 1},
+                 {"question": "What does stashing record, and how does rebasing replay commits?",
+                  "gold_files": ["stash.txt", "rebase.txt"], "hops": 2}]
+    (tmp_path / "q.json").write_text(json.dumps(questions))
+    out = CliRunner().invoke(app, ["bench", "retrieval", "--corpus", str(src), "--questions", str(tmp_path / "q.json"),
+                                   "--route", "auto,local", "--workdir", str(tmp_path / "ws"), "--json", str(tmp_path / "out.json")])
+    assert out.exit_code == 0, out.output
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["scored_by"] == "gold_files" and result["routes"] == ["auto", "local"]
+    assert set(result["methods"]) == {"auto", "local", "bm25", "dense"}
+    for method in ("local", "bm25"):
+        first = result["per_question"][method][0]
+        assert first["retrieved"][0] == "howto/bisect.txt", method
+        assert set(result["by_hops"][method]) == {"hops 1", "hops 2"}
+    assert result["methods"]["bm25"]["recall_at_5"] == 1.0
+    assert sum(result["routes_used"]["auto"].values()) == 2
+
+
 def test_unknown_dataset_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="unknown dataset 'squad'"):
         dataset_files("squad", tmp_path)
@@ -162,10 +211,12 @@ def test_summary_row_has_both_halves_the_baselines_and_index_time():
     half = lambda n, r2, r5, a8: {"questions": n, **m(r2, r5, a8)}  # noqa: E731
     result = {"route": "local", "index_seconds": 12.34, "reused": True,
               "methods": {"local": m(0.5, 0.75, 0.5), "bm25": m(0.1, 0.4, 0.0), "dense": m(0.2, 0.3, 0.0)},
-              "halves": {"local": {"tune": half(3, 0.4, 0.7, 0.3333), "confirm": half(2, 0.6, 0.8, 0.6667)}}}
+              "halves": {"local": {"tune": half(3, 0.4, 0.7, 0.3333), "confirm": half(2, 0.6, 0.8, 0.6667)},
+                         "bm25": {"tune": half(3, 0.1, 0.3, 0.0), "confirm": half(2, 0.1, 0.5, 0.5)}}}
     assert summary_row("musique", result) == {
         "set": "musique", "n t/c": "3/2", "r@2 t": 0.4, "r@2 c": 0.6, "r@5 t": 0.7, "r@5 c": 0.8, "all@8 t": 0.333,
-        "all@8 c": 0.667, "bm25 r@5": 0.4, "dense r@5": 0.3, "p50 ms": 4.0, "index s": 12.3, "reused": True}
+        "all@8 c": 0.667, "bm25 r@5 t": 0.3, "bm25 r@5 c": 0.5, "bm25 all@8 t": 0.0, "bm25 all@8 c": 0.5,
+        "dense r@5": 0.3, "p50 ms": 4.0, "index s": 12.3, "reused": True}
     result["halves"]["local"].pop("confirm")
     assert summary_row("musique", result)["all@8 c"] == "-" and summary_row("musique", result)["n t/c"] == "3/0"
 
@@ -186,17 +237,6 @@ def test_bench_workspace_is_rebuilt_when_the_embedding_model_changes(tmp_path, m
     monkeypatch.setattr("lazyhippo.models.extractors.NlpExtractor.prompt_version", "nlp-next")  # extraction changed
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is False and len(calls) == 3
     assert bench.ensure_index(corpus, tmp_path / "ws")[1]["reused"] is True and len(calls) == 3
-
-
-def test_bench_partitions_records_every_partition_and_projects_from_its_event_cost():
-    from lazyhippo_dagster.bench_partitions import run_partition_bench
-
-    out = run_partition_bench(5, 1000)
-    assert out["documents"] == 5 and set(out) >= {"stock", "batched", "speedup"}
-    for r in (out["stock"], out["batched"]):
-        assert r["ms_per_partition_and_asset"] > 0
-        assert r["projected_index_seconds"] == pytest.approx(r["ms_per_partition_and_asset"] / 1000 * 1000 * 3)
-    assert out["speedup"] == pytest.approx(out["stock"]["seconds"] / out["batched"]["seconds"])
 
 
 def test_split_is_a_deterministic_disjoint_half_covering_every_question():
@@ -297,12 +337,21 @@ def test_bench_retrieval_llm_needs_an_endpoint_and_reports_its_tokens(wiki_slice
     assert out.exit_code == 0, out.output
     usage = {u["operation"]: u for u in json.loads((tmp_path / "out.json").read_text())["llm"]["usage"]}
     assert usage["recognition"]["calls"] == 5 and usage["bridge"]["calls"] == 5  # one each per question
-def test_bench_run_page_loads_every_event_of_a_run_over_document_partitions():
-    """One planned event per asset, one materialization per partition and asset, each with its own preview."""
-    from lazyhippo_dagster.bench_partitions import run_page_bench
 
-    out = run_page_bench(40)
-    for r in (out["table"], out["markdown"]):
-        assert r["page_seconds"] > 0 and r["run_seconds"] > 0
-        assert 3 * 40 < r["events"] < 3 * 40 + 60  # not 3 x 40 planned events besides
-    assert out["speedup"] == pytest.approx(out["table"]["page_seconds"] / out["markdown"]["page_seconds"])
+
+def test_bench_index_reports_the_event_rows_of_a_run_and_its_time_outside_steps(tmp_path):
+    import dagster as dg
+
+    from lazyhippo.settings import SAMPLE_CORPUS
+    from lazyhippo_dagster.bench_index import dagster_cost
+    from lazyhippo_dagster.runner import index_run, run_config
+
+    instance = dg.DagsterInstance.ephemeral()
+    config = run_config({"lazyhippo": {"home": str(tmp_path), "source": str(SAMPLE_CORPUS)}})
+    run = index_run(instance, tmp_path, config, {}, "default")
+    assert run.success
+    wall = instance.get_run_stats(run.run_id).end_time - instance.get_run_stats(run.run_id).start_time
+    cost = dagster_cost(instance, run.run_id, wall)
+    assert cost["event_rows"] == len(instance.all_logs(run.run_id)) > 20
+    assert 0 < cost["outside_steps_share"] < 0.5  # the steps take most of the run
+    assert dagster_cost(instance, run.run_id, wall * 2)["outside_steps_share"] > 0.5  # the span outside counts

@@ -30,8 +30,8 @@ def test_index_then_query_from_the_cli_records_runs(tmp_path, monkeypatch):
     assert data["context_tokens"] <= 32000
     instance = dg.DagsterInstance.from_config(str(tmp_path / "dagster"))
     runs = {r.job_name: r for r in instance.get_runs()}
-    assert runs["index_documents"].status == runs["index_graph"].status == dg.DagsterRunStatus.SUCCESS
-    assert len(instance.get_materialized_partitions(dg.AssetKey("extractions"))) == 8  # one partition per document
+    assert runs["index"].status == dg.DagsterRunStatus.SUCCESS and runs["index"].tags["dagster/partition"] == "default"
+    assert instance.get_materialized_partitions(dg.AssetKey("extractions")) == {"default"}  # one partition per namespace
     assert runs["query"].status == dg.DagsterRunStatus.SUCCESS
     assert runs["query"].tags["lazyhippo/answer"] == data["answer"][:500]  # the answer heads the run page
     mats = instance.fetch_materializations(dg.AssetKey("entities"), limit=1).records

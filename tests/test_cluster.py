@@ -124,7 +124,7 @@ def test_cluster_indexes_like_one_process_survives_a_killed_worker_and_serves_re
     killed = None
     deadline = time.monotonic() + 300
     while killed is None and thread.is_alive() and time.monotonic() < deadline:
-        runs = instance.get_runs(dg.RunsFilter(tags={"lazyhippo/namespace": ns}, job_name="index_documents"), limit=1)
+        runs = instance.get_runs(dg.RunsFilter(tags={"lazyhippo/namespace": ns}, job_name="index"), limit=1)
         if runs:
             starts = instance.all_logs(runs[0].run_id, of_type=dg.DagsterEventType.STEP_START)
             batch = [e for e in starts if "extract_documents[" in e.step_key]
@@ -133,8 +133,8 @@ def test_cluster_indexes_like_one_process_survives_a_killed_worker_and_serves_re
                 os.kill(killed[1], signal.SIGKILL)
         time.sleep(0.2)
     thread.join(600)
-    docs_run, graph_run = result["runs"]
-    assert docs_run.is_success and graph_run.is_success
+    [docs_run] = result["runs"]  # one index run: documents, extraction, graph, snapshot
+    assert docs_run.is_success
     assert killed is not None, "no extraction batch started"
     starts = [e.step_key for e in instance.all_logs(docs_run.run_id, of_type=dg.DagsterEventType.STEP_START)]
     assert starts.count(killed[0]) == 2  # the killed step ran again elsewhere: a retry, not a failed run
@@ -142,14 +142,13 @@ def test_cluster_indexes_like_one_process_survives_a_killed_worker_and_serves_re
     # one publish per run on Celery too (each step sets its resources up on its worker): one snapshot version
     assert len(_versions(minio_store, prefix, ns)) == 1
     # the daemon removes a successful run's step outputs from the object store; the rest expire there
-    _until(lambda: not minio_store.list(f"dagster/{docs_run.run_id}/") and not minio_store.list(f"dagster/{graph_run.run_id}/"))
+    _until(lambda: not minio_store.list(f"dagster/{docs_run.run_id}/"))
     assert clusters.status(c.root)["step_outputs"]["expire_days"] == STEP_OUTPUTS_DAYS
 
     workers = _workers_of(instance, docs_run.run_id)
     batch_workers = {w for step, w in workers.items() if "extract_documents[" in step}
     assert len(batch_workers) >= 2, workers
-    warehouse_steps = {w for step, w in {**workers, **_workers_of(instance, graph_run.run_id)}.items()
-                       if "extract_documents[" not in step}
+    warehouse_steps = {w for step, w in workers.items() if "extract_documents[" not in step}
     assert warehouse_steps == {"w1@" + socket.gethostname()}  # one worker writes the warehouse
     for i in (2, 3):  # the other workers hold no warehouse, no snapshot
         assert not list((c.worker_dir(i) / "lazyhippo").glob("**/*.duckdb"))
@@ -215,20 +214,16 @@ def test_two_namespaces_index_side_by_side_through_the_queue(cluster, corpus, tm
     runs = [r for n in spaces for r in results[n]]
     assert {r.tags["lazyhippo/namespace"] for r in runs} == set(spaces)  # the queue's limit key
     stats = {r.run_id: c.instance().get_run_stats(r.run_id) for r in runs}
-    docs = [r for r in runs if r.job_name == "index_documents"]
-    a, b = (stats[r.run_id] for r in docs)
+    a, b = (stats[r.run_id] for r in runs)
     assert a.start_time < b.end_time and b.start_time < a.end_time  # the two namespaces' runs overlapped
 
-    # two runs of one namespace, queued together, run one after the other (documents runs with nothing new to
+    # two runs of one namespace, queued together, run one after the other (index runs with nothing new to
     # extract: the cheapest real runs)
     from lazyhippo_dagster import cluster as clusters
-    from lazyhippo_dagster.assets._partitions import range_tags
-    from lazyhippo_dagster.sensors import LAUNCHER_RUNS_GRAPH
+    from lazyhippo_dagster.assets._partitions import namespace_tags
 
     config = {"resources": {"lazyhippo": {"config": {"namespace": spaces[0], "source": str(small)}}}}
-    keys = [k for k in c.instance().get_dynamic_partitions("documents") if k.startswith(f"{spaces[0]}/")]
-    ids = [clusters.submit(c, "index_documents", config, {**range_tags(keys), LAUNCHER_RUNS_GRAPH: "1"})
-           for _ in range(2)]
+    ids = [clusters.submit(c, "index", config, namespace_tags(spaces[0])) for _ in range(2)]
     done = [clusters.wait(c, run_id, 600) for run_id in ids]
     assert all(r.is_success for r in done)
     a, b = (c.instance().get_run_stats(run_id) for run_id in ids)
@@ -256,8 +251,8 @@ def _wait_for(get, ok, proc, folder: Path, timeout: float = 180.0):
 def test_a_sensor_tick_on_the_cluster_indexes_a_new_namespace_from_shared_state(
         cluster, corpus, tmp_path, namespaces, minio_store, monkeypatch):  # noqa: F811
     """The source sensor, evaluated as the cluster's daemon does (its home holds no warehouse), against the
-    cluster's instance: it requests the documents run with the namespace's settings, the daemon's
-    graph_after_documents follows with the graph run, and both succeed on the workers."""
+    cluster's instance: it requests the namespace's index run with its settings, which succeeds on the workers;
+    the graph-wide assets, updated in that run, are requested by no automation afterwards."""
     from lazyhippo_dagster import cluster as clusters
     from lazyhippo_dagster.resources import LazyhippoResource
     from lazyhippo_dagster.sensors import source_changed
@@ -274,21 +269,15 @@ def test_a_sensor_tick_on_the_cluster_indexes_a_new_namespace_from_shared_state(
                                  resources={"lazyhippo": LazyhippoResource(namespace=ns, source=str(source))}) as context:
         result = source_changed(context)
     request = next(r for r in result.run_requests if r.tags["lazyhippo/namespace"] == ns)
-    assert request.job_name == "index_documents" and request.tags["lazyhippo/added"] == "20"
+    assert request.job_name == "index" and request.partition_key == ns and request.tags["lazyhippo/added"] == "20"
     assert request.run_config["resources"]["lazyhippo"]["config"] == {"namespace": ns, "source": str(source)}
     for partitions in result.dynamic_partitions_requests:  # as the daemon applies them; only this namespace's: the
-        keys = [k for k in partitions.partition_keys if k == ns or k.startswith(f"{ns}/")]  # instance is shared
-        if isinstance(partitions, dg.AddDynamicPartitionsRequest):
-            instance.add_dynamic_partitions(partitions.partitions_def_name, keys)
-        else:
-            for key in keys:
-                instance.delete_dynamic_partition(partitions.partitions_def_name, key)
-    docs = clusters.wait(c, clusters.submit(c, request.job_name, request.run_config, request.tags), 600, instance)
-    assert docs.is_success
-    graph = _until(lambda: next(iter(instance.get_runs(dg.RunsFilter(
-        job_name="index_graph", tags={"lazyhippo/after_run": docs.run_id}), limit=1)), None))
-    graph = clusters.wait(c, graph.run_id, 600, instance)
-    assert graph.is_success and graph.run_config["resources"]["lazyhippo"]["config"]["source"] == str(source)
+        keys = [k for k in partitions.partition_keys if k == ns]  # instance is shared
+        instance.add_dynamic_partitions(partitions.partitions_def_name, keys)
+    run = clusters.wait(c, clusters.submit(c, request.job_name, request.run_config, request.tags), 600, instance)
+    assert run.is_success and run.run_config["resources"]["lazyhippo"]["config"]["source"] == str(source)
+    time.sleep(40)  # an evaluation of graph_after_documents: the graph was updated in the same run
+    assert [r.run_id for r in instance.get_runs(dg.RunsFilter(tags={"dagster/partition": ns}))] == [run.run_id]
     assert len(_versions(minio_store, prefix, ns)) == 1  # published once, for the replicas
     with connect(Settings(home=c.warehouse_home, namespace=ns), read_only=True) as con:  # what readers open
         assert con.execute("SELECT count(*) FROM documents WHERE namespace = ?", [ns]).fetchone()[0] == 20

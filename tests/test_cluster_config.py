@@ -25,22 +25,24 @@ def test_the_cluster_instance_is_postgres_with_one_run_per_namespace_and_names_i
     config, _ = dagster_instance_config(str(tmp_path))  # valid for Dagster
     assert "s3cret-value" not in (tmp_path / "dagster.yaml").read_text()
     assert config["storage"]["postgres"]["postgres_db"]["password"] == {"env": "LAZYHIPPO_PG_PASSWORD"}
-    coordinator = config["run_coordinator"]
-    assert coordinator["class"] == "QueuedRunCoordinator"
-    assert coordinator["config"]["tag_concurrency_limits"] == [
+    assert "module" not in (tmp_path / "dagster.yaml").read_text()  # Dagster's own classes, by their config keys
+    assert config["run_queue"]["tag_concurrency_limits"] == [
         {"key": "lazyhippo/namespace", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]
 
 
 def test_index_jobs_run_on_celery_in_a_cluster_process_and_stay_local_elsewhere(monkeypatch):
-    from lazyhippo_dagster.definitions import defs
+    import dagster as dg
 
-    documents = defs.resolve_job_def("index_documents").executor_def
-    graph = defs.resolve_job_def("index_graph").executor_def
-    monkeypatch.delenv("LAZYHIPPO_EXECUTOR", raising=False)
-    assert documents.get_requirements({}) and not graph.get_requirements({})  # multiprocess / in-process
-    monkeypatch.setenv("LAZYHIPPO_EXECUTOR", "celery")
-    assert graph.get_requirements({}) == documents.get_requirements({})  # both distributed
-    assert not graph.get_requirements({"in_process": {}})  # a run's own choice wins
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.executors import index_executor
+
+    monkeypatch.delenv("LAZYHIPPO_EXECUTOR", raising=False)  # the definitions loaded outside a cluster
+    assert defs.resolve_job_def("index").executor_def is dg.multi_or_in_process_executor
+    assert defs.resolve_job_def("index_graph").executor_def is dg.in_process_executor
+    assert index_executor(dg.in_process_executor) is dg.in_process_executor
+    monkeypatch.setenv("LAZYHIPPO_EXECUTOR", "celery")  # a cluster's process: dagster-celery's own executor
+    celery = index_executor(dg.in_process_executor)
+    assert celery.name == "lazyhippo_celery" and celery.get_requirements({})  # distributed: persistent storage
 
 
 def test_the_celery_app_needs_the_broker_from_the_environment(monkeypatch):
@@ -59,7 +61,7 @@ def test_the_celery_app_needs_the_broker_from_the_environment(monkeypatch):
 def test_warehouse_steps_go_to_the_warehouse_queue_and_extraction_batches_do_not():
     from lazyhippo_dagster.definitions import defs
 
-    job = defs.resolve_job_def("index_documents")
+    job = defs.resolve_job_def("index")
     queues = {node.name: node.tags.get("dagster-celery/queue") for node in job.graph.node_dict["extractions"].definition.nodes}
     assert queues == {"plan_extraction_batches": "warehouse", "extract_documents": None, "load_extraction_parts": "warehouse"}
     assert job.graph.node_named("documents").tags["dagster-celery/queue"] == "warehouse"
@@ -69,16 +71,12 @@ def test_runs_the_product_launches_carry_their_namespace():
     import dagster as dg
 
     from lazyhippo.sources.changes import SourceChange, SourceState, scan_source
-    from lazyhippo_dagster.assets._partitions import range_tags
-    from lazyhippo_dagster.sensors import change_plan
+    from lazyhippo_dagster.sensors import change_request
 
-    assert range_tags(["kb/a", "kb/b"])["lazyhippo/namespace"] == "kb"
-    with dg.instance_for_test() as instance:
-        state, _ = scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())
-        kb = Settings(namespace="kb", source=str(SAMPLE_CORPUS))
-        _, graph_run = change_plan(instance, kb, state, SourceChange(removed={"gone.txt": ["x"]}))
-        _, docs_run = change_plan(instance, kb, state, scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())[1])
-    assert graph_run.tags["lazyhippo/namespace"] == "kb" and docs_run.tags["lazyhippo/namespace"] == "kb"
+    state, change = scan_source(Path(SAMPLE_CORPUS), 20_000_000, SourceState())
+    kb = Settings(namespace="kb", source=str(SAMPLE_CORPUS))
+    for request in (change_request(kb, state, SourceChange(removed={"gone.txt": "x"})), change_request(kb, state, change)):
+        assert request.tags["lazyhippo/namespace"] == request.partition_key == "kb" and request.job_name == "index"
 
 
 def test_on_a_cluster_sensors_watch_the_instance_namespaces_with_the_settings_of_their_runs(tmp_path, monkeypatch):
@@ -107,7 +105,7 @@ def test_on_a_cluster_sensors_watch_the_instance_namespaces_with_the_settings_of
                                        scheduled_execution_time=datetime(2026, 1, 1, 3)) as context:
             nightly = nightly_reindex(context) + nightly_audit(context)
     [request] = result.run_requests
-    assert request.job_name == "index_documents" and request.tags["lazyhippo/added"] == "8"  # every document
+    assert request.job_name == "index" and request.tags["lazyhippo/added"] == "8"  # every document
     assert request.run_config == {"resources": {"lazyhippo": {"config": config}}}
     assert [(r.partition_key, r.run_config) for r in nightly] == [("kb", request.run_config)] * 2
 

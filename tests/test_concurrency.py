@@ -165,7 +165,7 @@ def test_the_instance_monitors_runs_and_queues_index_runs_one_at_a_time(tmp_path
     assert instance.run_monitoring_enabled
     limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
     assert {"key": "lazyhippo/writer", "limit": 1} in limits
-    for job in ("index_documents", "index_graph", "rebuild_graph"):
+    for job in ("index", "index_graph", "rebuild_graph"):
         assert defs.resolve_job_def(job).tags["lazyhippo/writer"] == "warehouse"
 
 

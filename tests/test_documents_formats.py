@@ -255,7 +255,7 @@ def test_untitled_documents_take_a_pretty_file_name(tmp_path):
     assert plain.text == "Met Ada Fenwick at the observatory.\nIt rained."
 
 
-def test_chunks_keep_subsections_together_and_never_split_a_top_level_section_that_fits(tmp_path):
+def test_chunks_never_cross_a_top_level_section_and_cut_between_subsections(tmp_path):
     options = "\n".join(f"--option-{i}::\n\tThe option number {i} changes how the command behaves in case {i}.\n"
                         for i in range(40))
     text = f"tool(1)\n=======\n\nNAME\n----\ntool - does things\n\nOPTIONS\n-------\n{options}\nSEE ALSO\n--------\nother(1)\n"

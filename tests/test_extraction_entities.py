@@ -43,3 +43,49 @@ def test_a_fact_is_a_whole_sentence_across_abbreviations():
     [ex] = NlpExtractor().extract([_chunk("Lorenzo Monaco", text)])
     assert any(f["text"].startswith("Lorenzo Monaco (born") and f["text"].endswith("Italian painter.")
                for f in ex.facts), [f["text"] for f in ex.facts]
+
+
+TECHNICAL = ("git-clone(1)\nOPTIONS\n--depth <depth>\nCreate a shallow clone with a history truncated to the given "
+             "number of commits. Set core.autocrlf to true before you run git rebase -i, or call pkg.module.func() "
+             "from the CliRunner helper. Git stores the fetch_pack_args value under $GIT_DIR, and git-fetch(1) "
+             "reads remote.<name>.url; use -B to reset the branch, or clone.rejectShallow, which rejectShallow sets.")
+
+
+def test_technical_names_are_entities_kept_whole():
+    chunk = Chunk(chunk_id="c0", doc_id="d0", title="git-clone(1)", position=0, section="OPTIONS > --depth <depth>",
+                  page=None, text=TECHNICAL, content_hash="h", n_tokens=0)
+    [ex] = NlpExtractor().extract([chunk])
+    types = {e["name"]: e["type"] for e in ex.entities}
+    for name, typ in {"core.autocrlf": "CODE", "--depth": "OPTION", "git rebase": "COMMAND", "-i": "OPTION",
+                      "pkg.module.func": "CODE", "rejectShallow": "CODE", "fetch_pack_args": "CODE", "GIT_DIR": "CODE",
+                      "git-fetch(1)": "COMMAND", "remote.<name>.url": "CODE", "-B": "OPTION"}.items():
+        assert types.get(name) == typ, (name, types)
+    assert "CliRunner" in types and types["git-clone(1)"] == "TITLE"  # a manual page's title keeps its parentheses
+    assert "git stores" not in {n.lower() for n in types if types[n] == "COMMAND"}  # a sentence, not a command
+    fragments = [n for n in types if n in {"core", "autocrlf", "depth", "OPTIONS", "module", "func", "rebase"}
+                 or n.startswith(("-- ", ":")) or n.endswith(":")]
+    assert not fragments, fragments
+    assert any(f["text"].startswith("Set core.autocrlf") and "git rebase" in f["names"] for f in ex.facts)
+
+
+def test_markup_fragments_are_no_entities():
+    text = "The ``NULL`` pointer of :c:func:`PyList_New` (see errors.rst) and `.Rst` files."
+    chunk = _chunk("Errors", text)
+    [ex] = NlpExtractor().extract([chunk])
+    names = [e["name"] for e in ex.entities]
+    assert not [n for n in names if "`" in n or n.startswith(":") or n.endswith(":") or n.lower() in {"rst", ".rst", "c:func"}], names
+    assert "PyList_New" in names
+    data = {"entities": [{"name": "c:function", "type": "X", "description": ""}, {"name": "``NULL", "type": "X", "description": ""},
+                         {"name": ".Rst", "type": "X", "description": ""}, {"name": "PyList_New", "type": "X", "description": ""}],
+            "relations": []}
+    assert [e["name"] for e in extraction_from_json(data).entities] == ["PyList_New"]
+
+
+def test_named_headings_are_entities_and_part_headings_are_not():
+    text = "Conditional includes\nYou can include a config file from another conditionally.\nOPTIONS\nSee also the manual."
+    chunk = Chunk(chunk_id="c0", doc_id="d0", title="git-config(1)", position=0, section="Conditional includes",
+                  page=None, text=text, content_hash="h", n_tokens=0)
+    [ex] = NlpExtractor().extract([chunk])
+    types = {e["name"]: e["type"] for e in ex.entities}
+    assert types.get("Conditional includes") == "HEADING", types
+    assert "Conditional" not in types  # a heading is kept whole

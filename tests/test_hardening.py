@@ -94,12 +94,13 @@ def test_every_vector_matches_its_current_text(tmp_path):
     with connect(settings) as con:
         texts = dict(con.execute("SELECT chunk_id, title || E'\\n' || text FROM chunks").fetchall())
         texts |= {c: f"{t}\n{s}" for c, t, s in con.execute("SELECT community_id, title, summary FROM community_summaries").fetchall()}
-        stored = con.execute("SELECT item_id, kind, vector FROM embeddings WHERE kind IN ('chunk', 'community')").fetchall()
+        stored = con.execute("SELECT item_id, kind, list_transform(vector, lambda x: x * scale) FROM embeddings "
+                             "WHERE kind IN ('chunk', 'community')").fetchall()
     assert any("New Title" in t for t in texts.values())
     for kind, by in (("chunk", embedder.passages), ("community", embedder)):
         ids = [i for i, k, _ in stored if k == kind]
         expected = by.embed([texts[i] for i in ids])
-        assert ids and np.allclose(np.array([v for i, k, v in stored if k == kind], dtype=np.float32), expected, atol=1e-5)
+        assert ids and np.allclose(np.array([v for i, k, v in stored if k == kind], dtype=np.float32), expected, atol=4e-3)
 
 
 @pytest.mark.parametrize("namespace", ["attacker/../victim", ".", "", "a b", "x" * 65, "..", "ns/"])
@@ -158,7 +159,7 @@ def test_progress_is_reported_live_per_step(tmp_path, monkeypatch):
     assert result.success
     steps = [s for s, st in seen if st == "done"]
     extract = "extractions.load_extraction_parts"  # the last step of the extractions graph asset
-    assert {"documents", "chunks", extract, "exports"} <= set(steps)
+    assert {"documents", extract, "exports"} <= set(steps)  # "documents" also chunks
     for step in ("documents", extract, "exports"):
         assert seen.index((step, "started")) < seen.index((step, "done"))
     assert seen.index((extract, "started")) < seen.index(("embeddings", "started"))

@@ -30,18 +30,17 @@ def _rows(settings: Settings, sql: str) -> list[tuple]:
 
 def _materialize(home: Path, source: Path, namespace: str = "default"):
     """The `index` chain (documents run over the staged document partitions, then the namespace's graph run)."""
-    from lazyhippo_dagster.runner import index_chain, run_config
+    from lazyhippo_dagster.runner import index_run, run_config
 
     config = run_config({"lazyhippo": {"home": str(home), "source": str(source)},
                          "graph_store": {"kind": "embedded"}, "object_store": {"kind": "local"}})
-    return index_chain(dg.DagsterInstance.ephemeral(), home, config, {}, namespace)
+    return index_run(dg.DagsterInstance.ephemeral(), home, config, {}, namespace)
 
 
 def test_definitions_load_with_every_stage():
     keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
     assert EXPECTED_ASSETS <= keys
-    assert defs.resolve_job_def("index_documents").partitions_def.name == "documents"
-    assert defs.resolve_job_def("index_graph").partitions_def.name == "namespaces"
+    assert {defs.resolve_job_def(j).partitions_def.name for j in ("index", "index_graph", "rebuild_graph")} == {"namespaces"}
     assert defs.resolve_sensor_def("source_changed") and defs.resolve_schedule_def("nightly_reindex")
 
 
@@ -60,7 +59,7 @@ def test_assets_materialize_with_metadata(materialized):
     assert EXPECTED_ASSETS <= set(mats)
     docs = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()
             if e.asset_key.to_user_string() == "documents"]
-    assert len(docs) == 8 and all(m.metadata["dagster/row_count"].value == 1 for m in docs)  # one per partition
+    assert len(docs) == 1 and docs[0].metadata["dagster/row_count"].value == 8  # one per namespace
     assert mats["entities"].metadata["dagster/row_count"].value > 20
     top = mats["entities"].metadata["top_entities"]  # a typed table: its columns show in the UI's Columns tab
     assert any(r.data["entity"] == "Ada Fenwick" for r in top.records)
@@ -82,9 +81,11 @@ def test_rerun_is_idempotent_same_ids_no_duplicates_no_extractor_calls(materiali
     snapshot["embeddings"] = sorted(_rows(settings, "SELECT kind, item_id FROM embeddings WHERE namespace = ?"))
     again = _materialize(home, SAMPLE_CORPUS)
     assert again.success
-    # nothing added or changed: no run over document partitions at all, only the namespace's graph run
-    assert [r.dagster_run.job_name for r in again.results] == ["index_graph"]
-    assert not {"documents", "chunks", "extractions"} & {e.asset_key.to_user_string() for e in again.get_asset_materialization_events()}
+    # nothing added, changed or removed: nothing read again, chunked again or extracted
+    assert again.change == again.change.__class__()
+    extracted = next(e.event_specific_data.materialization for e in again.get_asset_materialization_events()
+                     if e.asset_key.to_user_string() == "extractions")
+    assert extracted.metadata["computed"].value == 0 and extracted.metadata["documents_extracted"].value == 0
     for t in tables:
         now = (sorted(_rows(settings, "SELECT kind, item_id FROM embeddings WHERE namespace = ?")) if t == "embeddings"
                else sorted(_rows(settings, f"SELECT * EXCLUDE (namespace) FROM {t} WHERE namespace = ?"), key=repr))

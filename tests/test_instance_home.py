@@ -1,5 +1,5 @@
 """Runs that know only their Dagster instance (the UI's, a sensor's, the daemon's) act on the instance's home, on
-the namespaces it holds, with the settings each was indexed with; partition keys name their documents."""
+the namespaces it holds, with the settings each was indexed with."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import dagster as dg
 import pytest
 
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
-from lazyhippo.sources.files import doc_id_for
-from lazyhippo.stores.namespaces import UnknownNamespace, record_namespace
-from lazyhippo_dagster.assets._partitions import NAME_MAX, document_name, key_doc_ids, single_jsonl
+from lazyhippo.stores.namespaces import UnknownNamespace, record_namespace, resolve_settings
 from lazyhippo_dagster.resources import HOME_FILE, LazyhippoResource
 
 
@@ -32,30 +30,21 @@ def test_without_a_home_the_resource_acts_on_the_instance_home_and_refuses_a_nam
     assert resource.settings_for("wiki", dg.DagsterInstance.from_config(str(elsewhere))).home == home.resolve()
 
 
-@pytest.mark.parametrize("source, single, name", [
-    ("notes/harbor_lights.txt", False, "notes/harbor_lights.txt"),
-    ("rows.jsonl#q-17", False, "rows.jsonl#q-17"),
-    ("rows.jsonl#q-17", True, "q-17"),  # the source is that one file: the row id alone
-    ("odd...name.txt", False, None),   # Dagster refuses "..."
-    ("tab\tname.txt", False, None),
-    ("x" * 300 + ".txt", False, None),
-    ("looks~0123456789abcdef", False, None),  # would read as hashed: hashed for real
-])
-def test_a_partition_key_names_its_document_and_leads_back_to_it(tmp_path, source, single, name):
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("")
-    settings = Settings(namespace="kb", source=str(rows if single else tmp_path))
-    assert single_jsonl(settings) == ("rows.jsonl" if single else None)
-    got = document_name(source, single_jsonl(settings))
-    if name is not None:
-        assert got == name
-    else:  # cleaned and cut, made unique by the doc_id's hash
-        assert got.endswith("~" + doc_id_for(source)[2:]) and "..." not in got and "\t" not in got
-        assert len(got) <= NAME_MAX + 17
-    key = f"kb/{got}"
-    assert key_doc_ids([key], settings) == {key: doc_id_for(source)}
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions("documents", [key])  # a key Dagster accepts
+def test_one_resolver_gives_explicit_choices_over_the_recorded_settings_over_the_environment(tmp_path, monkeypatch):
+    """Every entry point resolves a run's settings the same way; what a re-index changed stays for later runs,
+    and the run's mode is never recorded."""
+    monkeypatch.setenv("LAZYHIPPO_COMMUNITY_ALGORITHM", "leiden")
+    monkeypatch.setenv("LAZYHIPPO_CHUNK_SELECTION", "vector")
+    home = tmp_path / "kb"
+    assert resolve_settings(home, "wiki").community_algorithm == "leiden"  # not held yet: the environment
+    record_namespace(Settings(home=home, namespace="wiki", community_algorithm="louvain", mode="add", knn_top_k=4))
+    later = resolve_settings(home, "wiki")
+    assert (later.community_algorithm, later.knn_top_k, later.mode) == ("louvain", 4, None)  # recorded over env
+    assert resolve_settings(home, "wiki", community_algorithm="leiden", knn_top_k=None).community_algorithm == "leiden"
+    assert resolve_settings(home, "wiki", knn_top_k=None).knn_top_k == 4  # an unset choice keeps the recorded
+    resource = LazyhippoResource(home=str(home), namespace="wiki")  # the Dagster resource calls the same resolver
+    assert resource.settings().community_algorithm == "louvain"
+    assert LazyhippoResource(home=str(home), namespace="wiki", community_algorithm="leiden").settings().community_algorithm == "leiden"
 
 
 def test_with_only_dagster_home_set_the_cli_and_the_engine_use_its_home(tmp_path, monkeypatch):

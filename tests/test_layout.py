@@ -60,7 +60,7 @@ def test_definitions_load_into_the_asset_graph_of_the_data_flow():
         assert upstream in parents, (upstream, downstream, parents)
     for key in keys:
         assert graph.get(dg.AssetKey(key)).kinds, f"{key} has no kinds tag"
-    assert {"index_documents", "index_graph", "rebuild_graph", "query"} <= {j.name for j in defs.resolve_all_job_defs()}
+    assert {"index", "index_graph", "rebuild_graph", "query"} <= {j.name for j in defs.resolve_all_job_defs()}
     assert defs.resolve_asset_graph().asset_check_keys, "the asset checks are part of the definitions"
 
 

@@ -15,7 +15,7 @@ from lazyhippo.stages.documents import ingest_documents
 from lazyhippo.stages.extractions import collect_parts, extract_batch, plan_batches
 from lazyhippo.stores.objects import LocalObjectStore
 from lazyhippo.stores.warehouse import IndexIncomplete, connect, index_notice, snapshot_path
-from lazyhippo_dagster.runner import index_chain, instance_for, run_config
+from lazyhippo_dagster.runner import index_run, instance_for, run_config
 from tests.services_fixtures import minio_store, namespaces  # noqa: F401 - fixtures
 from tests.test_lifecycle import CountingExtractor, graph_difference, graph_snapshot
 
@@ -42,9 +42,9 @@ def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, mon
                       "object_store": {"kind": "local", "root": str(tmp_path / "shared")}})
     cfg["ops"] = {"extractions": {"ops": {"plan_extraction_batches": {"config": {"batch_chunks": 3}}}}}
     instance = instance_for(home)
-    chain = index_chain(instance, home, cfg, {}, "kb", processes=2)
-    assert chain.success and [r.dagster_run.job_name for r in chain.results] == ["index_documents", "index_graph"]
-    starts = instance.all_logs(chain.results[0].run_id, of_type=dg.DagsterEventType.STEP_START)
+    run = index_run(instance, home, cfg, {}, "kb", processes=2)
+    assert run.success and run.dagster_run.job_name == "index"
+    starts = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
     batch_steps = {e.dagster_event.step_key: e.dagster_event.pid for e in starts if "extract_documents[" in e.dagster_event.step_key}
     assert len(batch_steps) >= 3 and len(set(batch_steps.values())) >= 2  # every step in its own process
     kb = Settings(home=home, namespace="kb")
@@ -52,25 +52,23 @@ def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, mon
     assert not graph_difference(graph_snapshot(kb), graph_snapshot(library_index))
     assert len(list((tmp_path / "shared" / "kb" / "parts" / "extractions").glob("*.parquet"))) == 8
     assert not list((tmp_path / "shared" / "kb").glob("work/*/*.parquet"))  # batch objects cleaned up
-    for r in chain.results:  # the runs succeeded: the steps' pickles (batch results with their parts) are gone
-        kept = Path(instance.storage_directory()) / r.run_id
-        assert kept.is_dir() and {p.name for p in kept.iterdir() if p.is_dir()} <= {"compute_logs"}
+    kept = Path(instance.storage_directory()) / run.run_id  # the run succeeded: the steps' pickles are gone
+    assert kept.is_dir() and {p.name for p in kept.iterdir() if p.is_dir()} <= {"compute_logs"}
     runs = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": "kb"}))
     assert runs and runs[0].status == dg.DagsterRunStatus.SUCCESS
 
 
-def _graph_job() -> dg.JobDefinition:
+def _graph_assets() -> list[dg.AssetKey]:
     from lazyhippo_dagster.definitions import defs
 
-    return defs.resolve_job_def("index_graph")
+    return sorted(defs.resolve_job_def("index_graph").asset_layer.executable_asset_keys)
 
 
 def test_a_graph_run_on_processes_publishes_only_after_its_last_step(tmp_path, monkeypatch, library_index):
     """Each step of the multiprocess executor sets its resources up in its own process: still, readers see the
     graph only when the whole run succeeded, and a failed run's re-execution publishes it."""
-    from lazyhippo_dagster.assets._partitions import range_tags
-    from lazyhippo_dagster.definitions import defs
-    from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
+    from lazyhippo_dagster.definitions import defs, index_job_def
+    from lazyhippo_dagster.staging import add_namespace_partition
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     home = tmp_path / "idx"
@@ -79,9 +77,9 @@ def test_a_graph_run_on_processes_publishes_only_after_its_last_step(tmp_path, m
                  "object_store": {"kind": "local", "root": str(tmp_path / "shared")}}
     instance = instance_for(home)
     add_namespace_partition(instance, "kb")
-    keys, _ = stage_documents(instance, settings)
-    docs = defs.resolve_job_def("index_documents").execute_in_process(
-        run_config=run_config(resources), instance=instance, tags=range_tags(keys))
+    docs = defs.resolve_job_def("index").execute_in_process(
+        run_config=run_config(resources), instance=instance, partition_key="kb",
+        asset_selection=[dg.AssetKey(k) for k in ("documents", "chunks", "extractions")])
     assert docs.success and not snapshot_path(settings).exists()  # new documents wait for their graph run
 
     not_a_folder = tmp_path / "not_a_folder"
@@ -89,8 +87,9 @@ def test_a_graph_run_on_processes_publishes_only_after_its_last_step(tmp_path, m
     processes = {"execution": {"config": {"multiprocess": {"max_concurrent": 2, "start_method": {
         "forkserver": {"preload_modules": ["lazyhippo_dagster.definitions"]}}}}}}
     failing = {**run_config({**resources, "object_store": {"kind": "local", "root": str(not_a_folder)}}), **processes}
-    job = dg.reconstructable(_graph_job)
-    with dg.execute_job(job, instance, run_config=failing, tags={"dagster/partition": "kb"}, raise_on_error=False) as failed:
+    job = dg.reconstructable(index_job_def)  # its graph-wide assets, one process per step
+    with dg.execute_job(job, instance, run_config=failing, tags={"dagster/partition": "kb"}, raise_on_error=False,
+                        asset_selection=_graph_assets()) as failed:
         assert not failed.success
         failures = {e.step_key for e in failed.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE}
         succeeded = {e.step_key for e in failed.all_events if e.event_type == dg.DagsterEventType.STEP_SUCCESS}
@@ -220,11 +219,10 @@ def test_parts_through_minio_give_the_same_rows(tmp_path, minio_store, namespace
 @pytest.mark.services
 def test_step_outputs_in_minio_go_with_a_successful_run_and_stay_with_a_failed_one(tmp_path, monkeypatch, minio_store,  # noqa: F811
                                                                                     namespaces):  # noqa: F811
-    from lazyhippo_dagster.assets._partitions import range_tags
-    from lazyhippo_dagster.definitions import defs, index_documents_job_def
+    from lazyhippo_dagster.definitions import defs, index_job_def
     from lazyhippo_dagster.resources import ObjectStoreResource
     from lazyhippo_dagster.sensors import remove_step_outputs
-    from lazyhippo_dagster.staging import add_namespace_partition, stage_documents
+    from lazyhippo_dagster.staging import add_namespace_partition
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     monkeypatch.setenv("LAZYHIPPO_OBJECT_STORE", "minio")  # as on a cluster: every process's environment
@@ -234,8 +232,8 @@ def test_step_outputs_in_minio_go_with_a_successful_run_and_stay_with_a_failed_o
            "execution": {"config": {"in_process": {}}}}
     instance = instance_for(home)
     add_namespace_partition(instance, ns)
-    keys, _ = stage_documents(instance, Settings(home=home, namespace=ns, source=str(SAMPLE_CORPUS)))
-    job = dg.reconstructable(index_documents_job_def)
+    tags = {"dagster/partition": ns}
+    job = dg.reconstructable(index_job_def)
 
     def outputs(run_id: str) -> list[str]:
         return minio_store.list(f"dagster/{run_id}/")
@@ -247,7 +245,7 @@ def test_step_outputs_in_minio_go_with_a_successful_run_and_stay_with_a_failed_o
             sensor_name=remove_step_outputs.name, dagster_instance=instance, dagster_run=instance.get_run_by_id(run_id),
             dagster_event=event, resources={"object_store": ObjectStoreResource()}))
 
-    with dg.execute_job(job, instance, run_config=cfg, tags=range_tags(keys)) as done:
+    with dg.execute_job(job, instance, run_config=cfg, tags=tags) as done:
         assert done.success and any(".plan_extraction_batches/" in k for k in outputs(done.run_id))
     sensed(done.run_id)
     assert not outputs(done.run_id)
@@ -257,12 +255,12 @@ def test_step_outputs_in_minio_go_with_a_successful_run_and_stay_with_a_failed_o
 
     with monkeypatch.context() as m:  # the last step fails after the batches were planned and extracted
         m.setattr("lazyhippo_dagster.assets.extractions.collect_parts", broken)
-        failed = defs.resolve_job_def("index_documents").execute_in_process(
-            run_config=cfg, instance=instance, tags=range_tags(keys), raise_on_error=False)
+        failed = defs.resolve_job_def("index").execute_in_process(
+            run_config=cfg, instance=instance, partition_key=ns, raise_on_error=False)
     assert not failed.success
     kept = outputs(failed.run_id)
     assert kept  # what the re-execution from failure loads
-    with dg.execute_job(job, instance, run_config=cfg, tags=range_tags(keys),
+    with dg.execute_job(job, instance, run_config=cfg, tags=tags,
                         reexecution_options=dg.ReexecutionOptions.from_failure(failed.run_id, instance)) as again:
         assert again.success
     assert outputs(failed.run_id) == kept  # until the bucket's expiry rule (set by `lazyhippo cluster up`)

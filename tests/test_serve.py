@@ -489,12 +489,21 @@ def test_a_loaded_index_is_kept_out_of_the_cyclic_collector(pool):
     import gc
     import weakref
 
+    from lazyhippo.stores.warehouse import snapshot_path
+
+    def published_again() -> None:  # a new version of the snapshot, as an index run publishes it
+        snapshot = snapshot_path(pool.settings)
+        st = os.stat(snapshot)
+        os.utime(snapshot, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
     gc.unfreeze()
-    pool.refresh(force=True)
+    published_again()
+    assert pool.refresh(force=True)
     warm = pool.get("default")
     assert gc.get_freeze_count() > 0
     old = weakref.ref(warm.index.entities)
     del warm
+    published_again()
     pool.refresh(force=True)  # a swap unfreezes: the replaced index can be freed
     gc.collect()
     assert pool.get("default").index.entities is not None and gc.get_freeze_count() > 0

@@ -1,11 +1,13 @@
 """Retrieval and latency benchmarks on a corpus with gold supporting passages (2WikiMultiHopQA format:
-questions carry `supporting_titles`, and `supporting_ids` where titles repeat, as in MuSiQue)."""
+questions carry `supporting_titles`, and `supporting_ids` where titles repeat, as in MuSiQue) or gold source
+files (`gold_files`, paths inside a folder corpus, as in gitdocs: a ranking is scored by its distinct files)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -15,17 +17,20 @@ import polars as pl
 from lazyhippo.models.embedders import embedding_model_name
 from lazyhippo.settings import QUERY_FIELDS, Settings
 
-Ranker = Callable[[str], list[str]]  # question -> ranked passage keys (ids when gold is by id, else titles)
+Ranker = Callable[[str], list[str]]  # question -> ranked passage keys (ids, titles or files: see gold_key)
 
-DATASETS = {"2wiki": "2wikimultihopqa", "hotpotqa": "hotpotqa", "musique": "musique"}
+DATASETS = {"2wiki": "2wikimultihopqa", "hotpotqa": "hotpotqa", "musique": "musique", "gitdocs": "gitdocs"}
+GOLD_FIELDS = ("gold_files", "supporting_ids", "supporting_titles")  # the first every question carries scores
 
 
 def dataset_files(name: str, root: Path) -> tuple[Path, Path]:
-    """(corpus.jsonl, questions_dev.json) of a shared dataset by short name."""
+    """(corpus, questions_dev.json) of a shared set by short name: the corpus is the set's `src/` folder when it
+    has one (a folder of documents, indexed as a folder), else its `corpus.jsonl`."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r} (expected one of {', '.join(DATASETS)} or all)")
     folder = root / DATASETS[name]
-    corpus, questions = folder / "corpus.jsonl", folder / "questions_dev.json"
+    corpus = folder / "src" if (folder / "src").is_dir() else folder / "corpus.jsonl"
+    questions = folder / "questions_dev.json"
     for f in (corpus, questions):
         if not f.exists():
             raise FileNotFoundError(f"dataset {name!r}: {f} does not exist")
@@ -33,13 +38,19 @@ def dataset_files(name: str, root: Path) -> tuple[Path, Path]:
 
 
 def gold_key(questions: Sequence[dict]) -> str:
-    """Score by passage id when every question names its supporting ids (titles may repeat), else by title."""
-    return "supporting_ids" if questions and all(q.get("supporting_ids") for q in questions) else "supporting_titles"
+    """What a ranking is scored by: source files when every question names its gold files, else passage ids when
+    every question names its supporting ids (titles may repeat), else titles."""
+    return next((k for k in GOLD_FIELDS[:2] if questions and all(q.get(k) for q in questions)), GOLD_FIELDS[2])
 
 
 def passage_id(source: str) -> str:
     """The JSONL row id of a chunk's source (`corpus.jsonl#<id>`), else the source itself."""
     return source.rsplit("#", 1)[1] if "#" in source else source
+
+
+def passage_key(source: str, title: str, gold_field: str) -> str:
+    """A chunk's key under `gold_field`: its source file (a folder corpus's relative path), its row id, or its title."""
+    return {"gold_files": source, "supporting_ids": passage_id(source)}.get(gold_field, title)
 
 
 def distinct(titles: Sequence[str]) -> list[str]:
@@ -48,7 +59,7 @@ def distinct(titles: Sequence[str]) -> list[str]:
 
 
 def recall_at_k(ranked: Sequence[str], gold: Sequence[str], k: int) -> float:
-    """Share of the gold passages among the top-k distinct retrieved passages."""
+    """Share of the gold passages (or files) among the top-k distinct retrieved ones."""
     gold_set = set(gold)
     return len(gold_set & set(distinct(ranked)[:k])) / len(gold_set) if gold_set else 0.0
 
@@ -83,6 +94,13 @@ def split_figures(rows: Sequence[dict]) -> dict[str, dict]:
         if part:
             out[half] = {"questions": len(part), **{m: sum(r[m] for r in part) / len(part) for m in KEEP_METRICS}}
     return out
+
+
+def hops_figures(rows: Sequence[dict]) -> dict[str, dict]:
+    """Per number of gold documents a question needs (`hops`, when the questions carry it: gitdocs' single-file
+    and two-file questions), per half: question count and the mean of each metric."""
+    return {f"hops {h}": split_figures([r for r in rows if r.get("hops") == h])
+            for h in sorted({r["hops"] for r in rows if r.get("hops") is not None})}
 
 
 def keep_change(base: dict[str, list[dict]], candidate: dict[str, list[dict]], require_gain: bool = True) -> dict:
@@ -152,6 +170,7 @@ def evaluate(method: str, ranker: Ranker, questions: Sequence[dict], k: int = 8,
         lat.append(time.perf_counter() - t0)
         gold = q[gold_field]
         rows.append({"question": q["question"], gold_field: gold, "retrieved": ranked[:max(k, 8)],
+                     **({"hops": q["hops"]} if "hops" in q else {}),
                      "recall_at_2": recall_at_k(ranked, gold, 2), "recall_at_5": recall_at_k(ranked, gold, 5),
                      "all_supporting_at_8": all_supporting_at_k(ranked, gold, 8)})
         if progress:
@@ -165,12 +184,12 @@ def evaluate(method: str, ranker: Ranker, questions: Sequence[dict], k: int = 8,
 def file_sha(path: Path) -> str:
     """SHA-256 of a file, or of a folder's files (their relative paths and contents, in path order)."""
     h = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for f in files:
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    for file in files:
         if path.is_dir():
-            h.update(f.relative_to(path).as_posix().encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(file.relative_to(path).as_posix().encode("utf-8") + b"\0")
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()
 
@@ -211,13 +230,15 @@ def served_ppr(settings: Settings, store) -> object | None:
     return store.ppr_backend(settings.namespace)
 
 
-def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: bool = False,
-                      assist=None, config=None) -> dict[str, Ranker]:
-    """The route under test (with `config`, a QueryConfig, else the defaults; with `assist`, a RetrievalAssist,
-    its LLM steps) and the two baselines on the same index: BM25 and dense-only (same embedder). Rankers return
-    passage ids (`by_id`) or titles."""
+def retrieval_rankers(settings: Settings, routes: Sequence[str], k: int, ppr=None,
+                      gold_field: str = "supporting_titles", assist=None, config=None,
+                      picked: dict[str, dict[str, str]] | None = None) -> dict[str, Ranker]:
+    """The routes under test (with `config`, a QueryConfig, else the defaults; with `assist`, a RetrievalAssist,
+    its LLM steps) and the two baselines on the same index and chunk budget `k`: BM25 (bm25s over the chunks)
+    and dense-only (same embedder). Rankers return passage keys (`passage_key`). `picked`, when given, gets
+    per route the route each question ran (what `auto` chose)."""
     from lazyhippo.models.embedders import get_embedder
-    from lazyhippo.query import retrieve
+    from lazyhippo.query import search
     from lazyhippo.query.loader import load_index
     from lazyhippo.query.types import PreparedQuery, top_indices
 
@@ -227,61 +248,90 @@ def retrieval_rankers(settings: Settings, route: str, k: int, ppr=None, by_id: b
     def channel(name: str) -> Ranker:
         def rank(question: str) -> list[str]:
             scores = getattr(PreparedQuery(idx, question, embedder), name)
-            return [passage_id(idx.chunks.sources[c]) if by_id else idx.chunks.titles[c] for c in top_indices(scores, k)]
+            return [passage_key(idx.chunks.sources[c], idx.chunks.titles[c], gold_field)
+                    for c in top_indices(scores, k) if scores[c] > 0]
         return rank
 
-    return {route: lambda q: [passage_id(c.source) if by_id else c.title
-                              for c in retrieve(settings, q, route=route, top_k=k, ppr=ppr, assist=assist,
-                                                config=config)],
-            "bm25": channel("bm25"), "dense": channel("dense")}
+    def route_ranker(route: str) -> Ranker:
+        def rank(question: str) -> list[str]:
+            found = search(settings, question, route, k, ppr=ppr, assist=assist, config=config)
+            if picked is not None:
+                picked.setdefault(route, {})[question] = found.route
+            return [passage_key(c.source, c.title, gold_field) for c in found.chunks]
+        return rank
+
+    return {**{route: route_ranker(route) for route in routes}, "bm25": channel("bm25"), "dense": channel("dense")}
 
 
-def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str = "local", k: int = 8,
-                        progress=None, graph_store: str = "embedded", settings: Settings | None = None,
+def run_retrieval_bench(corpus: Path, questions_file: Path, workdir: Path, route: str | Sequence[str] = "local",
+                        k: int = 8, progress=None, graph_store: str = "embedded", settings: Settings | None = None,
                         split: str = "all", assist=None, config=None) -> dict:
-    """Quality of `route` (with `config`, a QueryConfig) on the index of `corpus` over the questions of `split`,
+    """Quality of `route` (one, or several: the first is the one under test, which `bench keep` compares; with
+    `config`, a QueryConfig) on the index of `corpus` (a JSONL file or a folder) over the questions of `split`,
     ranked through `graph_store` (neo4j: the index is pushed to the server first and PPR runs over the graph it
-    serves). With `assist` (a RetrievalAssist) the route uses its LLM steps and the tokens it used are reported."""
+    serves). With `assist` (a RetrievalAssist) the routes use its LLM steps and the tokens used are reported."""
     from lazyhippo.stores import open_graph_store
 
+    routes = [route] if isinstance(route, str) else list(route)
     questions = select_split(json.loads(Path(questions_file).read_text()), split)
     field_ = gold_key(questions)
     settings, index_info = ensure_index(Path(corpus), Path(workdir), progress, settings)
     store = open_graph_store(graph_store)
+    picked: dict[str, dict[str, str]] = {}
     try:
         before = assist.llm.meter.snapshot() if assist else {}
-        rankers = retrieval_rankers(settings, route, k, served_ppr(settings, store), by_id=field_ == "supporting_ids",
-                                    assist=assist, config=config)
+        rankers = retrieval_rankers(settings, routes, k, served_ppr(settings, store), gold_field=field_, assist=assist,
+                                    config=config, picked=picked)
         reports = [evaluate(name, ranker, questions, k, progress, field_) for name, ranker in rankers.items()]
         usage = assist.llm.meter.since(before) if assist else []
     finally:
         store.close()
+    for r in reports:
+        for row in r.per_question if r.method in picked else ():
+            row["route_used"] = picked[r.method][row["question"]]
     by = {r.method: r for r in reports}
+    main = routes[0]
     return {
-        "corpus": str(corpus), "questions": len(questions), "split": split, "route": route, "k": k,
+        "corpus": str(corpus), "questions": len(questions), "split": split, "route": main, "routes": routes, "k": k,
         "graph_store": graph_store, "scored_by": field_, "embedder": settings.embedder, **index_info,
         "methods": {r.method: r.headline() for r in reports},
         "halves": {r.method: split_figures(r.per_question) for r in reports},
+        "by_hops": {r.method: hops_figures(r.per_question) for r in reports},
+        "routes_used": {name: dict(Counter(choice.values()).most_common()) for name, choice in picked.items()},
         **({"llm": {"model": assist.llm.model, "usage": usage, "breaker": assist.breaker.state}} if assist else {}),
-        "margin_over_dense": {m: round(getattr(by[route], m) - getattr(by["dense"], m), 4)
-                              for m in ("recall_at_2", "recall_at_5", "all_supporting_at_8")},
+        "margin_over_dense": {m: round(getattr(by[main], m) - getattr(by["dense"], m), 4) for m in KEEP_METRICS},
+        "margin_over_bm25": {m: round(getattr(by[main], m) - getattr(by["bm25"], m), 4) for m in KEEP_METRICS},
         "per_question": {r.method: r.per_question for r in reports},
     }
 
 
 def summary_row(name: str, result: dict) -> dict:
     """One line of the all-datasets table (short keys, to fit a terminal): the route's three figures on the
-    tune and the confirm half side by side ("-" for a half not run), the baselines' recall@5, the route's
-    p50 latency and the index time."""
+    tune and the confirm half side by side ("-" for a half not run), BM25's recall@5 and all_supporting@8 the
+    same way, dense-only's recall@5, the route's p50 latency and the index time."""
     m, route = result["methods"], result["route"]
-    halves = result["halves"][route]
+    halves, bm25 = result["halves"][route], result["halves"]["bm25"]
     sides = {f"{short} {h[0]}": round(halves[h][metric], 3) if h in halves else "-"
              for short, metric in (("r@2", "recall_at_2"), ("r@5", "recall_at_5"), ("all@8", "all_supporting_at_8"))
              for h in ("tune", "confirm")}
+    base = {f"bm25 {short} {h[0]}": round(bm25[h][metric], 3) if h in bm25 else "-"
+            for short, metric in (("r@5", "recall_at_5"), ("all@8", "all_supporting_at_8")) for h in ("tune", "confirm")}
     return {"set": name, "n t/c": "/".join(str(halves[h]["questions"]) if h in halves else "0" for h in ("tune", "confirm")),
-            **sides, "bm25 r@5": round(m["bm25"]["recall_at_5"], 3),
+            **sides, **base,
             "dense r@5": round(m["dense"]["recall_at_5"], 3), "p50 ms": round(m[route]["latency_p50_ms"], 1),
             "index s": round(result["index_seconds"], 1), "reused": result["reused"]}
+
+
+def part_rows(result: dict) -> list[dict]:
+    """Every method's figures per half, and per `hops` group and half when the questions carry it (one row each)."""
+    rows = []
+    for method, halves in result["halves"].items():
+        parts = {**halves, **{f"{g} {h}": fig for g, by in result.get("by_hops", {}).get(method, {}).items()
+                              for h, fig in by.items()}}
+        for part, fig in parts.items():
+            rows.append({"method": method, "part": part, "n": fig["questions"],
+                         **{m: round(fig[m], 3) for m in KEEP_METRICS}})
+    return rows
 
 
 def headline(result: dict) -> dict:

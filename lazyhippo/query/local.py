@@ -67,7 +67,7 @@ def _span_matches(idx: GraphIndex, raw: list[str]) -> list[tuple[int, int, str]]
             span = low[i:i + n]
             if all(t in STOPWORDS for t in span):
                 continue
-            if n == 1 and (len(span[0]) < 3 and not span[0].isdigit()):
+            if n == 1 and len(span[0]) < 3:
                 continue
             key = " ".join(span)
             if key in idx.entities.name_index or key in idx.chunks.title_index:
@@ -135,7 +135,8 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
 
     # embedding links for name-like phrases the exact matcher did not cover: each to its nearest entity
     phrases = [(i, j) for i, j in name_phrases(raw)
-               if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0]
+               if not any(a <= i and j <= b for a, b in covered) and idx.n_entities and p.embed_weight > 0
+               and not (j - i == 1 and raw[i].isdigit() and len(raw[i]) < 3)]  # as for spans: no "1", "42"
     if phrases:
         texts = [" ".join(raw[i:j]) for i, j in phrases]
         for text, vec in zip(texts, q.embed(texts)):
@@ -332,9 +333,10 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
                    extra_seeds: dict[int, float] | None = None, route: str = "local",
                    selection: ChunkSelectionParams = ChunkSelectionParams(),
                    fact_filter: FactFilter | None = None) -> tuple[list[ScoredChunk], dict]:
-    """The best `top_k` chunks, the first reordered by `cover_question`, each taking the score of the rank it
-    lands on (so assembly, which sorts by score, keeps the order). With a `vector` or `weight` selection, the
-    chunks `related_chunks` picks instead."""
+    """The best `top_k` chunks: the graph's order (the first reordered by `cover_question`) fused by rank with
+    BM25's (`lexical_weight`), each document's best chunks first (`chunks_per_document`); each chunk takes the
+    score of the rank it lands on (so assembly, which sorts by score, keeps the order). With a `vector` or
+    `weight` selection, the chunks `related_chunks` picks instead."""
     ls = local_scores(idx, q, p, ppr, extra_seeds, fact_filter)
     if selection.mode != "graph":
         picked, values = related_chunks(idx, q, ls, selection)
@@ -346,7 +348,44 @@ def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int
     scores = ls.scores
     depth = max(top_k, p.coverage_pool, p.bridge_depth)
     ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)
-    order = cover_question(idx, q, ranked, scores, p)[:top_k]
+    order = cover_question(idx, q, ranked, scores, p)
+    values = scores[ranked]
+    if p.lexical_weight > 0:
+        bm25 = q.bm25
+        lexical = np.asarray([c for c in top_indices(bm25, depth) if bm25[c] > 0], dtype=np.int64)
+        order, values = fuse_ranks([order, lexical], [1.0, p.lexical_weight])
+    order = documents_first(idx, order, p.chunks_per_document, top_k)
     dense = q.dense
-    return [ScoredChunk.from_index(idx, int(c), scores[r], route, ppr=ls.ppr[c], dense=dense[c])
-            for c, r in zip(order, ranked)], ls.diagnostics
+    lexical = q.bm25 if p.lexical_weight > 0 else None
+    return [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=dense[c],
+                                   **({"bm25": lexical[c]} if lexical is not None else {}))
+            for c, v in zip(order, values)], ls.diagnostics
+
+
+def fuse_ranks(rankings: list[np.ndarray], weights: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Reciprocal-rank fusion without a constant (k = 0): every chunk scores the sum of weight / rank over the
+    rankings that hold it, so the first places of the heaviest ranking lead; (chunks best first, their fused
+    scores). Ties: the first ranking's order, then the next's."""
+    ids = np.concatenate([np.asarray(r, dtype=np.int64) for r in rankings])
+    scores = np.concatenate([w / np.arange(1.0, len(r) + 1.0) for r, w in zip(rankings, weights)])
+    chunks, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    fused = np.bincount(inverse, weights=scores, minlength=len(chunks))
+    order = np.lexsort((first, -fused))
+    return chunks[order], fused[order]
+
+
+def documents_first(idx: GraphIndex, order: np.ndarray, per_document: int, limit: int) -> np.ndarray:
+    """The first `limit` chunks of `order` once each document's first `per_document` chunks go ahead of the rest
+    (both parts keep their order): a long document whose title carries graph mass lifts all its chunks at once
+    and would fill the top with itself, when a question usually needs several documents. 0 keeps the order."""
+    if per_document <= 0:
+        return order[:limit]
+    seen: dict[str, int] = {}
+    ahead, behind = [], []
+    for c in order:  # stops once `limit` chunks are ahead: the rest cannot reach the first `limit`
+        doc = idx.chunks.doc_ids[c]
+        seen[doc] = seen.get(doc, 0) + 1
+        (ahead if seen[doc] <= per_document else behind).append(int(c))
+        if len(ahead) == limit:
+            break
+    return np.asarray((ahead + behind)[:limit], dtype=np.int64)

@@ -17,6 +17,7 @@ from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.local import local_scores, retrieve_local
 from lazyhippo.query.multihop import SubgraphPPR
+from lazyhippo.query.text import QUESTION_WORDS, tokens
 from lazyhippo.query.types import PreparedQuery, ScoredChunk, hub_entities, top_indices
 
 
@@ -50,9 +51,9 @@ _CODE = re.compile(  # case-sensitive shapes of code, identifiers, versions and 
 _TECH_WORDS = re.compile(
     r"\b(error|exception|traceback|stack ?trace|config(uration)?|install(ation)?|api|endpoint|function|parameter|"
     r"argument|command|cli|flag|syntax|compile|version|timeout|schema|sql|http|status code|debug|stderr)\b", re.I)
-_EXPLORATORY = re.compile(
+_EXPLORATORY = re.compile(  # about the collection as a whole: not a bare "topic", "broad" or "across" ("topic branch")
     r"\b(main|major|key|common|recurring|overall|general) (themes?|topics?|ideas?|trends?|points?)\b|\bthemes?\b|"
-    r"\btopics?\b|\boverview\b|\bsummar(y|ise|ize)\b|\bin general\b|\bacross\b|\bbroad(ly)?\b|\blandscape\b|"
+    r"\boverview\b|\bsummar(y|ise|ize)\b|"
     r"\bwhat (is|are) (this|these|the) (collection|corpus|documents?|dataset)\b|\bhow are .+ (connected|related)\b",
     re.I)
 _RELATIONAL = re.compile(
@@ -62,6 +63,7 @@ _RELATIONAL = re.compile(
     re.I)
 _CLAUSE_SPLIT = re.compile(r"\?\s+|;\s*|\.\s+(?=[A-Z])|,?\s+(?:and|also|as well as|then)\s+(?=(?:who|whom|whose|what|when|where|which|why|how|did|does|do|is|are|was|were)\b)", re.I)
 _COMPARE = re.compile(r"^(?P<stem>.+?),\s*(?P<a>[^,]+?)\s+or\s+(?P<b>[^,?]+)\??$", re.I)
+_REFERENCE = re.compile(r"\b(it|its|they|them|their|this|that|these|those|he|she|him|his|her|one)\b", re.I)
 
 
 _ABOUT_CORPUS = re.compile(r"\b(?:this|these|the) (?:collection|corpus|documents?|dataset|index|knowledge base)\b", re.I)
@@ -87,22 +89,11 @@ def classify_query(question: str) -> str:
     return "general"
 
 
-def auto_route(kind: str, idx: GraphIndex | None = None, q: PreparedQuery | None = None) -> str:
-    """The route for a question of type `kind` (see classify_query)."""
-    route = {"multi_part": "drift", "exploratory": "global", "technical": "hybrid", "relational": "local"}.get(kind)
-    if route is None:  # general: local when the question names something in the graph, else hybrid
-        route = "local" if idx is not None and q is not None and _names_entity(idx, q) else "hybrid"
-    return route
-
-
-def _names_entity(idx: GraphIndex, q: PreparedQuery) -> bool:
-    low = [t.lower() for t in q.raw_tokens]
-    for n in range(min(6, len(low)), 0, -1):
-        for i in range(len(low) - n + 1):
-            key = " ".join(low[i:i + n])
-            if (key in idx.chunks.title_index or key in idx.entities.name_index) and (n > 1 or q.raw_tokens[i][:1].isupper()):
-                return True
-    return False
+def auto_route(kind: str) -> str:
+    """The route for a question of type `kind` (see classify_query): `global` for a question about the collection
+    as a whole (its themes), else `local`, which on the development sets scores at least as well as `drift`,
+    `hybrid` and `global` on every other type (docs/query-routes.md)."""
+    return "global" if kind == "exploratory" else "local"
 
 
 def split_question(question: str, llm=None, max_parts: int = 4) -> list[str]:
@@ -128,7 +119,15 @@ def split_question(question: str, llm=None, max_parts: int = 4) -> list[str]:
     parts = [p for p in parts if p and len(p.split()) >= 2]
     if len(parts) <= 1:
         return [question]
-    return [p + "?" for p in parts][:max_parts]
+    subject = question_subject(parts[0])
+    return [p + "?" if i == 0 or not subject or not _REFERENCE.search(p) else f"{subject}: {p}?"
+            for i, p in enumerate(parts)][:max_parts]
+
+
+def question_subject(part: str) -> str:
+    """What the first part of a compound question is about, for the later parts that refer to it ("..., and
+    what happens if it is set to None?" loses "it" on its own): its content words, as written."""
+    return " ".join(w.strip(",;:") for w in part.split() if tokens(w) and w.lower() not in QUESTION_WORDS)
 
 
 def retrieve_drift(req: RouteRequest) -> RouteResult:
@@ -265,5 +264,5 @@ def check_route(route: str) -> str:
 
 def run_route(route: str, req: RouteRequest) -> tuple[str, RouteResult]:
     """Run `route` ("auto" picks one from the question's type); returns the route used and its result."""
-    name = auto_route(req.kind, req.idx, req.query) if check_route(route) == "auto" else route
+    name = auto_route(req.kind) if check_route(route) == "auto" else route
     return name, ROUTES[name](req)

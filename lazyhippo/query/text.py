@@ -43,7 +43,7 @@ def strip_heading(text: str) -> str:
 # comments, directives, includes, table rules.
 _MARKUP_LINE = re.compile(
     r"^\s*(?:[-=~^+*_.#/`]{3,}\s*|\[\[?[^\]]*\]\]?\s*|:[\w-]+:(?:\s.*)?|//.*|\.\.\s*(?:[\w:-]+::.*|_[^:]+:.*)?|"
-    r"(?:include|ifdef|ifndef|ifeval|endif|image|toc)::.*|\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?|\+|--|"
+    r"(?:include|ifdef|ifndef|ifeval|endif|image|toc)::\S*\[[^\]]*\]|\|?\s*:?-{3,}:?\s*(?:\|\s*:?-{3,}:?\s*)*\|?|\+|--|"
     r"\.[A-Z].*)$")  # ... an AsciiDoc open block (--) and block title (.Title)
 _FENCE = re.compile(r"^\s*(?:```|~~~|-{4,}|\.{4,})\s*\w*\s*$")       # code fences, AsciiDoc listing/literal blocks
 _HEADING_LINE = re.compile(r"^\s*(?:#{1,6}|={1,6})\s+\S")           # Markdown and AsciiDoc section titles
@@ -55,6 +55,7 @@ _ATTRIBUTES = {"asterisk": "*", "litdd": "--", "caret": "^", "plus": "+", "tilde
 _INLINE = [  # (pattern, replacement), in order: links before emphasis, code before quotes
     (re.compile(r"<!--.*?-->", re.S), ""),
     (re.compile(r"\(\(\(.*?\)\)\)"), ""),                                   # AsciiDoc index terms
+    (re.compile(r"\b(?:ifdef|ifndef|ifeval|endif|include)::[^\s\[]*\[[^\]]*\]"), ""),  # AsciiDoc conditionals
     (re.compile(r"\[\[[^\]]*\]\]|\[\^[^\]]*\]|\banchor:[\w-]+\[[^\]]*\]"), ""),  # anchors, footnote marks
     (re.compile(r"!\[([^\]]*)\]\([^)]*\)"), r"\1"),                         # Markdown image
     (re.compile(r"\[([^\]]+)\]\([^)]*\)|\[([^\]]+)\]\[[^\]]*\]"), r"\1\2"),  # Markdown links
@@ -74,7 +75,7 @@ _INLINE = [  # (pattern, replacement), in order: links before emphasis, code bef
     (re.compile(r"(?<![\w*\\])([*_])(?=[^\s*_])(.+?)(?<=[^\s*_])\1(?![\w*])"), r"\2"),  # emphasis
     (re.compile(r"(?<![\w'])'(?=[^\s'])([^'\n]{1,80}?)(?<=[^\s'])'(?![\w'])"), r"\1"),  # AsciiDoc 'emphasis'
     (re.compile(r"(?<![\w+])\+(?=\S)([^+\n]{1,80}?)(?<=\S)\+(?![\w+])"), r"\1"),  # AsciiDoc +literal+
-    (re.compile(r"(?<=\w)::(?=\s|$)"), ":"),                                  # reST literal-block colons
+    (re.compile(r"(?<=\S):{2,4}(?=\s|$)"), ":"),              # reST literal-block colons, inline definition terms
     (re.compile(r"\\([\\`*_{}\[\]()#+.!|-])"), r"\1"),                       # escapes
 ]
 
@@ -88,6 +89,17 @@ def strip_markup(text: str) -> str:
     for pattern, repl in _INLINE:
         text = pattern.sub(repl, text)
     return _LEFTOVER.sub("", text).strip()
+
+
+# Block delimiters and title underlines that a chunker ran into the prose around them ("... manner. Bisect skip
+# ~~~~~~~~~~~ Instead of ..."): an underline takes the short title before it along.
+_RUN_TITLE = re.compile(r"(?:(?<=[.!?:])|^)[ \t]*[^.!?:\n]{1,60}?[ \t]+([=\-~^+*])\1{3,}(?=[ \t]|$)", re.M)
+_RUN = re.compile(r"(?:(?<=\S)[ \t]+([=\-~^+*_.])\1{3,}(?=[ \t]|$))|(?:^([=\-~^+*_.])\2{3,}[ \t]+(?=\S))", re.M)
+_COMMAND = re.compile(r"^\$ ")  # a shell command line, not prose
+
+
+def _split_runs(text: str) -> str:
+    return _RUN.sub("\n\n", _RUN_TITLE.sub("\n\n", text))
 
 
 def paragraphs(text: str) -> list[str]:
@@ -104,7 +116,7 @@ def paragraphs(text: str) -> list[str]:
             out.append(strip_markup(" ".join(current)))
             current.clear()
 
-    for raw in text.splitlines():
+    for raw in _split_runs(text).splitlines():
         line, above = raw.strip(), previous
         previous = line
         if fence is not None:
@@ -124,7 +136,7 @@ def paragraphs(text: str) -> list[str]:
         literal = literal or (indented and not current and not terms and not above)
         if not line or not indented:
             literal = False
-        if not line or literal or _MARKUP_LINE.match(line) or _HEADING_LINE.match(line):
+        if not line or literal or _MARKUP_LINE.match(line) or _HEADING_LINE.match(line) or _COMMAND.match(line):
             close()  # a blank line, a literal (indented) paragraph, markup only, a heading
             continue
         if _ITEM.match(line):

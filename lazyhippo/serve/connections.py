@@ -23,6 +23,7 @@ from lazyhippo.serve.limits import Limits
 
 
 HEAD_LATE = "request line and headers not received within {:g} s"
+LINGER_SECONDS = 1.0
 
 
 class _Refused(Exception):
@@ -34,11 +35,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:
         over = len(self.connections) >= self.limits.max_connections
-        super().connection_made(transport)
         self._head: int | None = 0        # bytes of the current request's head so far (None: head complete)
         self._headers = 0
         self._refusal: tuple[int, str] | None = None
         self._timer = None
+        self._refused = False             # answered with an error: what still comes is read and dropped
+        super().connection_made(transport)
         if over:
             self._refuse(503, f"over {self.limits.max_connections} open connections; retry later")
             return
@@ -52,7 +54,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser at most one byte past the head limit while a head is incomplete."""
-        while data and not self.transport.is_closing():
+        if self._refused:
+            return
+        while data and not self.transport.is_closing() and not self._refused:
             if self._head is None:
                 super().data_received(data)
                 return
@@ -60,7 +64,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             piece, data = data[:room], data[room:]
             self._head += len(piece)
             super().data_received(piece)
-            if self._head is not None and self._head > self.limits.max_header_bytes and not self.transport.is_closing():
+            if self._head is not None and self._head > self.limits.max_header_bytes and not self._refused:
                 self._refuse(431, f"request line and headers over {self.limits.max_header_bytes} bytes")
 
     def on_message_begin(self) -> None:
@@ -112,7 +116,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _expired(self, message: str) -> None:
         """A silent connection is closed; one that started a request gets a 408 when no response began."""
         self._timer = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refused:
             return
         cycle = self.cycle  # in a head: the previous request's; in a body: this one's
         answered = cycle is not None and (not cycle.response_complete if self._head is not None else cycle.response_started)
@@ -122,11 +126,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, status: int, message: str) -> None:
+        """Answer and close. The close lingers a moment, reading and dropping what the client still sends:
+        closing with unread data resets the connection, and the reset can destroy the answer in flight."""
         self._disarm()
+        self._refused = True
         body = json.dumps({"error": message}).encode()
         self.transport.write(b"".join([STATUS_LINE[status], b"content-type: application/json\r\n",
                                        b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]))
-        self.transport.close()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
+        else:
+            self.transport.close()
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the application sees the client gone
             self.cycle.message_event.set()

@@ -3,18 +3,23 @@ the HTTP API. Tools: `lazyhippo_retrieve(query, limit, mode)` returns cited pass
 entities; `lazyhippo_answer(question, history)` a cited answer that sees the conversation so far;
 `lazyhippo_namespaces()` lists the knowledge bases; `lazyhippo_entity(name)` shows one entity; `lazyhippo_delete`,
 `lazyhippo_merge` (runs like the HTTP API's, followed with `lazyhippo_run`) and `lazyhippo_export` keep a knowledge
-base current. Nothing but the protocol goes to stdout."""
+base current. Nothing but the protocol goes to stdout; each line from the client is screened first (`screen`): a
+malformed request gets a JSON-RPC error reply and the session goes on."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
 import json
 import os
 import re
-import threading
+from typing import Any, Literal, Optional
 
+import anyio
+import mcp_types as types
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from lazyhippo.logs import configure_logging
 from lazyhippo.query import ROUTES, QueryOptions
@@ -37,8 +42,6 @@ def _checked_query(query: str) -> str:
     query = query.strip()
     if not query:
         raise ToolError("query is empty")
-    if REPLACED in query:  # see `_valid_text_stdin`
-        raise ToolError("query holds text that is not valid Unicode (an unpaired surrogate or bytes that are not UTF-8)")
     if len(query) > MAX_QUERY_CHARS:
         raise ToolError(f"query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
     return query
@@ -183,8 +186,8 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
         fuzzy (one clear candidate), ambiguous (no entity; choose among `candidates`) or none."""
         if not 0 <= neighbours <= 200 or not 0 <= chunks <= 100:
             raise ToolError("neighbours must be 0-200 and chunks 0-100")
-        if len(name) > 500 or REPLACED in name:
-            raise ToolError("name must be at most 500 characters of valid Unicode")
+        if len(name) > 500:  # (text that is not valid Unicode never reaches a tool: see `screen`)
+            raise ToolError("name must be at most 500 characters")
         try:
             return lookup_entity(indexed(namespace), name, neighbours, chunks).to_dict()
         except ValueError as exc:
@@ -199,54 +202,92 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
     return server
 
 
-REPLACED = "\ufffd"
+MAX_DEPTH = 64
+PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
+
+
+def _problem(message) -> tuple[int, str] | None:
+    """Why a parsed message cannot be handed on: nested too deeply, or text with an unpaired surrogate (from a
+    JSON escape; nothing downstream can encode it). Iterative: a deep message cannot exhaust the stack."""
+    stack = [(message, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return INVALID_REQUEST, f"invalid request: nested deeper than {MAX_DEPTH} levels"
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in (*value.keys(), *value.values()))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str) and _SURROGATE.search(value):
+            return INVALID_PARAMS, "invalid params: text is not valid Unicode (an unpaired surrogate)"
+    return None
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _valid_text(line: bytes) -> bytes:
-    """The JSON-RPC message with each unpaired surrogate escape (`"\\ud800"`) turned into U+FFFD: the SDK's
-    parser rejects such a message whole, and the request it carried was never answered."""
-    if b"\\ud" not in line.lower():
-        return line
+def screen(line: bytes) -> tuple[str | None, dict | None]:
+    """One line from the client: (the line for the SDK, None), or (None, the JSON-RPC error reply to send; None
+    for a notification, which never gets one). The SDK drops a line it cannot parse without a reply, and a
+    message it cannot encode ends the session: such lines stop here."""
     try:
-        message = json.loads(line)
-    except ValueError:
-        return line  # the SDK reports what is wrong with it
+        message = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, _error(None, PARSE_ERROR, "parse error: not one JSON text in UTF-8 (or nested too deeply)")
+    ident = message.get("id") if isinstance(message, dict) else None
+    if not isinstance(ident, (str, int)) or isinstance(ident, bool):
+        ident = None
+    problem = _problem(message)
+    if problem is None:
+        try:
+            types.jsonrpc_message_adapter.validate_python(message, by_name=False)
+            return line.decode("utf-8"), None
+        except ValidationError:
+            problem = INVALID_REQUEST, "invalid request: not a JSON-RPC 2.0 message"
+    notification = isinstance(message, dict) and "method" in message and "id" not in message
+    return None, None if notification else _error(ident, *problem)
 
-    def clean(value):
-        if isinstance(value, str):
-            return _SURROGATE.sub(REPLACED, value)
-        if isinstance(value, list):
-            return [clean(v) for v in value]
-        if isinstance(value, dict):
-            return {clean(k): clean(v) for k, v in value.items()}
-        return value
 
-    return json.dumps(clean(message)).encode() + b"\n"
+def _error(ident, code: int, message: str) -> dict:
+    return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
 
 
-def _valid_text_stdin() -> None:
-    """Put a pipe fed with `_valid_text` lines by a thread in place of stdin (the SDK then reads fd 0 as usual)."""
-    source = os.fdopen(os.dup(0), "rb")
-    read_end, write_end = os.pipe()
-    os.dup2(read_end, 0)
-    os.close(read_end)
+class ScreenedStdin:
+    """The SDK's stdin: the lines `screen` lets through; the others are answered on the session's write stream
+    (set once the transport is up), so the session goes on."""
 
-    def pump() -> None:
-        with source, os.fdopen(write_end, "wb", buffering=0) as sink:
-            for line in source:
-                sink.write(_valid_text(line))
+    def __init__(self, source):
+        self.source = source
+        self.replies = None
+        self.ready = anyio.Event()
 
-    threading.Thread(target=pump, name="lazyhippo-mcp-stdin", daemon=True).start()
+    async def __aiter__(self):
+        async for line in self.source:
+            if not line.strip():
+                continue
+            text, reply = screen(line)
+            if text is not None:
+                yield text
+            elif reply is not None:
+                await self.ready.wait()
+                await self.replies.send(SessionMessage(types.JSONRPCError.model_validate(reply)))
+
+
+async def _serve_stdio(server: MCPServer) -> None:
+    stdin = ScreenedStdin(anyio.wrap_file(os.fdopen(os.dup(0), "rb")))
+    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+        stdin.replies = write_stream
+        stdin.ready.set()
+        lowlevel = server._lowlevel_server  # (the SDK runs stdio this way, with no screened stdin to give it)
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
 def run_stdio(settings: Settings) -> None:
     configure_logging(environment().verbose)  # stderr is the client's log: warnings only, unless verbose
     pool = IndexPool(settings).start()
     runs = IndexRuns(pool)
-    _valid_text_stdin()
     try:
-        build_server(pool, runs).run("stdio")
+        anyio.run(_serve_stdio, build_server(pool, runs))
     finally:
         runs.stop()
         pool.stop()

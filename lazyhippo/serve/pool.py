@@ -37,7 +37,6 @@ from lazyhippo.query import (
     load_index,
     search,
 )
-from lazyhippo.query.loader import db_version
 from lazyhippo.query.routes import check_route
 from lazyhippo.settings import Settings, environment
 from lazyhippo.stores.snapshots import SnapshotSync
@@ -74,6 +73,7 @@ class Warm:
     index: GraphIndex
     version: tuple   # the snapshot file version the index was read from
 
+
 DAMAGED = "its published index could not be read; answering from the previous one if any; run `lazyhippo index` for it"
 
 
@@ -92,7 +92,7 @@ class IndexPool:
         self._republished: set[tuple] = set()  # (namespace, version) already published again once
         self._lock = threading.Lock()        # one loader at a time; readers never take it
         self._holds = 0                      # index runs of this process under way
-        self._seen: tuple[tuple, float] | None = None  # (file version, first seen at) while settling
+        self._seen: tuple[dict, float] | None = None  # (snapshot versions, first seen at) while settling
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.preload = True                  # load every known namespace (else on first use)
@@ -193,7 +193,7 @@ class IndexPool:
             if (namespace, version) not in self._republished:
                 self._republished.add((namespace, version))
                 try:
-                    if republish(settings):
+                    if republish_from_warehouse(settings):
                         log.warning("published namespace %s again from the warehouse", namespace)
                         self._load(namespace)
                         return True
@@ -203,8 +203,9 @@ class IndexPool:
             return False
 
     def refresh(self, force: bool = False) -> bool:
-        """Reload the namespaces whose snapshot changed (once the folder settled); True if anything was swapped.
-        A namespace that failed to load is retried at the next refresh."""
+        """Reload the namespaces whose snapshot changed (once the folder settled; at once when `force`d, even
+        while this process writes); True if anything was swapped. A namespace that failed to load is retried at
+        the next refresh."""
         db = Path(snapshot_dir(self.settings))
         if not db.exists() or (self._holds and not force):
             return False
@@ -221,7 +222,7 @@ class IndexPool:
         with self._lock:
             known = set(list_namespaces(self.settings))
             for ns in set(self._warm) - known:  # its snapshot was deleted: keep serving it, publish it again
-                if republish(self.settings.with_(namespace=ns)):
+                if republish_from_warehouse(self.settings.with_(namespace=ns)):
                     log.warning("the published snapshot of namespace %s was gone: published it again", ns)
                     known.add(ns)
             self._known = known
@@ -231,7 +232,7 @@ class IndexPool:
                 if ns not in known:
                     self._warm.pop(ns, None)
                     self.damaged.pop(ns, None)
-                elif force or warm is None or warm.version != snapshot_version(warm.settings):
+                elif warm is None or warm.version != snapshot_version(warm.settings):
                     loaded = self._load_or_repair(ns)
                     swapped, ok = swapped or loaded, ok and loaded
             if ok:  # a namespace that failed is retried at the next poll
@@ -263,7 +264,7 @@ class IndexPool:
         self.preload = preload
         known = set(list_namespaces(self.settings))  # (publishes a home indexed before snapshots existed)
         for ns in sorted(completed_namespaces(self.settings) - known):  # its snapshot went while the server was down
-            if republish(self.settings.with_(namespace=ns)):
+            if republish_from_warehouse(self.settings.with_(namespace=ns)):
                 log.warning("the published snapshot of namespace %s was missing: published it again", ns)
                 known.add(ns)
         if known:
@@ -316,6 +317,11 @@ def snapshot_sync(settings: Settings) -> SnapshotSync | None:
 def list_namespaces(settings: Settings) -> list[str]:
     """Namespaces with a published (complete) index."""
     return published_namespaces(settings)
+
+
+def republish_from_warehouse(settings: Settings) -> bool:
+    """Publish the namespace's snapshot again when this home has a warehouse (a replica has only snapshots)."""
+    return settings.db_path.exists() and republish(settings)
 
 
 def completed_namespaces(settings: Settings) -> set[str]:

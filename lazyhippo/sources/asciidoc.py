@@ -67,6 +67,7 @@ def inline(text: str, attributes: dict[str, str]) -> str:
         return label.split(",")[0].strip('"') or target or ""
 
     text = re.sub(r"\{([\w-]+)\}", lambda m: attributes.get(m.group(1).lower(), m.group(0)), text)
+    text = re.sub(r"``(\S(?:.*?\S)?)''", r'"\1"', text)  # ``double quotes'' of the older dialect
     text = _PROTECT.sub(lambda m: keep(html.unescape(next(g for g in m.groups() if g is not None))), text)
     text = _URL_TEXT.sub(lambda m: m.group(2) or m.group(1), text)
     text = _MACRO.sub(macro, text)
@@ -168,7 +169,6 @@ class _Reader:
                 continue
             if s == "+":  # a list continuation: what follows belongs to the item
                 self.flush()
-                after_blank = False
                 i += 1
                 continue
             label = _LABEL.match(line)

@@ -17,6 +17,7 @@ from typing import Callable
 
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import ReadError, iter_files, read_path
+from lazyhippo.sources.pdf import cpu_budget
 
 HASH_CHARS = 12  # enough to tell two versions of one document apart, short enough for a cursor
 CURSOR_VERSION = 2  # documents by source (their partition names derive from it)
@@ -103,7 +104,8 @@ def scan_source(source: Path, max_bytes: int, previous: SourceState) -> tuple[So
     for path in iter_files(source):
         stat = path.stat()
         stamps[path.relative_to(root).as_posix()] = (stat.st_size, stat.st_mtime_ns)
-    return diff_source(stamps, lambda rel: read_docs(root / rel, root, max_bytes), previous)
+    with cpu_budget():  # the PDFs of one scan share a CPU budget: files past it count as unreadable
+        return diff_source(stamps, lambda rel: read_docs(root / rel, root, max_bytes), previous)
 
 
 def diff_source(stamps: dict[str, tuple[int, int | str]], read: Callable[[str], dict[str, str] | None],

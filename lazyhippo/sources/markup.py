@@ -34,8 +34,8 @@ Event = Heading | Close | str
 
 
 def outline(events: Iterable[Event]) -> tuple[str | None, list[tuple[str | None, str]]]:
-    """The title (the first heading) and the sections as (heading path, text). A title alone at the top level is the document's
-    name and stays out of the heading paths; text before the first subsection is under the title."""
+    """The title (the first heading) and the sections as (heading path, text). A title alone at the top level
+    is the document's name and stays out of the heading paths; text before the first subsection is under it."""
     events = [e for e in events if not isinstance(e, str) or e.strip()]
     heads = [e for e in events if isinstance(e, Heading)]
     titles = [h for h in heads if not h.item]
@@ -124,15 +124,8 @@ def sniff(text: str) -> str | None:
     sample = text[:200_000]
     rest = sum(w * min(len(p.findall(sample)), 3) for p, w in _REST_SIGNS)
     adoc = sum(w * min(len(p.findall(sample)), 3) for p, w in _ADOC_SIGNS)
-    underlined = 2 * min(sum(1 for m in _UNDERLINED.finditer(sample) if abs(len(m.group(0).split("\n")[1]) - len(m.group(1))) <= 2), 3)
+    titles = [m for m in _UNDERLINED.finditer(sample) if abs(len(m.group(0).split("\n")[1]) - len(m.group(1))) <= 2]
+    underlined = 2 * min(len(titles), 3)
     if max(rest, adoc) + underlined < 2:
         return None
     return "rst" if rest > adoc else "adoc"  # underlined titles alone read the same either way
-
-
-def read_markup(fmt: str, text: str) -> tuple[str | None, list[tuple[str | None, str]]]:
-    """Title and sections of `text` in format 'md', 'rst', 'adoc' or 'html'."""
-    from lazyhippo.sources import asciidoc, htmldoc, markdown, rest
-
-    reader = {"md": markdown.events, "rst": rest.events, "adoc": asciidoc.events, "html": htmldoc.events}[fmt]
-    return outline(reader(text))

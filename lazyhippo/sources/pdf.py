@@ -5,10 +5,15 @@ stream); the parser runs where the kernel can stop it, and any limit it hits is 
 serves the PDFs of a process one after another (starting one per PDF cost 0.6 s each); before each file it sets
 its CPU limit to what it used so far plus the budget, so every file gets the whole budget. A child stopped by a
 limit is replaced at the next PDF. Text files never start one.
+
+Many small PDFs each within the per-file budget could still cost minutes together: a read of a whole source
+(`cpu_budget`, taken by `read_source` and the source scan of an index run or upload) has a total, and each file
+gets at most what is left of it; once it is spent, the remaining PDFs are that source's errors, unparsed.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import resource
@@ -17,8 +22,10 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 
 @dataclass(frozen=True)
@@ -26,9 +33,30 @@ class ParseLimits:
     cpu_seconds: int = 60
     memory_bytes: int = 1 << 30
     max_chars: int = 5_000_000   # extracted text per file
+    total_cpu_seconds: int = 600  # every PDF of one source read (an index run, an upload) together
 
 
 PARSE_LIMITS = ParseLimits()
+
+
+@dataclass
+class CpuBudget:
+    total: int
+    spent: float = 0.0
+
+
+_BUDGET: contextvars.ContextVar[CpuBudget | None] = contextvars.ContextVar("lazyhippo_pdf_budget", default=None)
+
+
+@contextmanager
+def cpu_budget(limits: ParseLimits = PARSE_LIMITS) -> Iterator[CpuBudget]:
+    """The PDFs parsed inside share `limits.total_cpu_seconds` of CPU (an enclosing budget stays in force)."""
+    outer = _BUDGET.get()
+    token = _BUDGET.set(outer or CpuBudget(limits.total_cpu_seconds))
+    try:
+        yield _BUDGET.get()
+    finally:
+        _BUDGET.reset(token)
 _OVER_MEMORY = 3  # the child's exit code when the memory limit stopped it
 
 
@@ -76,8 +104,22 @@ class _Child:
 
 
 def read_pdf(path: Path, limits: ParseLimits = PARSE_LIMITS) -> tuple[str | None, list[tuple[str, int]]]:
-    """(title, [(page text, page number)]); a ValueError naming the limit or the parser's failure otherwise."""
-    out = _Child.ask(path, limits)
+    """(title, [(page text, page number)]); a ValueError naming the limit or the parser's failure otherwise.
+    Inside `cpu_budget`, the file gets at most what is left of the total."""
+    budget = _BUDGET.get()
+    if budget is not None:
+        left = budget.total - budget.spent
+        if left < 1:
+            raise ValueError(f"not parsed: the PDFs of this source used up their CPU budget ({budget.total} s)")
+        limits = replace(limits, cpu_seconds=min(limits.cpu_seconds, int(left)))
+    try:
+        out = _Child.ask(path, limits)
+    except ValueError:
+        if budget is not None:
+            budget.spent += limits.cpu_seconds  # stopped by a limit: count it whole
+        raise
+    if budget is not None:
+        budget.spent += out.get("cpu", 0.0)
     if "error" in out:
         raise ValueError(out["error"])
     return out["title"], [tuple(p) for p in out["pages"]]
@@ -117,12 +159,15 @@ def serve(memory: int) -> int:
     for line in sys.stdin.buffer:
         request = json.loads(line)
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        budget = int(usage.ru_utime + usage.ru_stime) + 1 + request["cpu_seconds"]
+        used = usage.ru_utime + usage.ru_stime
+        budget = int(used) + 1 + request["cpu_seconds"]
         resource.setrlimit(resource.RLIMIT_CPU, (budget, hard))  # SIGXCPU ends the child there
         try:
             out = _extract(request["path"], request["max_chars"])
         except MemoryError:
             return _OVER_MEMORY
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        out["cpu"] = usage.ru_utime + usage.ru_stime - used
         replies.write(json.dumps(out) + "\n")
         replies.flush()
     return 0

@@ -4,6 +4,7 @@ tokens carried over."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -18,6 +19,11 @@ from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.documents import load_documents
 from lazyhippo.stages.results import ChunksResult
 from lazyhippo.stores.warehouse import replace_rows, transaction
+
+
+log = logging.getLogger(__name__)
+# a book of about 1,000 pages at the default size; a few kilobytes of PDF can expand to far more ("a a a ...")
+MAX_CHUNKS_PER_DOCUMENT = 2000
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class _Piece:
 
 
 def _pieces(section: Section, size: int, overlap: int, by_line: bool) -> list[_Piece]:
-    """The section's sentences (each line's, for a marked-up document), a sentence longer than a window cut by tokens."""
+    """The section's sentences (each line's, for a marked-up document); one longer than a window is cut by tokens."""
     enc = encoding()
     units = ([(s, i == 0) for line in section.text.split("\n") for i, s in enumerate(sentences(line))] if by_line
              else [(s, False) for s in sentences(section.text)])
@@ -89,8 +95,8 @@ def _join(pieces: list[_Piece], by_line: bool) -> str:
     for p in pieces:
         s = p.text
         if text:
-            own_line = p.new_line if by_line else (
-                s.lstrip().startswith("#") or text.rstrip().split("\n")[-1].lstrip().startswith("#") or s.endswith(("____", ":")))
+            own_line = p.new_line if by_line else (s.lstrip().startswith("#") or s.endswith(("____", ":"))
+                                                   or text.rstrip().split("\n")[-1].lstrip().startswith("#"))
             text += "\n" if own_line else " "
         text += s
     return text
@@ -110,25 +116,22 @@ def _common_heading(pieces: list[_Piece]) -> str | None:
     return PATH_SEP.join(common) or pieces[0].heading
 
 
-def chunk_document(doc: Document, size: int = 256, overlap: int = 32) -> list[Chunk]:
-    """A top-level section that fits in a chunk is never split: it shares a chunk only with whole neighbours that
-    fit with it. A longer one has chunks of its own, cut between its subsections where they fit and in them by
-    sentences. A chunk's
-    section is the heading path its text is under (where it starts, when it holds several top-level sections);
-    chunks never cross a page. Chunk ids derive from (document, position, content), so unchanged input gets
-    the same ids."""
+def _top_level(section: Section) -> tuple[int | None, str | None]:
+    return section.page, section.heading.split(PATH_SEP)[0] if section.heading else None
+
+
+def chunk_document(doc: Document, size: int = 256, overlap: int = 32,
+                   max_chunks: int = MAX_CHUNKS_PER_DOCUMENT) -> list[Chunk]:
+    """Chunks never cross a top-level section (nor a page): one that fits is one chunk, a longer one is cut
+    between its subsections where they fit and in them by sentences. A chunk's section is the heading path its
+    text is under. Chunk ids derive from (document, position, content), so unchanged input gets the same ids.
+    At most `max_chunks`: the rest of a longer document is left out."""
     by_line = doc.kind in MARKUP_KINDS
     chunks: list[Chunk] = []
-    for page, on_page in groupby(doc.sections, key=lambda s: s.page):
-        runs: list[list[list[_Piece]]] = [[]]  # windows never span two runs
-        for _, group in groupby(on_page, key=lambda s: s.heading.split(PATH_SEP)[0] if s.heading else None):
-            subsections = [_pieces(s, size, overlap, by_line) for s in group]
-            whole = [p for sub in subsections for p in sub]
-            if sum(p.n_tokens for p in whole) <= size:
-                runs[-1].append(whole)
-            else:
-                runs += [subsections, []]
-        for window in (w for run in runs for w in _windows(run, size, overlap)):
+    for (page, _), group in groupby(doc.sections, key=_top_level):
+        for window in _windows([_pieces(s, size, overlap, by_line) for s in group], size, overlap):
+            if len(chunks) == max_chunks:
+                return chunks
             text = _join(window, by_line)
             h = sha(text, 32)
             pos = len(chunks)
@@ -151,7 +154,11 @@ def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: froze
     chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ?", [ns]).fetchall()}
     todo = [d for d in docs if (only is None or d.doc_id in only)
             and (before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked)]
-    chunks = [c for d in todo for c in chunk_document(d, settings.chunk_size, settings.chunk_overlap)]
+    per_document = [chunk_document(d, settings.chunk_size, settings.chunk_overlap) for d in todo]
+    capped = [d.source for d, cs in zip(todo, per_document) if len(cs) >= MAX_CHUNKS_PER_DOCUMENT]
+    if capped:
+        log.warning("%d document(s) cut at %d chunks each: %s", len(capped), MAX_CHUNKS_PER_DOCUMENT, ", ".join(capped[:5]))
+    chunks = [c for cs in per_document for c in cs]
     table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
     with transaction(con):
         replace_rows(con, "chunks", ns, with_namespace(table, ns) if table else None,
@@ -160,7 +167,8 @@ def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: froze
         write_inputs(con, ns, "chunks", inputs)
     n, total, most = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0), coalesce(max(n_tokens), 0) FROM chunks "
                                  "WHERE namespace = ?", [ns]).fetchall()[0]
-    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=len(todo))
+    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=len(todo),
+                        capped_documents=len(capped))
 
 
 def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:

@@ -10,7 +10,7 @@ from lazyhippo.models.embedders import embedding_model_name, get_embedder
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.results import EmbeddingsResult
-from lazyhippo.stores.warehouse import transaction
+from lazyhippo.stores.warehouse import quantize, transaction
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
@@ -33,11 +33,9 @@ def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, st
 
 
 def _append_vectors(con, ns, kind, ids, vectors, model, text_hashes):
-    import numpy as np
-
+    quantized, scale = quantize(vectors)
     table = pa.table({"namespace": [ns] * len(ids), "kind": [kind] * len(ids), "item_id": ids,
-                      "model": [model] * len(ids), "text_hash": text_hashes,
-                      "vector": pa.array([v for v in np.asarray(vectors, dtype=np.float32)], pa.list_(pa.float32()))})
+                      "model": [model] * len(ids), "text_hash": text_hashes, "vector": quantized, "scale": scale})
     con.register("_vecs", table)
     try:
         con.execute("INSERT INTO embeddings BY NAME SELECT * FROM _vecs")

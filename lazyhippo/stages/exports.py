@@ -20,6 +20,7 @@ import pyarrow as pa
 from lazyhippo.settings import Settings
 from lazyhippo.stages.results import ExportsResult
 from lazyhippo.stores.objects import ObjectStore
+from lazyhippo.stores.warehouse import float_vector_sql
 
 FORMATS = ("csv", "xlsx", "md", "parquet")
 EXPORTABLE = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges", "entity_scores",
@@ -57,7 +58,7 @@ def batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, batch_ro
     # a relation streams; a DB-API result (con.execute) would first copy every row into DuckDB's memory
     if include_vectors and table in VECTORS:
         kind, key = VECTORS[table]
-        sql = (f"SELECT t.* EXCLUDE (namespace), e.vector FROM {table} t LEFT JOIN embeddings e ON "
+        sql = (f"SELECT t.* EXCLUDE (namespace), {float_vector_sql(con, 'e.')} AS vector FROM {table} t LEFT JOIN embeddings e ON "
                f"e.namespace = t.namespace AND e.kind = ? AND e.item_id = t.{key} WHERE t.namespace = ?")
         params = [kind, namespace]
     else:

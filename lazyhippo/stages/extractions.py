@@ -33,7 +33,7 @@ from lazyhippo.stages.chunks import Chunk, load_chunks
 from lazyhippo.stages.common import Progress, record_usage, resolve_llm, with_namespace
 from lazyhippo.stages.results import ExtractionsResult
 from lazyhippo.stores.objects import ObjectStore
-from lazyhippo.stores.warehouse import replace_rows, transaction
+from lazyhippo.stores.warehouse import insert_rows, replace_rows, transaction
 
 RETRY = "retry:"
 STORED_PARTS = "stored_parts"  # batch object metadata: its documents that held a part when it was planned
@@ -98,12 +98,11 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
 Part = tuple[str, dict[str, Extraction], dict[str, str]]  # (signature, results by chunk, failures by chunk)
 
 
-def _read_part(objects: ObjectStore, key: str) -> Part | None:
+def _decode_part(data: bytes) -> Part | None:
     try:
-        data = objects.get(key)
         frame = pl.read_parquet(data)
         sig = pl.read_parquet_metadata(data).get("signature", "")
-    except Exception:  # noqa: BLE001 - a missing or torn part is simply extracted again
+    except Exception:  # noqa: BLE001 - a torn part is simply extracted again
         return None
     done = frame.filter(pl.col("extraction").is_not_null())
     results = {cid: Extraction(**json.loads(ex)) for cid, ex in done.select("chunk_id", "extraction").iter_rows()}
@@ -111,10 +110,25 @@ def _read_part(objects: ObjectStore, key: str) -> Part | None:
     return sig, results, failures
 
 
+def _part_signature(data: bytes) -> str | None:
+    try:
+        return pl.read_parquet_metadata(data).get("signature", "")
+    except Exception:  # noqa: BLE001 - a torn part is simply extracted again
+        return None
+
+
+def _get(objects: ObjectStore, key: str) -> bytes | None:
+    try:
+        return objects.get(key)
+    except Exception:  # noqa: BLE001 - a missing part is simply extracted again
+        return None
+
+
 def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extractor: Extractor | None = None) -> dict:
     """Extract one batch and write one part per document; a part already holding this signature is kept. The
-    result carries the batch's parts (`parts`: doc_id -> Part), so the collecting step reads a few step outputs
-    instead of one object per document (reading and decoding 6k parts one by one was 19 s of a 2Wiki run)."""
+    result carries the batch's parts (`parts`: doc_id -> the part's compressed Parquet bytes), so the collecting
+    step reads a few step outputs instead of one object per document (reading 6k parts one by one was 19 s of a
+    2Wiki run) and decodes them a group at a time."""
     ns = settings.namespace
     extractor = extractor or _extractor(settings)
     data = objects.get(batch_key)
@@ -126,8 +140,8 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
         by_doc[c.doc_id].append(c)
     todo, parts = [], {}
     for doc_id, doc_chunks in by_doc.items():
-        part = _read_part(objects, part_key(ns, doc_id)) if stored is None or doc_id in stored else None
-        if part and part[0] == signature(doc_chunks, extractor):
+        part = _get(objects, part_key(ns, doc_id)) if stored is None or doc_id in stored else None
+        if part and _part_signature(part) == signature(doc_chunks, extractor):
             parts[doc_id] = part
         else:
             todo += doc_chunks
@@ -147,9 +161,8 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
         sig = signature(by_doc[doc_id], extractor)
         failed = any(r["failure"] for r in rows)  # held as such, but planned again next run: failures are retried
         sig = RETRY + sig if failed else sig
-        objects.put(part_key(ns, doc_id), _parquet(pl.DataFrame(rows, PART_SCHEMA), {"signature": sig}))
-        parts[doc_id] = (sig, {c.chunk_id: run.results[c.chunk_id] for c in by_doc[doc_id] if c.chunk_id in run.results},
-                         {c.chunk_id: run.failures[c.chunk_id] for c in by_doc[doc_id] if c.chunk_id in run.failures})
+        parts[doc_id] = _parquet(pl.DataFrame(rows, PART_SCHEMA), {"signature": sig})
+        objects.put(part_key(ns, doc_id), parts[doc_id])
     return {"documents": len(by_doc), "parts_kept": kept, "chunks": len(chunks), "cached": run.cached,
             "computed": run.computed, "failed": len(run.failures), "llm_usage": usage, "parts": parts}
 
@@ -163,21 +176,31 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in load_chunks(con, ns):
         by_doc[c.doc_id].append(c)
-    handed: dict[str, Part] = {d: p for s in stats if s for d, p in s.get("parts", {}).items()}
-    results: dict[str, Extraction] = {}
-    failures: dict[str, str] = {}
+    handed: dict[str, bytes] = {d: p for s in stats if s for d, p in s.get("parts", {}).items()}
+    docs = sorted({d for b in batches for d in b.doc_ids if d in by_doc})
+    groups, size = [[]], 0  # documents of about STORE_BATCH chunks: only one group's extractions are decoded at a time
+    for doc_id in docs:
+        if size >= STORE_BATCH:
+            groups.append([])
+            size = 0
+        groups[-1].append(doc_id)
+        size += len(by_doc[doc_id])
     held = []
-    for doc_id in sorted({d for b in batches for d in b.doc_ids if d in by_doc}):
-        part = handed.get(doc_id) or _read_part(objects, part_key(ns, doc_id))
-        if part is None or part[0].removeprefix(RETRY) != signature(by_doc[doc_id], extractor):
-            raise RuntimeError(f"extraction part of document {doc_id} is missing or stale in {objects.uri}: "
-                               "a batch step failed; run the index again (finished parts are kept)")
-        results.update(part[1])
-        failures.update(part[2])
-        held.append((ns, doc_id, part[0]))
-    scope = [c.chunk_id for _, d, _ in held for c in by_doc[d]]
+    written: Counter = Counter()
     with transaction(con):
-        written = store_extractions(con, ns, results, failures, scope)
+        for group in groups:
+            results: dict[str, Extraction] = {}
+            failures: dict[str, str] = {}
+            for doc_id in group:
+                data = handed.get(doc_id) or _get(objects, part_key(ns, doc_id))
+                part = _decode_part(data) if data else None
+                if part is None or part[0].removeprefix(RETRY) != signature(by_doc[doc_id], extractor):
+                    raise RuntimeError(f"extraction part of document {doc_id} is missing or stale in {objects.uri}: "
+                                       "a batch step failed; run the index again (finished parts are kept)")
+                results.update(part[1])
+                failures.update(part[2])
+                held.append((ns, doc_id, part[0]))
+            written.update(store_extractions(con, ns, results, failures, [c.chunk_id for d in group for c in by_doc[d]]))
         gone = [r[0] for r in con.execute("SELECT doc_id FROM extraction_parts WHERE namespace = ? AND doc_id NOT IN "
                                           "(SELECT doc_id FROM chunks WHERE namespace = ?)", [ns, ns]).fetchall()]
         con.execute("DELETE FROM extraction_parts WHERE namespace = ? AND doc_id IN (SELECT unnest(?))",
@@ -226,24 +249,41 @@ EXTRACTION_SCHEMAS = {
 }
 
 
-def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
-                      failures: dict[str, str], scope: list[str] | None = None) -> dict:
-    """Write the extracted_* rows of `results` (chunk_id -> extraction): the namespace's rows, or only those of
-    the chunks in `scope`; rows of chunks no longer in `chunks` go either way."""
-    rows: dict[str, list[dict]] = {t: [] for t in EXTRACTION_SCHEMAS}
+STORE_BATCH = 2000  # chunks whose rows are built and inserted at a time: the rows never all sit in memory at once
+
+
+def _extraction_rows(results: dict[str, Extraction]) -> dict[str, list[dict]]:
+    rows: dict[str, list[dict]] = {"extracted_entities": [], "extracted_relations": [], "extracted_facts": []}
     for cid, ex in results.items():
         rows["extracted_entities"] += [{"chunk_id": cid, **e} for e in ex.entities]
         rows["extracted_relations"] += [{"chunk_id": cid, **r} for r in ex.relations]
         rows["extracted_facts"] += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]}
                                     for i, f in enumerate(ex.facts)]
-    rows["extraction_failures"] = [{"chunk_id": c, "reason": r} for c, r in failures.items()]
+    return rows
+
+
+def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+                      failures: dict[str, str], scope: list[str] | None = None) -> dict:
+    """Write the extracted_* rows of `results` (chunk_id -> extraction): the namespace's rows, or only those of
+    the chunks in `scope`; rows of chunks no longer in `chunks` go either way. One transaction, rows built and
+    inserted STORE_BATCH chunks at a time."""
     where, params = ("AND chunk_id IN (SELECT unnest(?))", [scope]) if scope is not None else ("", [])
-    for table, schema in EXTRACTION_SCHEMAS.items():
-        replace_rows(con, table, ns, with_namespace(pa.Table.from_pylist(rows[table], schema), ns), where, params)
-        con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
-                    "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
-    return {"raw_entities": len(rows["extracted_entities"]), "raw_relations": len(rows["extracted_relations"]),
-            "facts": len(rows["extracted_facts"])}
+    written: Counter = Counter()
+    ids = list(results)
+    with transaction(con):
+        for table in EXTRACTION_SCHEMAS:
+            replace_rows(con, table, ns, None, where, params)
+        for i in range(0, len(ids), STORE_BATCH):
+            for table, rows in _extraction_rows({c: results[c] for c in ids[i:i + STORE_BATCH]}).items():
+                written[table] += insert_rows(con, table, with_namespace(
+                    pa.Table.from_pylist(rows, EXTRACTION_SCHEMAS[table]), ns))
+        insert_rows(con, "extraction_failures", with_namespace(pa.Table.from_pylist(
+            [{"chunk_id": c, "reason": r} for c, r in failures.items()], EXTRACTION_SCHEMAS["extraction_failures"]), ns))
+        for table in EXTRACTION_SCHEMAS:
+            con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
+                        "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
+    return {"raw_entities": written["extracted_entities"], "raw_relations": written["extracted_relations"],
+            "facts": written["extracted_facts"]}
 
 
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,

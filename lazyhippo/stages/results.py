@@ -36,6 +36,7 @@ class ChunksResult(StageResult):
     tokens_total: int
     tokens_max: int
     rechunked_documents: int = 0   # new or changed since their chunks were made (the rest kept their rows)
+    capped_documents: int = 0      # cut at MAX_CHUNKS_PER_DOCUMENT chunks
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,11 +24,14 @@ def _path(home: Path, namespace: str) -> Path:
     return Path(home) / FOLDER / f"{check_namespace(namespace)}.json"
 
 
+PER_RUN = ("home", "namespace", "mode")  # what a run says for itself, never recorded
+
+
 def record_namespace(settings: Settings) -> None:
-    """Remember how `settings.namespace` is indexed (everything but its home and name); atomic."""
+    """Remember how `settings.namespace` is indexed (everything but its home, name and the run's mode); atomic."""
     path = _path(settings.home, settings.namespace)
     path.parent.mkdir(parents=True, exist_ok=True)
-    values = {k: v for k, v in asdict(settings).items() if k not in ("home", "namespace")}
+    values = {k: v for k, v in asdict(settings).items() if k not in PER_RUN}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(values, sort_keys=True, default=str))
     os.replace(tmp, path)
@@ -40,14 +43,22 @@ def held_namespaces(home: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
 
 
-def namespace_settings(home: Path, namespace: str, **overrides) -> Settings:
-    """The settings `namespace` was indexed with, then `overrides` (None values ignored); UnknownNamespace
-    when the home holds no such namespace."""
-    path = _path(home, namespace)
-    if not path.exists():
+def resolve_settings(home: Path | str | None, namespace: str | None, **given) -> Settings:
+    """The settings of one run, the one resolver every entry point calls (CLI, Dagster resource, sensors,
+    schedules, HTTP runs through the CLI): defaults, then LAZYHIPPO_* variables, then what the namespace was last
+    indexed with (when the home holds it), then `given`, the run's explicit choices (None values ignored). So a
+    setting a re-index changes (`--community-algorithm louvain`) is recorded and kept by every later run."""
+    base = Settings.from_env(home=home, namespace=namespace)
+    path = _path(base.home, base.namespace)
+    known = set(Settings.__dataclass_fields__) - set(PER_RUN)
+    recorded = {k: v for k, v in json.loads(path.read_text()).items() if k in known} if path.exists() else {}
+    return base.with_(**recorded).with_(**given)
+
+
+def namespace_settings(home: Path, namespace: str, **given) -> Settings:
+    """`resolve_settings` for a namespace the home must hold: UnknownNamespace otherwise."""
+    if not _path(home, namespace).exists():
         held = ", ".join(held_namespaces(home)) or "none"
         raise UnknownNamespace(f"namespace {namespace!r} is not indexed in {Path(home)} (it holds: {held}); "
                                f"index it first: lazyhippo index <folder> --home {Path(home)} -n {namespace}")
-    recorded = json.loads(path.read_text())
-    known = set(Settings.__dataclass_fields__)
-    return Settings().with_(home=home, namespace=namespace, **{k: v for k, v in recorded.items() if k in known}).with_(**overrides)
+    return resolve_settings(home, namespace, **given)

@@ -2,10 +2,12 @@
 
 Concurrency (DuckDB locks the file per process, so a reader would break a writer): an index run owns the work
 file `warehouse.duckdb`, serialized between processes by a lock that waits (`WriterSession`). At the end of a
-successful run the namespace's rows are written to a new file atomically renamed onto
-`published/<namespace>.duckdb`, the read-only snapshot every query and `status` opens. Readers therefore never
-touch the writer's file and always see the last complete index; `index_notice` tells them when the latest run
-is still going, failed, or was killed. Writers outside an index run use a `WriterSession` too (it publishes).
+successful run the namespace is published to `published/<namespace>.duckdb` (atomically renamed onto it), the
+read-only snapshot every query and `status` opens: the work file itself, hard-linked, when it holds that
+namespace alone (the next write gives the work file a copy of its own first), else a new file with the
+namespace's rows of the tables readers read. Readers therefore never touch a file being written and always see
+the last complete index; `index_notice` tells them when the latest run is still going, failed, or was killed.
+Writers outside an index run use a `WriterSession` too (it publishes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import socket
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +39,10 @@ TABLES = (
     "embeddings", "knn_edges", "entity_scores", "communities", "community_summaries", "community_reports", "token_usage",
     "stage_inputs",
 )
+# what the graph stages consume and no reader needs: kept in the work file (an update recomputes from it), left
+# out of the published snapshot, which records only their row counts (`status`) in SNAPSHOT_COUNTS
+STAGING = ("extracted_entities", "extracted_relations", "extracted_facts", "stage_inputs")
+SNAPSHOT_COUNTS = "lh_staging_counts"
 _LOCK = "warehouse.lock"
 _STATE = "index_state.json"
 # homes whose writer lock this process holds -> the thread running that index run (it reads its own work;
@@ -72,9 +79,29 @@ def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection
 
 def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     settings.home.mkdir(parents=True, exist_ok=True)
+    _unshare(settings.db_path)
     con = duckdb.connect(str(settings.db_path))
     con.execute((SQL_DIR / "schema.sql").read_text())
+    _migrate_vectors(con)
     return _with_functions(con)
+
+
+def _migrate_vectors(con: duckdb.DuckDBPyConnection) -> None:
+    """A warehouse written with float vectors: quantized once, the same way `quantize` does (a few seconds for
+    100k vectors), so an old home keeps its vectors and no embedding is computed again."""
+    found = con.execute("SELECT data_type FROM duckdb_columns() WHERE database_name = current_database() "
+                        "AND table_name = 'embeddings' AND column_name = 'vector'").fetchall()
+    if not found or found[0][0] != "FLOAT[]":
+        return
+    with transaction(con):
+        con.execute("ALTER TABLE embeddings RENAME TO lh_float_embeddings")
+        con.execute((SQL_DIR / "schema.sql").read_text())
+        con.execute("""INSERT INTO embeddings BY NAME
+            SELECT namespace, kind, item_id, model, text_hash, scale::FLOAT AS scale,
+                   list_transform(vector, lambda x: least(greatest(round(x / scale), -127), 127)::TINYINT) AS vector
+            FROM (SELECT *, greatest(list_max(list_transform(vector, lambda x: abs(x))), 1e-30) / 127 AS scale
+                  FROM lh_float_embeddings)""")
+        con.execute("DROP TABLE lh_float_embeddings")
 
 
 def _owns(settings: Settings) -> bool:
@@ -90,6 +117,7 @@ def read_path(settings: Settings) -> Path | None:
 def connect(settings: Settings, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
     """Writers get the work file (inside a run, or a caller that owns the home); readers get the published
     snapshot, except inside this process's own run, which reads what it has written so far."""
+    writer = None
     if read_only and not _owns(settings):
         path = _published(settings)
         if path is not None:
@@ -99,14 +127,35 @@ def connect(settings: Settings, read_only: bool = False) -> Iterator[duckdb.Duck
             con.execute((SQL_DIR / "schema.sql").read_text())
             _with_functions(con)
     else:
-        con = _open_writer(settings)
+        writer = settings.db_path.resolve()
+        with _SHARING:
+            con = _open_writer(settings)
+            _WRITERS[writer] += 1
     try:
         yield con
     finally:
         con.close()
+        if writer is not None:
+            _WRITERS[writer] -= 1
 
 
 _IN_TRANSACTION: set[int] = set()  # ids of connections inside transaction()
+_WRITERS: Counter[Path] = Counter()  # work file -> writer connections open in this process
+_SHARING = threading.RLock()  # no writer connection opens between publish's count of them and its hard link
+
+
+def _unshare(db_path: Path) -> None:
+    """Give the work file its own copy before writing when it is still the published snapshot (`publish` links
+    them): readers keep the snapshot as it was. Only when no connection of this process has it open: one would
+    keep writing to the old file."""
+    try:
+        if db_path.stat().st_nlink < 2 or _WRITERS[db_path.resolve()]:
+            return
+    except FileNotFoundError:
+        return
+    tmp = db_path.with_name(f".{db_path.name}.{os.getpid()}.tmp")
+    shutil.copyfile(db_path, tmp)
+    os.replace(tmp, db_path)
 
 
 @contextmanager
@@ -134,14 +183,19 @@ def replace_rows(con: duckdb.DuckDBPyConnection, table: str, namespace: str, row
     """Delete this namespace's rows (optionally narrowed by `where`) and insert `rows`, in one transaction."""
     with transaction(con):
         con.execute(f"DELETE FROM {table} WHERE namespace = ? {where}", [namespace, *params])
-        if rows is None or rows.num_rows == 0:
-            return 0
-        con.register("_incoming", rows)
-        try:
-            cols = ", ".join(rows.column_names)
-            con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming")
-        finally:
-            con.unregister("_incoming")
+        return insert_rows(con, table, rows)
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table | None) -> int:
+    """Append `rows` (columns by name) to `table`."""
+    if rows is None or rows.num_rows == 0:
+        return 0
+    con.register("_incoming", rows)
+    try:
+        cols = ", ".join(rows.column_names)
+        con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming")
+    finally:
+        con.unregister("_incoming")
     return rows.num_rows
 
 
@@ -207,19 +261,52 @@ def count(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> int:
 
 
 def counts(settings: Settings) -> dict[str, int]:
+    """Rows per table; a snapshot's staging tables by the counts it recorded when published."""
     with connect(settings, read_only=True) as con:
-        return {t: count(con, t, settings.namespace) for t in TABLES}
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() "
+                                            "WHERE database_name = current_database()").fetchall()}
+        recorded = dict(con.execute(f"SELECT table_name, n FROM {SNAPSHOT_COUNTS}").fetchall()) \
+            if SNAPSHOT_COUNTS in tables else {}
+        return {t: count(con, t, settings.namespace) if t in tables else recorded.get(t, 0) for t in TABLES}
+
+
+# the stored vector columns: int8 `vector` and its `scale`; a snapshot published before holds a float `vector` alone
+VECTOR_COLUMNS = "COLUMNS('^(vector|scale)$')"
+
+
+def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """Rows of int8 and a scale per row (its largest magnitude / 127): the stored form of `vectors`."""
+    vectors = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
+    scale = np.maximum(np.abs(vectors).max(axis=1, initial=0.0), 1e-30) / 127
+    q = np.clip(np.rint(vectors / scale[:, None]), -127, 127).astype(np.int8)
+    offsets = pa.array(np.arange(len(q) + 1, dtype=np.int32) * q.shape[1])
+    return pa.ListArray.from_arrays(offsets, pa.array(q.ravel())), scale.astype(np.float32)
+
+
+def vector_matrix(tbl: pa.Table) -> np.ndarray:
+    """float32 rows of a table selected with VECTOR_COLUMNS (in either stored form)."""
+    col = tbl.column("vector").combine_chunks()
+    flat = col.values.to_numpy(zero_copy_only=False).astype(np.float32)
+    mat = flat.reshape(tbl.num_rows, -1) if tbl.num_rows else flat.reshape(0, 0)
+    if "scale" in tbl.column_names:
+        mat *= tbl.column("scale").to_numpy()[:, None]
+    return mat
+
+
+def float_vector_sql(con: duckdb.DuckDBPyConnection, alias: str = "") -> str:
+    """A SQL expression of the float vector (for exports and Neo4j), on either stored form."""
+    scaled = con.execute("SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() "
+                         "AND table_name = 'embeddings' AND column_name = 'scale'").fetchall()
+    return f"list_transform({alias}vector, lambda x: x * {alias}scale)" if scaled else f"{alias}vector"
 
 
 def read_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str) -> tuple[list[str], np.ndarray]:
-    tbl = con.sql("SELECT item_id, vector FROM embeddings WHERE namespace = ? AND kind = ? ORDER BY item_id",
+    tbl = con.sql(f"SELECT item_id, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = ? AND kind = ? ORDER BY item_id",
                   params=[namespace, kind]).to_arrow_table()
     ids = tbl.column("item_id").to_pylist()
     if not ids:
         return [], np.zeros((0, 0), dtype=np.float32)
-    col = tbl.column("vector").combine_chunks()
-    flat = col.values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    return ids, flat.reshape(len(ids), -1)
+    return ids, vector_matrix(tbl)
 
 
 # ---- index runs: one writer at a time, readers on the published snapshot ----
@@ -260,25 +347,34 @@ def process_alive(pid: int, host: str) -> bool:
 
 
 def publish(settings: Settings) -> Path:
-    """Write the namespace's rows to a temporary file and atomically rename it onto its snapshot (readers that
-    have the old one open keep it). Only this namespace: another namespace's unfinished run stays unpublished.
-    When the work file holds nothing else, the checkpointed file itself is copied (much faster)."""
+    """Atomically replace the namespace's snapshot (readers that have the old one open keep it).
+
+    When the work file holds this namespace alone and nothing else of this process has it open, the snapshot
+    is the checkpointed work file itself, hard-linked: the index takes its room on disk once, and the next write
+    copies the work file first (`_unshare`). Otherwise (other namespaces, whose unfinished runs must stay
+    unpublished; a snapshot uploaded for replicas) only what readers read is copied to a new file: the staging
+    tables stay in the work file."""
     target = snapshot_path(settings)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    with connect(settings) as con:
-        con.execute("SET enable_progress_bar = false")
-        alone = not any(con.execute(f"SELECT 1 FROM {t} WHERE namespace <> ? LIMIT 1", [settings.namespace]).fetchone()
-                        for t in TABLES)
-        if alone:
-            con.execute("CHECKPOINT")
-        else:
-            _copy_namespace(con, settings.namespace, tmp)
-    if alone:
-        shutil.copyfile(settings.db_path, tmp)
-    os.replace(tmp, target)
     uri = environment().snapshots
+    with _SHARING:
+        with connect(settings) as con:
+            con.execute("SET enable_progress_bar = false")
+            alone = not uri and _WRITERS[settings.db_path.resolve()] == 1 and not any(
+                con.execute(f"SELECT 1 FROM {t} WHERE namespace <> ? LIMIT 1", [settings.namespace]).fetchall()
+                for t in TABLES)
+            if alone:
+                con.execute("CHECKPOINT")
+            else:
+                _copy_namespace(con, settings.namespace, tmp)
+        if alone:
+            try:
+                os.link(settings.db_path, tmp)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(settings.db_path, tmp)
+        os.replace(tmp, target)
     if uri:  # servers on other hosts pull it from there (lazyhippo.stores.snapshots)
         from lazyhippo.stores.snapshots import open_store, upload
 
@@ -289,11 +385,16 @@ def publish(settings: Settings) -> Path:
 
 def _copy_namespace(con: duckdb.DuckDBPyConnection, namespace: str, path: Path) -> None:
     work = con.execute("SELECT current_database()").fetchone()[0]
-    con.execute(f"ATTACH '{_sql_quote(path)}' AS lh_snapshot")
+    # 64 KiB blocks: a table takes at least a block, so the default 256 KiB made a small index's snapshot 2.5x larger
+    con.execute(f"ATTACH '{_sql_quote(path)}' AS lh_snapshot (BLOCK_SIZE 65536)")
     try:
         for table in TABLES:  # readers need the rows, not the keys
-            con.execute(f"CREATE TABLE lh_snapshot.{table} AS SELECT * FROM {work}.{table} WHERE namespace = ?",
-                        [namespace])
+            if table not in STAGING:
+                con.execute(f"CREATE TABLE lh_snapshot.{table} AS SELECT * FROM {work}.{table} WHERE namespace = ?",
+                            [namespace])
+        con.execute(f"CREATE TABLE lh_snapshot.{SNAPSHOT_COUNTS} AS SELECT * FROM (VALUES "
+                    + ", ".join(f"('{t}', (SELECT count(*) FROM {work}.{t} WHERE namespace = $ns))" for t in STAGING)
+                    + ") v(table_name, n)", {"ns": namespace})
     finally:
         con.execute("DETACH lh_snapshot")
 

@@ -13,6 +13,7 @@ import uuid
 import polars as pl
 
 from lazyhippo.stores.neo4j.client import RELATIONS, Neo4jClient
+from lazyhippo.stores.warehouse import float_vector_sql
 
 # assets whose rows change the graph PPR walks: the namespace's graph version is bumped after them
 GRAPH_ASSETS = frozenset({"documents", "chunks", "entities", "knn_edges"})
@@ -135,7 +136,7 @@ class Neo4jSync:
 
     def _knn_edges(self, con, ns, token) -> dict:
         """The entity text embeddings and the SEMANTICALLY_SIMILAR edges, as the warehouse holds them."""
-        vectors = self._rows(con, "SELECT item_id AS id, vector AS v FROM embeddings WHERE namespace = ? AND kind = 'entity' "
+        vectors = self._rows(con, f"SELECT item_id AS id, {float_vector_sql(con)} AS v FROM embeddings WHERE namespace = ? AND kind = 'entity' "
                                   "ORDER BY item_id", ns)
         out = {"embeddings_written": self._set_on_entities(ns, "e.embedding = row.v", vectors, "e.embedding")}
         rows = self._rows(con, "SELECT source_id AS s, target_id AS t, struct_pack(score, rank) AS props FROM knn_edges "

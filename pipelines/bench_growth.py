@@ -1,0 +1,209 @@
+"""`lazyhippo bench index --growth 1000,10000`: what an index costs as the corpus grows. Per corpus size, a full
+index from an empty home through Dagster in-process (the CLI default): wall time, MB of text a minute, peak RSS
+of the process tree, the home's size on disk against the corpus text, rows per table, and the local route's
+query latency. The corpus is real text, mixed in the same proportions at every size (`growth_corpus`)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from itertools import zip_longest
+from pathlib import Path
+from typing import Callable, Iterator
+
+import polars as pl
+
+from lazyhippo.settings import Settings
+
+DEBIAN_DOCS = Path("/usr/share/doc")
+PIECE_CHARS = 3000  # long texts (gitdocs pages, Debian docs) are split into documents of about this size
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """Paragraphs packed into pieces of about PIECE_CHARS characters (a longer paragraph is a piece of its own)."""
+    piece = ""
+    for para in re.split(r"\n\s*\n", text):
+        para = para.strip()
+        if not para:
+            continue
+        if piece and len(piece) + len(para) > PIECE_CHARS:
+            yield piece
+            piece = ""
+        piece = f"{piece}\n\n{para}" if piece else para
+    if piece:
+        yield piece
+
+
+def _files(root: Path, label: str, read: Callable[[Path], str | None]) -> Iterator[dict]:
+    seen: set[int] = set()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        try:
+            text = read(path)
+        except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
+            continue
+        if not text or hash(text) in seen:  # Debian ships the same licence text in many packages
+            continue
+        seen.add(hash(text))
+        rel = path.relative_to(root).as_posix()
+        for i, piece in enumerate(_pieces(text)):
+            yield {"id": f"{label}/{rel}#{i}", "title": f"{rel} ({i + 1})", "text": piece}
+
+
+def _debian_text(path: Path) -> str | None:
+    if path.suffix == ".gz":
+        data = gzip.decompress(path.read_bytes())
+    elif path.suffix in ("", ".txt", ".md", ".rst") or path.name.isupper():
+        data = path.read_bytes()
+    else:
+        return None
+    return None if b"\0" in data[:4096] else data.decode("utf-8")
+
+
+def _jsonl(path: Path) -> Iterator[dict]:
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            yield {"id": f"{path.parent.name}/{row['id']}", "title": row.get("title", ""), "text": row["text"]}
+
+
+def growth_corpus(datasets: Path, documents: int, debian_docs: Path = DEBIAN_DOCS) -> list[dict]:
+    """`documents` rows {id, title, text} taken in turn from each real source (the shared sets' corpora, the
+    gitdocs pages and the Debian package documentation, long texts split into ~3,000-character documents), so
+    every size has the same mix. Raises ValueError when the sources hold fewer documents."""
+    sources = [_jsonl(p) for p in sorted(datasets.glob("*/corpus.jsonl"))]
+    sources.append(_files(datasets / "gitdocs" / "src", "gitdocs", lambda p: p.read_text() if p.suffix == ".txt" else None))
+    if debian_docs.is_dir():
+        sources.append(_files(debian_docs, "debian", _debian_text))
+    rows = []
+    for group in zip_longest(*sources):
+        rows += [r for r in group if r is not None]
+        if len(rows) >= documents:
+            return rows[:documents]
+    raise ValueError(f"--growth {documents}: the real text at hand gives only {len(rows)} documents")
+
+
+class TreeRss:
+    """Peak resident memory of this process and all its descendants (summed), sampled from /proc."""
+
+    def __init__(self, every: float = 0.25):
+        self.every, self.peak = every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lazyhippo-rss", daemon=True)
+
+    @staticmethod
+    def _tree_bytes(root: int) -> int:
+        parents: dict[int, int] = {}
+        rss: dict[int, int] = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+                statm = Path(f"/proc/{d}/statm").read_text().split()
+            except OSError:
+                continue
+            parents[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+            rss[int(d)] = int(statm[1]) * os.sysconf("SC_PAGE_SIZE")
+        tree, frontier = {root}, [root]
+        while frontier:
+            children = [p for p, pp in parents.items() if pp in frontier and p not in tree]
+            tree.update(children)
+            frontier = children
+        return sum(rss.get(p, 0) for p in tree)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, self._tree_bytes(os.getpid()))
+
+    def __enter__(self) -> "TreeRss":
+        self.peak = self._tree_bytes(os.getpid())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def disk_bytes(paths: list[Path], seen: set[tuple[int, int]] | None = None) -> int:
+    """Bytes the files under `paths` take on disk (allocated blocks, as `du`): a file with several names (a
+    snapshot hard-linked to the warehouse) counts once, the first time `seen` meets it."""
+    seen = set() if seen is None else seen
+    total = 0
+    for path in paths:
+        for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+            st = p.lstat()
+            if p.is_file() and not p.is_symlink() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def _parts(home: Path) -> dict[str, int]:
+    """The home's size by part: work warehouse, published snapshots (what they do not share with the
+    warehouse), caches, object store, Dagster."""
+    seen: set[tuple[int, int]] = set()
+    parts = {"warehouse": disk_bytes(sorted(home.glob("warehouse.duckdb*")), seen),
+             "published": disk_bytes([home / "published"], seen), "cache": disk_bytes([home / "cache"], seen),
+             "objects": disk_bytes([home / "objects"], seen), "dagster": disk_bytes([home / "dagster"], seen)}
+    parts["total"] = sum(parts.values()) + disk_bytes([home], seen)
+    return parts
+
+
+def _questions(datasets: Path, n: int) -> list[dict]:
+    qs = [q for p in sorted(datasets.glob("*/questions_dev.json")) for q in json.loads(p.read_text())[:n]]
+    return qs[:n] or [{"question": "What does the documentation say about configuration?"}]
+
+
+def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: Callable[[str], None] = print,
+                     queries: int = 20) -> list[dict]:
+    from lazyhippo.evaluate.bench import run_latency_bench
+    from lazyhippo.stores.warehouse import counts
+    from lazyhippo_dagster.bench_index import _timed_index
+
+    out = []
+    for n in sizes:
+        rows = growth_corpus(datasets, n)
+        folder = workdir / f"growth_{n}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        (folder / "source").mkdir(parents=True)
+        (folder / "source" / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        text_bytes = sum(len(r["text"].encode()) for r in rows)
+        progress(f"{n} documents ({text_bytes / 1e6:.1f} MB of text): full index in-process")
+        home = folder / "home"
+        with TreeRss() as rss:
+            timed = _timed_index(home, folder / "source", None)
+        settings = Settings(home=home, namespace="bench")
+        progress(f"{n} documents: local route latency")
+        latency = run_latency_bench(settings, _questions(datasets, queries), ["local"], repeat=1)["local"]
+        disk = _parts(home)
+        out.append({"documents": n, "text_mb": round(text_bytes / 1e6, 2), "seconds": timed["seconds"],
+                    "mb_per_minute": round(text_bytes / 1e6 / timed["seconds"] * 60, 2),
+                    "peak_rss_mb": round(rss.peak / 1e6), "home_mb": round(disk["total"] / 1e6, 1),
+                    "home_ratio": round(disk["total"] / text_bytes, 1),
+                    "home_parts_mb": {k: round(v / 1e6, 1) for k, v in disk.items() if k != "total"},
+                    "rows": counts(settings), "local_p50_ms": latency["p50_ms"], "local_p95_ms": latency["p95_ms"]})
+    return out
+
+
+def growth_table(results: list[dict]) -> pl.DataFrame:
+    """One row per figure, one column per corpus size (a table per size would not fit a terminal)."""
+    figures = {"text MB": "text_mb", "seconds": "seconds", "MB of text a minute": "mb_per_minute",
+               "peak RSS MB (process tree)": "peak_rss_mb", "home MB": "home_mb", "home / text": "home_ratio",
+               "local p50 ms": "local_p50_ms", "local p95 ms": "local_p95_ms"}
+    rows = [{"figure": name, **{f"{r['documents']} docs": float(r[key]) for r in results}} for name, key in figures.items()]
+    parts = results[0]["home_parts_mb"] if results else {}
+    rows += [{"figure": f"  {part} MB", **{f"{r['documents']} docs": float(r["home_parts_mb"][part]) for r in results}}
+             for part in parts]
+    return pl.DataFrame(rows)
+
+
+def growth_rows_table(results: list[dict]) -> pl.DataFrame:
+    tables = list(results[0]["rows"]) if results else []
+    return pl.DataFrame([{"table": t, **{f"{r['documents']} docs": r["rows"][t] for r in results}} for t in tables])

@@ -1,0 +1,75 @@
+"""The growth benchmark's corpus and measurements (the full run is `lazyhippo bench index --growth`)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from lazyhippo_dagster.bench_growth import PIECE_CHARS, TreeRss, disk_bytes, growth_corpus
+from lazyhippo_dagster.cli import app
+
+
+@pytest.fixture
+def sources(tmp_path):
+    datasets = tmp_path / "datasets"
+    for name, n in (("wiki", 30), ("hotpot", 3)):
+        (datasets / name).mkdir(parents=True)
+        (datasets / name / "corpus.jsonl").write_text(
+            "".join(json.dumps({"id": str(i), "title": f"T{i}", "text": f"{name} passage {i}."}) + "\n" for i in range(n)))
+    (datasets / "gitdocs" / "src").mkdir(parents=True)
+    (datasets / "gitdocs" / "src" / "guide.txt").write_text("\n\n".join(f"Paragraph {i}. " + "word " * 300 for i in range(20)))
+    debian = tmp_path / "doc"
+    (debian / "pkg").mkdir(parents=True)
+    (debian / "pkg" / "changelog.gz").write_bytes(gzip.compress(b"pkg (1.0) unstable; urgency=low\n\n  * First release."))
+    (debian / "pkg" / "copyright").write_text("Same licence text.")
+    (debian / "other").mkdir()
+    (debian / "other" / "copyright").write_text("Same licence text.")  # a duplicate: left out
+    (debian / "other" / "logo.png").write_bytes(b"\x89PNG\0\0")
+    return datasets, debian
+
+
+def test_the_corpus_takes_each_source_in_turn_and_splits_long_texts(sources):
+    datasets, debian = sources
+    rows = growth_corpus(datasets, 20, debian)
+    by_source = Counter(r["id"].split("/")[0] for r in rows[:8])
+    assert len(rows) == 20 and len({r["id"] for r in rows}) == 20
+    assert by_source == {"hotpot": 2, "wiki": 2, "gitdocs": 2, "debian": 2}  # same mix at every size
+    guide = [r for r in growth_corpus(datasets, 40, debian) if r["id"].startswith("gitdocs/")]
+    assert len(guide) > 3 and all(len(r["text"]) <= 2 * PIECE_CHARS for r in guide)
+    texts = [r["text"] for r in growth_corpus(datasets, 40, debian) if r["id"].startswith("debian/")]
+    assert texts.count("Same licence text.") == 1 and not any("PNG" in t for t in texts)
+
+
+def test_more_documents_than_the_sources_hold_is_refused_with_the_count(sources):
+    datasets, debian = sources
+    with pytest.raises(ValueError, match="--growth 10000: .* only \\d+ documents"):
+        growth_corpus(datasets, 10_000, debian)
+
+
+def test_peak_rss_counts_the_child_processes():
+    with TreeRss(every=0.05) as alone:
+        pass
+    with TreeRss(every=0.05) as tree:
+        subprocess.run([sys.executable, "-c", "import time; b = bytearray(200_000_000); time.sleep(1.0)"], check=True)
+    assert tree.peak - alone.peak > 150_000_000
+
+
+def test_disk_bytes_counts_allocated_blocks_and_a_hard_linked_file_once(tmp_path):
+    (tmp_path / "a").write_bytes(b"x" * 100_000)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b").hardlink_to(tmp_path / "a")
+    assert 100_000 <= disk_bytes([tmp_path]) < 120_000
+    seen: set = set()
+    assert disk_bytes([tmp_path / "a"], seen) >= 100_000 and disk_bytes([tmp_path / "sub"], seen) == 0
+
+
+@pytest.mark.parametrize("value", ["", "ten", "0,100"])
+def test_a_bad_growth_option_is_refused_by_name(value):
+    out = CliRunner().invoke(app, ["bench", "index", "--growth", value])
+    assert out.exit_code == 2 and "--growth" in out.output

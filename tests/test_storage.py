@@ -1,0 +1,114 @@
+"""What an index costs on disk: a snapshot of what readers read, int8 vectors, a compressed extraction cache."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from lazyhippo.index import run_index
+from lazyhippo.models.extractors import Extraction, ExtractionCache
+from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stores.warehouse import (STAGING, TABLES, connect, counts, quantize, read_vectors, snapshot_path,
+                                        vector_matrix)
+
+
+def _tables(path) -> set[str]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    finally:
+        con.close()
+
+
+def test_a_home_of_one_namespace_holds_its_index_once_and_the_next_write_leaves_the_snapshot_as_it_was(tmp_path):
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    snap = snapshot_path(settings)
+    assert snap.stat().st_ino == settings.db_path.stat().st_ino  # one file on disk, two names
+    before = counts(settings)
+    with connect(settings) as con:
+        con.execute("DELETE FROM chunks")
+    assert snap.stat().st_ino != settings.db_path.stat().st_ino and settings.db_path.stat().st_nlink == 1
+    assert counts(settings) == before and before["chunks"] > 0  # readers still see the published index
+    run_index(settings)
+    assert snap.stat().st_ino == settings.db_path.stat().st_ino and counts(settings) == before
+
+
+def test_beside_another_namespace_the_snapshot_is_a_copy_without_staging_tables_and_status_still_counts_them(tmp_path):
+    first = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(first)
+    other = first.with_(namespace="other")
+    run_index(other)
+    snap = snapshot_path(other)
+    assert snap.stat().st_ino != other.db_path.stat().st_ino
+    held = _tables(snap)
+    assert not held & set(STAGING) and set(TABLES) - set(STAGING) <= held
+    with connect(other) as con:  # the work file keeps them: updates recompute from them
+        work = {t: con.execute(f"SELECT count(*) FROM {t} WHERE namespace = ?", [other.namespace]).fetchall()[0][0]
+                for t in TABLES}
+    assert work["extracted_relations"] > 0 and counts(other) == work
+
+
+def test_stored_vectors_are_int8_and_read_back_with_their_cosines_within_0_003():
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((500, 256)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    con = duckdb.connect()
+    con.execute("CREATE TABLE embeddings (namespace VARCHAR, kind VARCHAR, item_id VARCHAR, vector TINYINT[], scale FLOAT)")
+    q, scale = quantize(vectors)
+    con.register("v", pa.table({"item_id": [f"i{i:04d}" for i in range(500)], "vector": q, "scale": scale}))
+    con.execute("INSERT INTO embeddings SELECT 'ns', 'entity', item_id, vector, scale FROM v")
+    ids, back = read_vectors(con, "ns", "entity")
+    assert back.dtype == np.float32 and back.shape == vectors.shape and ids[0] == "i0000"
+    assert np.abs(back @ back.T - vectors @ vectors.T).max() < 0.003
+
+
+def test_a_warehouse_with_float_vectors_is_quantized_once_on_open_and_an_old_snapshot_still_reads(tmp_path, sample_settings):
+    settings = sample_settings.with_(home=tmp_path / "old")
+    settings.home.mkdir()
+    vectors = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)
+    old = duckdb.connect(str(settings.db_path))
+    old.execute("CREATE TABLE embeddings (namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL, "
+                "model VARCHAR NOT NULL, vector FLOAT[] NOT NULL, PRIMARY KEY (namespace, kind, item_id))")
+    old.executemany("INSERT INTO embeddings VALUES ('default', 'chunk', ?, 'm', ?)",
+                    [(f"c{i}", v.tolist()) for i, v in enumerate(vectors)])
+    ids, as_float = read_vectors(old, "default", "chunk")  # a snapshot published before: read as it is
+    assert ids == ["c0", "c1", "c2"] and np.array_equal(as_float, vectors)
+    old.close()
+    with connect(settings) as con:
+        kinds = dict(con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'embeddings'").fetchall())
+        _, migrated = read_vectors(con, "default", "chunk")
+    assert kinds["vector"] == "TINYINT[]" and kinds["scale"] == "FLOAT"
+    assert np.allclose(migrated, vectors, atol=np.abs(vectors).max() / 254 + 1e-6)
+
+
+def test_vector_matrix_scales_each_row():
+    q, scale = quantize(np.array([[0.5, -1.0], [2.0, 0.0]], dtype=np.float32))
+    assert q.to_pylist() == [[64, -127], [127, 0]]
+    assert np.allclose(vector_matrix(pa.table({"vector": q, "scale": scale})), [[0.5, -1.0], [2.0, 0.0]], atol=0.01)
+
+
+def test_the_extraction_cache_is_compressed_and_still_reads_entries_written_before(tmp_path):
+    path = tmp_path / "extractions.sqlite"
+    sentence = "Ada Fenwick directed the Marlow Observatory in Cresswell from 1901 until her retirement. " * 2
+    ex = Extraction(entities=[{"name": f"E{i}", "type": "PERSON", "description": sentence} for i in range(10)],
+                    relations=[{"source": "E0", "target": f"E{i}", "description": sentence, "weight": 1.0} for i in range(20)],
+                    facts=[{"text": sentence, "names": ["E0", "E1"]}])
+    cache = ExtractionCache(path)
+    cache.put_many({"new": ex})
+    cache.close()
+    con = sqlite3.connect(str(path))
+    stored = con.execute("SELECT payload FROM cache WHERE key = 'new'").fetchone()[0]
+    assert isinstance(stored, bytes) and len(stored) * 8 < len(json.dumps(ex.__dict__))
+    con.execute("INSERT INTO cache VALUES ('old', ?)", [json.dumps(ex.__dict__)])  # written before compression
+    con.commit()
+    con.close()
+    cache = ExtractionCache(path)
+    try:
+        assert cache.get_many(["new", "old"]) == {"new": ex, "old": ex}
+    finally:
+        cache.close()
