@@ -239,13 +239,13 @@ def test_replace_drops_what_the_new_source_lacks_and_add_drops_nothing(pool, tmp
         return {c["source"].split("#")[0] for c in r.json()["context"]}
 
     with running(pool, roots=(root,)) as url:
-        assert create("v1")["documents"] == {"added": 2, "changed": 0, "removed": 0}
+        assert create("v1")["documents"] == {"added": 2, "changed": 0, "removed": 0, "failed": 0}
         assert "b.jsonl" in sources()
         replaced = create("v2")  # the default mode is replace
-        assert replaced["mode"] == "replace" and replaced["documents"] == {"added": 0, "changed": 0, "removed": 1}
+        assert replaced["mode"] == "replace" and replaced["documents"] == {"added": 0, "changed": 0, "removed": 1, "failed": 0}
         assert sources() == {"a.jsonl"}
         added = create("v3", "add")
-        assert added["documents"] == {"added": 1, "changed": 0, "removed": 0}
+        assert added["documents"] == {"added": 1, "changed": 0, "removed": 0, "failed": 0}
         assert sources() == {"a.jsonl", "c.jsonl"}
         r = post(f"{url}/api/kg/create", json={"path": "v1", "namespace": "rm2", "mode": "merge"}, headers=TOKEN_HEADERS)
         assert r.status_code == 422 and "mode" in r.text
@@ -254,7 +254,7 @@ def test_replace_drops_what_the_new_source_lacks_and_add_drops_nothing(pool, tmp
             r = post(f"{url}/api/kg/upload", files=[("files", ("u.txt", text.encode()))],
                      data={"namespace": "rm2"}, headers=TOKEN_HEADERS)
             uploads.append(wait_run(url, r.json()["run_id"]))
-        assert uploads[1]["documents"] == {"added": 0, "changed": 1, "removed": 0}  # a.jsonl, c.jsonl went with the first
+        assert uploads[1]["documents"] == {"added": 0, "changed": 1, "removed": 0, "failed": 0}  # a.jsonl, c.jsonl went with the first
         assert uploads[0]["documents"]["removed"] == 2 and sources() == {"u.txt"}
         assert len(list((pool.settings.home / "uploads" / "rm2").iterdir())) == 1  # older upload folders pruned
 

@@ -131,7 +131,7 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
             run = runs.submit(None, namespace, None, command=command)
         except QueueFull as exc:
             raise ToolError(str(exc))
-        return (runs.wait(run, RUN_WAIT_SECONDS) if wait else run).public()
+        return runs.wait(run, RUN_WAIT_SECONDS) if wait else runs.status(run)
 
     @server.tool()
     def lazyhippo_delete(documents: list[str], namespace: str = "default", wait: bool = True) -> dict:
@@ -163,7 +163,7 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
         run = runs.get(run_id)
         if run is None:
             raise ToolError(f"no run {run_id!r}")
-        return run.public()
+        return runs.status(run)
 
     @server.tool()
     def lazyhippo_export(namespace: str = "default", format: str = "csv", tables: Optional[list[str]] = None,
