@@ -97,7 +97,7 @@ def test_mcp_merge_delete_and_export(pool, tmp_path, monkeypatch):  # noqa: F811
             out["merge"] = _payload(await client.call_tool("lazyhippo_merge", {"sources": ["Reyes"], "into": "Tomas Reyes"}))
             out["delete"] = _payload(await client.call_tool("lazyhippo_delete", {"documents": ["visitor_form.txt"],
                                                                                  "wait": False}))
-            while out["delete"]["status"] in ("QUEUED", "STARTED"):
+            while out["delete"]["status"] not in ("SUCCESS", "FAILURE", "CANCELED"):
                 await asyncio.sleep(0.5)
                 out["delete"] = _payload(await client.call_tool("lazyhippo_run", {"run_id": out["delete"]["run_id"]}))
             out["export"] = _payload(await client.call_tool("lazyhippo_export", {"tables": ["entities", "documents"],
