@@ -158,8 +158,8 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
 
     @server.tool()
     def lazyhippo_run(run_id: str) -> dict:
-        """Status of a delete or merge run: QUEUED, STARTED, SUCCESS (its index is served), FAILURE (with the
-        error) or CANCELED."""
+        """A delete or merge run, as the home's Dagster instance records it: status (QUEUED, STARTED, SUCCESS once
+        its index is served, FAILURE with the error, CANCELED), tags, documents removed."""
         run = runs.get(run_id)
         if run is None:
             raise ToolError(f"no run {run_id!r}")
