@@ -198,11 +198,9 @@ def test_the_serve_command_prints_its_token_and_sigterm_ends_it_during_a_run(hom
                 assert time.time() < deadline
                 time.sleep(0.3)
         assert r.status_code == 202
-        while get(f"{url}/api/runs/{r.json()['run_id']}").json()["status"] == "QUEUED":
+        while not _running_with(str(src)):  # the index process is under way
             assert time.time() < deadline
-            time.sleep(0.2)
-        time.sleep(2)  # the index process is under way
-        assert _running_with(str(src))
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) is not None
         deadline = time.time() + 30
