@@ -293,10 +293,10 @@ def test_index_mode_on_the_cli_on_both_stores(tmp_path, monkeypatch, graph_store
             assert {r["d"] for r in served} == ids
         return rows
 
-    assert "2 added, 0 changed, 0 removed (mode replace)" in index("v1")
-    assert "0 added, 0 changed, 1 removed (mode replace)" in index("v2", "--mode", "replace")
+    assert "2 added, 0 changed, 0 removed, 0 failed (mode replace)" in index("v1")
+    assert "0 added, 0 changed, 1 removed, 0 failed (mode replace)" in index("v2", "--mode", "replace")
     assert held() == {"a.jsonl"}
-    assert "1 added, 0 changed, 0 removed (mode add)" in index("v3", "--mode", "add")
+    assert "1 added, 0 changed, 0 removed, 0 failed (mode add)" in index("v3", "--mode", "add")
     assert held() == {"a.jsonl", "c.jsonl"}
     bad = CliRunner().invoke(app, ["index", str(tmp_path / "v1"), *base, "--mode", "merge"])
     assert bad.exit_code == 2 and "merge" in bad.output
