@@ -34,10 +34,16 @@ from lazyhippo_dagster.options import (NothingToIndex, OptionError, check_index_
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
+SERVED_RUN: dict[str, str | None] = {"run_id": None}  # the id a server chose for this process's Dagster run
+
+
 @app.callback()
 def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print the libraries' notices, warnings "
-                                                                      "and debug logs [$LAZYHIPPO_VERBOSE].")) -> None:
+                                                                      "and debug logs [$LAZYHIPPO_VERBOSE]."),
+          run_id: Optional[str] = typer.Option(None, "--run-id", hidden=True,
+                                               help="The id of the Dagster run (a server's run, chosen up front).")) -> None:
     restore_interrupts()  # a CLI started in the background (pipelines/interrupts.py)
+    SERVED_RUN["run_id"] = run_id
     if verbose:
         os.environ.setdefault("LAZYHIPPO_VERBOSE", "1")  # worker processes and servers started from here inherit it
     try:
@@ -76,15 +82,28 @@ def _checked(check, *args, **kwargs) -> None:
         raise typer.Exit(2) from None
 
 
+def _refused(message: str, operation: str, home: Path, namespace: str, tags: dict[str, str]) -> None:
+    """Bad input found before the run started: one line, exit code 2; a server's run is recorded failed with it."""
+    console.print(f"[red]error:[/red] {escape(message)}")
+    if SERVED_RUN["run_id"]:
+        from lazyhippo_dagster.runner import instance_for
+        from lazyhippo_dagster.served_runs import record_unexecuted
+
+        import dagster as dg
+
+        record_unexecuted(instance_for(home), SERVED_RUN["run_id"], operation, namespace, tags,
+                          dg.DagsterRunStatus.FAILURE, message)
+    raise typer.Exit(2)
+
+
 @contextmanager
-def _unreadable_source():
+def _unreadable_source(home: Path, namespace: str, tags: dict[str, str]):
     """A source with files but no readable document (and nothing indexed yet) is bad input: its files and
-    reasons, exit code 2, and no run."""
+    reasons, exit code 2, and no run executed."""
     try:
         yield
     except NothingToIndex as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+        _refused(str(exc), "index", home, namespace, tags)
 
 
 def _terminal() -> Console:
@@ -96,26 +115,11 @@ def _terminal() -> Console:
         return console
 
 
-def root_cause(result) -> str | None:
-    """Why the run stopped, from the first failure event (step or resource init): the innermost lazyhippo
-    error of its cause chain (it names the endpoint, file or option), else the innermost cause."""
-    for event in result.all_events:
-        error = getattr(event.event_specific_data, "error", None)
-        if error is None:
-            continue
-        chain = [error]
-        while chain[-1].cause is not None:  # Dagster wraps the exception that stopped the run
-            chain.append(chain[-1].cause)
-        ours = [e for e in chain if e.message.startswith("lazyhippo.")]
-        return (ours[-1] if ours else chain[-1]).message.strip().split("\n")[0]
-    return None
-
-
 def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespace: str | None = None,
-         workers: int = 1):
-    from lazyhippo_dagster.runner import execute, run_config
+         workers: int = 1, tags: dict[str, str] | None = None):
+    from lazyhippo_dagster.runner import execute, failure_reason, run_config
 
-    tag = {"lazyhippo/cli_run": uuid.uuid4().hex}
+    tag = {"lazyhippo/cli_run": uuid.uuid4().hex, **(tags or {})}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=_terminal(), transient=False) as bar:
         tasks: dict[str, int] = {}
@@ -127,12 +131,13 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
                 bar.update(tasks[step], total=1, completed=1, description=f"{job}: {step} {state}")
                 bar.stop_task(tasks[step])
 
-        result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace, workers=workers)
+        result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace, workers=workers,
+                         run_id=SERVED_RUN["run_id"] if job != "query" else None)
     if not result.success:
         for event in result.all_events:
             if event.is_step_failure:
                 console.print(f"[red]{event.step_key} failed:[/red] {event.step_failure_data.error.message.strip()}")
-        cause = root_cause(result)
+        cause = failure_reason(result.all_events)
         if cause:
             console.print(f"[red]root cause:[/red] {cause}")
         raise typer.Exit(1)
@@ -180,7 +185,10 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
              graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder,
              community_resolutions=community_resolutions, knn_structural=knn_structural)
-    with _unreadable_source():
+    from lazyhippo_dagster.served_runs import MODE_TAG, OPERATION_TAG
+
+    tags = {OPERATION_TAG: "index", MODE_TAG: mode.value}
+    with _unreadable_source(root, namespace, tags):
         result = _run("index", root, {
             "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                           "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
@@ -188,7 +196,7 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
                           "mode": mode.value, "community_resolutions": resolutions_list(community_resolutions),
                           "knn_structural": knn_structural},
             "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
-        }, namespace=namespace, workers=workers)
+        }, namespace=namespace, workers=workers, tags=tags)
     change = result.change
     console.print(f"documents: {change.added} added, {change.changed} changed, {change.removed} removed, "
                   f"{change.failed} failed (mode {mode.value})")
@@ -265,27 +273,27 @@ app.command("chat")(chat)
 
 
 def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Optional[str], object_store: Optional[str],
-                       edit) -> None:
-    """Apply `edit(settings, con, store, objects) -> message` to the index (a ValueError is a clear error that
-    changes nothing), then rebuild the graph-wide assets through the Dagster `rebuild_graph` job."""
+                       operation: str, edit) -> None:
+    """Apply `edit(settings, con, store, objects) -> (message, run tags)` to the index (a ValueError is a clear
+    error that changes nothing), then rebuild the graph-wide assets through the Dagster `rebuild_graph` job."""
     from lazyhippo.stores import open_graph_store, open_object_store
     from lazyhippo.stores.warehouse import WriterSession
+    from lazyhippo_dagster.served_runs import OPERATION_TAG
 
     root = home
     settings = Settings.from_env(home=root, namespace=namespace, graph_store=graph_store, object_store=object_store)
     store = open_graph_store(settings.graph_store)
     try:
         with WriterSession(settings, f"cli-{uuid.uuid4().hex[:8]}") as writer, writer.connect() as con:
-            message = edit(settings, con, store, open_object_store(settings.object_store, settings))
+            message, tags = edit(settings, con, store, open_object_store(settings.object_store, settings))
     except ValueError as exc:  # unknown document or entity, bad strategy
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2)
+        _refused(str(exc), operation, settings.home, namespace, {OPERATION_TAG: operation})
     finally:
         store.close()
     console.print(message)
     _run("rebuild_graph", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
                                  "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store}},
-         namespace=namespace)
+         namespace=namespace, tags={OPERATION_TAG: operation, **tags})
     status(home=root, namespace=namespace, as_json=False)
 
 
@@ -296,12 +304,14 @@ def delete(documents: list[str] = typer.Argument(..., help="doc_id or source pat
            object_store: Optional[str] = typer.Option(None, help="local | minio")) -> None:
     """Remove documents (chunks, mentions, facts) and rebuild the graph from the cached extractions of the rest."""
     from lazyhippo.stages.lifecycle import remove_documents
+    from lazyhippo_dagster.served_runs import REMOVED_TAG
 
-    def edit(settings, con, store, objects) -> str:
+    def edit(settings, con, store, objects) -> tuple[str, dict[str, str]]:
         deleted = remove_documents(settings, con, documents, store, objects)
-        return f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}"
+        return (f"removed {len(deleted.doc_ids)} document(s), {deleted.chunks} chunks: {', '.join(deleted.sources)}",
+                {REMOVED_TAG: str(len(deleted.doc_ids))})
 
-    _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
+    _edit_then_rebuild(home, namespace, graph_store, object_store, "delete", edit)
 
 
 @app.command()
@@ -316,14 +326,14 @@ def merge(sources: list[str] = typer.Argument(..., help="Entities to fold (names
     later index applies it again; the graph-wide assets are rebuilt through Dagster."""
     from lazyhippo.stages.merge import merge_on_neo4j, record_merge
 
-    def edit(settings, con, store, objects) -> str:
+    def edit(settings, con, store, objects) -> tuple[str, dict[str, str]]:
         done = record_merge(con, namespace, sources, into, strategy, settings.llm != "none")
         if store.name == "neo4j" and not done.created:
             merge_on_neo4j(store, namespace, done)
         new = " (a new entity)" if done.created else ""
-        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}{new}"
+        return f"merged {len(done.source_ids)} entit{'y' if len(done.source_ids) == 1 else 'ies'} into {done.target_name!r}{new}", {}
 
-    _edit_then_rebuild(home, namespace, graph_store, object_store, edit)
+    _edit_then_rebuild(home, namespace, graph_store, object_store, "merge", edit)
 
 
 @app.command("export")
@@ -521,7 +531,7 @@ def cluster_index(source: Path = typer.Argument(..., help="Folder or file readab
     """Index through the cluster's run queue: one `index` run of the namespace."""
     from lazyhippo_dagster import cluster
 
-    with _unreadable_source():
+    with _unreadable_source(root, namespace, {}):
         runs = cluster.index(cluster.Cluster(root.resolve()), namespace, str(source.resolve()))
     for run in runs:
         console.print(f"{run.job_name} {run.run_id}: {run.status.value}")

@@ -88,12 +88,32 @@ class DocumentChange:
     failed: int = 0
 
     @classmethod
-    def of_run(cls, result) -> "DocumentChange":
-        for event in result.get_asset_materialization_events():
+    def of_events(cls, events) -> "DocumentChange | None":
+        """The counts of the run whose Dagster events these are (None: it materialized no `documents`)."""
+        for event in events:
+            if event.event_type != dg.DagsterEventType.ASSET_MATERIALIZATION:
+                continue
             materialization = event.event_specific_data.materialization
             if materialization.asset_key == dg.AssetKey("documents"):
                 return cls(**{k: materialization.metadata[f"documents_{k}"].value for k in cls.__dataclass_fields__})
-        return cls()
+        return None
+
+
+def failure_reason(events) -> str | None:
+    """Why a run stopped, from its first failure event (step or resource init): the innermost lazyhippo error
+    of its cause chain (it names the endpoint, file or option), else the innermost cause; for a run failed or
+    canceled from outside (no error), that event's message."""
+    for event in events:
+        error = getattr(event.event_specific_data, "error", None)
+        if error is None:
+            continue
+        chain = [error]
+        while chain[-1].cause is not None:  # Dagster wraps the exception that stopped the run
+            chain.append(chain[-1].cause)
+        ours = [e for e in chain if e.message.startswith("lazyhippo.")]
+        return (ours[-1] if ours else chain[-1]).message.strip().split("\n")[0]
+    ended = [e for e in events if e.event_type in (dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED)]
+    return ended[-1].message if ended and ended[-1].message else None
 
 
 @dataclass
@@ -136,26 +156,27 @@ def settings_of(config: dict, namespace: str | None):
 
 
 def execute(job_name: str, home: Path, config: dict, on_step: Callable[[str, str], None] | None = None,
-            tags: dict | None = None, namespace: str | None = None, workers: int = 1):
+            tags: dict | None = None, namespace: str | None = None, workers: int = 1, run_id: str | None = None):
     """Run `job_name` on the `namespace` partition (`index`: see `index_run`); `on_step(step, state)` is called
-    live as steps start and end."""
+    live as steps start and end. `run_id`: the id the run gets (the server's runs choose it up front)."""
     from lazyhippo_dagster.definitions import defs
 
     instance = instance_for(home)
     fail_dead_runs(instance)
     tags = {**(tags or {}), **_process_tags()}
     if job_name == "index":  # adds its namespace's partition itself
-        return index_run(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step)
+        return index_run(instance, home, config, tags, namespace, workers if workers > 1 else None, on_step, run_id)
     if namespace is not None:
         add_namespace_partition(instance, namespace)
         tags[NAMESPACE_TAG] = namespace
     job = defs.resolve_job_def(job_name)
     return _watched(instance, tags, on_step, lambda: job.execute_in_process(
-        run_config=config, instance=instance, tags=tags, raise_on_error=False, partition_key=namespace))
+        run_config=config, instance=instance, tags=tags, raise_on_error=False, partition_key=namespace, run_id=run_id))
 
 
 def index_run(instance: dg.DagsterInstance, home: Path, config: dict, tags: dict, namespace: str | None,
-              processes: int | None = None, on_step: Callable[[str, str], None] | None = None) -> IndexRun:
+              processes: int | None = None, on_step: Callable[[str, str], None] | None = None,
+              run_id: str | None = None) -> IndexRun:
     """One `index` run of the namespace: the documents added or changed since the last run (by content hash) are
     read, chunked and extracted, then the graph. With `processes` it uses the multiprocess executor."""
     from lazyhippo_dagster.definitions import defs
@@ -169,8 +190,8 @@ def index_run(instance: dg.DagsterInstance, home: Path, config: dict, tags: dict
     result = _watched(instance, tags, on_step, lambda: (
         execute_parallel(home, config, processes, tags) if processes else
         job.execute_in_process(run_config=config, instance=instance, tags=tags, raise_on_error=False,
-                               partition_key=namespace)))
-    return IndexRun(result, DocumentChange.of_run(result))
+                               partition_key=namespace, run_id=run_id)))
+    return IndexRun(result, DocumentChange.of_events(result.all_events) or DocumentChange())
 
 
 def _watched(instance: dg.DagsterInstance, tags: dict, on_step: Callable[[str, str], None] | None,

@@ -26,6 +26,7 @@ from lazyhippo.serve.connections import server_config
 from lazyhippo.serve.middleware import Grant
 from lazyhippo.serve.engines import EnginePool
 from lazyhippo.serve.pool import IndexPool
+from lazyhippo.serve.runs import public_error
 from lazyhippo.settings import SAMPLE_CORPUS, Settings, environment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -228,8 +229,24 @@ def wait_run(url: str, run_id: str, headers: dict | None = None, seconds: float 
         time.sleep(0.5)
 
 
+def documents_metadata(instance, run_id: str) -> dict:
+    """The `documents` materialization's counts of a run, as the instance holds them."""
+    import dagster as dg
+
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+        materialization = entry.dagster_event.event_specific_data.materialization
+        if materialization.asset_key == dg.AssetKey("documents"):
+            return {k.removeprefix("documents_"): v.value for k, v in materialization.metadata.items()
+                    if k in ("documents_added", "documents_changed", "documents_removed", "documents_failed")}
+    raise AssertionError(f"run {run_id} materialized no documents")
+
+
 def test_kg_create_and_upload_run_the_index_job_in_their_own_process(pool, tmp_path, monkeypatch):
-    """Each run is a `lazyhippo index` process; SUCCESS means the new index already answers."""
+    """Each run is a Dagster run of the home's instance, executed by a `lazyhippo index` process; the API
+    reports the instance's status, tags, failure reason and document counts; SUCCESS means the new index
+    already answers."""
+    import dagster as dg
+
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     src = tmp_path / "src"
     shutil.copytree(SAMPLE_CORPUS, src)
@@ -242,7 +259,7 @@ def test_kg_create_and_upload_run_the_index_job_in_their_own_process(pool, tmp_p
         assert r.status_code == 202 and r.json()["status"] == "QUEUED" and r.json()["mode"] == "replace"
         status = wait_run(url, r.json()["run_id"])
         assert status["status"] == "SUCCESS", status
-        assert status["documents"] == {"added": 9, "changed": 0, "removed": 0}
+        assert status["documents"] == {"added": 9, "changed": 0, "removed": 0, "failed": 0}
         assert "lights" in get(f"{url}/api/namespaces").json()["namespaces"]  # served once reported
         r = post(f"{url}/api/query", json={"question": NEW_Q, "namespace": "lights", "route": "local"})
         assert r.status_code == 200 and "Quillon Barrow" in r.json()["answer"]
@@ -262,6 +279,51 @@ def test_kg_create_and_upload_run_the_index_job_in_their_own_process(pool, tmp_p
         failed = wait_run(url, r.json()["run_id"])
         assert failed["status"] == "FAILURE" and failed["error"].startswith("no readable document"), failed
         assert str(pool.settings.home) not in failed["error"]
+    instance = dg.DagsterInstance.from_config(str(tmp_path / "dagster"))
+    created = instance.get_run_by_id(status["run_id"])
+    assert created is not None and created.job_name == "index" and created.status.value == status["status"]
+    assert created.tags["lazyhippo/namespace"] == created.tags["dagster/partition"] == "lights"
+    assert created.tags["lazyhippo/operation"] == "index" and created.tags["lazyhippo/mode"] == "replace"
+    assert status["tags"] == dict(created.tags)
+    assert documents_metadata(instance, status["run_id"]) == status["documents"]
+    refused = instance.get_run_by_id(failed["run_id"])  # refused before it executed: recorded failed all the same
+    assert refused.status == dg.DagsterRunStatus.FAILURE and refused.tags["lazyhippo/namespace"] == "scans"
+    reason = instance.all_logs(failed["run_id"], of_type=dg.DagsterEventType.RUN_FAILURE)[-1].dagster_event.message
+    assert reason.startswith("no readable document") and failed["error"] == public_error(reason, None)
+
+
+def test_a_cancel_over_http_ends_the_dagster_run_canceled(pool, tmp_path, monkeypatch):
+    """A waiting run is canceled before it starts, a running one's process is ended: both end CANCELED in the
+    instance and in the API, and the process's output goes nowhere the server reads."""
+    import dagster as dg
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLE_CORPUS, src)
+    token = {"X-Lazyhippo-Token": TOKEN}
+    with running(pool, roots=(tmp_path,)) as url:
+        first, second = (post(f"{url}/api/kg/create", json={"path": str(src), "namespace": ns}, headers=token).json()
+                         for ns in ("first", "second"))
+        assert post(f"{url}/api/runs/{second['run_id']}/cancel").status_code == 401  # a write: token or key
+        r = post(f"{url}/api/runs/{second['run_id']}/cancel", headers=token)
+        assert r.status_code == 202 and r.json()["status"] == "CANCELED", r.json()
+        deadline = time.time() + 120
+        while get(f"{url}/api/runs/{first['run_id']}").json()["status"] != "STARTED":
+            assert time.time() < deadline, "the first run never started"
+            time.sleep(0.2)
+        child = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and alive(int(p.name))
+                     and first["run_id"].encode() in (p / "cmdline").read_bytes())
+        assert {os.readlink(f"/proc/{child}/fd/{fd}") for fd in (1, 2)} == {"/dev/null"}
+        r = post(f"{url}/api/runs/{first['run_id']}/cancel", headers=token)
+        assert r.status_code == 202
+        ended = wait_run(url, first["run_id"])
+        assert ended["status"] == "CANCELED" and not alive(child)
+        assert post(f"{url}/api/runs/{first['run_id']}/cancel", headers=token).status_code == 409
+        assert get(f"{url}/api/runs/{second['run_id']}").json()["status"] == "CANCELED"
+    instance = dg.DagsterInstance.from_config(str(tmp_path / "dagster"))
+    for run, namespace in ((first, "first"), (second, "second")):
+        record = instance.get_run_by_id(run["run_id"])
+        assert record.status == dg.DagsterRunStatus.CANCELED and record.tags["lazyhippo/namespace"] == namespace
 
 
 def test_index_swaps_atomically_under_load(any_pool, home, tmp_path):

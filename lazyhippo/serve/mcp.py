@@ -131,7 +131,7 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
             run = runs.submit(None, namespace, None, command=command)
         except QueueFull as exc:
             raise ToolError(str(exc))
-        return (runs.wait(run, RUN_WAIT_SECONDS) if wait else run).public()
+        return runs.wait(run, RUN_WAIT_SECONDS) if wait else runs.status(run)
 
     @server.tool()
     def lazyhippo_delete(documents: list[str], namespace: str = "default", wait: bool = True) -> dict:
@@ -158,12 +158,12 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
 
     @server.tool()
     def lazyhippo_run(run_id: str) -> dict:
-        """Status of a delete or merge run: QUEUED, STARTED, SUCCESS (its index is served), FAILURE (with the
-        error) or CANCELED."""
+        """A delete or merge run, as the home's Dagster instance records it: status (QUEUED, STARTED, SUCCESS once
+        its index is served, FAILURE with the error, CANCELED), tags, documents removed."""
         run = runs.get(run_id)
         if run is None:
             raise ToolError(f"no run {run_id!r}")
-        return run.public()
+        return runs.status(run)
 
     @server.tool()
     def lazyhippo_export(namespace: str = "default", format: str = "csv", tables: Optional[list[str]] = None,

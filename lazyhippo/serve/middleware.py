@@ -14,6 +14,7 @@ import collections
 import hmac
 import ipaddress
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ PUBLIC = {"/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"
 WRITES = {"/api/kg/create", "/api/kg/upload",  # POST: they change data (export: it hands out whole tables)
           "/api/kg/delete", "/api/kg/merge", "/api/kg/export"}
 UPLOAD = "/api/kg/upload"
+CANCEL = re.compile(r"/api/runs/[^/]+/cancel")  # POST: ends a run
 
 
 def key_bits(key: str) -> float:
@@ -139,7 +141,7 @@ class Guard:
                 return _refuse(403, "cross-origin requests are refused")
         grant = self.access.grant(headers)
         scope["state"]["grant"] = grant
-        write = method == "POST" and path in WRITES
+        write = method == "POST" and (path in WRITES or CANCEL.fullmatch(path) is not None)
         if path not in PUBLIC:
             if grant is None:
                 return _refuse(401, "missing or wrong API key", **{"WWW-Authenticate": "Bearer"})

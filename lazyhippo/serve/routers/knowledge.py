@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, FiniteFloat
 
 from lazyhippo.serve.limits import text_problem
 from lazyhippo.serve.routers import allowed_namespace, grant_of
-from lazyhippo.serve.runs import QueueFull, Run
+from lazyhippo.serve.runs import QueueFull, Run, RunEnded
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import SUPPORTED
 
@@ -77,8 +77,8 @@ def source_under_roots(path: str, roots: tuple[Path, ...]) -> Path:
     raise refused
 
 
-def _accepted(run: Run) -> dict:
-    return {**run.public(), "status_url": f"/api/runs/{run.run_id}"}
+def _accepted(request: Request, run: Run) -> dict:
+    return {**request.app.state.runs.status(run), "status_url": f"/api/runs/{run.run_id}"}
 
 
 def _submit(request: Request, source: Path, namespace: str, mode: str, upload: bool = False,
@@ -95,7 +95,7 @@ def kg_create(body: CreateRequest, request: Request) -> dict:
     run's status reports the documents added, changed and removed."""
     allowed_namespace(request, body.namespace)
     source = source_under_roots(body.path, request.app.state.source_roots)
-    return _accepted(_submit(request, source, body.namespace, body.mode, options=index_options(body)))
+    return _accepted(request, _submit(request, source, body.namespace, body.mode, options=index_options(body)))
 
 
 def _field(form, name: str, default: str) -> str:
@@ -158,14 +158,29 @@ async def kg_upload(request: Request, files: list[UploadFile]) -> dict:
     except HTTPException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    return _accepted(run)
+    return _accepted(request, run)
+
+
+def _found(request: Request, run_id: str) -> Run:
+    found = request.app.state.runs.get(run_id)
+    if found is None or not grant_of(request).covers(found.namespace):
+        raise HTTPException(404, f"no run {run_id!r}")
+    return found
 
 
 @router.get("/api/runs/{run_id}")
 def run(run_id: str, request: Request) -> dict:
-    """Status of an index run this server accepted: QUEUED, STARTED, SUCCESS (its index is served), FAILURE
-    or CANCELED, with the documents added, changed and removed once it read its source."""
-    found = request.app.state.runs.get(run_id)
-    if found is None or not grant_of(request).covers(found.namespace):
-        raise HTTPException(404, f"no run {run_id!r}")
-    return found.public()
+    """A run this server accepted, as the home's Dagster instance records it: its status (QUEUED, STARTED,
+    CANCELING, SUCCESS once its index is served, FAILURE with the error, CANCELED), tags, and the documents
+    added, changed, removed and failed once it read its source."""
+    return request.app.state.runs.status(_found(request, run_id))
+
+
+@router.post("/api/runs/{run_id}/cancel", status_code=202)
+def cancel_run(run_id: str, request: Request) -> dict:
+    """Cancel a run: a waiting one never starts, a running one's process is ended; the Dagster run ends
+    CANCELED (409 when it ended already)."""
+    try:
+        return request.app.state.runs.cancel(_found(request, run_id))
+    except RunEnded as exc:
+        raise HTTPException(409, str(exc)) from None

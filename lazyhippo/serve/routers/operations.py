@@ -64,7 +64,7 @@ def _queue(request: Request, namespace: str, command: tuple[str, ...]) -> dict:
         run = request.app.state.runs.submit(None, namespace, None, command=command)
     except QueueFull as exc:
         raise HTTPException(429, str(exc), headers={"Retry-After": "30"}) from None
-    return _accepted(run)
+    return _accepted(request, run)
 
 
 @router.post("/api/kg/delete", status_code=202)
