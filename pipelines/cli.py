@@ -467,11 +467,20 @@ def serve(host: str = typer.Option("127.0.0.1", help="Address to bind (not loopb
     if not settings.db_path.exists():
         console.print(f"[yellow]note:[/yellow] no index in {root} yet: queries answer 404 until `POST /api/kg/create` ran")
     console.print(f"serving {root} on http://{host}:{port} (docs at /docs)")
+    _register_runs()
     run_server(settings, host, port, Limits(max_body_bytes=max_body_bytes, max_question_chars=max_question_chars,
                                             max_budget=max_budget, max_header_bytes=max_header_bytes,
                                             max_headers=max_headers, header_seconds=header_timeout,
                                             body_seconds=body_timeout, idle_seconds=keep_alive_timeout,
                                             max_connections=max_connections), workers)
+
+
+def _register_runs() -> None:
+    """The server's runs are Dagster runs of the home's instance (the engine is handed them: it imports no Dagster)."""
+    from lazyhippo.serve.runs import use_run_records
+    from lazyhippo_dagster.served_runs import ServedRuns
+
+    use_run_records(ServedRuns)
 
 
 @app.command("mcp")
@@ -480,6 +489,7 @@ def mcp_cmd(home: Path = HomeOpt, rerank: Optional[str] = RerankOpt, rerank_top_
     """MCP server over stdio (official mcp SDK): retrieve, answer, entity, delete, merge, run, export and namespaces tools."""
     from lazyhippo.serve.mcp import run_stdio
 
+    _register_runs()
     run_stdio(Settings.from_env(home=home, rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
                                 max_related_chunks=max_related_chunks))
 

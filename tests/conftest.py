@@ -6,7 +6,11 @@ from pathlib import Path
 import pytest
 
 from lazyhippo.index import run_index
+from lazyhippo.serve.runs import use_run_records
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo_dagster.served_runs import ServedRuns
+
+use_run_records(ServedRuns)  # as `lazyhippo serve` and `lazyhippo mcp` do: the servers' runs are Dagster runs
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "2wikimultihopqa"
 # the servers' credentials (scripts/services.sh), also for the processes tests start in other folders

@@ -6,7 +6,8 @@ namespace tag like any CLI run. A process, because Dagster's in-process runs rec
 that deadlocked a server running several at once; it inherits the server's one compute thread (the other cores
 keep answering queries). Runs go one at a time (they write the same warehouse) from a bounded queue, so a burst
 is refused (429) rather than piling up; a run waiting there is QUEUED and not yet in the instance. Everything
-else is read from the instance (`lazyhippo_dagster.served_runs`, imported at the first run): status, tags, the
+else is read from the instance (through the run records the Dagster side registers with `use_run_records`, so
+the engine imports no Dagster): status, tags, the
 failure reason of its events, the document counts of its materializations; the process's output is never read.
 A run ends once the server is done with it: it is SUCCESS once its index is served (the pool has swapped in the
 snapshot the run published), FAILURE once a failed upload's files are removed. Canceling
@@ -29,6 +30,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
+
+_RECORDS: Callable[[Path], Any] | None = None
+
+
+def use_run_records(factory: Callable[[Path], Any]) -> None:
+    """Register the run system a server reads and records its runs in (a home -> its records, e.g.
+    `lazyhippo_dagster.served_runs.ServedRuns`): the Dagster side hands it over, the engine imports no Dagster."""
+    global _RECORDS
+    _RECORDS = factory
 
 log = logging.getLogger(__name__)
 KEPT_RUNS = 1000  # ended runs whose status stays available
@@ -101,11 +112,11 @@ class IndexRuns:
 
     @property
     def records(self):
-        """The home's Dagster instance, as `lazyhippo_dagster.served_runs.ServedRuns`."""
+        """The home's runs, in the run system registered with `use_run_records`."""
         if self._records is None:
-            from lazyhippo_dagster.served_runs import ServedRuns
-
-            self._records = ServedRuns(self.home)
+            if _RECORDS is None:
+                raise RuntimeError("no run system registered: start the server with `lazyhippo serve` or `lazyhippo mcp`")
+            self._records = _RECORDS(self.home)
         return self._records
 
     def submit(self, source: Path | None, namespace: str, mode: str | None, upload: bool = False,
