@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lazyhippo.models.embedders import PROFILES, MiniLM, _encoder, _normalize, get_embedder
+from lazyhippo.models.embedders import PROFILES, MiniLM, _encoder, normalize, get_embedder
 
 # sentence-transformers 5 (torch) on the same packaged weights, normalized, first 6 dimensions
 REFERENCE = {"Who directed the film Titanic?": [-0.05580, -0.01020, -0.00149, 0.09091, 0.00085, 0.04373],
@@ -17,7 +17,7 @@ REFERENCE = {"Who directed the film Titanic?": [-0.05580, -0.01020, -0.00149, 0.
 
 def test_onnx_graph_matches_sentence_transformers_and_int8_stays_close():
     enc = _encoder()
-    exact = _normalize(enc.mean_pooled(enc.token_ids(list(REFERENCE))))
+    exact = normalize(enc.mean_pooled(enc.token_ids(list(REFERENCE))))
     np.testing.assert_allclose(exact[:, :6], np.array(list(REFERENCE.values())), atol=2e-4)
     vecs = get_embedder("minilm").embed(list(REFERENCE))  # the profile runs the int8 weights
     assert vecs.shape == (2, 384) and vecs.dtype == np.float32

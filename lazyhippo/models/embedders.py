@@ -38,7 +38,7 @@ class Embedder(Protocol):
         ...
 
 
-def _normalize(vectors: np.ndarray) -> np.ndarray:
+def normalize(vectors: np.ndarray) -> np.ndarray:
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.maximum(norms, 1e-12)
@@ -121,7 +121,7 @@ class StaticMiniLM:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 256), dtype=np.float32)
-        return _normalize(self._model.encode(list(texts), show_progress_bar=False))
+        return normalize(self._model.encode(list(texts), show_progress_bar=False))
 
 
 class MiniLM:
@@ -133,7 +133,7 @@ class MiniLM:
         if not texts:
             return np.zeros((0, 384), dtype=np.float32)
         enc = _encoder(int8=True)
-        return _normalize(enc.mean_pooled(enc.token_ids(texts)))
+        return normalize(enc.mean_pooled(enc.token_ids(texts)))
 
 
 class OpenAIEmbedder:
@@ -150,7 +150,7 @@ class OpenAIEmbedder:
         for i in range(0, len(texts), self.batch):
             resp = self._client.embeddings.create(model=self.name, input=list(texts[i:i + self.batch]))
             rows += [d.embedding for d in resp.data]
-        return _normalize(np.array(rows))
+        return normalize(np.array(rows))
 
 
 class Profile:

@@ -17,10 +17,12 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
     """On a store with the exact search, only the entities whose neighbour lists can have changed since the
     recorded search are searched again (incremental.plan_knn); the edges are those of a full search."""
     from lazyhippo.graph.algorithms import knn_edges, knn_stale_sources
+    from lazyhippo.models.embedders import normalize
     from lazyhippo.stages.incremental import knn_inputs, plan_knn, write_inputs
 
     ns, k, cutoff = settings.namespace, settings.knn_top_k, settings.knn_cutoff
     ids, vectors = read_vectors(con, ns, "entity")
+    vectors = normalize(vectors)  # stored int8 rows are only about unit length: cosines on every store alike
     inputs = knn_inputs(con, ns, k, cutoff)
     incremental = store.exact_knn and settings.knn_structural == "off"  # structural vectors move with the graph
     plan = plan_knn(con, ns, inputs) if incremental else None
