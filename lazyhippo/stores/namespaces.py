@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from lazyhippo.settings import Settings, check_namespace
+from lazyhippo.settings import QUERY_FIELDS, Settings, check_namespace
 
 FOLDER = "namespaces"
 
@@ -24,7 +24,9 @@ def _path(home: Path, namespace: str) -> Path:
     return Path(home) / FOLDER / f"{check_namespace(namespace)}.json"
 
 
-PER_RUN = ("home", "namespace", "mode")  # what a run says for itself, never recorded
+# never recorded: what a run says for itself, and what the deployment decides at each run (whether and which LLM
+# answers and summarizes, query-time choices): a namespace indexed without an LLM is answered by one once configured
+PER_RUN = ("home", "namespace", "mode", "llm", "llm_model", *QUERY_FIELDS)
 
 
 def record_namespace(settings: Settings) -> None:
