@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lazyhippo.graph.passage import GraphParams
 from lazyhippo.index import run_index
 from lazyhippo.query import answer_question
 from lazyhippo.query.loader import clear_cache, load_index
@@ -43,13 +44,16 @@ def test_a_new_process_reads_the_cached_index_and_a_new_snapshot_replaces_it(tmp
     clear_cache()
     from_cache = answer_question(settings, question, route="local").to_dict()
     assert from_cache["citations"] and load_index(settings).stats["cached"]
+    clear_cache()
+    other = load_index(settings, GraphParams(synonym_weight=0.25))  # a query option's graph: a file of its own
+    assert not other.stats.get("cached") and len(_cache_files(settings)) == 2
 
     (src / "quillon.txt").write_text(NEW_DOC)
     run_index(settings)  # publishes a new snapshot
     clear_cache()
     fresh = load_index(settings)
     assert not fresh.stats.get("cached") and len(fresh.chunks.ids) > len(built.chunks.ids)
-    assert len(_cache_files(settings)) == 1  # the old snapshot's cache is gone
+    assert len(_cache_files(settings)) == 1  # the old snapshot's caches are gone
     answer = answer_question(settings, "Who designed the Quillon Lighthouse?", route="local").to_dict()
     assert "Quillon" in " ".join(c["title"] for c in answer["citations"] + answer["closest"])
 

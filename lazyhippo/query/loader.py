@@ -465,13 +465,15 @@ _CACHED_CODE = ("query/loader.py", "query/lexical.py", "query/nearest.py", "grap
 
 
 def _disk_cache(db_path: Path, namespace: str, params: GraphParams) -> Path:
-    """The cache file of this snapshot version (file identity, size, mtimes), graph parameters and loader code."""
+    """The cache file of this snapshot version (file identity, size, mtimes) and loader code, then graph
+    parameters (a query with its own KNN threshold or hub weight gets its own file beside the default's)."""
     st = db_path.stat()
     root = Path(__file__).resolve().parents[1]
-    key = hashlib.sha256(repr((st.st_ino, st.st_size, db_version(db_path), namespace, params)).encode())
+    version = hashlib.sha256(repr((st.st_ino, st.st_size, db_version(db_path))).encode())
     for name in _CACHED_CODE:
-        key.update((root / name).read_bytes())
-    return db_path.parent / _CACHE_DIR / f"{namespace}-{key.hexdigest()[:24]}.pickle"
+        version.update((root / name).read_bytes())
+    graph = hashlib.sha256(repr(params).encode())
+    return db_path.parent / _CACHE_DIR / f"{namespace}-{version.hexdigest()[:20]}-{graph.hexdigest()[:8]}.pickle"
 
 
 def _read_cached(path: Path) -> GraphIndex | None:
@@ -505,7 +507,7 @@ _ALIGN = 64
 
 def _write_cached(path: Path, idx: GraphIndex) -> None:
     """Write atomically (the pickle with its arrays out of band, each aligned in the file for mapping), and drop
-    the namespace's caches of older snapshots; a home that cannot be written (a read-only replica) goes without."""
+    the namespace's caches of other snapshot versions; a home that cannot be written (a read-only replica) goes without."""
     from dataclasses import replace
 
     buffers: list[pickle.PickleBuffer] = []
@@ -529,8 +531,10 @@ def _write_cached(path: Path, idx: GraphIndex) -> None:
                 f.write(b"\0" * (start - f.tell()))
                 f.write(raw)
         os.replace(tmp, path)
-        for old in path.parent.glob(f"{idx.namespace}-*.pickle"):
-            if old != path and old.name.rsplit("-", 1)[0] == idx.namespace:
+        version = path.name.rsplit("-", 2)[1]
+        for old in path.parent.glob(f"{idx.namespace}-*-*.pickle"):
+            name, old_version, _ = old.name.rsplit("-", 2)
+            if name == idx.namespace and old_version != version:
                 old.unlink(missing_ok=True)
     except OSError:
         tmp.unlink(missing_ok=True)
