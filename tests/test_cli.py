@@ -70,3 +70,11 @@ def test_neo4j_down_fails_fast_with_the_root_cause_last(tmp_path, monkeypatch):
     assert text[text.rindex("root cause:"):].startswith("root cause: lazyhippo.stores.neo4j.client.Neo4jStoreError: "
                                                          "Neo4j at bolt://127.0.0.1:9: server unreachable")
     assert "not-logged-secret" not in out.output
+
+
+def test_the_cli_query_job_is_the_one_the_ui_shows():
+    """`lazyhippo query` builds the query job without the asset graph: it must stay the job of the definitions."""
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.runner import job_def
+
+    assert job_def("query").get_job_snapshot_id() == defs.resolve_job_def("query").get_job_snapshot_id()
