@@ -70,3 +70,12 @@ def test_an_unreadable_cache_is_built_again(tmp_path):
     assert not idx.stats.get("cached") and idx.n_chunks == n_chunks
     clear_cache()
     assert load_index(settings).stats["cached"]  # written again whole
+
+
+def test_other_graph_parameters_on_a_loaded_index_rebuild_the_graph_only(tmp_path):
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
+    run_index(settings)
+    clear_cache()
+    base = load_index(settings)
+    other = load_index(settings, GraphParams(synonym_weight=0.25))
+    assert other.chunks is base.chunks and other.graph is not base.graph

@@ -7,7 +7,7 @@ lexical), each built once with everything derived from it, and never changed aft
 index is shared by concurrent queries without locks. The cache is per process and keyed by the
 database file's path, namespace, modification time and the graph edge weights; a re-index changes
 the mtime and the next query reloads. A built index of a published snapshot is also kept on disk beside it
-(`published/.index-cache/`, one pickle per namespace and snapshot version), so a new process (each
+(`published/.index-cache/`, one file per namespace, snapshot version and graph parameters), so a new process (each
 `lazyhippo query`) reads it in a fraction of the time building takes.
 """
 
@@ -457,6 +457,20 @@ def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
     if cache is not None:
         _write_cached(cache, idx)
     return idx
+
+
+def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> GraphIndex:
+    """`base` with its walk's graph built with other `params` (another KNN threshold, say): every other part
+    (chunks, vectors, facts, communities) is shared, so only the edges are read again."""
+    from dataclasses import replace
+
+    from lazyhippo.stores.warehouse import connect
+
+    t0 = time.perf_counter()
+    with connect(settings, read_only=True) as con:
+        graph = _graph(con, {"ns": settings.namespace}, params, base.chunks, base.entities, base.mentions)
+    return replace(base, graph=graph, loaded_at=time.time(), load_seconds=time.perf_counter() - t0,
+                   stats={**base.stats, "graph_edges": int(graph.adjacency.nnz)})
 
 
 _CACHE_DIR = ".index-cache"
