@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Literal, Optional, get_args, get_origin, get_type_hints
 
 import dagster as dg
 import duckdb
-from pydantic import PrivateAttr
+from pydantic import PrivateAttr, create_model
 
 from lazyhippo.settings import INSTANCE_HOME_FILE, GraphStoreKind, ObjectStoreKind, Settings, environment
 from lazyhippo.settings import instance_home as home_of_instance_dir
@@ -32,36 +32,32 @@ def instance_home(instance: dg.DagsterInstance) -> Path:
     return home_of_instance_dir(instance.root_directory)
 
 
-class LazyhippoResource(dg.ConfigurableResource):
-    """Where the index lives, which knowledge base (namespace), and how each stage behaves.
-    With `home` unset, a run acts on the home of its Dagster instance, on a namespace indexed there. Unset fields
-    are resolved by `lazyhippo.stores.namespaces.resolve_settings`: the settings the namespace was last indexed
-    with, else LAZYHIPPO_*, else `lazyhippo.settings.Settings`."""
+def _config_type(kind) -> type:
+    """A Settings field's type as Dagster config: a path as text, a tuple as a list, a choice as its values' type."""
+    args = [a for a in get_args(kind) if a is not type(None)]
+    if get_origin(kind) is tuple:
+        return list[args[0]]
+    if get_origin(kind) is Literal:
+        return type(args[0])
+    if args:  # `X | None`
+        return _config_type(args[0])
+    return str if kind is Path else kind
 
-    home: Optional[str] = None
-    namespace: Optional[str] = None
-    source: Optional[str] = None
-    chunk_size: Optional[int] = None
-    chunk_overlap: Optional[int] = None
-    max_file_bytes: Optional[int] = None
-    extractor: Optional[str] = None
-    nlp_noun_phrases: Optional[bool] = None
-    embedder: Optional[str] = None
-    llm: Optional[str] = None
-    llm_model: Optional[str] = None
-    embedding_model: Optional[str] = None
-    knn_top_k: Optional[int] = None
-    knn_cutoff: Optional[float] = None
-    community_algorithm: Optional[str] = None
-    # query time: reranker (none | http | cross-encoder; its URL, model and key from LAZYHIPPO_RERANK_*) and
-    # chunk selection of the local routes (graph | vector | weight)
-    rerank: Optional[str] = None
-    rerank_top_n: Optional[int] = None
-    chunk_selection: Optional[str] = None
-    max_related_chunks: Optional[int] = None
-    mode: Optional[str] = None  # "replace" | "add" (lazyhippo.settings.Settings.mode)
-    community_resolutions: Optional[list[float]] = None   # community levels coarse to fine
-    knn_structural: Optional[str] = None                  # off | concat | replace (FastRP, neo4j only)
+
+STORE_FIELDS = ("graph_store", "object_store")  # configured on GraphStoreResource and ObjectStoreResource
+# every other Settings field, unset by default: the Launchpad's config of a run, with nothing copied by hand
+SettingsConfig = create_model("SettingsConfig", __base__=dg.ConfigurableResource, **{
+    name: (Optional[_config_type(kind)], None) for name, kind in get_type_hints(Settings).items()
+    if name not in STORE_FIELDS})
+
+
+class LazyhippoResource(SettingsConfig):
+    """Where the index lives, which knowledge base (namespace), and how each stage behaves: every field of
+    `lazyhippo.settings.Settings` but the stores, unset by default. With `home` unset, a run acts on the home of
+    its Dagster instance, on a namespace indexed there. Unset fields are resolved by
+    `lazyhippo.stores.namespaces.resolve_settings`: the settings the namespace was last indexed with, else
+    LAZYHIPPO_*, else `lazyhippo.settings.Settings`."""
+
     # benchmark asset checks (questions.json / themes.json beside the source are used when present)
     check_budget: int = 4000
     noise_share_max: float = 0.25

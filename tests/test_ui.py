@@ -171,7 +171,8 @@ def test_tick_previews_see_every_namespace_and_change_nothing(ui):
     tags = _tags(sensed["runRequests"][0])
     assert tags["lazyhippo/namespace"] == tags["dagster/partition"] == "notes" and tags["lazyhippo/added"] == "1"
     nightly = ui.schedule_preview("nightly_reindex")
-    assert [(r["jobName"], _tags(r)["lazyhippo/namespace"]) for r in nightly["runRequests"]] == [("index", "notes")]
+    assert [(_tags(r)["dagster/partition"], _tags(r)["lazyhippo/namespace"]) for r in nightly["runRequests"]] == [
+        ("notes", "notes")]  # the schedule's job: `index`
     audit = ui.schedule_preview("nightly_audit")
     assert sorted(_tags(r)["lazyhippo/namespace"] for r in audit["runRequests"]) == ["notes", "wiki"]
     assert not ui.runs({"lazyhippo/namespace": "notes", "lazyhippo/added": "1"})  # previews launched nothing
@@ -225,7 +226,7 @@ def test_a_catalog_materialization_is_followed_by_its_graph_run(ui):
 
 
 def test_a_query_run_names_its_namespace_and_shows_its_answer(ui):
-    question = "Who painted the Harbour Light?"
+    question = "Who lit the Eastbridge harbor lights?"
     run_id = ui.launch("query", {"dagster/partition": "notes"},
                        {"ops": {"answer_question": {"config": {"question": question}}}})
     run = ui.wait(run_id)

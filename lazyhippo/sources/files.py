@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from lazyhippo.sources.markup import DOCUMENT_SUFFIXES, FORMAT_BY_SUFFIX, pretty_name, read_markup, sniff
+from lazyhippo.sources import asciidoc, htmldoc, markdown, rest
+from lazyhippo.sources.markup import DOCUMENT_SUFFIXES, FORMAT_BY_SUFFIX, outline, pretty_name, sniff
 from lazyhippo.sources.pdf import PARSE_LIMITS, ParseLimits, cpu_budget, read_pdf
 
 SUPPORTED = {".txt", ".md", ".markdown", ".rst", ".adoc", ".asciidoc", ".html", ".htm", ".pdf", ".jsonl"}
@@ -86,6 +87,12 @@ def _format(path: Path, text: str) -> str | None:
         if suffix not in DOCUMENT_SUFFIXES:
             break
     return sniff(text)
+
+
+def read_markup(fmt: str, text: str) -> tuple[str | None, list[tuple[str | None, str]]]:
+    """Title and sections of `text` in format 'md', 'rst', 'adoc' or 'html'."""
+    reader = {"md": markdown.events, "rst": rest.events, "adoc": asciidoc.events, "html": htmldoc.events}[fmt]
+    return outline(reader(text))
 
 
 def read_path(path: Path, root: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> Iterator[Document | ReadError]:

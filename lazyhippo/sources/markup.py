@@ -129,11 +129,3 @@ def sniff(text: str) -> str | None:
     if max(rest, adoc) + underlined < 2:
         return None
     return "rst" if rest > adoc else "adoc"  # underlined titles alone read the same either way
-
-
-def read_markup(fmt: str, text: str) -> tuple[str | None, list[tuple[str | None, str]]]:
-    """Title and sections of `text` in format 'md', 'rst', 'adoc' or 'html'."""
-    from lazyhippo.sources import asciidoc, htmldoc, markdown, rest
-
-    reader = {"md": markdown.events, "rst": rest.events, "adoc": asciidoc.events, "html": htmldoc.events}[fmt]
-    return outline(reader(text))
