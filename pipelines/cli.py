@@ -14,7 +14,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-import polars as pl
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -632,6 +631,8 @@ def bench_retrieval(dataset: Optional[str] = typer.Option(None, help="2wiki | ho
     """Recall@2/@5 and all_supporting@8 of a route against BM25 and dense-only baselines, in one run; scored by
     source file when the questions carry `gold_files`, by passage id when they carry `supporting_ids`. The
     summary shows the tune and confirm halves side by side."""
+    import polars as pl
+
     from lazyhippo.evaluate.bench import DATASETS, SPLITS, headline, part_rows, query_config, run_retrieval_bench, summary_row
     from lazyhippo.query.routes import check_route
 
@@ -692,6 +693,8 @@ def bench_answerable(dataset: str = typer.Option("all", help="2wiki | hotpotqa |
     """How often offline answers say "not answerable" rightly: each set's questions asked of its own index
     (missed: answerable ones marked not answerable) and of every other set's index (caught: marked not
     answerable), at the current threshold, and the threshold the tune halves call for (at most 5% missed)."""
+    import polars as pl
+
     from lazyhippo.evaluate.answerable import ANSWER_SETS, answer_set_files, calibrate, mean_rates, rates, run_answerable_bench
     from lazyhippo.evaluate.bench import SPLITS
     from lazyhippo.query.answer import SUPPORT_THRESHOLD
@@ -771,10 +774,14 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
                 routes: str = typer.Option("local,global,drift,hybrid"),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench")),
                 graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is loaded into it first)"),
-                repeat: int = typer.Option(3, help="Passes over the questions per route.")) -> None:
+                repeat: int = typer.Option(3, help="Passes over the questions per route."),
+                cli: int = typer.Option(0, min=0, help="Instead: time this many `lazyhippo query` processes (route "
+                                                       "auto), one question each, as a user runs them.")) -> None:
     """p50/p95 latency per route: retrieval + context assembly (query embedding included, no LLM), and with the
-    extractive answer (answer_*)."""
-    from lazyhippo.evaluate.bench import ensure_index, run_latency_bench
+    extractive answer (answer_*); with --cli, the wall time of whole `lazyhippo query` commands."""
+    import polars as pl
+
+    from lazyhippo.evaluate.bench import ensure_index, run_cli_latency, run_latency_bench
 
     corpus, questions = corpus or _wiki("corpus.jsonl"), questions or _wiki("questions_dev.json")
     if dataset:
@@ -782,7 +789,15 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
     bar, update = _progress_bar()
     with bar:
         settings, info = ensure_index(corpus, workdir, update, Settings.from_env(embedder=embedder))
-        result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
+        if cli:
+            result = run_cli_latency(settings, json.loads(questions.read_text()), cli)
+        else:
+            result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
+    if cli:
+        _print_frame(pl.DataFrame([{k: round(v, 1) for k, v in result.items()}]),
+                     f"`lazyhippo query` wall time on {corpus.name}")
+        print(json.dumps({"cli_" + k: round(v, 1) for k, v in result.items()}))
+        return
     cols = ("p50_ms", "p95_ms", "answer_p50_ms", "answer_p95_ms")
     _print_frame(pl.DataFrame([{"route": route, **r} for route, r in result.items()]).with_columns(pl.col(cols).round(2)),
                  f"query latency on {corpus.name} ({graph_store} store)")

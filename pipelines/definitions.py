@@ -4,7 +4,8 @@ import dagster as dg
 
 from lazyhippo_dagster import assets
 from lazyhippo_dagster.interrupts import restore_interrupts
-from lazyhippo_dagster.jobs import index_graph_job, index_job, query, rebuild_graph_job
+from lazyhippo_dagster.jobs import index_graph_job, index_job, rebuild_graph_job
+from lazyhippo_dagster.query_job import query
 from lazyhippo_dagster.resources import default_resources
 from lazyhippo_dagster.schedules import nightly_audit, nightly_reindex
 from lazyhippo_dagster.executors import index_executor

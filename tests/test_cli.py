@@ -7,6 +7,7 @@ import json
 import dagster as dg
 from typer.testing import CliRunner
 
+from lazyhippo.query.loader import clear_cache
 from lazyhippo_dagster.cli import app
 
 
@@ -37,6 +38,16 @@ def test_index_then_query_from_the_cli_records_runs(tmp_path, monkeypatch):
     mats = instance.fetch_materializations(dg.AssetKey("entities"), limit=1).records
     assert mats and mats[0].asset_materialization.metadata["dagster/row_count"].value > 0
 
+    clear_cache()  # as the next `lazyhippo query` process: the index comes from its disk cache, in a Dagster run still
+    again = runner.invoke(app, ["query", "Who succeeded Ada Fenwick as director of the Marlow Observatory?",
+                                "--home", home, "--json", "--route", "local"])
+    assert again.exit_code == 0, again.output
+    cached = json.loads(again.stdout[again.stdout.index("{"):])
+    assert cached["citations"] == data["citations"] and cached["answer"] == data["answer"]
+    query_runs = instance.get_runs(dg.RunsFilter(job_name="query"))
+    assert len(query_runs) == 2 and query_runs[0].status == dg.DagsterRunStatus.SUCCESS
+    assert query_runs[0].tags["lazyhippo/route"] == "local" and query_runs[0].tags["dagster/partition"] == "default"
+
 
 def test_query_without_index_fails_clearly(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
@@ -59,3 +70,11 @@ def test_neo4j_down_fails_fast_with_the_root_cause_last(tmp_path, monkeypatch):
     assert text[text.rindex("root cause:"):].startswith("root cause: lazyhippo.stores.neo4j.client.Neo4jStoreError: "
                                                          "Neo4j at bolt://127.0.0.1:9: server unreachable")
     assert "not-logged-secret" not in out.output
+
+
+def test_the_cli_query_job_is_the_one_the_ui_shows():
+    """`lazyhippo query` builds the query job without the asset graph: it must stay the job of the definitions."""
+    from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.runner import job_def
+
+    assert job_def("query").get_job_snapshot_id() == defs.resolve_job_def("query").get_job_snapshot_id()

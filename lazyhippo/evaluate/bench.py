@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -369,6 +371,23 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
         return out
     finally:
         store.close()
+
+
+def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int) -> dict:
+    """Wall time of `lazyhippo query` as a user runs it: one new process per question (interpreter start,
+    imports, the Dagster run, the index load and the answer). The first run is reported apart: after a
+    re-index it also writes the index's disk cache."""
+    command = [str(Path(sys.executable).with_name("lazyhippo")), "query", "--home", str(settings.home),
+               "--namespace", settings.namespace, "--json"]
+    walls = []
+    for i in range(runs + 1):
+        t0 = time.perf_counter()
+        done = subprocess.run([*command, questions[i % len(questions)]["question"]], capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        if done.returncode:
+            raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    return {"first_ms": walls[0] * 1000, "p50_ms": percentile_ms(walls[1:], 50),
+            "p95_ms": percentile_ms(walls[1:], 95), "n": runs}
 
 
 def query_config(assignments: Sequence[str]):

@@ -6,13 +6,20 @@ dicts. The index is grouped into typed parts (chunks, entities, mentions, facts,
 lexical), each built once with everything derived from it, and never changed afterwards: a served
 index is shared by concurrent queries without locks. The cache is per process and keyed by the
 database file's path, namespace, modification time and the graph edge weights; a re-index changes
-the mtime and the next query reloads.
+the mtime and the next query reloads. A built index of a published snapshot is also kept on disk beside it
+(`published/.index-cache/`, one file per namespace, snapshot version and graph parameters), so a new process (each
+`lazyhippo query`) reads it in a fraction of the time building takes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import mmap
+import os
+import pickle
 import re
+import struct
 import threading
 import time
 from collections import OrderedDict
@@ -53,7 +60,7 @@ class Chunks:
     n_tokens: np.ndarray
     sources: list[str]
     vecs: np.ndarray                  # (n_chunks, dim), zero rows where a chunk has no vector
-    title_index: dict[str, np.ndarray]  # norm_key(document title) -> chunk indices
+    title_index: KeyRows              # norm_key(document title) -> chunk indices
     doc_pos: dict[tuple[str, int], int]  # (doc_id, position) -> chunk index, for neighbours
 
 
@@ -66,7 +73,7 @@ class Entities:
     vecs: np.ndarray
     df: np.ndarray                    # passages mentioning each entity
     idf: np.ndarray
-    name_index: dict[str, np.ndarray] # norm_key(name) -> entity indices
+    name_index: KeyRows               # norm_key(name) -> entity indices
     pagerank: np.ndarray
     near: CosineBound                 # which entities a query phrase's embedding link can reach
 
@@ -199,14 +206,28 @@ def _fit_dim(mat: np.ndarray, dim: int) -> np.ndarray:
     return np.zeros((mat.shape[0], dim), dtype=np.float32)
 
 
-def _index_of(keys) -> dict[str, np.ndarray]:
+class KeyRows(dict):
+    """norm_key -> row indices: pickled as one flat array and offsets, since tens of thousands of small numpy
+    arrays take most of the time of loading a cached index."""
+
+    def __reduce__(self):
+        rows = [np.asarray(v, dtype=np.int64) for v in self.values()]
+        flat = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        return _key_rows, (list(self), flat, np.cumsum([len(r) for r in rows])[:-1])
+
+
+def _key_rows(keys: list[str], flat: np.ndarray, cuts: np.ndarray) -> KeyRows:
+    return KeyRows(zip(keys, np.split(flat, cuts)))
+
+
+def _index_of(keys) -> KeyRows:
     """norm_key(key) -> indices of the rows carrying it, in row order (keys in order of first appearance; empty
     keys and nulls left out). Keyed and grouped in Arrow and numpy: no Python call per row."""
     encoded = norm_keys(pa.array(keys, pa.string())).dictionary_encode()
     codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     rows = np.argsort(codes, kind="stable")[np.count_nonzero(codes < 0):]  # by key, row order kept within one
     groups = np.split(rows, np.cumsum(np.bincount(codes[codes >= 0], minlength=len(encoded.dictionary)))[:-1])
-    return {k: g for k, g in zip(encoded.dictionary.to_pylist(), groups) if k}
+    return KeyRows((k, g) for k, g in zip(encoded.dictionary.to_pylist(), groups) if k)
 
 
 def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
@@ -422,11 +443,20 @@ def load_index(settings: Settings, params: GraphParams | None = None) -> GraphIn
 
 
 def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
-    """Readers open the published snapshot, which no writer ever holds: no waiting needed."""
-    from lazyhippo.stores.warehouse import connect
+    """Readers open the published snapshot, which no writer ever holds: no waiting needed. A snapshot's index
+    is read from its disk cache when one was written for this version, else built and cached."""
+    from lazyhippo.stores.warehouse import connect, snapshot_path
 
+    cache = _disk_cache(Path(db_path), settings.namespace, params) if Path(db_path) == snapshot_path(settings) else None
+    if cache is not None:
+        idx = _read_cached(cache)
+        if idx is not None:
+            return idx
     with connect(settings, read_only=True) as con:
-        return build_index(con, settings.namespace, db_path, params)
+        idx = build_index(con, settings.namespace, db_path, params)
+    if cache is not None:
+        _write_cached(cache, idx)
+    return idx
 
 
 def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> GraphIndex:
@@ -441,6 +471,87 @@ def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> Graph
         graph = _graph(con, {"ns": settings.namespace}, params, base.chunks, base.entities, base.mentions)
     return replace(base, graph=graph, loaded_at=time.time(), load_seconds=time.perf_counter() - t0,
                    stats={**base.stats, "graph_edges": int(graph.adjacency.nnz)})
+
+
+_CACHE_DIR = ".index-cache"
+# the modules whose classes a cached index holds: a change to any of them makes older cache files unreadable
+_CACHED_CODE = ("query/loader.py", "query/lexical.py", "query/nearest.py", "graph/passage.py", "graph/ppr.py")
+
+
+def _disk_cache(db_path: Path, namespace: str, params: GraphParams) -> Path:
+    """The cache file of this snapshot version (file identity, size, mtimes) and loader code, then graph
+    parameters (a query with its own KNN threshold or hub weight gets its own file beside the default's)."""
+    st = db_path.stat()
+    root = Path(__file__).resolve().parents[1]
+    version = hashlib.sha256(repr((st.st_ino, st.st_size, db_version(db_path))).encode())
+    for name in _CACHED_CODE:
+        version.update((root / name).read_bytes())
+    graph = hashlib.sha256(repr(params).encode())
+    return db_path.parent / _CACHE_DIR / f"{namespace}-{version.hexdigest()[:20]}-{graph.hexdigest()[:8]}.pickle"
+
+
+def _read_cached(path: Path) -> GraphIndex | None:
+    """The cached index, or None when absent or unreadable (a cache written with another version of a library,
+    a truncated file): it is then built again. Its arrays are copy-on-write maps of the file, so only the pages a
+    query touches are read; the thread-pool product is made again (functions are not pickled). The file is as
+    trusted as the snapshot beside it: both are written only by the home's owner."""
+    from dataclasses import replace
+
+    t0 = time.perf_counter()
+    try:
+        with open(path, "rb") as f:
+            data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+        n_pickle, n_buffers = _HEADER.unpack_from(data)
+        spans = np.frombuffer(data, dtype=np.uint64, count=2 * n_buffers, offset=_HEADER.size).reshape(-1, 2)
+        start = _HEADER.size + spans.nbytes
+        idx = pickle.loads(data[start:start + n_pickle], buffers=[data[int(o):int(o) + int(n)] for o, n in spans])
+    except Exception:  # noqa: BLE001 - absent or unreadable: built again
+        return None
+    if not isinstance(idx, GraphIndex):
+        return None
+    seconds = time.perf_counter() - t0
+    graph = replace(idx.graph, matvec32=parallel_matvec(idx.graph.transition32))
+    return replace(idx, graph=graph, loaded_at=time.time(), load_seconds=seconds,
+                   stats={**idx.stats, "load_seconds": round(seconds, 3), "cached": True})
+
+
+_HEADER = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then (offset, length) per buffer
+_ALIGN = 64
+
+
+def _write_cached(path: Path, idx: GraphIndex) -> None:
+    """Write atomically (the pickle with its arrays out of band, each aligned in the file for mapping), and drop
+    the namespace's caches of other snapshot versions; a home that cannot be written (a read-only replica) goes without."""
+    from dataclasses import replace
+
+    buffers: list[pickle.PickleBuffer] = []
+    stream = pickle.dumps(replace(idx, graph=replace(idx.graph, matvec32=None)), protocol=5,
+                          buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    offset = _HEADER.size + 16 * len(raws) + len(stream)
+    spans = []
+    for raw in raws:
+        offset += -offset % _ALIGN
+        spans.append((offset, raw.nbytes))
+        offset += raw.nbytes
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(_HEADER.pack(len(stream), len(raws)))
+            f.write(np.asarray(spans, dtype=np.uint64).tobytes())
+            f.write(stream)
+            for (start, _), raw in zip(spans, raws):
+                f.write(b"\0" * (start - f.tell()))
+                f.write(raw)
+        os.replace(tmp, path)
+        version = path.name.rsplit("-", 2)[1]
+        for old in path.parent.glob(f"{idx.namespace}-*-*.pickle"):
+            name, old_version, _ = old.name.rsplit("-", 2)
+            if name == idx.namespace and old_version != version:
+                old.unlink(missing_ok=True)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def clear_cache() -> None:

@@ -1,0 +1,81 @@
+"""The built index of a published snapshot is kept on disk beside it: a new process reads it instead of building,
+and a snapshot published again (a re-index) is never answered from the old one."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from lazyhippo.graph.passage import GraphParams
+from lazyhippo.index import run_index
+from lazyhippo.query import answer_question
+from lazyhippo.query.loader import clear_cache, load_index
+from lazyhippo.settings import Settings
+
+SAMPLE = Path(__file__).resolve().parents[1] / "lazyhippo" / "sample_corpus"
+NEW_DOC = ("The Quillon Lighthouse was designed by the engineer Marta Velloso in 1902. "
+           "Marta Velloso later designed the Quillon harbour wall.")
+
+
+def _cache_files(settings: Settings) -> list[Path]:
+    return sorted((settings.home / "published" / ".index-cache").glob(f"{settings.namespace}-*.pickle"))
+
+
+def test_a_new_process_reads_the_cached_index_and_a_new_snapshot_replaces_it(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLE, src)
+    settings = Settings(home=tmp_path / "home", source=str(src))
+    run_index(settings)
+    clear_cache()
+    built = load_index(settings)
+    assert not built.stats.get("cached") and len(_cache_files(settings)) == 1
+
+    clear_cache()  # as a new process: only the disk cache is left
+    cached = load_index(settings)
+    assert cached.stats["cached"]
+    assert cached.chunks.ids == built.chunks.ids and cached.graph.node_ids == built.graph.node_ids
+    assert np.array_equal(cached.entities.vecs, built.entities.vecs)
+    assert (cached.graph.transition32 != built.graph.transition32).nnz == 0
+    assert {k: list(v) for k, v in cached.entities.name_index.items()} == \
+           {k: list(v) for k, v in built.entities.name_index.items()}
+    question = "Who succeeded Ada Fenwick as director of the Marlow Observatory?"
+    clear_cache()
+    from_cache = answer_question(settings, question, route="local").to_dict()
+    assert from_cache["citations"] and load_index(settings).stats["cached"]
+    clear_cache()
+    other = load_index(settings, GraphParams(synonym_weight=0.25))  # a query option's graph: a file of its own
+    assert not other.stats.get("cached") and len(_cache_files(settings)) == 2
+
+    (src / "quillon.txt").write_text(NEW_DOC)
+    run_index(settings)  # publishes a new snapshot
+    clear_cache()
+    fresh = load_index(settings)
+    assert not fresh.stats.get("cached") and len(fresh.chunks.ids) > len(built.chunks.ids)
+    assert len(_cache_files(settings)) == 1  # the old snapshot's caches are gone
+    answer = answer_question(settings, "Who designed the Quillon Lighthouse?", route="local").to_dict()
+    assert "Quillon" in " ".join(c["title"] for c in answer["citations"] + answer["closest"])
+
+
+def test_an_unreadable_cache_is_built_again(tmp_path):
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
+    run_index(settings)
+    clear_cache()
+    n_chunks = load_index(settings).n_chunks
+    (cache,) = _cache_files(settings)
+    cache.write_bytes(cache.read_bytes()[:1000])  # truncated
+    clear_cache()
+    idx = load_index(settings)
+    assert not idx.stats.get("cached") and idx.n_chunks == n_chunks
+    clear_cache()
+    assert load_index(settings).stats["cached"]  # written again whole
+
+
+def test_other_graph_parameters_on_a_loaded_index_rebuild_the_graph_only(tmp_path):
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
+    run_index(settings)
+    clear_cache()
+    base = load_index(settings)
+    other = load_index(settings, GraphParams(synonym_weight=0.25))
+    assert other.chunks is base.chunks and other.graph is not base.graph
