@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from lazyhippo.evaluate import audit
 from lazyhippo.settings import Settings
-from lazyhippo.stores.warehouse import connect, replace_rows
+from lazyhippo.stores.warehouse import connect, quantize, replace_rows
 from tests.services_fixtures import minio_store, namespaces, neo4j_store  # noqa: F401 - fixtures
 
 CHECKS = ("knn_edges_present", "entities_have_community", "entities_have_pagerank", "chunks_have_mentions",
@@ -47,8 +48,10 @@ def build_graph(con, ns: str) -> None:
     replace_rows(con, "knn_edges", ns, _table([{"source_id": a, "target_id": b, "score": s, "rank": 1}
                                               for a, b, s in KNN], ns))
     # near-parallel entity vectors: pairs reach the KNN cutoff, so KNN edges are due
+    vectors, scales = quantize(np.array([[1.0, 0.1 * i] for i in range(len(ENTITIES))]))
     replace_rows(con, "embeddings", ns, _table([{"kind": "entity", "item_id": e, "model": "test", "text_hash": e,
-                                                "vector": [1.0, 0.1 * i]} for i, e in enumerate(ENTITIES)], ns))
+                                                "vector": v, "scale": float(sc)}
+                                               for e, v, sc in zip(ENTITIES, vectors.to_pylist(), scales)], ns))
     replace_rows(con, "entity_scores", ns, _table([{"entity_id": e, "community_id": c, "pagerank": 1 / 6}
                                                   for e, c in COMMUNITY.items()], ns))
     replace_rows(con, "communities", ns, _table([{"community_id": c, "level": 0, "size": 3, "modularity": 0.5}
