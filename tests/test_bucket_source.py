@@ -58,7 +58,6 @@ def test_sensor_on_a_bucket_prefix_adds_changes_removes_and_never_repeats_a_run_
     first = ticks.tick()  # nothing indexed yet: every document is new
     assert isinstance(first, dg.RunRequest) and first.tags["lazyhippo/added"] == "8"
     assert ticks.instance.get_dynamic_partitions("namespaces") == [settings.namespace]
-    assert len(ticks.documents()) == 8  # a partition per document
     run_index(settings)
     assert isinstance(ticks.tick(), dg.SkipReason)  # indexed and unchanged: nothing requested
 
@@ -68,12 +67,12 @@ def test_sensor_on_a_bucket_prefix_adds_changes_removes_and_never_repeats_a_run_
     assert added.tags["lazyhippo/added"] == "1" and "harbour_note.md" in added.tags["lazyhippo/change"]
     store.put(note, b"# Harbour note\n\nThe Eastbridge harbour reopened in autumn.\n")
     changed = ticks.tick()
-    assert changed.tags["lazyhippo/changed"] == "1" and len(ticks.documents()) == 9
+    assert changed.tags["lazyhippo/changed"] == "1" and ticks.namespaces() == [settings.namespace]
     store.delete(note)
     removed = ticks.tick()
-    assert removed.tags["lazyhippo/removed"] == "1" and len(ticks.documents()) == 8
+    assert removed.tags["lazyhippo/removed"] == "1" and ticks.namespaces() == [settings.namespace]
     store.put(note, b"# Harbour note\n\nThe Eastbridge harbour reopened in spring.\n")  # same content as first added
     again = ticks.tick()
-    assert again.tags["lazyhippo/added"] == "1" and len(ticks.documents()) == 9
+    assert again.tags["lazyhippo/added"] == "1" and ticks.namespaces() == [settings.namespace]
     assert isinstance(ticks.tick(), dg.SkipReason)
     assert len(ticks.keys) == len(set(ticks.keys)) == 5  # the re-add is a new change, never a dropped duplicate
