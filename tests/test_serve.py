@@ -313,7 +313,8 @@ def test_a_cancel_over_http_ends_the_dagster_run_canceled(pool, tmp_path, monkey
             time.sleep(0.2)
         child = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and alive(int(p.name))
                      and first["run_id"].encode() in (p / "cmdline").read_bytes())
-        assert {os.readlink(f"/proc/{child}/fd/{fd}") for fd in (1, 2)} == {"/dev/null"}
+        # its output goes nowhere the server reads: /dev/null, or Dagster's compute logs while a step runs; no pipe
+        assert not any(os.readlink(f"/proc/{child}/fd/{fd}").startswith("pipe:") for fd in (1, 2))
         r = post(f"{url}/api/runs/{first['run_id']}/cancel", headers=token)
         assert r.status_code == 202
         ended = wait_run(url, first["run_id"])
