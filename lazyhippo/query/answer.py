@@ -31,7 +31,7 @@ NO_ANSWER = "No relevant information was found in the index."
 ANSWER_CHARS = 400  # an offline answer, citations included
 # The least support (`Extract.support`) that counts as an answer: calibrated on the shared question sets, each
 # asked of its own index and of the others' (docs/benchmarks.md, `lazyhippo bench answerable`).
-SUPPORT_THRESHOLD = 0.46
+SUPPORT_THRESHOLD = 0.58
 
 
 @dataclass
