@@ -71,7 +71,7 @@ def running(pool: IndexPool, access: Access | None = None, limits: Limits = Limi
 def home(sample_settings, tmp_path) -> Path:
     """A private copy of the indexed sample warehouse (tests here write to it)."""
     dest = tmp_path / "home"
-    shutil.copytree(sample_settings.home, dest, ignore=shutil.ignore_patterns("dagster", "*.lock"))
+    shutil.copytree(sample_settings.home, dest, ignore=shutil.ignore_patterns("dagster", "*.lock", "usage.sqlite*"))
     return dest
 
 
