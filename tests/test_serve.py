@@ -522,10 +522,13 @@ def test_a_failed_refresh_keeps_the_old_index_and_is_retried(home, monkeypatch):
     def locked(*args, **kwargs):
         raise OSError("warehouse locked by a writer")
 
+    real_republish = serving.republish_from_warehouse
     monkeypatch.setattr(serving, "load_index", locked)
+    monkeypatch.setattr(serving, "republish_from_warehouse", locked)  # the writer holds the warehouse too
     assert pool.refresh(force=True) is False and set(pool.damaged) == {"default"}
     assert pool.get("default").index is old and pool.swaps == 0 and pool.health()["status"] == "degraded"
     monkeypatch.setattr(serving, "load_index", real)
+    monkeypatch.setattr(serving, "republish_from_warehouse", real_republish)
     assert pool.refresh() is False and pool.refresh() is True  # seen once, then settled (settle 0 s): retried
     assert pool.get("default").index is not old and pool.swaps == 1 and pool.health() == {"status": "ok"}
 
