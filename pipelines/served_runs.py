@@ -65,11 +65,7 @@ class ServedRuns:
 
     def cancel(self, run_id: str, operation: str, namespace: str, tags: dict[str, str], message: str) -> None:
         """Record the run CANCELED (created so, when its process never started it), unless it ended already."""
-        run = self.instance.get_run_by_id(run_id)
-        if run is None:
-            record_unexecuted(self.instance, run_id, operation, namespace, tags, dg.DagsterRunStatus.CANCELED, message)
-        elif run.status not in ENDED:
-            self.instance.report_run_canceled(run, message)
+        self._end(run_id, operation, namespace, tags, dg.DagsterRunStatus.CANCELED, message)
 
     def canceling(self, run_id: str, message: str) -> None:
         """Mark a started run CANCELING while its process is being ended."""
@@ -79,11 +75,15 @@ class ServedRuns:
 
     def fail(self, run_id: str, operation: str, namespace: str, tags: dict[str, str], message: str) -> None:
         """Record the run FAILURE (created so, when its process ended before starting it), unless it ended."""
+        self._end(run_id, operation, namespace, tags, dg.DagsterRunStatus.FAILURE, message)
+
+    def _end(self, run_id: str, operation: str, namespace: str, tags: dict[str, str], status: dg.DagsterRunStatus,
+             message: str) -> None:
         run = self.instance.get_run_by_id(run_id)
         if run is None:
-            record_unexecuted(self.instance, run_id, operation, namespace, tags, dg.DagsterRunStatus.FAILURE, message)
+            record_unexecuted(self.instance, run_id, operation, namespace, tags, status, message)
         elif run.status not in ENDED:
-            self.instance.report_run_failed(run, message)
+            _report(self.instance, run, status, message)
 
 
 def record_unexecuted(instance: dg.DagsterInstance, run_id: str, operation: str, namespace: str,
@@ -97,6 +97,10 @@ def record_unexecuted(instance: dg.DagsterInstance, run_id: str, operation: str,
     job = defs.resolve_job_def(JOBS[operation])
     run = instance.create_run_for_job(job, run_id=run_id, status=dg.DagsterRunStatus.NOT_STARTED,
                                       tags={**job.run_tags, **tags, **namespace_tags(namespace), OPERATION_TAG: operation})
+    _report(instance, run, status, message)
+
+
+def _report(instance: dg.DagsterInstance, run: dg.DagsterRun, status: dg.DagsterRunStatus, message: str) -> None:
     if status == dg.DagsterRunStatus.CANCELED:
         instance.report_run_canceled(run, message)
     else:
