@@ -95,9 +95,9 @@ class UI:
         return out["sensorDryRun"]["evaluationResult"]
 
     def ticks(self, name: str) -> list[dict]:
-        """The daemon's latest ticks of a sensor."""
+        """The daemon's latest finished tick of a sensor (one still running has not stored its cursor yet)."""
         out = self.gql("""query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { ... on Sensor {
-            sensorState { ticks(limit: 1) { status } } } } }""",
+            sensorState { ticks(limit: 1, statuses: [SKIPPED, SUCCESS, FAILURE]) { status } } } } }""",
                        s={"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "sensorName": name})
         return out["sensorOrError"]["sensorState"]["ticks"]
 
