@@ -129,7 +129,8 @@ def test_a_burst_of_creates_and_uploads_never_blocks_the_server(pool, tmp_path, 
             pending = {r for r in pending if get(f"{url}/api/runs/{r}").json()["status"] not in ("SUCCESS", "FAILURE", "CANCELED")}
             assert time.time() < deadline
             time.sleep(0.5)
-        assert all(get(f"{url}/api/runs/{r}").json()["status"] == "SUCCESS" for r in accepted)
+        ended = [get(f"{url}/api/runs/{r}").json() for r in accepted]
+        assert all(run["status"] == "SUCCESS" for run in ended), ended
         assert threading.active_count() < 60
 
 

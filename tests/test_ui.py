@@ -226,7 +226,8 @@ def test_a_catalog_materialization_is_followed_by_its_graph_run(ui):
     assert run["status"] == "SUCCESS" and _tags(run)["lazyhippo/namespace"] == "wiki", ui.messages(run_id)[-5:]
     deadline = time.monotonic() + 240
     while not (follow := [r for r in ui.runs({"dagster/partition": "wiki"}) if r["runId"] not in before | {run_id}]):
-        assert time.monotonic() < deadline, "no graph run followed the catalog materialization"
+        assert time.monotonic() < deadline, "no graph run followed the catalog materialization:\n" + "\n".join(
+            line for line in (ui.home.parent / "dagster-dev.log").read_text().splitlines()[-400:] if "AssetDaemon" in line)
         time.sleep(3)
     graph = ui.wait(follow[0]["runId"])
     assert graph["status"] == "SUCCESS", ui.messages(graph["runId"])[-5:]
