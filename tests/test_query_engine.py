@@ -208,9 +208,72 @@ def test_a_bare_number_of_one_or_two_digits_links_nothing():
     assert [key for _, _, key in _span_matches(idx, ["What", "does", "1", "mean", "in", "1998"])] == ["1998"]
     vectors = {"1": [1, 0, 0], "Marlow": [0, 1, 0]}
     q = SimpleNamespace(raw_tokens=["What", "does", "1", "mean", "at", "Marlow"], keywords=["mean", "marlow"],
+                        in_code=[False] * 6,
                         embed=lambda texts: np.array([vectors[t] for t in texts], dtype=np.float32))
     seeds = link_query(idx, q, LocalParams(fact_top_k=0))
     assert set(seeds.entities) == {1}  # Marlow by embedding link; "1" not at all
+
+
+def test_a_code_span_in_the_question_links_as_a_name_whatever_its_case():
+    """`git am` is written as a command is spelled, in lower case: in a question that capitalizes other words
+    ("Git", "CI"), its words link as a name does, not as the lower-case words of a sentence (which seed at 5%)."""
+    from types import SimpleNamespace
+
+    from lazyhippo.query.local import link_query
+    from lazyhippo.query.types import PreparedQuery
+
+    idx = SimpleNamespace(entities=SimpleNamespace(name_index={"git am": [0], "message body": [1]},
+                                                   names=["git am", "message body"], idf=np.ones(2)),
+                          chunks=SimpleNamespace(title_index={}), longest_name=2, n_entities=2,
+                          facts=SimpleNamespace(ids=[]))
+    p = LocalParams(fact_top_k=0, embed_weight=0.0)
+    coded = link_query(idx, PreparedQuery(idx, "The Git maintainer runs `git am -sc3`: what is the message body for?",
+                                          None), p)
+    plain = link_query(idx, PreparedQuery(idx, "The Git maintainer runs git am -sc3: what is the message body for?",
+                                          None), p)
+    assert coded.entities[0] == pytest.approx(1.0)                        # named as a name is
+    assert plain.entities[0] == pytest.approx(p.lowercase_span_factor)    # the same words outside a code span
+    assert coded.entities[1] == plain.entities[1] == pytest.approx(p.lowercase_span_factor)
+
+
+def test_code_tokens_mark_the_words_between_backticks():
+    from lazyhippo.query.text import code_tokens, name_tokens
+
+    def code(text: str) -> list[str]:
+        flags = code_tokens(text)
+        assert len(flags) == len(name_tokens(text))
+        return [t for t, c in zip(name_tokens(text), flags) if c]
+
+    assert code("Is `git init --object-format=sha256` OK, and is `x") == ["git", "init", "object", "format", "sha256"]
+    assert code("Does ``os.path.join`` take `*paths`?") == ["os", "path", "join", "paths"]  # reST's double backticks
+    assert code("An unmatched ` backtick") == []
+
+
+def test_a_hub_lends_no_title_mass_to_the_pages_its_name_qualifies(qsettings):
+    """A title less its "(...)" qualifier carries that name's mass to the page ("David Bradley" for "David Bradley
+    (director)"), but not when the name is a hub, named in most passages: "Git" would otherwise lift the page
+    "git(1)" for any question about Git. Here every page's base name is made Ada Fenwick, whom most of the sample's
+    passages name, or a name few do."""
+    from dataclasses import replace
+
+    from lazyhippo.models.embedders import get_embedder
+    from lazyhippo.query.local import local_scores
+    from lazyhippo.query.types import PreparedQuery, hub_entities
+
+    idx = load_index(qsettings)
+    q = PreparedQuery(idx, SUCCESSOR_Q, get_embedder(qsettings.embedder, qsettings.embedding_model))
+    p = LocalParams()
+    hubs = hub_entities(idx, p.hub_df_share)
+    plain = replace(idx, mentions=replace(idx.mentions, title_entity=np.full(idx.n_chunks, -1),
+                                          title_base_entity=np.full(idx.n_chunks, -1)))
+    base = local_scores(plain, q, p)
+    hub = int(idx.entities.name_index[norm_key("Ada Fenwick")][0])
+    other = int(np.argmax(np.where(hubs, 0.0, base.mass)))                   # the name the walk reaches most
+    assert hubs[hub] and not hubs[other] and base.mass[hub] > 0 and base.mass[other] > 0
+    by_hub = replace(plain, mentions=replace(plain.mentions, title_base_entity=np.full(idx.n_chunks, hub)))
+    by_other = replace(plain, mentions=replace(plain.mentions, title_base_entity=np.full(idx.n_chunks, other)))
+    assert np.array_equal(local_scores(by_hub, q, p).scores, base.scores)     # the hub lends nothing
+    assert np.all(local_scores(by_other, q, p).scores > base.scores)          # another name lends its mass
 
 
 def test_a_long_question_reads_no_span_longer_than_the_longest_name():

@@ -75,13 +75,14 @@ def _span_matches(idx: GraphIndex, raw: list[str]) -> list[tuple[int, int, str]]
     return found
 
 
-def _name_likeness(raw: list[str], i: int, j: int) -> float:
-    """Share of the span's content words written capitalized (or as digits) in the question; 1 when the
-    question uses no capitals at all (then case tells nothing)."""
+def _name_likeness(raw: list[str], i: int, j: int, in_code: list[bool]) -> float:
+    """Share of the span's content words written capitalized (or as digits, or inside a code span: `git am`, an
+    identifier written as it is spelled) in the question; 1 when the question uses no capitals at all (then case
+    tells nothing)."""
     if not any(t[:1].isupper() for t in raw[1:]):
         return 1.0
-    words = [t for t in raw[i:j] if t.lower() not in STOPWORDS] or raw[i:j]
-    caps = sum(1 for t in words if t[:1].isupper() or t[:1].isdigit())
+    words = [k for k in range(i, j) if raw[k].lower() not in STOPWORDS] or list(range(i, j))
+    caps = sum(1 for k in words if raw[k][:1].isupper() or raw[k][:1].isdigit() or in_code[k])
     return caps / len(words)
 
 
@@ -117,7 +118,7 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
     for i, j, key in matches:  # longest first
         inside = any(a <= i and j <= b and (b - a) > (j - i) for a, b in covered)
         factor = p.subsumed_factor if inside else 1.0
-        shape = p.lowercase_span_factor + (1.0 - p.lowercase_span_factor) * _name_likeness(raw, i, j)
+        shape = p.lowercase_span_factor + (1.0 - p.lowercase_span_factor) * _name_likeness(raw, i, j, q.in_code)
         if not inside:
             covered.append((i, j))
         ents = idx.entities.name_index.get(key, ())
@@ -213,7 +214,8 @@ def personalization(idx: GraphIndex, q: PreparedQuery, seeds: Seeds, p: LocalPar
 
 def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBackend | None = None,
                  extra_seeds: dict[int, float] | None = None, fact_filter: FactFilter | None = None) -> LocalScores:
-    """Score every chunk: PPR mass from the linked seeds, plus the mass of its document's title entity."""
+    """Score every chunk: PPR mass from the linked seeds, plus the mass of its document's title entity (or of
+    its title less a "(...)" qualifier, unless that is a hub)."""
     seeds = link_query(idx, q, p, fact_filter)
     for e, w in (extra_seeds or {}).items():
         seeds.add_entity(e, w, mode="sum")
@@ -233,8 +235,12 @@ def local_scores(idx: GraphIndex, q: PreparedQuery, p: LocalParams, ppr: PPRBack
         has = idx.mentions.title_entity >= 0
         tm = np.zeros(idx.n_chunks)
         tm[has] = mass[idx.mentions.title_entity[has]]
-        base = idx.mentions.title_base_entity >= 0  # "David Bradley" carries mass for "David Bradley (director)"
-        tm[base] = np.maximum(tm[base], mass[idx.mentions.title_base_entity[base]])
+        # "David Bradley" carries mass for "David Bradley (director)", but a hub, whose mass every walk feeds, not
+        # for the pages its name qualifies: "Git" would lift the page "git(1)" for any question about Git
+        base = idx.mentions.title_base_entity
+        lends = base >= 0
+        lends[lends] = ~hub_entities(idx, p.hub_df_share)[base[lends]]
+        tm[lends] = np.maximum(tm[lends], mass[base[lends]])
         scores += p.title_mass_weight * tm
     top_ents = top_indices(mass, 10) if idx.n_entities else []
     diag = {"ppr_backend": backend.name, "seed_entities": len(seeds.entities), "seed_chunks": len(seeds.chunks),

@@ -31,6 +31,20 @@ def tokens(text: str) -> list[str]:
     return [t for t in _WORD.findall(fold(text)) if len(t) > 1 and t not in STOPWORDS]
 
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)  # `code` (Markdown, AsciiDoc) or ``code`` (reST), closed by as many
+
+
+def code_tokens(text: str) -> list[bool]:
+    """Per name token of `text` (`name_tokens`), whether it stands inside a code span (between backticks):
+    an identifier, option or command the question names as written, whatever its case. An unmatched backtick
+    opens no span."""
+    flags, end = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        flags += [False] * len(name_tokens(text[end:m.start()])) + [True] * len(name_tokens(m.group(2)))
+        end = m.end()
+    return flags + [False] * len(name_tokens(text[end:]))
+
+
 _HEADING = re.compile(r"^\s*#{1,6}\s+")
 
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from lazyhippo.query.loader import GraphIndex
-from lazyhippo.query.text import name_tokens, tokens
+from lazyhippo.query.text import code_tokens, name_tokens, tokens
 
 
 @dataclass
@@ -60,6 +60,7 @@ class PreparedQuery:
         self.embedder = embedder
         self.passage_embedder = getattr(embedder, "passages", embedder)  # a profile may embed chunks apart
         self.raw_tokens = name_tokens(question)
+        self.in_code = code_tokens(question)  # per raw token: inside a code span (backticks)
         self.keywords = tokens(question)
         self._vec: np.ndarray | None = None
         self._dense: np.ndarray | None = None
