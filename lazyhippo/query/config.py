@@ -142,7 +142,7 @@ class QueryOptions:
     knn_threshold: float | None = _option("Cosine a KNN (SEMANTICALLY_SIMILAR) edge needs to join the walk's graph, "
                                           "0-1 [0.90]; another value builds that graph once per server.")
     hub_weight: float | None = _option("Seed weight of matched communities' hub entities in the global fallback and "
-                                       "in the runs of subquestions, 0-100 [0.1].")
+                                       "in each part's walk under subquestions, 0-100 [0.1].")
     lexical_weight: float | None = _option("BM25's weight in the local route's fusion by rank with the graph's order, "
                                            "0-10 (0: the graph's order alone) [0.15]; higher for exact terms.")
     multi_hop: int | None = _option("Confine the local route's walk to the passages within this many levels of the "
