@@ -151,16 +151,17 @@ def local_order(req: RouteRequest, q: PreparedQuery, seeds: dict[int, float] | N
     return order[keep], values[keep], ls, backend.diagnostics()
 
 
-def with_subquestions(req: RouteRequest, order: np.ndarray) -> tuple[np.ndarray, list[dict]]:
+def with_subquestions(req: RouteRequest, order: np.ndarray, values: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """The `subquestions` option (DRIFT's follow-ups): a compound question is split into parts (`split_question`);
     each part is matched to the community summaries as `global` matches them, the hubs of the communities it
     matches seed its walk beside its own links, and the parts' rankings join the whole question's: its best
-    passage stays first, the rest of its ranking and the parts' are fused by rank. A question of one part keeps
-    its ranking."""
+    passage stays first, the rest of its ranking and the parts' are fused by rank, each chunk scoring 1 / the place
+    it lands on. A question of one part keeps its ranking and values."""
     idx, cfg = req.idx, req.cfg
     parts = split_question(req.query.text, req.llm, cfg.max_subquestions)
     if len(parts) <= 1 or not len(order):
-        return order, []
+        return order, values, []
     per_doc = cfg.local.chunks_per_document
     whole = documents_first(idx, order, per_doc, len(order))
     rankings, followups = [whole[1:]], []
@@ -168,12 +169,14 @@ def with_subquestions(req: RouteRequest, order: np.ndarray) -> tuple[np.ndarray,
         pq = req.prepare(text)
         matched = matched_evidence(idx, matched_communities(idx, pq, cfg.global_))
         seeds = hub_seeds(idx, matched, cfg.global_)
-        part = documents_first(idx, local_order(req, pq, seeds or None)[0], per_doc, len(order))
+        part = local_order(req, pq, seeds or None)[0]
+        part = documents_first(idx, part, per_doc, len(part))
         rankings.append(part[part != whole[0]])
         followups.append({"question": text, "communities": [e.community_id for e in matched],
                           "hubs": sorted({idx.entities.names[e] for e in seeds})})
     fused, _ = fuse_ranks(rankings, [1.0] * len(rankings))
-    return np.concatenate([whole[:1], fused]), followups
+    order = np.concatenate([whole[:1], fused])
+    return order, 1.0 / np.arange(1.0, len(order) + 1.0), followups
 
 
 def retrieve_local_route(req: RouteRequest) -> RouteResult:
@@ -193,8 +196,7 @@ def retrieve_local_route(req: RouteRequest) -> RouteResult:
     order, values, ls, walk = local_order(req, q)
     diag = {**ls.diagnostics, **({"multi_hop": walk} if walk else {})}
     if cfg.subquestions:
-        order, diag["subquestions"] = with_subquestions(req, order)
-        values = 1.0 / np.arange(1.0, len(order) + 1.0)  # fused ranks: the score of the place each lands on
+        order, values, diag["subquestions"] = with_subquestions(req, order, values)
     return RouteResult(ranked_chunks(idx, q, cfg.local, order, values, ls, req.top_k, "local"), diag)
 
 
