@@ -22,8 +22,9 @@ from rich.table import Table
 
 from lazyhippo.logs import configure_logging
 from lazyhippo.models.embedders import PROFILES
-from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, MaxRelatedOpt,
-                                  RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, query_options, run_usage)
+from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, LexicalWeightOpt,
+                                  MaxRelatedOpt, MultiHopOpt, RerankOpt, RerankTopNOpt, SelectionOpt, SubquestionsOpt, chat,
+                                  print_usage, query_options, run_usage)
 from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
@@ -224,7 +225,7 @@ def status(home: Path = HomeOpt, namespace: str = NsOpt,
 
 @app.command("query")
 def query_cmd(question: str = typer.Argument(..., help="The question."),
-              route: str = typer.Option("auto", help="local | global | drift | hybrid | multi_hop | auto"),
+              route: str = typer.Option("auto", help="auto | local | global"),
               top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
               as_json: bool = typer.Option(False, "--json", help="Print the full result object."),
               home: Path = HomeOpt, namespace: str = NsOpt,
@@ -233,13 +234,15 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
               chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
               group_neighbours: Optional[bool] = GroupOpt, damping: Optional[float] = DampingOpt,
               communities: Optional[int] = CommunitiesOpt, knn_threshold: Optional[float] = KnnThresholdOpt,
-              hub_weight: Optional[float] = HubWeightOpt) -> None:
+              hub_weight: Optional[float] = HubWeightOpt, lexical_weight: Optional[float] = LexicalWeightOpt,
+              multi_hop: Optional[int] = MultiHopOpt, subquestions: Optional[bool] = SubquestionsOpt) -> None:
     """Launch the Dagster `query` job and print the answer with numbered citations."""
     root = home
     _checked(check_query_options, question, namespace, route=route, top_k=top_k, budget=budget, graph_store=graph_store)
     options = query_options(rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
                             max_related_chunks=max_related_chunks, group_neighbours=group_neighbours, damping=damping,
-                            communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight)
+                            communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight,
+                            lexical_weight=lexical_weight, multi_hop=multi_hop, subquestions=subquestions)
     settings = Settings(home=root, namespace=namespace)
     _notice(settings)
     if not counts(settings)["chunks"]:
@@ -771,7 +774,7 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
                 corpus: Optional[Path] = typer.Option(None),
                 questions: Optional[Path] = typer.Option(None),
                 embedder: str = typer.Option(None, help=" | ".join(PROFILES)),
-                routes: str = typer.Option("local,global,drift,hybrid"),
+                routes: str = typer.Option("local,global"),
                 workdir: Path = typer.Option(Path(".lazyhippo-bench")),
                 graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is loaded into it first)"),
                 repeat: int = typer.Option(3, help="Passes over the questions per route."),

@@ -1,9 +1,10 @@
 """Each route's figures by set and question type, from the per-question rows of `lazyhippo bench retrieval --json`.
 
-    python scripts/routes_by_type.py routes.json [drift.json ...]
+    python scripts/routes_by_type.py routes.json [subquestions=sub.json ...]
 
 Questions are typed by `classify_query` (what `auto` sees); figures are sums over the type's questions of recall@2,
-recall@5 and all_supporting@8 (so 1.0 is one question's worth). A later file's routes replace an earlier one's.
+recall@5 and all_supporting@8 (so 1.0 is one question's worth). A later file's routes replace an earlier one's;
+`label=file.json` names that file's route under test `label` (a run with `--set` options, beside the plain route).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ METRICS = ("recall_at_2", "recall_at_5", "all_supporting_at_8")
 def load(paths: list[str]) -> dict[str, dict[str, list[dict]]]:
     """set -> route -> per-question rows (a one-set run is named by its corpus)."""
     sets: dict[str, dict[str, list[dict]]] = defaultdict(dict)
-    for path in paths:
+    for arg in paths:
+        label, _, path = arg.rpartition("=")
         data = json.loads(open(path, encoding="utf-8").read())
         runs = {data["corpus"]: data} if "per_question" in data else data
         for name, run in runs.items():
-            sets[name].update(run["per_question"])
+            rows = run["per_question"]
+            sets[name].update({label: rows[run["route"]]} if label else rows)
     return sets
 
 

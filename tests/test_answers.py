@@ -180,7 +180,7 @@ def test_http_and_mcp_say_whether_the_namespace_answers(home):
     pool = IndexPool(Settings(home=home), settle_seconds=0.3, poll_seconds=0.1).start()
     try:
         with running(pool) as url:
-            for path in ("/api/query", "/api/kg/hybrid", "/api/kg/qa"):
+            for path in ("/api/query", "/api/kg/qa"):
                 bad = post(f"{url}{path}", json={"question": OUT_OF_CORPUS_Q}).json()
                 assert bad["answerable"] is False and bad["answer"] == NO_ANSWER and bad["closest"], path
             good = post(f"{url}/api/query", json={"question": SUCCESSOR_Q}).json()

@@ -79,10 +79,12 @@ def test_bench_retrieval_end_to_end_on_a_slice(wiki_slice, tmp_path):
 def test_bench_retrieval_takes_query_settings(wiki_slice, tmp_path, monkeypatch):
     from lazyhippo.evaluate import bench
 
-    cfg = bench.query_config(["graph.synonym_min_score=0.6", "global.level_min_score=0", "multi_hop.min_new_nodes=1"])
-    assert cfg.graph.synonym_min_score == 0.6 and cfg.global_.level_min_score == 0 and cfg.multi_hop.min_new_nodes == 1
+    cfg = bench.query_config(["graph.synonym_min_score=0.6", "global.level_min_score=0", "multi_hop.levels=2",
+                              "subquestions=true"])
+    assert cfg.graph.synonym_min_score == 0.6 and cfg.global_.level_min_score == 0 and cfg.multi_hop.levels == 2
+    assert cfg.subquestions is True
     assert bench.query_config([]) is None
-    for bad in ("graph.no_such_field=1", "graph=1", "nowhere.x=1"):
+    for bad in ("graph.no_such_field=1", "graph=1", "nowhere.x=1", "nowhere=1"):
         with pytest.raises(ValueError):
             bench.query_config([bad])
     out = CliRunner().invoke(app, ["bench", "retrieval", "--set", "local.nothing=1", "--workdir", str(tmp_path)])

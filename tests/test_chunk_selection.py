@@ -11,7 +11,7 @@ import pytest
 from mcp.client import Client
 
 from lazyhippo.models.embedders import get_embedder
-from lazyhippo.query import DEFAULT_CONFIG, answer_question, load_index, retrieve
+from lazyhippo.query import DEFAULT_CONFIG, QueryOptions, answer_question, load_index, retrieve
 from lazyhippo.query.config import ChunkSelectionParams, config_for
 from lazyhippo.query.local import local_scores
 from lazyhippo.query.types import PreparedQuery
@@ -31,10 +31,11 @@ def _entity_mass(settings: Settings, question: str) -> tuple[object, PreparedQue
     return idx, q, local_scores(idx, q, DEFAULT_CONFIG.local).mass
 
 
-@pytest.mark.parametrize("route", ["local", "multi_hop"])
-def test_vector_selection_ranks_the_entities_chunks_by_similarity(sample_settings, route):
+@pytest.mark.parametrize("multi_hop", [None, 2])
+def test_vector_selection_ranks_the_entities_chunks_by_similarity(sample_settings, multi_hop):
     settings = sample_settings.with_(chunk_selection="vector", max_related_chunks=4)
-    chunks = retrieve(settings, QUESTION, route=route, top_k=10)
+    config = QueryOptions(multi_hop=multi_hop).config()
+    chunks = retrieve(settings, QUESTION, route="local", top_k=10, config=config)
     idx, q, mass = _entity_mass(sample_settings, QUESTION)
     top = {int(e) for e in np.argsort(-mass, kind="stable")[:ChunkSelectionParams().entities] if mass[e] > 0}
     assert 0 < len(chunks) <= 4
@@ -42,8 +43,8 @@ def test_vector_selection_ranks_the_entities_chunks_by_similarity(sample_setting
         assert top & set(idx.mentions.counts[idx.chunks.pos[c.chunk_id]].indices.tolist())
         assert c.score == pytest.approx(float(q.dense[idx.chunks.pos[c.chunk_id]]), abs=1e-6)
     assert [c.score for c in chunks] == sorted((c.score for c in chunks), reverse=True)
-    if route == "local":  # a different order than the graph's
-        graph = retrieve(sample_settings, QUESTION, route=route, top_k=10)
+    if multi_hop is None:  # a different order than the graph's
+        graph = retrieve(sample_settings, QUESTION, route="local", top_k=10)
         assert [c.chunk_id for c in chunks] != [c.chunk_id for c in graph[:len(chunks)]]
 
 

@@ -48,6 +48,13 @@ def test_index_then_query_from_the_cli_records_runs(tmp_path, monkeypatch):
     assert len(query_runs) == 2 and query_runs[0].status == dg.DagsterRunStatus.SUCCESS
     assert query_runs[0].tags["lazyhippo/route"] == "local" and query_runs[0].tags["dagster/partition"] == "default"
 
+    readme = runner.invoke(app, ["query", "Who succeeded the founder of the Marlow Observatory as its director?",
+                                 "--multi-hop", "2", "--home", home, "--json"])  # the README's example
+    assert readme.exit_code == 0, readme.output
+    example = json.loads(readme.stdout[readme.stdout.index("{"):])
+    assert example["route"] == "local" and "Tomas Reyes" in example["answer"]
+    assert example["diagnostics"]["multi_hop"]["levels"] == 2
+
 
 def test_query_without_index_fails_clearly(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))

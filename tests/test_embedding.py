@@ -81,7 +81,7 @@ def test_settings_profile_reaches_the_index_and_the_query(tmp_path, profile, chu
     idx = load_index(settings)
     dense = PreparedQuery(idx, "When does the river flood?", get_embedder(profile)).dense
     assert idx.chunks.titles[int(np.argmax(dense))] == "River Sell"
-    top = retrieve(settings, "When does the river flood?", route="hybrid", top_k=1)
+    top = retrieve(settings, "When does the river flood?", route="local", top_k=1)
     assert top[0].title == "River Sell"
     assert retrieve(settings, "Who succeeded Ada Fenwick?", route="local", top_k=1)[0].title == "Tomas Reyes"
 

@@ -1,5 +1,5 @@
 """The global route over community levels and its fallback cascade (communities -> hub entities of the best
-communities seeding PPR -> local route), and community-aware seeding in the hybrid route."""
+communities seeding PPR -> local route)."""
 
 from __future__ import annotations
 
@@ -75,14 +75,3 @@ def test_coarse_level_first_finer_when_the_coarse_match_is_weak(sample_settings)
     assert level == 1
     res = answer_question(sample_settings, THEMES_Q, route="global", llm=None)
     assert res.diagnostics["level"] == 2 and len(res.diagnostics["communities"]) >= 2
-
-
-def test_hybrid_seeds_community_hubs_for_every_question_type(sample_settings, monkeypatch):
-    from lazyhippo.query import routes
-
-    seen = []
-    real = routes.local_scores
-    monkeypatch.setattr(routes, "local_scores", lambda *a, **kw: seen.append(a[4]) or real(*a, **kw))
-    retrieve(sample_settings, "Who founded the Marlow Observatory?", route="hybrid", top_k=5)  # relational
-    assert seen and seen[-1] and all(w > 0 for w in seen[-1].values())
-    assert np.all(np.asarray(list(seen[-1])) < load_index(sample_settings).n_entities)

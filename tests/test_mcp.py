@@ -11,7 +11,7 @@ from pathlib import Path
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
-from lazyhippo.query import retrieve
+from lazyhippo.query import QueryOptions, retrieve
 
 REPO = Path(__file__).resolve().parent.parent
 SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
@@ -32,8 +32,11 @@ async def _session(home: Path, dagster_home: Path) -> dict:
     async with Client(params, read_timeout_seconds=120) as client:
         out["tools"] = {t.name: t for t in (await client.list_tools()).tools}
         out["namespaces"] = _payload(await client.call_tool("lazyhippo_namespaces", {}))
-        for mode in ("local", "multi_hop", "global", "drift", "hybrid"):
+        for mode in ("local", "global"):
             out[mode] = _payload(await client.call_tool("lazyhippo_retrieve", {"query": SUCCESSOR_Q, "limit": 8, "mode": mode}))
+        out["multi_hop"] = _payload(await client.call_tool("lazyhippo_retrieve", {
+            "query": SUCCESSOR_Q, "limit": 8, "mode": "local", "options": {"multi_hop": 1}}))
+        out["old_route"] = await client.call_tool("lazyhippo_retrieve", {"query": SUCCESSOR_Q, "mode": "multi_hop"})
         out["bad_mode"] = await client.call_tool("lazyhippo_retrieve", {"query": SUCCESSOR_Q, "mode": "fastest"})
         out["bad_ns"] = await client.call_tool("lazyhippo_retrieve", {"query": SUCCESSOR_Q, "namespace": "nowhere"})
         out["empty"] = await client.call_tool("lazyhippo_retrieve", {"query": "  "})
@@ -46,16 +49,18 @@ def test_mcp_tools_over_stdio_with_the_sdk_client(sample_settings, tmp_path):
     schema = out["tools"]["lazyhippo_retrieve"].input_schema
     assert {"query", "limit", "mode"} <= set(schema["properties"])
     assert out["namespaces"]["namespaces"][0]["name"] == "default" and out["namespaces"]["namespaces"][0]["chunks"] > 0
-    for mode in ("local", "multi_hop", "global", "drift", "hybrid"):
+    for mode in ("local", "global", "multi_hop"):
         passages = out[mode]["passages"]
-        assert 0 < len(passages) <= 8 and out[mode]["mode"] == mode
+        assert 0 < len(passages) <= 8 and out[mode]["mode"] == ("local" if mode == "multi_hop" else mode)
         assert all(p["title"] and p["chunk_id"] and p["source"] and p["text"] for p in passages)
         scores = [p["score"] for p in passages]
         assert scores == sorted(scores, reverse=True)
-    for mode in ("local", "multi_hop"):  # the engine's own ranking, served
-        engine = retrieve(sample_settings, SUCCESSOR_Q, route=mode, top_k=8)
+    for mode, options in (("local", QueryOptions()), ("multi_hop", QueryOptions(multi_hop=1))):  # the engine's, served
+        engine = retrieve(sample_settings, SUCCESSOR_Q, route="local", top_k=8, config=options.config())
         assert [p["chunk_id"] for p in out[mode]["passages"]] == [c.chunk_id for c in engine]
-    for key, needle in (("bad_mode", "fastest"), ("bad_ns", "unknown namespace 'nowhere'"), ("empty", "query is empty")):
+    assert out["multi_hop"]["passages"] != out["local"]["passages"]
+    for key, needle in (("bad_mode", "fastest"), ("bad_ns", "unknown namespace 'nowhere'"), ("empty", "query is empty"),
+                        ("old_route", "unknown mode 'multi_hop'")):
         assert out[key].is_error and needle in out[key].content[0].text
 
 

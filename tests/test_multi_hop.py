@@ -1,5 +1,5 @@
-"""Adaptive expansion of the multi_hop route: depth and node cap by question type, early stop when a hop
-brings fewer than `min_new_nodes` new nodes."""
+"""The local route's multi_hop option: expansion as deep as its levels, capped in nodes, stopping early when a hop
+brings fewer than `min_new_nodes` new nodes; and the README's example through it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.sparse as sp
 
-from lazyhippo.query import answer_question
+from lazyhippo.query import QueryOptions, answer_question
 from lazyhippo.query.config import MultiHopParams
 from lazyhippo.query.multihop import SubgraphPPR
 from lazyhippo.query.types import hub_entities
@@ -24,11 +24,10 @@ def _chain_index(n_entities: int, n_chunks: int, pairs: list[tuple[int, int]]):
                            entities=SimpleNamespace(df=np.ones(n_entities)))
 
 
-def test_hops_and_node_cap_follow_the_question_type():
-    p = MultiHopParams()
-    assert [p.hops(k) for k in ("technical", "general", "relational", "multi_part", "exploratory")] == [1, 3, 3, 5, 5]
-    assert p.nodes("technical") == 200 and p.nodes("general") == p.nodes("relational") == p.max_nodes
-    assert p.hops(None) == p.max_hops and MultiHopParams(max_hops=2).hops("multi_part") == 2
+def test_levels_are_passage_levels_and_off_by_default():
+    assert [MultiHopParams(levels=n).hops for n in (1, 2, 3)] == [1, 3, 5]
+    assert MultiHopParams().levels == 0 and QueryOptions().config().multi_hop.levels == 0
+    assert QueryOptions(multi_hop=2).config().multi_hop.levels == 2
 
 
 def test_expansion_depth_by_type_and_early_stop():
@@ -36,38 +35,39 @@ def test_expansion_depth_by_type_and_early_stop():
     pairs = [(0, 12 + i) for i in range(10)] + [(12 + i, 1 + i) for i in range(9)] + [(9, 22), (10, 22), (11, 22)]
     index = _chain_index(12, 11, pairs)
     start = np.array([0])
-    focused = SubgraphPPR(MultiHopParams(), 1.0, "technical")
+    focused = SubgraphPPR(MultiHopParams(levels=1), 1.0)
     assert set(focused.expand(index, start)) == {0, *range(12, 22)} and focused.hops == 1
-    wide = SubgraphPPR(MultiHopParams(min_new_nodes=0), 1.0, "multi_part")
+    wide = SubgraphPPR(MultiHopParams(levels=3, min_new_nodes=0), 1.0)
     assert set(wide.expand(index, start)) == set(range(23)) and wide.hops == 4
-    stopping = SubgraphPPR(MultiHopParams(min_new_nodes=3), 1.0, "multi_part")
+    stopping = SubgraphPPR(MultiHopParams(levels=3, min_new_nodes=3), 1.0)
     assert set(stopping.expand(index, start)) == set(range(23)) - {10, 11} and stopping.hops == 3  # +1: the last hop
     chain = _chain_index(10, 11, [(0, 10), (10, 1), (1, 11), (11, 2), (2, 12)])
-    short = SubgraphPPR(MultiHopParams(min_new_nodes=3), 1.0, "multi_part")
+    short = SubgraphPPR(MultiHopParams(levels=3, min_new_nodes=3), 1.0)
     assert set(short.expand(chain, start)) == {0, 10} and short.hops == 1  # one new node: no second hop
-    capped = SubgraphPPR(MultiHopParams(nodes_by_type={"multi_part": 5}, min_new_nodes=0), 1.0, "multi_part")
+    capped = SubgraphPPR(MultiHopParams(levels=3, max_nodes=5, min_new_nodes=0), 1.0)
     assert set(capped.expand(index, start)) == {0, *range(12, 22)} and capped.hops == 1  # 11 nodes >= 5: no more
 
 
-def test_route_reports_its_adaptive_expansion(sample_settings):
-    focused = answer_question(sample_settings, "Which telescope config does the Marlow Observatory use?",
-                              route="multi_hop", llm=None)
-    relational = answer_question(sample_settings, "Who succeeded the founder of the Marlow Observatory as its director?",
-                                 route="multi_hop", llm=None)
-    assert focused.diagnostics["query_type"] == "technical" and focused.diagnostics["max_hops"] == 1
-    assert focused.diagnostics["max_nodes"] == 200 and focused.diagnostics["hops"] <= 1
-    assert relational.diagnostics["query_type"] == "relational" and relational.diagnostics["max_hops"] == 3
-    assert relational.diagnostics["subgraph_nodes"] > focused.diagnostics["subgraph_nodes"]
-    assert focused.context and relational.context
+def test_option_reports_its_expansion(sample_settings):
+    one = answer_question(sample_settings, "Who succeeded the founder of the Marlow Observatory as its director?",
+                          route="local", llm=None, config=QueryOptions(multi_hop=1).config())
+    two = answer_question(sample_settings, "Who succeeded the founder of the Marlow Observatory as its director?",
+                          route="local", llm=None, config=QueryOptions(multi_hop=2).config())
+    assert one.route == two.route == "local"
+    assert one.diagnostics["multi_hop"]["levels"] == 1 and one.diagnostics["multi_hop"]["hops"] <= 1
+    assert two.diagnostics["multi_hop"]["levels"] == 2
+    assert two.diagnostics["multi_hop"]["subgraph_nodes"] > one.diagnostics["multi_hop"]["subgraph_nodes"]
+    assert "multi_hop" not in answer_question(sample_settings, "Who founded the Marlow Observatory?", llm=None).diagnostics
 
 
 def test_readme_example_answers_through_the_chain(sample_settings):
-    """Founder (Ada Fenwick) -> her successor (Tomas Reyes): on a corpus of a dozen passages both are named in a
-    large share of them, and the route must still walk through them."""
+    """Founder (Ada Fenwick) -> her successor (Tomas Reyes) within two passage levels: on a corpus of a dozen passages
+    both are named in a large share of them, and the walk must still go through them."""
     result = answer_question(sample_settings, "Who succeeded the founder of the Marlow Observatory as its director?",
-                             route="multi_hop", llm=None)
+                             route="local", llm=None, config=QueryOptions(multi_hop=2).config())
     assert "Tomas Reyes" in result.answer and "succeeded her as director" in result.answer
     assert "Tomas Reyes" in {c["title"] for c in result.citations}
+    assert result.diagnostics["multi_hop"]["levels"] == 2
 
 
 def test_hubs_are_the_most_named_entities_of_any_corpus():

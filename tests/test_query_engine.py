@@ -22,6 +22,7 @@ from lazyhippo.query import (
     HttpReranker,
     LocalParams,
     QueryConfig,
+    QueryOptions,
     RerankStage,
     ScoredChunk,
     answer_question,
@@ -79,16 +80,21 @@ def _offline(settings, question, **kw):
 # ------------------------------------------------------------------ routes
 
 
-@pytest.mark.parametrize("route", ["local", "global", "drift", "hybrid", "multi_hop", "auto"])
+OPTIONS = {"multi_hop": QueryOptions(multi_hop=2), "subquestions": QueryOptions(subquestions=True),
+           "lexical_weight": QueryOptions(lexical_weight=1.0)}
+
+
+@pytest.mark.parametrize("route", ["local", "global", "auto", *OPTIONS])
 def test_every_route_returns_cited_chunks(qsettings, route):
+    """Every route, and the local route with each option that takes a step of its own."""
     idx = load_index(qsettings)
     questions = {"global": "What are the main themes of this collection?",
-                 "drift": "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?",
-                 # on the successor question this route's subgraph misses the successor: support is borderline
-                 "multi_hop": "Who designed the spectrograph fitted to the Halden Telescope?"}
-    res = _offline(qsettings, questions.get(route, SUCCESSOR_Q), route=route)
+                 "subquestions": "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?"}
+    config = OPTIONS[route].config() if route in OPTIONS else None
+    res = _offline(qsettings, questions.get(route, SUCCESSOR_Q), route="local" if route in OPTIONS else route,
+                   config=config)
     if route != "auto":
-        assert res.route == route
+        assert res.route == ("local" if route in OPTIONS else route)
     assert res.context and res.citations
     assert {c.title for c in res.context} <= SAMPLE_TITLES
     for c in res.context:
@@ -299,9 +305,9 @@ def test_a_long_question_reads_no_span_longer_than_the_longest_name():
 
 
 def test_retrieve_gives_ranked_chunks_with_titles(qsettings):
-    for route in ("local", "hybrid", "drift", "global", "multi_hop"):
+    for route, options in (("local", None), ("global", None), *(("local", o) for o in OPTIONS.values())):
         chunks = retrieve(qsettings, "Which company funded the observatory where the Halden Telescope is?",
-                          route=route, top_k=5)
+                          route=route, top_k=5, config=options.config() if options else None)
         assert 0 < len(chunks) <= 5
         scores = [c.score for c in chunks]
         assert scores == sorted(scores, reverse=True)
@@ -318,7 +324,7 @@ def test_global_route_maps_communities_and_drops_irrelevant_ones(qsettings):
     assert any("Corran" in c.title or "Corran" in c.text for c in specific.context)
 
 
-def test_multi_hop_runs_ppr_only_within_max_hops_of_the_linked_entities(qsettings):
+def test_multi_hop_runs_ppr_only_within_its_levels_of_the_linked_entities(qsettings):
     from lazyhippo.query.config import MultiHopParams
     from lazyhippo.query.multihop import SubgraphPPR
 
@@ -328,29 +334,31 @@ def test_multi_hop_runs_ppr_only_within_max_hops_of_the_linked_entities(qsetting
     p[seed] = 1.0
     adj = idx.graph.adjacency
     one_hop = set(adj[seed].indices) | {seed}
-    backend = SubgraphPPR(MultiHopParams(max_hops=1), hub_df_share=1.0)
+    backend = SubgraphPPR(MultiHopParams(levels=1), hub_df_share=1.0)
     scores = backend.run(idx, p, 0.5, 1e-8, 200)
     assert set(np.flatnonzero(scores > 0)) <= one_hop and set(backend.nodes.tolist()) == one_hop
     assert abs(scores.sum() - 1.0) < 1e-9
-    wider = SubgraphPPR(MultiHopParams(max_hops=3), hub_df_share=1.0)
+    wider = SubgraphPPR(MultiHopParams(levels=2), hub_df_share=1.0)
     assert wider.run(idx, p, 0.5, 1e-8, 200).astype(bool).sum() > len(one_hop) and len(wider.nodes) > len(one_hop)
-    # the route ranks only passages inside the subgraph reached from the question's linked entities
+    # the option ranks only passages inside the subgraph reached from the question's linked entities
     from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query.local import link_query
     from lazyhippo.query.types import PreparedQuery
 
-    cfg = QueryConfig().with_(multi_hop={"max_hops": 2})
+    cfg = QueryOptions(multi_hop=1).config()
     q = PreparedQuery(idx, SUCCESSOR_Q, get_embedder(qsettings.embedder))
     seeds = np.asarray(sorted(link_query(idx, q, cfg.local).entities), dtype=np.int64)
     inside = SubgraphPPR(cfg.multi_hop, cfg.local.hub_df_share).expand(idx, seeds)
     inside_chunks = {idx.chunks.ids[n - idx.n_entities] for n in inside if n >= idx.n_entities}
-    chunks = retrieve(qsettings, SUCCESSOR_Q, route="multi_hop", top_k=8, config=cfg)
+    chunks = retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=8, config=cfg)
     assert chunks and {c.chunk_id for c in chunks} <= inside_chunks and len(inside_chunks) < idx.n_chunks
-    res = _offline(qsettings, SUCCESSOR_Q, route="multi_hop", config=cfg)
-    assert res.route == "multi_hop" and res.diagnostics["subgraph_nodes"] == len(inside)
+    whole = {c.chunk_id for c in retrieve(qsettings, SUCCESSOR_Q, route="local", top_k=8)}
+    assert whole - inside_chunks  # without the option, passages outside that subgraph rank too
+    res = _offline(qsettings, SUCCESSOR_Q, route="local", config=cfg)
+    assert res.diagnostics["multi_hop"] == {"levels": 1, "hops": 1, "subgraph_nodes": len(inside)}
 
 
-@pytest.mark.parametrize("route", ["auto", "hybrid", "drift", "global", "local"])
+@pytest.mark.parametrize("route", ["auto", "global", "local"])
 def test_a_question_is_classified_once(qsettings, monkeypatch, route):
     from lazyhippo.query import answer as answer_mod
     from lazyhippo.query import routes as routes_mod
@@ -373,8 +381,8 @@ def test_queries_never_change_the_loaded_index(qsettings):
 
     idx = load_index(qsettings)
     before = {name: dict(vars(getattr(idx, name))) for name in ("chunks", "entities", "mentions", "facts", "communities", "graph")}
-    for route in ("local", "global", "drift", "hybrid", "multi_hop"):
-        _offline(qsettings, SUCCESSOR_Q, route=route)
+    for route, options in (("local", None), ("global", None), *(("local", o) for o in OPTIONS.values())):
+        _offline(qsettings, SUCCESSOR_Q, route=route, config=options.config() if options else None)
     assert {name: dict(vars(getattr(idx, name))) for name in before}.keys() == before.keys()
     for name, fields in before.items():
         assert vars(getattr(idx, name)).keys() == fields.keys()
@@ -420,50 +428,65 @@ def test_compound_question_parts_keep_their_subject():
     assert split_question("Who founded the observatory and who funded the fellowship?")[1] == "who funded the fellowship?"
 
 
-def test_drift_merges_subquestions_with_scores(qsettings):
-    res = _offline(qsettings, "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?", route="drift")
-    assert len(res.diagnostics["subquestions"]) == 3  # the whole question plus its two parts
-    assert all(0 < c.score <= 1.0 for c in res.context)
-    titles = {c.title for c in res.context}
-    assert {"Marlow Observatory", "Ada Fenwick"} <= titles
+COMPOUND_Q = "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?"
 
 
-def test_drift_seeds_each_subquestion_with_its_communities_hubs(qsettings, monkeypatch):
-    """Every follow-up's local search is seeded by the hubs of the communities that follow-up matches."""
+def test_subquestions_keep_the_whole_questions_best_passage_and_add_each_parts(qsettings):
+    """The whole question's best passage stays first; the parts' rankings fill the places after it."""
+    whole = retrieve(qsettings, COMPOUND_Q, route="local", top_k=8)
+    res = _offline(qsettings, COMPOUND_Q, route="local", config=OPTIONS["subquestions"].config())
+    parts = res.diagnostics["subquestions"]
+    assert [p["question"] for p in parts] == split_question(COMPOUND_Q) and len(parts) == 2
+    assert res.context[0].chunk_id == whole[0].chunk_id
+    assert {"Marlow Observatory", "Ada Fenwick"} <= {c.title for c in res.context}
+    single = _offline(qsettings, SUCCESSOR_Q, route="local", config=OPTIONS["subquestions"].config())
+    assert single.diagnostics["subquestions"] == []  # a question of one part keeps the local ranking
+    assert [c.chunk_id for c in single.context] == [c.chunk_id for c in _offline(qsettings, SUCCESSOR_Q).context]
+
+
+def test_subquestions_seed_each_part_with_its_communities_hubs(qsettings, monkeypatch):
+    """Every part's walk is seeded by the hubs of the communities that part matches."""
     from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query import routes
     from lazyhippo.query.communities import matched_communities
     from lazyhippo.query.types import PreparedQuery
 
     idx = load_index(qsettings)
-    cfg = QueryConfig()
-    question = "Who founded the Marlow Observatory and who funded the Fenwick Fellowship?"
+    cfg = OPTIONS["subquestions"].config()
     seeded: dict[str, dict[int, float]] = {}
-    real = routes.retrieve_local
+    real = routes.local_ranking
 
-    def spy(idx_, q, p, top_k, ppr=None, extra_seeds=None, **kw):
+    def spy(idx_, q, p, top_k, ppr=None, extra_seeds=None, *args):
         seeded[q.text] = dict(extra_seeds or {})
-        return real(idx_, q, p, top_k, ppr, extra_seeds, **kw)
+        return real(idx_, q, p, top_k, ppr, extra_seeds, *args)
 
-    monkeypatch.setattr(routes, "retrieve_local", spy)
+    monkeypatch.setattr(routes, "local_ranking", spy)
     emb = get_embedder(qsettings.embedder, qsettings.embedding_model)
-    req = routes.RouteRequest(idx, PreparedQuery(idx, question, emb), classify_query(question), cfg, 5)
-    res = routes.retrieve_drift(req)
-    followups = res.diagnostics["followups"]
-    assert [f["question"] for f in followups] == res.diagnostics["subquestions"] and len(followups) == 3
+    req = routes.RouteRequest(idx, PreparedQuery(idx, COMPOUND_Q, emb), classify_query(COMPOUND_Q), cfg, 5)
+    followups = routes.retrieve_local_route(req).diagnostics["subquestions"]
+    assert [f["question"] for f in followups] == split_question(COMPOUND_Q)
+    assert seeded[COMPOUND_Q] == {}  # the whole question: its own links only
     for follow in followups:
         top, _, _ = matched_communities(idx, req.prepare(follow["question"]), cfg.global_)
         assert top and follow["communities"][0] == idx.communities.ids[top[0]]
-        hub = idx.communities.hubs[top[0]][0]  # the best matched community's first hub seeds this follow-up
+        hub = idx.communities.hubs[top[0]][0]  # the best matched community's first hub seeds this part
         assert {int(e) for e in idx.entities.name_index[norm_key(hub)]} <= set(seeded[follow["question"]])
         assert hub in follow["hubs"]
 
 
-def test_hybrid_fuses_channels_by_rrf(qsettings):
-    chunks = retrieve(qsettings, "Halden Telescope spectrograph", route="hybrid", top_k=5)
-    assert chunks[0].title in {"Marlow Observatory", "Tomas Reyes"}
-    assert any(k.startswith("rank_") for k in chunks[0].channels)
-    assert any(ch.channels.get("rank_sparse") for ch in chunks)
+def test_lexical_weight_option_lets_bm25_lead(qsettings):
+    """At a high weight BM25's order leads the fusion: its best chunk comes first; at 0 the graph's order alone."""
+    from lazyhippo.models.embedders import get_embedder
+    from lazyhippo.query.types import PreparedQuery
+
+    question = "Halden Telescope spectrograph"
+    idx = load_index(qsettings)
+    bm25 = PreparedQuery(idx, question, get_embedder(qsettings.embedder, qsettings.embedding_model)).bm25
+    heavy = retrieve(qsettings, question, route="local", top_k=5, config=QueryOptions(lexical_weight=10).config())
+    assert heavy[0].chunk_id == idx.chunks.ids[int(np.argmax(bm25))]
+    graph = retrieve(qsettings, question, route="local", top_k=5, config=QueryOptions(lexical_weight=0).config())
+    assert all("bm25" not in c.channels for c in graph)
+    assert [c.chunk_id for c in heavy] != [c.chunk_id for c in graph]
 
 
 # ------------------------------------------------------------------ context assembly
@@ -475,7 +498,7 @@ def _norm_sentences(text: str) -> list[str]:
 
 def test_dedup_leaves_no_duplicate_content(qsettings):
     res = _offline(qsettings, "When was the Marlow Observatory on Mount Keel founded and with whose money?",
-                   route="hybrid", top_k=20)
+                   route="local", top_k=20)
     titles = [c.title for c in res.context]
     assert "Marlow Observatory" in titles and "Tomas Reyes" in titles
     text = res.context_text
@@ -502,11 +525,11 @@ def test_same_chunk_and_same_content_appear_once_with_best_score(qsettings):
 
 def test_budget_is_never_exceeded(overflow_settings):
     question = "How many hours did the beacon burn at Harbor Point during the storms?"
-    big = _offline(overflow_settings, question, route="hybrid", top_k=40, budget=32000)
+    big = _offline(overflow_settings, question, route="local", top_k=40, budget=32000)
     total = sum(c.tokens for c in big.context)
     assert total > 1500, "the corpus must overflow the small budget"
     for budget in (1500, 700, 300):
-        res = _offline(overflow_settings, question, route="hybrid", top_k=40, budget=budget)
+        res = _offline(overflow_settings, question, route="local", top_k=40, budget=budget)
         assert res.context, budget
         assert count_tokens(res.context_text) <= budget
         assert res.context_tokens <= budget and sum(c.tokens for c in res.context) <= budget
@@ -537,7 +560,7 @@ def test_noise_chunks_sink_below_substantive_ones(qsettings):
     assert noise_reason("See above.", 6) == "empty"
     assert noise_reason(DUPLICATED, 6) is None
     res = _offline(qsettings, "Marlow Observatory notes: visitor registration form, name, address and date of visit",
-                   route="hybrid", top_k=30)
+                   route="local", top_k=30)
     by_title = {}
     for c in res.context:
         by_title.setdefault(c.title, []).append(c)
@@ -586,7 +609,7 @@ def test_demoted_order_judges_only_the_chunks_it_needs(monkeypatch):
 def test_neighbour_grouping_stays_within_budget(overflow_settings):
     cfg = QueryConfig().with_(context={"group_neighbours": True})
     question = "Which crew repaired the lantern at Gull Rock after the gale?"
-    res = _offline(overflow_settings, question, route="hybrid", top_k=12, config=cfg, budget=1200)
+    res = _offline(overflow_settings, question, route="local", top_k=12, config=cfg, budget=1200)
     assert res.context_tokens <= 1200
     grouped = [c for c in res.context if c.neighbour_of]
     assert grouped, "a same-section neighbour should be pulled in"
@@ -858,11 +881,11 @@ class _FakeLLM:
         return Completion("Tomas Reyes succeeded Ada Fenwick in 1959 [1][2]. Unsupported claim [99].", self.model, 10, 5)
 
 
-@pytest.mark.parametrize("route", ["local", "hybrid"])
-def test_llm_answer_is_cited_and_retrieval_makes_no_llm_call(qsettings, route):
+@pytest.mark.parametrize("option", [None, "multi_hop", "lexical_weight"])  # subquestions: the LLM splits
+def test_llm_answer_is_cited_and_retrieval_makes_no_llm_call(qsettings, option):
     llm = _FakeLLM()
-    res = answer_question(qsettings, SUCCESSOR_Q, route=route, llm=llm)
-    assert len(llm.prompts) == 1  # only the synthesis: local and hybrid retrieval never call the LLM
+    res = answer_question(qsettings, SUCCESSOR_Q, route="local", llm=llm, config=option and OPTIONS[option].config())
+    assert len(llm.prompts) == 1  # only the synthesis: retrieval never calls the LLM
     assert res.llm == "fake-llm" and [c["n"] for c in res.citations] == [1, 2]
     assert "[99]" not in res.answer and res.diagnostics["citations_removed"] == 1  # not in the context: removed
     assert "[1]" in llm.prompts[0] and SUCCESSOR_Q in llm.prompts[0]

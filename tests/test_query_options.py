@@ -17,7 +17,8 @@ from tests.test_mcp import _payload
 from tests.test_serve import SUCCESSOR_Q, home, pool, post, running  # noqa: F401 - fixtures
 
 # options that move this question's context on the sample corpus, each on a route that reads it
-MOVES = [("local", {"damping": 0.85}), ("hybrid", {"hub_weight": 2.0}), ("global", {"communities": 1})]
+MOVES = [("local", {"damping": 0.85}), ("local", {"multi_hop": 1}), ("local", {"lexical_weight": 2.0}),
+         ("global", {"communities": 1})]
 
 
 def context_ids(data: dict) -> list[str]:
@@ -52,7 +53,9 @@ def test_an_option_over_http_ranks_as_on_the_cli(pool, sample_settings, tmp_path
 @pytest.mark.parametrize("options, needle", [({"damping": 1.0}, "damping"), ({"communities": 0}, "communities"),
                                              ({"knn_threshold": 1.5}, "knn_threshold"), ({"hub_weight": -1}, "hub_weight"),
                                              ({"group_neighbours": "often"}, "group_neighbours"),
-                                             ({"chunk_selection": "random"}, "chunk_selection")])
+                                             ({"chunk_selection": "random"}, "chunk_selection"),
+                                             ({"multi_hop": 4}, "multi_hop"), ({"lexical_weight": -1}, "lexical_weight"),
+                                             ({"subquestions": "often"}, "subquestions")])
 def test_a_bad_option_is_refused_naming_it(pool, options, needle):  # noqa: F811
     with pytest.raises(ValueError, match=f"query option {needle}"):
         QueryOptions.from_mapping(options)

@@ -112,12 +112,13 @@ def test_query_endpoints_give_the_json_of_lazyhippo_query(any_pool, home):
         assert data.keys() == engine.keys()
         assert data["answer"] == engine["answer"] and data["citations"] == engine["citations"]
         assert data["citations"] and data["context"]
-        for path, route in (("/api/kg/qa", "global"), ("/api/kg/hybrid", "hybrid")):
-            r = post(f"{url}{path}", json={"question": "What are the main themes of this collection?"})
-            assert r.status_code == 200 and r.json()["route"] == route and r.json()["citations"]
-        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "multi_hop", "budget": 2000})
-        assert r.status_code == 200 and r.json()["route"] == "multi_hop" and r.json()["context_tokens"] <= 2000
-        assert r.json()["diagnostics"]["subgraph_nodes"] > 0
+        r = post(f"{url}/api/kg/qa", json={"question": "What are the main themes of this collection?"})
+        assert r.status_code == 200 and r.json()["route"] == "global" and r.json()["citations"]
+        r = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "local", "multi_hop": 2, "budget": 2000})
+        assert r.status_code == 200 and r.json()["route"] == "local" and r.json()["context_tokens"] <= 2000
+        assert r.json()["diagnostics"]["multi_hop"]["subgraph_nodes"] > 0
+        old = post(f"{url}/api/query", json={"question": SUCCESSOR_Q, "route": "multi_hop"})
+        assert old.status_code == 400 and "expected auto or one of local, global" in old.text
         follow = post(f"{url}/api/query", json={
             "question": "Who succeeded her as director?", "route": "local",
             "history": [{"role": "user", "content": "Who founded the Marlow Observatory?"},
@@ -140,8 +141,8 @@ def test_health_metrics_namespaces_and_docs(pool):
         assert 'lazyhippo_requests_total{endpoint="/api/query",route="local",status="400"} 1.0' in text
         assert 'lazyhippo_request_seconds_bucket{endpoint="/api/query",le="0.5",route="local"}' in text
         spec = get(f"{url}/openapi.json").json()
-        assert {"/api/query", "/api/kg/qa", "/api/kg/hybrid", "/api/kg/create", "/api/runs/{run_id}", "/health",
-                "/metrics"} <= set(spec["paths"])
+        assert {"/api/query", "/api/kg/qa", "/api/kg/create", "/api/runs/{run_id}", "/health",
+                "/metrics"} <= set(spec["paths"]) and "/api/kg/hybrid" not in spec["paths"]
         assert get(f"{url}/docs").status_code == 200
 
 

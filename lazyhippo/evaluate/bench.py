@@ -392,7 +392,8 @@ def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int) ->
 
 def query_config(assignments: Sequence[str]):
     """A QueryConfig from `section.field=value` strings (the value as JSON, else as text), e.g.
-    `graph.synonym_min_score=0.6`; None without any. Unknown sections or fields raise ValueError."""
+    `graph.synonym_min_score=0.6`, or `field=value` for a top-level field (`subquestions=true`); None without any.
+    Unknown sections or fields raise ValueError."""
     from lazyhippo.query import QueryConfig
 
     if not assignments:
@@ -401,13 +402,18 @@ def query_config(assignments: Sequence[str]):
     for item in assignments:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
-        if not sep or not dot:
+        if not sep or not section:
             raise ValueError(f"{item!r}: expected section.field=value, e.g. graph.synonym_min_score=0.6")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        sections.setdefault(section, {})[name] = value
+        if dot:
+            sections.setdefault(section, {})[name] = value
+        elif isinstance(getattr(QueryConfig(), section, None), (bool, int, float)):
+            sections[section] = value
+        else:
+            raise ValueError(f"{item!r}: {section} is not a top-level setting (expected section.field=value)")
     try:
         return QueryConfig().with_(**sections)
     except (AttributeError, TypeError) as exc:

@@ -8,7 +8,7 @@ never needed:
 - `minilm`: the full 6-layer transformer (mean pooling, as sentence-transformers runs it; int8 weights,
   per channel): a much better retriever, but each text costs a forward pass (~20 ms of one core for a
   100-token passage, ~3 ms for a question).
-- `minilm-passages`: the transformer for passages (the dense passage channel: dense seeds, hybrid,
+- `minilm-passages`: the transformer for passages (the dense passage channel: dense seeds,
   the dense baseline), static vectors for entity names, facts and community summaries: the dense channel of
   `minilm` for about 40% of its embedding time (passages are fewer tokens than names plus facts).
 - `openai`: an OpenAI-compatible embeddings endpoint (`embedding_model`).

@@ -1,5 +1,5 @@
-"""Query engine: local (HippoRAG 2 PPR), global (communities), drift, hybrid (RRF), multi_hop and auto routes over an
-in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster imports.
+"""Query engine: local (HippoRAG 2 PPR, with the multi_hop and subquestions options), global (communities) and auto
+routes over an in-memory GraphIndex loaded once per warehouse version. Pure Python: no Dagster imports.
 
     from lazyhippo.query import answer_question, retrieve
     result = answer_question(settings, "Who succeeded the founder of the Marlow Observatory?")
@@ -22,7 +22,6 @@ from lazyhippo.query.config import (
                                     ContextParams,
                                     GlobalParams,
                                     GraphParams,
-                                    HybridParams,
                                     LocalParams,
                                     MultiHopParams,
                                     QueryConfig,
@@ -53,7 +52,7 @@ from lazyhippo.query.types import PreparedQuery, ScoredChunk
 
 __all__ = [
     "answer_question", "retrieve", "search", "Retrieval", "QueryResult", "ChunkSelectionParams", "configured_reranker", "ScoredChunk", "ContextChunk", "QueryConfig", "QueryOptions", "DEFAULT_CONFIG",
-    "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "HybridParams", "ContextParams", "GraphIndex",
+    "GraphParams", "LocalParams", "MultiHopParams", "GlobalParams", "ContextParams", "GraphIndex",
     "load_index", "clear_cache", "PPRBackend", "EmbeddedPPR", "PPRResult", "personalized_pagerank", "transition_matrix",
     "Reranker", "RerankStage", "RerankUnavailable", "CircuitBreaker", "HttpReranker", "CrossEncoderReranker", "RerankError",
     "assemble_context", "render_context", "noise_reason", "extractive_answer", "NO_ANSWER", "ROUTES",

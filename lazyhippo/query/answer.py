@@ -1,7 +1,8 @@
 """Public entry points: `retrieve` (ranked chunks, no answer) and `answer_question` (route, rerank,
 assemble, answer). Offline answers are extractive (best-supported sentences, cited [n]); with an
-OpenAI-compatible LLM configured the same context is synthesized into a cited answer. The local and
-hybrid routes never call an LLM while retrieving, unless a caller passes a RetrievalAssist (local route)."""
+OpenAI-compatible LLM configured the same context is synthesized into a cited answer. The local route never
+calls an LLM while retrieving, unless a caller passes a RetrievalAssist or its `subquestions` option splits a
+question with the configured LLM."""
 
 from __future__ import annotations
 

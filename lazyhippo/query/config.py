@@ -50,40 +50,19 @@ class GlobalParams:
 
 
 @dataclass(frozen=True)
-class HybridParams:
-    rrf_k: int = 5                    # small k: top ranks of the strong channels dominate the fused order
-    depth: int = 50                   # ranks kept per channel
-    expand_top: int = 5               # dense hits whose entities drive the graph augmentation
-    # channel weights by query type: dense, sparse (BM25), local (PPR), global (communities), expand
-    weights: dict = field(default_factory=lambda: {
-        "technical": {"dense": 1.0, "sparse": 1.5, "local": 1.0, "global": 0.2, "expand": 0.5},
-        "exploratory": {"dense": 1.0, "sparse": 0.5, "local": 1.0, "global": 1.5, "expand": 0.8},
-        "relational": {"dense": 0.5, "sparse": 0.7, "local": 3.0, "global": 0.3, "expand": 0.5},
-    })
-    level_min_score: float = float("inf")  # the global channel's level choice (GlobalParams); inf: the finest level
-
-
-@dataclass(frozen=True)
 class MultiHopParams:
-    """Route multi_hop: breadth-first expansion from the linked entities, then PPR on that subgraph only. The
-    depth and size follow the question's type (routes.classify_query); a type not listed takes the maxima."""
+    """The local route's `multi_hop` option: breadth-first expansion from the linked entities, `levels` passage
+    levels deep, then PPR on that subgraph only (0 levels: the whole graph, the default)."""
 
-    max_hops: int = 5                 # graph hops at most (entity -> passage is one; each further passage level, two)
+    levels: int = 0                   # 1 = the passages naming the linked entities, 2 = and the passages of the
+                                      # entities those name, ... (graph hops: 2 * levels - 1); 0: off
     max_nodes: int = 20_000           # expansion stops growing once the subgraph holds this many nodes
-    # passage levels by question type: 1 = the passages naming the linked entities, 2 = and the passages of the
-    # entities those name, ... (graph hops: 2 * levels - 1)
-    hops_by_type: dict = field(default_factory=lambda: {"technical": 1, "general": 2, "relational": 2,
-                                                        "multi_part": 3, "exploratory": 3})
-    nodes_by_type: dict = field(default_factory=lambda: {"technical": 200})  # focused lookups (a term, an identifier)
     min_new_nodes: int = 3            # a hop that adds fewer new nodes than this ends the expansion
     hub_top_share: float = 0.01       # a hub (not expanded) is also among this share of entities named most often
 
-    def hops(self, kind: str | None) -> int:
-        levels = self.hops_by_type.get(kind)
-        return self.max_hops if levels is None else min(self.max_hops, 2 * levels - 1)
-
-    def nodes(self, kind: str | None) -> int:
-        return min(self.max_nodes, self.nodes_by_type.get(kind, self.max_nodes))
+    @property
+    def hops(self) -> int:
+        return 2 * self.levels - 1
 
 
 @dataclass(frozen=True)
@@ -98,7 +77,7 @@ class ContextParams:
 
 @dataclass(frozen=True)
 class ChunkSelectionParams:
-    """How the local routes (local, multi_hop) turn the graph's answer into chunks. `graph` ranks every chunk by
+    """How the local route turns the graph's answer into chunks. `graph` ranks every chunk by
     its PPR score (HippoRAG 2, the default); LightRAG's two picks take the chunks that mention the question's
     entities (the `entities` with the most PPR mass) and keep `max_related_chunks` of them: `vector` by their
     similarity to the question, `weight` by the PPR mass of the entities each one mentions."""
@@ -113,12 +92,12 @@ class QueryConfig:
     graph: GraphParams = GraphParams()
     local: LocalParams = LocalParams()
     global_: GlobalParams = GlobalParams()
-    hybrid: HybridParams = HybridParams()
     context: ContextParams = ContextParams()
     multi_hop: MultiHopParams = MultiHopParams()
     candidates: int = 50              # chunks handed from retrieval to assembly (before budget)
     answer_sentences: int = 3         # at most, per part of the question, in an extractive answer
-    drift_max_subquestions: int = 4
+    subquestions: bool = False        # the local route splits a compound question and ranks each part too
+    max_subquestions: int = 4
     selection: ChunkSelectionParams = ChunkSelectionParams()
 
     def with_(self, **sections) -> "QueryConfig":
@@ -159,11 +138,17 @@ class QueryOptions:
     max_related_chunks: int | None = _option("Chunks the vector/weight selections keep (1 or more).")
     group_neighbours: bool | None = _option("Pull same-section neighbour chunks in after their anchor [off].")
     damping: float | None = _option("PPR damping: probability of following an edge, between 0 and 1 exclusive [0.5].")
-    communities: int | None = _option("Communities the global route (and hybrid's global channel) reads, 1-50 [5].")
+    communities: int | None = _option("Communities the global route reads, 1-50 [5].")
     knn_threshold: float | None = _option("Cosine a KNN (SEMANTICALLY_SIMILAR) edge needs to join the walk's graph, "
                                           "0-1 [0.90]; another value builds that graph once per server.")
     hub_weight: float | None = _option("Seed weight of matched communities' hub entities in the global fallback and "
-                                       "the hybrid route's PPR, 0 or more [0.1].")
+                                       "in each part's walk under subquestions, 0-100 [0.1].")
+    lexical_weight: float | None = _option("BM25's weight in the local route's fusion by rank with the graph's order, "
+                                           "0-10 (0: the graph's order alone) [0.15]; higher for exact terms.")
+    multi_hop: int | None = _option("Confine the local route's walk to the passages within this many levels of the "
+                                    "question's entities, 1-3 [off: the whole graph].")
+    subquestions: bool | None = _option("Split a compound question: each part's ranking fills the places after the "
+                                        "whole question's best passage [off].")
 
     def __post_init__(self):
         from lazyhippo.settings import CHUNK_SELECTIONS, RERANK_PROVIDERS
@@ -176,7 +161,10 @@ class QueryOptions:
                   "damping": (lambda v: _number(v) and 0 < v < 1, "a number between 0 and 1 (exclusive)"),
                   "communities": (lambda v: _integer(v) and 1 <= v <= 50, "an integer from 1 to 50"),
                   "knn_threshold": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
-                  "hub_weight": (lambda v: _number(v) and 0 <= v <= 100, "a number from 0 to 100")}
+                  "hub_weight": (lambda v: _number(v) and 0 <= v <= 100, "a number from 0 to 100"),
+                  "lexical_weight": (lambda v: _number(v) and 0 <= v <= 10, "a number from 0 to 10"),
+                  "multi_hop": (lambda v: _integer(v) and 1 <= v <= 3, "an integer from 1 to 3"),
+                  "subquestions": (lambda v: isinstance(v, bool), "true or false")}
         for name, (ok, expected) in checks.items():
             value = getattr(self, name)
             if value is not None and not ok(value):
@@ -206,12 +194,16 @@ class QueryOptions:
         config = config or DEFAULT_CONFIG
         places = {"group_neighbours": ("context", "group_neighbours"), "damping": ("local", "damping"),
                   "communities": ("global", "top_communities"), "knn_threshold": ("graph", "synonym_min_score"),
-                  "hub_weight": ("global", "hub_seed_weight")}
+                  "hub_weight": ("global", "hub_seed_weight"), "lexical_weight": ("local", "lexical_weight"),
+                  "multi_hop": ("multi_hop", "levels"), "subquestions": (None, "subquestions")}
         sections: dict[str, dict] = {}
         for name, value in self.chosen().items():
             if name in places:
                 section, key = places[name]
-                sections.setdefault(section, {})[key] = value
+                if section is None:  # a top-level field
+                    sections[key] = value
+                else:
+                    sections.setdefault(section, {})[key] = value
         return config.with_(**sections) if sections else config
 
 

@@ -335,37 +335,52 @@ def related_chunks(idx: GraphIndex, q: PreparedQuery, ls: LocalScores, p: ChunkS
     return cand[order], values[order]
 
 
+def local_ranking(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
+                  extra_seeds: dict[int, float] | None = None, fact_filter: FactFilter | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, LocalScores]:
+    """The graph's order (the first reordered by `cover_question`) fused by rank with BM25's (`lexical_weight`):
+    (chunks best first, their values, the scores behind them), at least `top_k` deep when that many score."""
+    ls = local_scores(idx, q, p, ppr, extra_seeds, fact_filter)
+    scores = ls.scores
+    depth = max(top_k, p.coverage_pool, p.bridge_depth)
+    ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)
+    order = cover_question(idx, q, ranked, scores, p)
+    values = scores[ranked]  # the score of the rank each chunk lands on
+    if p.lexical_weight > 0:
+        bm25 = q.bm25
+        lexical = np.asarray([c for c in top_indices(bm25, depth) if bm25[c] > 0], dtype=np.int64)
+        order, values = fuse_ranks([order, lexical], [1.0, p.lexical_weight])
+    return order, values, ls
+
+
+def ranked_chunks(idx: GraphIndex, q: PreparedQuery, p: LocalParams, order: np.ndarray, values: np.ndarray,
+                  ls: LocalScores, top_k: int, route: str) -> list[ScoredChunk]:
+    """The first `top_k` of `order`, each document's best chunks first (`chunks_per_document`); each chunk takes
+    the value of the rank it lands on (so assembly, which sorts by score, keeps the order)."""
+    order = documents_first(idx, order, p.chunks_per_document, top_k)
+    dense = q.dense
+    lexical = q.bm25 if p.lexical_weight > 0 else None
+    return [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=dense[c],
+                                   **({"bm25": lexical[c]} if lexical is not None else {}))
+            for c, v in zip(order, values)]
+
+
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,
                    extra_seeds: dict[int, float] | None = None, route: str = "local",
                    selection: ChunkSelectionParams = ChunkSelectionParams(),
                    fact_filter: FactFilter | None = None) -> tuple[list[ScoredChunk], dict]:
-    """The best `top_k` chunks: the graph's order (the first reordered by `cover_question`) fused by rank with
-    BM25's (`lexical_weight`), each document's best chunks first (`chunks_per_document`); each chunk takes the
-    score of the rank it lands on (so assembly, which sorts by score, keeps the order). With a `vector` or
-    `weight` selection, the chunks `related_chunks` picks instead."""
-    ls = local_scores(idx, q, p, ppr, extra_seeds, fact_filter)
+    """The best `top_k` chunks of `local_ranking`, each document's best chunks first (`chunks_per_document`).
+    With a `vector` or `weight` selection, the chunks `related_chunks` picks instead."""
     if selection.mode != "graph":
+        ls = local_scores(idx, q, p, ppr, extra_seeds, fact_filter)
         picked, values = related_chunks(idx, q, ls, selection)
         dense = q.dense
         chunks = [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=dense[c], selection=v)
                   for c, v in zip(picked[:top_k], values[:top_k])]
         return chunks, {**ls.diagnostics, "chunk_selection": {"mode": selection.mode, "related": len(picked),
                                                               "max_related_chunks": selection.max_related_chunks}}
-    scores = ls.scores
-    depth = max(top_k, p.coverage_pool, p.bridge_depth)
-    ranked = np.asarray([c for c in top_indices(scores, depth) if scores[c] > 0], dtype=np.int64)
-    order = cover_question(idx, q, ranked, scores, p)
-    values = scores[ranked]
-    if p.lexical_weight > 0:
-        bm25 = q.bm25
-        lexical = np.asarray([c for c in top_indices(bm25, depth) if bm25[c] > 0], dtype=np.int64)
-        order, values = fuse_ranks([order, lexical], [1.0, p.lexical_weight])
-    order = documents_first(idx, order, p.chunks_per_document, top_k)
-    dense = q.dense
-    lexical = q.bm25 if p.lexical_weight > 0 else None
-    return [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=dense[c],
-                                   **({"bm25": lexical[c]} if lexical is not None else {}))
-            for c, v in zip(order, values)], ls.diagnostics
+    order, values, ls = local_ranking(idx, q, p, top_k, ppr, extra_seeds, fact_filter)
+    return ranked_chunks(idx, q, p, order, values, ls, top_k, route), ls.diagnostics
 
 
 def fuse_ranks(rankings: list[np.ndarray], weights: list[float]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,10 +1,9 @@
-"""Route multi_hop (the Memory-MCP design's `retrieve_multi_hop`): breadth-first expansion from the
-entities the question links to, as deep and as large as the question's type calls for (MultiHopParams: a
-focused question stays near its entities), stopping early when a hop brings almost nothing new, then PPR over
-that expanded subgraph only.
+"""The local route's `multi_hop` option (the Memory-MCP design's `retrieve_multi_hop`): breadth-first expansion
+from the entities the question links to, `levels` passage levels deep (MultiHopParams), stopping early when a hop
+brings almost nothing new, then PPR over that expanded subgraph only.
 
 It is the local route with a different PPR backend: seeds, chunk scoring and diagnostics are shared;
-mass cannot leak to parts of the graph the question has no path to within `max_hops`.
+mass cannot leak to parts of the graph the question has no path to within those levels.
 """
 
 from __future__ import annotations
@@ -22,10 +21,10 @@ class SubgraphPPR:
 
     name = "multi-hop-subgraph"
 
-    def __init__(self, params: MultiHopParams, hub_df_share: float, kind: str | None = None):
+    def __init__(self, params: MultiHopParams, hub_df_share: float):
         self.params = params
         self.hub_df_share = hub_df_share
-        self.max_hops, self.max_nodes = params.hops(kind), params.nodes(kind)   # kind: the question's type
+        self.max_hops, self.max_nodes = params.hops, params.max_nodes
         self.nodes = np.zeros(0, dtype=np.int64)   # the subgraph of the last run
         self.hops = 0                              # hops the last expansion made
 
@@ -71,6 +70,15 @@ class SubgraphPPR:
         transition, dangling, matvec = subgraph_walk(index.graph, inside)
         return personalized_pagerank(transition, p * inside, damping, tol, max_iter, dangling=dangling,
                                      matvec=matvec).scores
+
+    def holds(self, index, chunks: np.ndarray) -> np.ndarray:
+        """Which of `chunks` lie inside the last subgraph: dense passage seeds and BM25 reach others too."""
+        inside = np.zeros(len(index.graph.node_ids), dtype=bool)
+        inside[self.nodes] = True
+        return inside[np.asarray(chunks, dtype=np.int64) + index.n_entities]
+
+    def diagnostics(self) -> dict:
+        return {"levels": self.params.levels, "hops": self.hops, "subgraph_nodes": len(self.nodes)}
 
 
 def subgraph_walk(graph, inside: np.ndarray):

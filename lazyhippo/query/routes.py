@@ -1,11 +1,12 @@
-"""The route registry (one signature: `RouteRequest -> RouteResult`), query typing, the auto route,
-DRIFT-style decomposition and the hybrid RRF route."""
+"""The route registry (one signature: `RouteRequest -> RouteResult`), query typing, the auto route and the local
+route's options that take steps of their own: `multi_hop` (a walk confined to the question's neighbourhood) and
+`subquestions` (DRIFT-style decomposition)."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -15,10 +16,11 @@ from lazyhippo.query.communities import (CommunityEvidence, community_seeds, hub
                                          matched_evidence, retrieve_global)
 from lazyhippo.query.config import QueryConfig
 from lazyhippo.query.loader import GraphIndex
-from lazyhippo.query.local import local_scores, retrieve_local
+from lazyhippo.query.local import (LocalScores, documents_first, fuse_ranks, local_ranking, ranked_chunks,
+                                   retrieve_local)
 from lazyhippo.query.multihop import SubgraphPPR
 from lazyhippo.query.text import QUESTION_WORDS, tokens
-from lazyhippo.query.types import PreparedQuery, ScoredChunk, hub_entities, top_indices
+from lazyhippo.query.types import PreparedQuery
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,11 @@ class RouteRequest:
     cfg: QueryConfig
     top_k: int
     ppr: object = None        # PPRBackend replacing the embedded power iteration (e.g. Neo4j GDS)
-    llm: object = None        # used by drift to split the question, when configured
+    llm: object = None        # splits a question for the subquestions option, when configured
     assist: object = None     # RetrievalAssist: LLM steps of the local route, only when a caller opts in
 
     def prepare(self, text: str) -> PreparedQuery:
-        """Another question (a drift sub-question) against the same index and embedder."""
+        """Another question (a sub-question) against the same index and embedder."""
         return self.query if text == self.query.text else PreparedQuery(self.idx, text, self.query.embedder)
 
 
@@ -91,8 +93,8 @@ def classify_query(question: str) -> str:
 
 def auto_route(kind: str) -> str:
     """The route for a question of type `kind` (see classify_query): `global` for a question about the collection
-    as a whole (its themes), else `local`, which on the development sets scores at least as well as `drift`,
-    `hybrid` and `global` on every other type (docs/query-routes.md)."""
+    as a whole (its themes), else `local`, which on the development sets scores at least as well as `global` on
+    every other type (docs/query-routes.md)."""
     return "global" if kind == "exploratory" else "local"
 
 
@@ -130,97 +132,72 @@ def question_subject(part: str) -> str:
     return " ".join(w.strip(",;:") for w in part.split() if tokens(w) and w.lower() not in QUESTION_WORDS)
 
 
-def retrieve_drift(req: RouteRequest) -> RouteResult:
-    """DRIFT: the whole question (the primer) and each sub-question are matched to the community summaries, and
-    the hubs of the communities each matches seed its local route beside its own links; the results are merged,
-    each chunk keeping its best score normalized within its sub-question, so every part is represented."""
-    idx, cfg, top_k, question = req.idx, req.cfg, req.top_k, req.query.text
-    subs = split_question(question, req.llm, cfg.drift_max_subquestions)
-    queries = [question] + subs if len(subs) > 1 else [question]
-    best: dict[int, tuple[float, str, float]] = {}
-    followups = []
-    for sq in queries:
-        pq = req.prepare(sq)
+def walk_backend(req: RouteRequest):
+    """The PPR backend of one walk: confined to the `multi_hop` subgraph when that option is on (always in memory:
+    a store-side backend does not apply), else the request's."""
+    params = req.cfg.multi_hop
+    return SubgraphPPR(params, req.cfg.local.hub_df_share) if params.levels else req.ppr
+
+
+def local_order(req: RouteRequest, q: PreparedQuery, seeds: dict[int, float] | None = None
+                ) -> tuple[np.ndarray, np.ndarray, LocalScores, dict]:
+    """The local ranking of `q` (`local_ranking`), kept inside the walk's subgraph under `multi_hop`; with the
+    walk's diagnostics."""
+    backend = walk_backend(req)
+    order, values, ls = local_ranking(req.idx, q, req.cfg.local, req.top_k, backend, seeds)
+    if not isinstance(backend, SubgraphPPR):
+        return order, values, ls, {}
+    keep = backend.holds(req.idx, order)
+    return order[keep], values[keep], ls, backend.diagnostics()
+
+
+def with_subquestions(req: RouteRequest, order: np.ndarray, values: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """The `subquestions` option (DRIFT's follow-ups): a compound question is split into parts (`split_question`);
+    each part is matched to the community summaries as `global` matches them, the hubs of the communities it
+    matches seed its walk beside its own links, and the parts' rankings join the whole question's: its best
+    passage stays first, the rest of its ranking and the parts' are fused by rank, each chunk scoring 1 / the place
+    it lands on. A question of one part keeps its ranking and values."""
+    idx, cfg = req.idx, req.cfg
+    parts = split_question(req.query.text, req.llm, cfg.max_subquestions)
+    if len(parts) <= 1 or not len(order):
+        return order, values, []
+    per_doc = cfg.local.chunks_per_document
+    whole = documents_first(idx, order, per_doc, len(order))
+    rankings, followups = [whole[1:]], []
+    for text in parts:
+        pq = req.prepare(text)
         matched = matched_evidence(idx, matched_communities(idx, pq, cfg.global_))
         seeds = hub_seeds(idx, matched, cfg.global_)
-        followups.append({"question": sq, "communities": [e.community_id for e in matched],
+        part = local_order(req, pq, seeds or None)[0]
+        part = documents_first(idx, part, per_doc, len(part))
+        rankings.append(part[part != whole[0]])
+        followups.append({"question": text, "communities": [e.community_id for e in matched],
                           "hubs": sorted({idx.entities.names[e] for e in seeds})})
-        found, _ = retrieve_local(idx, pq, cfg.local, top_k, req.ppr, seeds, route="drift")
-        peak = found[0].score if found else 0.0
-        if peak <= 0:
-            continue
-        for ch in found:
-            c, s = idx.chunks.pos[ch.chunk_id], ch.score / peak
-            if s > best.get(c, (-1.0, "", 0.0))[0]:
-                best[c] = (s, sq, ch.score)
-    ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top_k]
-    chunks = [ScoredChunk.from_index(idx, c, s, "drift", local=raw) for c, (s, sq, raw) in ranked]
-    for ch, (_, (_, sq, _)) in zip(chunks, ranked):
-        ch.channels["subquestion"] = float(queries.index(sq))
-    return RouteResult(chunks, {"subquestions": queries, "followups": followups})
-
-
-def expand_scores(idx: GraphIndex, q: PreparedQuery, cfg: QueryConfig) -> np.ndarray:
-    """Vector-first graph augmentation: chunks sharing (non-hub) entities with the top dense hits,
-    scored by the IDF-weighted overlap."""
-    hits = top_indices(q.dense, cfg.hybrid.expand_top)
-    out = np.zeros(idx.n_chunks)
-    if not len(hits) or not idx.n_entities:
-        return out
-    hub = hub_entities(idx, cfg.local.hub_df_share)
-    ents = np.unique(idx.mentions.counts[hits].indices)
-    ents = ents[~hub[ents]]
-    if not len(ents):
-        return out
-    weights = np.zeros(idx.n_entities, dtype=np.float32)
-    weights[ents] = idx.entities.idf[ents]
-    out = np.asarray(idx.mentions.counts.sign() @ weights).ravel().astype(np.float64)
-    out[hits] = 0.0  # the hits themselves come through the dense channel
-    return out
-
-
-def rrf(channels: dict[str, np.ndarray], weights: dict[str, float], k: int, depth: int) -> tuple[np.ndarray, dict]:
-    n = len(next(iter(channels.values())))
-    fused = np.zeros(n)
-    ranks: dict[str, dict[int, int]] = {}
-    for name, scores in channels.items():
-        w = weights.get(name, 0.0)
-        if w <= 0:
-            continue
-        top = [c for c in top_indices(scores, depth) if scores[c] > 0]
-        ranks[name] = {int(c): r + 1 for r, c in enumerate(top)}
-        for r, c in enumerate(top):
-            fused[c] += w / (k + r + 1)
-    return fused, ranks
-
-
-def retrieve_hybrid(req: RouteRequest) -> RouteResult:
-    """Reciprocal-rank fusion of dense, BM25, local (PPR), global and graph-expansion channels, weighted
-    by the question's type; the local channel's PPR is seeded by the matched communities' hubs too."""
-    idx, q, cfg, kind = req.idx, req.query, req.cfg, req.kind
-    weights = cfg.hybrid.weights.get(kind if kind in cfg.hybrid.weights else "relational")
-    gp = replace(cfg.global_, level_min_score=cfg.hybrid.level_min_score)
-    g_chunks, g_diag, evidence = retrieve_global(idx, q, gp, cfg.hybrid.depth, broad=kind == "exploratory")
-    ls = local_scores(idx, q, cfg.local, req.ppr, community_seeds(idx, q, gp, evidence))
-    glob = np.zeros(idx.n_chunks)
-    for ch in g_chunks:
-        glob[idx.chunks.pos[ch.chunk_id]] = ch.score
-    channels = {"dense": np.clip(q.dense, 0, None).astype(np.float64), "sparse": q.bm25.astype(np.float64),
-                "local": ls.scores, "global": glob, "expand": expand_scores(idx, q, cfg)}
-    fused, ranks = rrf(channels, weights, cfg.hybrid.rrf_k, cfg.hybrid.depth)
-    top = [c for c in top_indices(fused, req.top_k) if fused[c] > 0]
-    chunks = [ScoredChunk.from_index(idx, int(c), fused[c], "hybrid",
-                                     **{f"rank_{name}": float(r.get(int(c), 0)) for name, r in ranks.items()})
-              for c in top]
-    return RouteResult(chunks, {"query_type": kind, "weights": weights, "local": ls.diagnostics, "global": g_diag})
+    fused, _ = fuse_ranks(rankings, [1.0] * len(rankings))
+    order = np.concatenate([whole[:1], fused])
+    return order, 1.0 / np.arange(1.0, len(order) + 1.0), followups
 
 
 def retrieve_local_route(req: RouteRequest) -> RouteResult:
+    """The local route, with the `multi_hop` and `subquestions` options when they are on (the second with the
+    `graph` chunk selection only: the LightRAG picks skip every reorder)."""
+    idx, q, cfg = req.idx, req.query, req.cfg
     if req.assist is not None:
-        return RouteResult(*assisted_local(req.idx, req.prepare, req.query.text, req.cfg.local, req.top_k, req.ppr,
-                                           req.assist))
-    return RouteResult(*retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, req.ppr,
-                                       selection=req.cfg.selection))
+        if cfg.multi_hop.levels or cfg.subquestions:
+            raise ValueError("the LLM-assisted local route takes neither multi_hop nor subquestions: its own rounds "
+                             "stand in for them")
+        return RouteResult(*assisted_local(idx, req.prepare, q.text, cfg.local, req.top_k, req.ppr, req.assist))
+    if cfg.selection.mode != "graph":
+        backend = walk_backend(req)
+        chunks, diag = retrieve_local(idx, q, cfg.local, req.top_k, backend, selection=cfg.selection)
+        walk = backend.diagnostics() if isinstance(backend, SubgraphPPR) else {}
+        return RouteResult(chunks, {**diag, **({"multi_hop": walk} if walk else {})})
+    order, values, ls, walk = local_order(req, q)
+    diag = {**ls.diagnostics, **({"multi_hop": walk} if walk else {})}
+    if cfg.subquestions:
+        order, values, diag["subquestions"] = with_subquestions(req, order, values)
+    return RouteResult(ranked_chunks(idx, q, cfg.local, order, values, ls, req.top_k, "local"), diag)
 
 
 def retrieve_global_route(req: RouteRequest) -> RouteResult:
@@ -237,22 +214,8 @@ def retrieve_global_route(req: RouteRequest) -> RouteResult:
                                 "local": local})
 
 
-def retrieve_multi_hop(req: RouteRequest) -> RouteResult:
-    """Local scoring with PPR confined to the subgraph reached from the linked entities, as deep and large as
-    the question's type calls for (always in memory: a store-side PPR backend does not apply)."""
-    backend = SubgraphPPR(req.cfg.multi_hop, req.cfg.local.hub_df_share, req.kind)
-    chunks, diag = retrieve_local(req.idx, req.query, req.cfg.local, req.top_k, backend, route="multi_hop",
-                                  selection=req.cfg.selection)
-    inside = np.zeros(len(req.idx.graph.node_ids), dtype=bool)
-    inside[backend.nodes] = True  # dense passage seeds sit outside the subgraph too: keep the subgraph's only
-    chunks = [c for c in chunks if inside[req.idx.chunks.pos[c.chunk_id] + req.idx.n_entities]]
-    return RouteResult(chunks, {**diag, "query_type": req.kind, "max_hops": backend.max_hops, "hops": backend.hops,
-                                "max_nodes": backend.max_nodes, "subgraph_nodes": len(backend.nodes)})
-
-
 Route = Callable[[RouteRequest], RouteResult]
-ROUTES: dict[str, Route] = {"local": retrieve_local_route, "global": retrieve_global_route, "drift": retrieve_drift,
-                            "hybrid": retrieve_hybrid, "multi_hop": retrieve_multi_hop}
+ROUTES: dict[str, Route] = {"local": retrieve_local_route, "global": retrieve_global_route}
 
 
 def check_route(route: str) -> str:

@@ -41,6 +41,9 @@ DampingOpt = typer.Option(None, "--damping", help=_HELP["damping"])
 CommunitiesOpt = typer.Option(None, "--communities", help=_HELP["communities"])
 KnnThresholdOpt = typer.Option(None, "--knn-threshold", help=_HELP["knn_threshold"])
 HubWeightOpt = typer.Option(None, "--hub-weight", help=_HELP["hub_weight"])
+LexicalWeightOpt = typer.Option(None, "--lexical-weight", help=_HELP["lexical_weight"])
+MultiHopOpt = typer.Option(None, "--multi-hop", help=_HELP["multi_hop"])
+SubquestionsOpt = typer.Option(None, "--subquestions/--no-subquestions", help=_HELP["subquestions"])
 
 
 def query_options(**values) -> QueryOptions:
@@ -77,14 +80,15 @@ def run_usage(settings: Settings, run_id: str) -> list[dict]:
 
 def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder [$LAZYHIPPO_HOME or ./.lazyhippo]."),
          namespace: Optional[str] = typer.Option(None, "--namespace", "-n", help="[$LAZYHIPPO_NAMESPACE or default]"),
-         route: str = typer.Option("auto", help="local | global | drift | hybrid | multi_hop | auto"),
+         route: str = typer.Option("auto", help="auto | local | global"),
          top_k: int = typer.Option(8, "--top-k"), budget: int = typer.Option(32000, help="Context token budget."),
          history_budget: int = typer.Option(2000, help="Tokens of earlier turns sent along with each question."),
          rerank: Optional[str] = RerankOpt, rerank_top_n: Optional[int] = RerankTopNOpt,
          chunk_selection: Optional[str] = SelectionOpt, max_related_chunks: Optional[int] = MaxRelatedOpt,
          group_neighbours: Optional[bool] = GroupOpt, damping: Optional[float] = DampingOpt,
          communities: Optional[int] = CommunitiesOpt, knn_threshold: Optional[float] = KnnThresholdOpt,
-         hub_weight: Optional[float] = HubWeightOpt) -> None:
+         hub_weight: Optional[float] = HubWeightOpt, lexical_weight: Optional[float] = LexicalWeightOpt,
+         multi_hop: Optional[int] = MultiHopOpt, subquestions: Optional[bool] = SubquestionsOpt) -> None:
     """Ask questions in turn (empty line or Ctrl-D ends); each answer sees the conversation so far."""
     from lazyhippo.query import answer_question
     from lazyhippo.stores.usage import record_answer_usage
@@ -92,7 +96,8 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
 
     options = query_options(rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
                             max_related_chunks=max_related_chunks, group_neighbours=group_neighbours, damping=damping,
-                            communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight)
+                            communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight,
+                            lexical_weight=lexical_weight, multi_hop=multi_hop, subquestions=subquestions)
     settings = options.settings(Settings.from_env(home=home, namespace=namespace))
     config = options.config()
     err = Console(stderr=True)

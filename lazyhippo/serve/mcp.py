@@ -58,8 +58,8 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
     """The tools over `pool`; `runs` executes deletes and merges (default: a queue of its own)."""
     runs = runs or IndexRuns(pool)
     server = MCPServer("lazyhippo", instructions="Retrieve cited passages from lazyhippo knowledge graphs. Use mode "
-                       "execution (5 passages), planning (10) or brainstorming (20) by task, or a route: multi_hop or "
-                       "local for questions that chain facts across documents, global for themes.")
+                       "execution (5 passages), planning (10) or brainstorming (20) by task, or a route: local for "
+                       "questions about particular things, global for themes.")
 
     def unknown_namespace(namespace: str) -> ToolError:
         return ToolError(f"unknown namespace {namespace!r} (known: {', '.join(pool.namespaces()) or 'none'})")
@@ -69,11 +69,11 @@ def build_server(pool: IndexPool, runs: IndexRuns | None = None) -> MCPServer:
                            chunk_selection: Selection = None, options: Optional[dict[str, Any]] = None) -> dict:
         """Passages answering `query`, best first, each with its score, citation (title, source, chunk id) and the
         entities it mentions. Modes by task: execution (5 passages), planning (10), brainstorming (20), the route
-        chosen from the question; or a route (8 passages): local (entity graph PPR), multi_hop (breadth-first hops
-        from the named entities, then PPR), global (community summaries), drift (per sub-question), hybrid (dense +
-        BM25 + graph fused). `limit` overrides the count; `chunk_selection` (graph | vector | weight) how the local
-        routes pick passages. `options`: further query options by name (rerank, rerank_top_n, max_related_chunks,
-        group_neighbours, damping, communities, knn_threshold, hub_weight; docs/query-routes.md)."""
+        chosen from the question; or a route (8 passages): local (entity graph PPR fused with BM25), global
+        (community summaries). `limit` overrides the count; `chunk_selection` (graph | vector | weight) how the local
+        route picks passages. `options`: further query options by name (rerank, rerank_top_n, max_related_chunks,
+        group_neighbours, damping, communities, knn_threshold, hub_weight, lexical_weight, multi_hop, subquestions;
+        docs/query-routes.md)."""
         query = _checked_query(query)
         choices = checked_options({**(options or {}),
                                    **({"chunk_selection": chunk_selection} if chunk_selection else {})})

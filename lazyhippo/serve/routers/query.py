@@ -1,4 +1,4 @@
-"""Queries over the warm indexes: any route, and the fixed global and hybrid routes."""
+"""Queries over the warm indexes: any route, and the fixed global route."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def namespaces(request: Request) -> dict:
 
 @router.post("/api/query", tags=["query"])
 def query(body: QueryRequest, request: Request) -> JSONResponse:
-    """Any route (auto, local, global, drift, hybrid, multi_hop) with any query option (docs/query-routes.md):
+    """Any route (auto, local, global) with any query option (docs/query-routes.md):
     the JSON of `lazyhippo query --json`."""
     return run_query(request, body.question, body.namespace, body.route, body.top_k, body.budget, body.history,
                      body.options())
@@ -115,9 +115,3 @@ def kg_qa(body: FixedRouteRequest, request: Request) -> JSONResponse:
     return run_query(request, body.question, body.namespace, "global", body.top_k, body.budget,
                      choices=body.options())
 
-
-@router.post("/api/kg/hybrid", tags=["query"])
-def kg_hybrid(body: FixedRouteRequest, request: Request) -> JSONResponse:
-    """The hybrid route: dense, BM25 and graph channels fused."""
-    return run_query(request, body.question, body.namespace, "hybrid", body.top_k, body.budget,
-                     choices=body.options())
