@@ -25,7 +25,7 @@ from lazyhippo.models.embedders import PROFILES
 from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, MaxRelatedOpt,
                                   RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, query_options, run_usage)
 from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
-from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
+from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, has_chunks, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
 from lazyhippo_dagster.options import (NothingToIndex, OptionError, check_index_options, check_namespace_option,
                                        check_query_options, resolutions_list)
@@ -242,7 +242,7 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
                             communities=communities, knn_threshold=knn_threshold, hub_weight=hub_weight)
     settings = Settings(home=root, namespace=namespace)
     _notice(settings)
-    if not counts(settings)["chunks"]:
+    if not has_chunks(settings):
         console.print(f"[red]error:[/red] namespace {namespace!r} in {root} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
     result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
@@ -356,7 +356,7 @@ def export_cmd(fmt: str = typer.Option("csv", "--format", help="csv | xlsx | md 
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2)
     settings = Settings.from_env(home=home, namespace=namespace)
-    if not counts(settings)["chunks"]:
+    if not has_chunks(settings):
         console.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
     target = (out or Path(f"export-{namespace}")).resolve()
@@ -382,7 +382,7 @@ def entity(name: str = typer.Argument(..., help="Entity name (matched loosely) o
 
     _checked(check_namespace_option, namespace)
     settings = Settings.from_env(home=home, namespace=namespace)
-    if not counts(settings)["chunks"]:
+    if not has_chunks(settings):
         console.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
     try:

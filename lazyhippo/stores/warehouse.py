@@ -260,6 +260,13 @@ def count(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> int:
     return con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchall()[0][0]
 
 
+def has_chunks(settings: Settings) -> bool:
+    """Whether the namespace's last complete index holds a chunk: one count where `counts` makes one per table
+    (a CLI query checks it before its run)."""
+    with connect(settings, read_only=True) as con:
+        return count(con, "chunks", settings.namespace) > 0
+
+
 def counts(settings: Settings) -> dict[str, int]:
     """Rows per table; a snapshot's staging tables by the counts it recorded when published."""
     with connect(settings, read_only=True) as con:
