@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from lazyhippo.models.embedders import PROFILES
 from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, MaxRelatedOpt,
                                   RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, query_options, run_usage)
 from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
+from lazyhippo.stores.namespaces import resolve_settings
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, has_chunks, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
 from lazyhippo_dagster.options import (NothingToIndex, OptionError, check_index_options, check_namespace_option,
@@ -222,6 +224,21 @@ def status(home: Path = HomeOpt, namespace: str = NsOpt,
     Console().print(table)
 
 
+def _warm(settings: Settings, options) -> None:
+    """Load the index, embedder and tokenizer the query run reads in a thread, while Dagster sets up its
+    instance and starts the run: those wait on SQLite and the disk, which leaves the interpreter free, and the
+    run's step finds them in this process's caches. An error is left for the run to meet and report."""
+    from lazyhippo.query.answer import warm
+
+    def target() -> None:
+        try:
+            warm(options.settings(settings), options.config())
+        except Exception:  # the run reads the same index and reports why it cannot
+            pass
+
+    threading.Thread(target=target, name="warm query engine", daemon=True).start()
+
+
 @app.command("query")
 def query_cmd(question: str = typer.Argument(..., help="The question."),
               route: str = typer.Option("auto", help="local | global | drift | hybrid | multi_hop | auto"),
@@ -245,6 +262,7 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
     if not has_chunks(settings):
         console.print(f"[red]error:[/red] namespace {namespace!r} in {root} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
+    _warm(resolve_settings(root, namespace), options)
     result = _run("query", root, {"lazyhippo": {"home": str(root), "namespace": namespace},
                                   "graph_store": {"kind": graph_store}},
                   ops={"answer_question": {"config": {"question": question, "route": route, "top_k": top_k,

@@ -102,3 +102,23 @@ def test_a_cli_query_imports_neither_a_dataframe_library_nor_model2vec(sample_se
                           env={**__import__("os").environ, "DAGSTER_HOME": str(tmp_path / "dagster")})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_cli_query_loads_its_index_beside_the_dagster_run_which_finds_it_loaded(sample_settings, tmp_path, monkeypatch):
+    """The index (with the embedder and tokenizer) is loaded in a thread while Dagster starts the run, with the
+    settings the run resolves: the run's step reads it from the process's cache instead of loading it again."""
+    import shutil
+    import threading
+
+    from lazyhippo.query import loader
+
+    home = tmp_path / "home"
+    shutil.copytree(sample_settings.home, home, ignore=shutil.ignore_patterns("dagster", "*.lock"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    clear_cache()
+    loads, build = [], loader._build
+    monkeypatch.setattr(loader, "_build", lambda *a: loads.append(threading.current_thread().name) or build(*a))
+    out = CliRunner().invoke(app, ["query", "Who founded the Marlow Observatory?", "--home", str(home), "--json"])
+    assert out.exit_code == 0, out.output
+    assert loads == ["warm query engine"]
+    clear_cache()

@@ -230,6 +230,16 @@ def answer_question(settings: Settings, question: str, route: str = "auto", top_
                                                            "output": sum(u["completion_tokens"] for u in usage)})
 
 
+def warm(settings: Settings, config: QueryConfig | None = None) -> None:
+    """Load what `answer_question` reads before it retrieves (the embedder, the tokenizer, the index) into this
+    process's caches. A caller whose other work waits on the disk (a CLI query starting its Dagster run) runs it
+    in a thread beside that work; the embedder goes first, so a question that arrives meanwhile waits for the
+    index alone (`load_index` builds it once under its lock)."""
+    _embedder(settings, None)
+    count_tokens("")
+    load_index(settings, config_for(settings, config).graph)
+
+
 def _neighbour_fn(idx: GraphIndex):
     pos = idx.chunks.doc_pos
 
