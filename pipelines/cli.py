@@ -794,7 +794,9 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
                 graph_store: str = typer.Option("embedded", help="embedded | neo4j (the index is loaded into it first)"),
                 repeat: int = typer.Option(3, help="Passes over the questions per route."),
                 cli: int = typer.Option(0, min=0, help="Instead: time this many `lazyhippo query` processes (route "
-                                                       "auto), one question each, as a user runs them.")) -> None:
+                                                       "auto), one question each, as a user runs them."),
+                baseline: Optional[Path] = typer.Option(None, help="With --cli: another build's `lazyhippo` "
+                                                        "executable, run alternately with this one (same load).")) -> None:
     """p50/p95 latency per route: retrieval + context assembly (query embedding included, no LLM), and with the
     extractive answer (answer_*); with --cli, the wall time of whole `lazyhippo query` commands."""
     import polars as pl
@@ -808,13 +810,15 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
     with bar:
         settings, info = ensure_index(corpus, workdir, update, Settings.from_env(embedder=embedder))
         if cli:
-            result = run_cli_latency(settings, json.loads(questions.read_text()), cli)
+            if baseline is not None and not baseline.is_file():
+                raise typer.BadParameter(f"{baseline} is not a file", param_hint="--baseline")
+            result = run_cli_latency(settings, json.loads(questions.read_text()), cli, baseline)
         else:
             result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
     if cli:
-        _print_frame(pl.DataFrame([{k: round(v, 1) for k, v in result.items()}]),
-                     f"`lazyhippo query` wall time on {corpus.name}")
-        print(json.dumps({"cli_" + k: round(v, 1) for k, v in result.items()}))
+        figures = {k: round(v, 2 if k.startswith(("load", "p50_ratio")) else 1) for k, v in result.items()}
+        _print_frame(pl.DataFrame([figures]), f"`lazyhippo query` wall time on {corpus.name}")
+        print(json.dumps({"cli_" + k: v for k, v in figures.items()}))
         return
     cols = ("p50_ms", "p95_ms", "answer_p50_ms", "answer_p95_ms")
     _print_frame(pl.DataFrame([{"route": route, **r} for route, r in result.items()]).with_columns(pl.col(cols).round(2)),

@@ -5,6 +5,7 @@ files (`gold_files`, paths inside a folder corpus, as in gitdocs: a ranking is s
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import subprocess
 import sys
@@ -373,21 +374,32 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
         store.close()
 
 
-def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int) -> dict:
+def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int, baseline: Path | None = None) -> dict:
     """Wall time of `lazyhippo query` as a user runs it: one new process per question (interpreter start,
     imports, the Dagster run, the index load and the answer). The first run is reported apart: after a
-    re-index it also writes the index's disk cache."""
-    command = [str(Path(sys.executable).with_name("lazyhippo")), "query", "--home", str(settings.home),
-               "--namespace", settings.namespace, "--json"]
-    walls = []
+    re-index it also writes the index's disk cache. `baseline`: another build's `lazyhippo` executable, whose
+    commands alternate with this build's on the same questions, so that both see the same load on a shared
+    machine (its figures as `baseline_*`, and this build's p50 over its). The load average is reported before
+    and after."""
+    commands = {"": Path(sys.executable).with_name("lazyhippo"), **({"baseline_": baseline} if baseline else {})}
+    walls: dict[str, list[float]] = {prefix: [] for prefix in commands}
+    load_before = os.getloadavg()[0]
     for i in range(runs + 1):
-        t0 = time.perf_counter()
-        done = subprocess.run([*command, questions[i % len(questions)]["question"]], capture_output=True, text=True)
-        walls.append(time.perf_counter() - t0)
-        if done.returncode:
-            raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    return {"first_ms": walls[0] * 1000, "p50_ms": percentile_ms(walls[1:], 50),
-            "p95_ms": percentile_ms(walls[1:], 95), "n": runs}
+        for prefix, executable in commands.items():
+            command = [str(executable), "query", "--home", str(settings.home), "--namespace", settings.namespace,
+                       "--json", questions[i % len(questions)]["question"]]
+            t0 = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True)
+            walls[prefix].append(time.perf_counter() - t0)
+            if done.returncode:
+                raise RuntimeError(f"`{' '.join(command[:-1])}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    out = {"n": runs, "load_before": load_before, "load_after": os.getloadavg()[0]}
+    for prefix, w in walls.items():
+        out.update({f"{prefix}first_ms": w[0] * 1000, f"{prefix}p50_ms": percentile_ms(w[1:], 50),
+                    f"{prefix}p95_ms": percentile_ms(w[1:], 95)})
+    if baseline:
+        out["p50_ratio"] = out["p50_ms"] / out["baseline_p50_ms"]
+    return out
 
 
 def query_config(assignments: Sequence[str]):
