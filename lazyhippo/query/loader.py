@@ -217,7 +217,9 @@ class KeyRows(dict):
 
 
 def _key_rows(keys: list[str], flat: np.ndarray, cuts: np.ndarray) -> KeyRows:
-    return KeyRows(zip(keys, np.split(flat, cuts)))
+    """The views np.split gives, by slicing: its per-piece bookkeeping took ten times as long on 42k keys."""
+    bounds = [0, *cuts.tolist(), len(flat)]
+    return KeyRows(zip(keys, [flat[a:b] for a, b in zip(bounds, bounds[1:])]))
 
 
 def _index_of(keys) -> KeyRows:
