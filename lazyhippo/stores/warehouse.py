@@ -22,16 +22,18 @@ from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 from filelock import FileLock, Timeout
 
 from lazyhippo.graph.names import norm_keys
 from lazyhippo.settings import Settings, environment
 from lazyhippo.sql import SQL_DIR
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 TABLES = (
     "documents", "deleted_documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
@@ -286,6 +288,8 @@ def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
     vectors = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
     scale = np.maximum(np.abs(vectors).max(axis=1, initial=0.0), 1e-30) / 127
     q = np.clip(np.rint(vectors / scale[:, None]), -127, 127).astype(np.int8)
+    import pyarrow as pa  # here, not with the module: a CLI query reads no Arrow
+
     offsets = pa.array(np.arange(len(q) + 1, dtype=np.int32) * q.shape[1])
     return pa.ListArray.from_arrays(offsets, pa.array(q.ravel())), scale.astype(np.float32)
 
