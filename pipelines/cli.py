@@ -816,7 +816,7 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
         else:
             result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
     if cli:
-        figures = {k: round(v, 2 if k.startswith(("load", "p50_ratio")) else 1) for k, v in result.items()}
+        figures = {k: round(v, 2 if k.startswith("load") or k.endswith("ratio") else 1) for k, v in result.items()}
         _print_frame(pl.DataFrame([figures]), f"`lazyhippo query` wall time on {corpus.name}")
         print(json.dumps({"cli_" + k: v for k, v in figures.items()}))
         return

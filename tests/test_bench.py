@@ -377,7 +377,9 @@ def test_cli_latency_alternates_with_a_baseline_build_and_reports_the_load(sampl
     result = run_cli_latency(Settings(home=home), questions, 1, baseline)
     assert order.read_text().splitlines() == ["baseline Who founded the Marlow Observatory?",
                                               "baseline What did Tomas Reyes design?"]
-    assert {"first_ms", "p50_ms", "p95_ms", "baseline_first_ms", "baseline_p50_ms", "baseline_p95_ms", "load_before",
-            "load_after"} <= set(result)
+    assert {"first_ms", "p50_ms", "p95_ms", "cpu_p50_ms", "baseline_first_ms", "baseline_p50_ms", "baseline_p95_ms",
+            "baseline_cpu_p50_ms", "load_before", "load_after"} <= set(result)
     assert result["p50_ratio"] == pytest.approx(result["p50_ms"] / result["baseline_p50_ms"])
+    assert result["cpu_p50_ratio"] == pytest.approx(result["cpu_p50_ms"] / result["baseline_cpu_p50_ms"])
     assert result["p50_ms"] > result["baseline_p50_ms"] > 0  # a whole query against a shell's echo
+    assert result["cpu_p50_ms"] > 100 * result["baseline_cpu_p50_ms"]

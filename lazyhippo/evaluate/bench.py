@@ -376,29 +376,38 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
 
 def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int, baseline: Path | None = None) -> dict:
     """Wall time of `lazyhippo query` as a user runs it: one new process per question (interpreter start,
-    imports, the Dagster run, the index load and the answer). The first run is reported apart: after a
-    re-index it also writes the index's disk cache. `baseline`: another build's `lazyhippo` executable, whose
-    commands alternate with this build's on the same questions, so that both see the same load on a shared
-    machine (its figures as `baseline_*`, and this build's p50 over its). The load average is reported before
-    and after."""
+    imports, the Dagster run, the index load and the answer), and its CPU time (user + system, with the processes
+    it waited for): what it would take on an idle core, the steadier figure on a shared machine. The first run is
+    reported apart: after a re-index it also writes the index's disk cache. `baseline`: another build's
+    `lazyhippo` executable, whose commands alternate with this build's on the same questions, so that both see
+    the same load (its figures as `baseline_*`, and this build's p50s over its as ratios). The load average is
+    reported before and after."""
+    import resource
+
     commands = {"": Path(sys.executable).with_name("lazyhippo"), **({"baseline_": baseline} if baseline else {})}
     walls: dict[str, list[float]] = {prefix: [] for prefix in commands}
+    cpus: dict[str, list[float]] = {prefix: [] for prefix in commands}
     load_before = os.getloadavg()[0]
     for i in range(runs + 1):
         for prefix, executable in commands.items():
             command = [str(executable), "query", "--home", str(settings.home), "--namespace", settings.namespace,
                        "--json", questions[i % len(questions)]["question"]]
+            used = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             done = subprocess.run(command, capture_output=True, text=True)
             walls[prefix].append(time.perf_counter() - t0)
+            now = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus[prefix].append(now.ru_utime - used.ru_utime + now.ru_stime - used.ru_stime)
             if done.returncode:
                 raise RuntimeError(f"`{' '.join(command[:-1])}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     out = {"n": runs, "load_before": load_before, "load_after": os.getloadavg()[0]}
-    for prefix, w in walls.items():
+    for prefix in commands:
+        w, c = walls[prefix], cpus[prefix]
         out.update({f"{prefix}first_ms": w[0] * 1000, f"{prefix}p50_ms": percentile_ms(w[1:], 50),
-                    f"{prefix}p95_ms": percentile_ms(w[1:], 95)})
+                    f"{prefix}p95_ms": percentile_ms(w[1:], 95), f"{prefix}cpu_p50_ms": percentile_ms(c[1:], 50)})
     if baseline:
-        out["p50_ratio"] = out["p50_ms"] / out["baseline_p50_ms"]
+        out["p50_ratio"] = out["p50_ms"] / max(out["baseline_p50_ms"], 1e-9)
+        out["cpu_p50_ratio"] = out["cpu_p50_ms"] / max(out["baseline_cpu_p50_ms"], 1e-9)
     return out
 
 
