@@ -371,12 +371,14 @@ def test_cli_latency_alternates_with_a_baseline_build_and_reports_the_load(sampl
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
     order = tmp_path / "order"
     baseline = tmp_path / "lazyhippo-before"
-    baseline.write_text(f"#!/bin/sh\necho \"baseline $7\" >> {order}\n")
+    baseline.write_text(f"#!/bin/sh\necho \"baseline $7\" >> {order}\nls -A $3/published >> {order}\n")
     baseline.chmod(baseline.stat().st_mode | stat.S_IXUSR)
     questions = [{"question": "Who founded the Marlow Observatory?"}, {"question": "What did Tomas Reyes design?"}]
     result = run_cli_latency(Settings(home=home), questions, 1, baseline)
-    assert order.read_text().splitlines() == ["baseline Who founded the Marlow Observatory?",
-                                              "baseline What did Tomas Reyes design?"]
+    # the baseline reads its own copy of the home, without this build's index cache, removed afterwards
+    assert order.read_text().splitlines() == ["baseline Who founded the Marlow Observatory?", "default.duckdb",
+                                              "baseline What did Tomas Reyes design?", "default.duckdb"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dagster", "home", "lazyhippo-before", "order"]
     assert {"first_ms", "p50_ms", "p95_ms", "cpu_p50_ms", "baseline_first_ms", "baseline_p50_ms", "baseline_p95_ms",
             "baseline_cpu_p50_ms", "load_before", "load_after"} <= set(result)
     assert result["p50_ratio"] == pytest.approx(result["p50_ms"] / result["baseline_p50_ms"])
