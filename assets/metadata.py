@@ -3,41 +3,48 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Sequence
 
 import dagster as dg
-import polars as pl
 
 OWNERS = ["team:lazyhippo"]
 TEXT_WIDTH = 200
 
 
-def _kind(dtype: pl.DataType) -> str:
-    if dtype == pl.Boolean:
+def _kind(values: Sequence[Any]) -> str:
+    """A column's type as a table schema names it: bool, int, float (ints and floats mixed), else string."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "string"
+    if all(isinstance(v, bool) for v in present):
         return "bool"
-    return "int" if dtype.is_integer() else "float" if dtype.is_float() else "string"
+    if any(isinstance(v, bool) for v in present):
+        return "string"
+    if all(isinstance(v, int) for v in present):
+        return "int"
+    return "float" if all(isinstance(v, (int, float, Decimal)) for v in present) else "string"
 
 
-def _text(name: str, dtype: pl.DataType) -> pl.Expr:
-    """A text cell cut to TEXT_WIDTH characters (lists joined), so a preview stays small in the event log."""
-    col = pl.col(name).list.eval(pl.element().cast(pl.String)).list.join(", ") if isinstance(dtype, pl.List) \
-        else pl.col(name).cast(pl.String)
-    return (pl.when(col.str.len_chars() > TEXT_WIDTH).then(col.str.slice(0, TEXT_WIDTH - 1) + "…")
-            .otherwise(col).alias(name))
-
-
-def frame_table(frame: pl.DataFrame) -> dg.TableMetadataValue:
-    """A polars frame as `MetadataValue.table` with a `TableSchema` whose column types follow the frame's."""
-    frame = frame.with_columns(pl.col(pl.Decimal).cast(pl.Float64))  # SQL's round() and numerics are decimals
-    frame = frame.with_columns(_text(n, t) for n, t in frame.schema.items() if _kind(t) == "string")
-    schema = dg.TableSchema(columns=[dg.TableColumn(n, _kind(t)) for n, t in frame.schema.items()])
-    return dg.MetadataValue.table([dg.TableRecord(r) for r in frame.iter_rows(named=True)], schema)
+def _cell(value: Any, kind: str) -> Any:
+    """A value as its column's kind; text cut to TEXT_WIDTH characters (lists joined), so a preview stays small
+    in the event log."""
+    if value is None or kind in ("bool", "int"):
+        return value
+    if kind == "float":
+        return float(value)
+    text = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return text if len(text) <= TEXT_WIDTH else text[:TEXT_WIDTH - 1] + "…"
 
 
 def table(rows: Sequence[Sequence[Any]], columns: Sequence[str]) -> dg.TableMetadataValue:
-    """Python rows as a typed table: a column of ints and floats is float, of mixed kinds text."""
-    return frame_table(pl.DataFrame([tuple(r) for r in rows], schema=list(columns), orient="row", strict=False,
-                                    infer_schema_length=None))
+    """Python rows as a typed table: a column of ints and floats is float, of mixed kinds text. Plain Python, so
+    the runs that write one (a CLI query's) need not import a dataframe library."""
+    rows = [tuple(r) for r in rows]
+    kinds = [_kind([r[i] for r in rows]) for i in range(len(columns))]
+    schema = dg.TableSchema(columns=[dg.TableColumn(n, k) for n, k in zip(columns, kinds)])
+    return dg.MetadataValue.table([dg.TableRecord({n: _cell(r[i], k) for i, (n, k) in enumerate(zip(columns, kinds))})
+                                   for r in rows], schema)
 
 
 def preview(con, sql: str, params: Sequence, columns: Sequence[str]) -> dg.TableMetadataValue:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from lazyhippo.models.embedders import get_embedder
 from lazyhippo.query import NO_ANSWER, answer_question
-from lazyhippo.query.answer import ANSWER_CHARS, Passage, extract
+from lazyhippo.query.answer import ANSWER_CHARS, Passage, extract, names
 from lazyhippo.query.text import prose_sentences
 from lazyhippo.serve.mcp import build_server
 from lazyhippo.serve.pool import IndexPool
@@ -146,6 +146,23 @@ def test_a_passage_that_does_not_bear_on_the_question_gives_nothing(embedder):
                 Passage(2, "Tomas Reyes", None, "Tomas Reyes designed the spectrograph of the Halden Telescope in 1978.")]
     found = extract("Who designed the spectrograph of the Halden Telescope?", passages, embedder)
     assert found.cited == [2] and "Tomas Reyes" in found.text and "harbor" not in found.text.lower()
+
+
+def test_a_name_supports_an_answer_only_where_one_passage_holds_it_whole(embedder):
+    """An index that knows "Billy" and "Elliot" from unrelated passages does not know Billy Elliot."""
+    question = "Who composed the music of Billy Elliot?"
+    apart = [Passage(1, "Billy Joel", None, "Billy Joel is an American singer who composed many songs."),
+             Passage(2, "Elliot Smith", None, "Elliot Smith wrote music for several films.")]
+    whole = [Passage(1, "Billy Elliot the Musical", None, "Billy Elliot is a musical whose music was composed by "
+                                                            "Elton John."), apart[1]]
+    assert extract(question, apart, embedder).support == 0.5 and not extract(question, apart, embedder).answerable
+    assert extract(question, whole, embedder).support == 1.0 and extract(question, whole, embedder).answerable
+
+
+def test_names_are_capitalized_runs_of_two_content_words_outside_code_spans():
+    assert names("Did Joe Lynn Turner sing with Marilyn Manson in 1999?") == [
+        frozenset({"joe", "lynn", "turner"}), frozenset({"marily", "manson"})]
+    assert names("Why does `git log --First-Parent` look wrong, and What is HEAD?") == []
 
 
 def test_a_long_sentence_is_cut_to_the_answer_budget(embedder):

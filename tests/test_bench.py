@@ -357,3 +357,33 @@ def test_bench_index_reports_the_event_rows_of_a_run_and_its_time_outside_steps(
     assert cost["event_rows"] == len(instance.all_logs(run.run_id)) > 20
     assert 0 < cost["outside_steps_share"] < 0.5  # the steps take most of the run
     assert dagster_cost(instance, run.run_id, wall * 2)["outside_steps_share"] > 0.5  # the span outside counts
+
+
+def test_cli_latency_alternates_with_a_baseline_build_and_reports_the_load(sample_settings, tmp_path, monkeypatch):
+    """`bench query --cli N --baseline EXE`: the other build's commands run in turn with this build's, on the same
+    questions, so both see the same load; both sets of figures, their ratio and the load average come back."""
+    import shutil
+    import stat
+
+    from lazyhippo.evaluate.bench import run_cli_latency
+    from lazyhippo.settings import Settings
+
+    home = tmp_path / "home"
+    shutil.copytree(sample_settings.home, home, ignore=shutil.ignore_patterns("dagster", "*.lock"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    order = tmp_path / "order"
+    baseline = tmp_path / "lazyhippo-before"
+    baseline.write_text(f"#!/bin/sh\necho \"baseline $7\" >> {order}\nls -A $3/published >> {order}\n")
+    baseline.chmod(baseline.stat().st_mode | stat.S_IXUSR)
+    questions = [{"question": "Who founded the Marlow Observatory?"}, {"question": "What did Tomas Reyes design?"}]
+    result = run_cli_latency(Settings(home=home), questions, 1, baseline)
+    # the baseline reads its own copy of the home, without this build's index cache, removed afterwards
+    assert order.read_text().splitlines() == ["baseline Who founded the Marlow Observatory?", "default.duckdb",
+                                              "baseline What did Tomas Reyes design?", "default.duckdb"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dagster", "home", "lazyhippo-before", "order"]
+    assert {"first_ms", "p50_ms", "p95_ms", "cpu_p50_ms", "baseline_first_ms", "baseline_p50_ms", "baseline_p95_ms",
+            "baseline_cpu_p50_ms", "load_before", "load_after"} <= set(result)
+    assert result["p50_ratio"] == pytest.approx(result["p50_ms"] / result["baseline_p50_ms"])
+    assert result["cpu_p50_ratio"] == pytest.approx(result["cpu_p50_ms"] / result["baseline_cpu_p50_ms"])
+    assert result["p50_ms"] > result["baseline_p50_ms"] > 0  # a whole query against a shell's echo
+    assert result["cpu_p50_ms"] > 100 * result["baseline_cpu_p50_ms"]

@@ -85,3 +85,47 @@ def test_the_cli_query_job_is_the_one_the_ui_shows():
     from lazyhippo_dagster.runner import job_def
 
     assert job_def("query").get_job_snapshot_id() == defs.resolve_job_def("query").get_job_snapshot_id()
+
+
+def test_a_cli_query_imports_neither_a_dataframe_library_nor_model2vec(sample_settings, tmp_path):
+    """What a `lazyhippo query` process loads is its latency: its run's metadata tables are plain Python, and
+    the static embedder reads the distilled model itself (model2vec builds it once, at index time). The index
+    is read from its disk cache, as every query after the first reads it."""
+    import shutil
+    import subprocess
+    import sys
+
+    from lazyhippo.query.loader import load_index
+    from lazyhippo.settings import Settings
+
+    home = tmp_path / "home"
+    shutil.copytree(sample_settings.home, home, ignore=shutil.ignore_patterns("dagster", "*.lock"))
+    load_index(Settings(home=home))  # writes the disk cache
+    script = ("import sys; from typer.testing import CliRunner; from lazyhippo_dagster.cli import app; "
+              f"out = CliRunner().invoke(app, ['query', 'Who founded the Marlow Observatory?', '--home', {str(home)!r}, '--json']); "
+              "assert out.exit_code == 0, out.output; "
+              "print(sorted(m for m in ('polars', 'pandas', 'model2vec', 'huggingface_hub') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**__import__("os").environ, "DAGSTER_HOME": str(tmp_path / "dagster")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_cli_query_loads_its_index_beside_the_dagster_run_which_finds_it_loaded(sample_settings, tmp_path, monkeypatch):
+    """The index (with the embedder and tokenizer) is loaded in a thread while Dagster starts the run, with the
+    settings the run resolves: the run's step reads it from the process's cache instead of loading it again."""
+    import shutil
+    import threading
+
+    from lazyhippo.query import loader
+
+    home = tmp_path / "home"
+    shutil.copytree(sample_settings.home, home, ignore=shutil.ignore_patterns("dagster", "*.lock"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    clear_cache()
+    loads, build = [], loader._build
+    monkeypatch.setattr(loader, "_build", lambda *a: loads.append(threading.current_thread().name) or build(*a))
+    out = CliRunner().invoke(app, ["query", "Who founded the Marlow Observatory?", "--home", str(home), "--json"])
+    assert out.exit_code == 0, out.output
+    assert loads == ["warm query engine"]
+    clear_cache()

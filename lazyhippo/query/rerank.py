@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
@@ -59,6 +57,9 @@ class HttpReranker:
         self.name = name or f"http:{model or url}"
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        import urllib.error  # here: urllib.request loads ssl, which a query without a reranker never needs
+        import urllib.request
+
         body = {"query": query, "documents": list(texts), "top_n": len(texts)}
         if self.model:
             body["model"] = self.model

@@ -92,7 +92,7 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
     """Ask questions in turn (empty line or Ctrl-D ends); each answer sees the conversation so far."""
     from lazyhippo.query import answer_question
     from lazyhippo.stores.usage import record_answer_usage
-    from lazyhippo.stores.warehouse import counts
+    from lazyhippo.stores.warehouse import has_chunks
 
     options = query_options(rerank=rerank, rerank_top_n=rerank_top_n, chunk_selection=chunk_selection,
                             max_related_chunks=max_related_chunks, group_neighbours=group_neighbours, damping=damping,
@@ -101,7 +101,7 @@ def chat(home: Optional[Path] = typer.Option(None, "--home", help="Index folder 
     settings = options.settings(Settings.from_env(home=home, namespace=namespace))
     config = options.config()
     err = Console(stderr=True)
-    if not counts(settings)["chunks"]:
+    if not has_chunks(settings):
         err.print(f"[red]error:[/red] namespace {namespace!r} in {settings.home} has no index yet: run `lazyhippo index` first")
         raise typer.Exit(2)
     out = Console()

@@ -22,16 +22,18 @@ from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 from filelock import FileLock, Timeout
 
 from lazyhippo.graph.names import norm_keys
 from lazyhippo.settings import Settings, environment
 from lazyhippo.sql import SQL_DIR
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 TABLES = (
     "documents", "deleted_documents", "document_errors", "chunks", "extracted_entities", "extracted_relations",
@@ -260,6 +262,13 @@ def count(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> int:
     return con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchall()[0][0]
 
 
+def has_chunks(settings: Settings) -> bool:
+    """Whether the namespace's last complete index holds a chunk: one count where `counts` makes one per table
+    (a CLI query checks it before its run)."""
+    with connect(settings, read_only=True) as con:
+        return count(con, "chunks", settings.namespace) > 0
+
+
 def counts(settings: Settings) -> dict[str, int]:
     """Rows per table; a snapshot's staging tables by the counts it recorded when published."""
     with connect(settings, read_only=True) as con:
@@ -279,6 +288,8 @@ def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
     vectors = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
     scale = np.maximum(np.abs(vectors).max(axis=1, initial=0.0), 1e-30) / 127
     q = np.clip(np.rint(vectors / scale[:, None]), -127, 127).astype(np.int8)
+    import pyarrow as pa  # here, not with the module: a CLI query reads no Arrow
+
     offsets = pa.array(np.arange(len(q) + 1, dtype=np.int32) * q.shape[1])
     return pa.ListArray.from_arrays(offsets, pa.array(q.ravel())), scale.astype(np.float32)
 
