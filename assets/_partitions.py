@@ -25,7 +25,3 @@ PARTITION_TAG = "dagster/partition"
 def namespace_tags(namespace: str) -> dict[str, str]:
     """Tags of a run over one namespace: its partition, and the namespace the run queue limits by."""
     return {PARTITION_TAG: namespace, NAMESPACE_TAG: namespace}
-
-# the graph-wide assets follow their namespace's documents when those were materialized without them (the asset
-# catalog, a run that failed after them): sensor `graph_after_documents` evaluates it
-AFTER_DOCUMENTS = dg.AutomationCondition.eager()

@@ -2,12 +2,12 @@ import dagster as dg
 
 from lazyhippo.index import run_stage
 from lazyhippo_dagster.assets._kinds import store_kinds
-from lazyhippo_dagster.assets._partitions import AFTER_DOCUMENTS, WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
 from lazyhippo_dagster.assets.metadata import OWNERS, llm_usage, table
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, automation_condition=AFTER_DOCUMENTS, deps=["communities"], group_name="graph", kinds=store_kinds("duckdb", graph=True), owners=OWNERS,
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["communities"], group_name="graph", kinds=store_kinds("duckdb", graph=True), owners=OWNERS,
           description="Per community: title, summary and hub entities (extractive offline); with an LLM, GraphRAG-style reports\n(rating, cited findings, 3 questions). Embedded.")
 def community_summaries(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource,
                         graph_store: GraphStoreResource, llm: LLMResource) -> dg.MaterializeResult:

@@ -3,7 +3,7 @@ import dagster as dg
 from lazyhippo.index import run_stage
 from lazyhippo.stages.lifecycle import drop_vanished
 from lazyhippo_dagster.assets._kinds import store_kinds
-from lazyhippo_dagster.assets._partitions import AFTER_DOCUMENTS, WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
 from lazyhippo_dagster.assets.metadata import OWNERS, llm_usage, preview
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, LLMResource, ObjectStoreResource
 
@@ -11,13 +11,13 @@ _KINDS = store_kinds("duckdb", "sql", graph=True)
 
 
 @dg.multi_asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS,
-    specs=[dg.AssetSpec("entities", deps=["extractions"], automation_condition=AFTER_DOCUMENTS, kinds=_KINDS, owners=OWNERS,
+    specs=[dg.AssetSpec("entities", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
                         description="Entities deduplicated by normalized name (dbt_like_sql/entities.sql)."),
-           dg.AssetSpec("relations", deps=["extractions"], automation_condition=AFTER_DOCUMENTS, kinds=_KINDS, owners=OWNERS,
+           dg.AssetSpec("relations", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
                         description="Weighted entity relations (dbt_like_sql/relations.sql)."),
-           dg.AssetSpec("mentions", deps=["extractions"], automation_condition=AFTER_DOCUMENTS, kinds=_KINDS, owners=OWNERS,
+           dg.AssetSpec("mentions", deps=["extractions"], kinds=_KINDS, owners=OWNERS,
                         description="Chunk-entity mentions (dbt_like_sql/mentions.sql)."),
-           dg.AssetSpec("facts", deps=["extractions"], automation_condition=AFTER_DOCUMENTS, kinds={"duckdb", "sql"}, owners=OWNERS,
+           dg.AssetSpec("facts", deps=["extractions"], kinds={"duckdb", "sql"}, owners=OWNERS,
                         description="Sentences linked to the entities they name (dbt_like_sql/facts.sql).")],
     group_name="graph",
 )

@@ -2,12 +2,12 @@ import dagster as dg
 
 from lazyhippo.index import run_stage
 from lazyhippo_dagster.assets._kinds import store_kinds
-from lazyhippo_dagster.assets._partitions import AFTER_DOCUMENTS, WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
 from lazyhippo_dagster.assets.metadata import OWNERS, table
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, ObjectStoreResource
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, automation_condition=AFTER_DOCUMENTS, deps=["documents", "chunks", "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=["documents", "chunks", "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],
           group_name="exports", kinds=store_kinds("parquet", objects=True), owners=OWNERS,
           description="Parquet files of every table, written through the object store.")
 def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource,

@@ -1,7 +1,7 @@
 import dagster as dg
 
 from lazyhippo.settings import environment
-from lazyhippo_dagster.assets._partitions import AFTER_DOCUMENTS, WAREHOUSE_TAGS, namespaces
+from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
 from lazyhippo_dagster.assets.metadata import OWNERS
 from lazyhippo_dagster.resources import LazyhippoResource
 
@@ -10,7 +10,7 @@ GRAPH_ASSETS = ["entities", "relations", "mentions", "facts", "embeddings", "knn
                 "community_summaries", "exports"]
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, automation_condition=AFTER_DOCUMENTS, deps=GRAPH_ASSETS, group_name="exports",
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, deps=GRAPH_ASSETS, group_name="exports",
           kinds={"duckdb"}, owners=OWNERS,
           description="The snapshot queries read (`published/<namespace>.duckdb`; with LAZYHIPPO_SNAPSHOTS also a new "
                       "version in the object store for `serve --snapshots` replicas): taken once per run, after "

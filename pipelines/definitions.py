@@ -23,7 +23,7 @@ defs = dg.Definitions(
     sensors=[source_changed, graph_after_documents, remove_step_outputs],
     schedules=[nightly_reindex, nightly_audit],
     resources=default_resources(),
-    executor=index_executor(dg.in_process_executor),  # the runs the catalog and graph_after_documents launch
+    executor=index_executor(dg.in_process_executor),  # the runs the asset catalog launches
 )
 
 

@@ -6,9 +6,11 @@ first and content hashes of what moved; the run key names the namespace and the 
 `index` run of its namespace (its partition), which reads again only the documents whose content changed and
 drops the removed ones. An evaluation only reads: a preview changes nothing.
 
-`graph_after_documents` is declarative: a namespace whose documents, chunks or extractions were materialized
-without its graph (from the asset catalog, a run that failed after them) gets its graph-wide assets requested
-once (Dagster's `eager` condition); an `index` run updates both, so it asks for nothing more.
+`graph_after_documents`: a namespace whose documents, chunks or extractions were materialized after its published
+snapshot (from the asset catalog, a run that failed after them) and that no run is working on gets one
+`index_graph` run; the run key and the cursor name the materialization it follows, so it is requested once. An
+`index` run publishes after its documents, so it asks for nothing more. The comparison is of event-log storage
+ids, which order events whatever the clocks and the daemon's timing.
 
 `remove_step_outputs` removes what a successful run's steps handed each other through the object store."""
 
@@ -17,7 +19,7 @@ import duckdb
 
 from lazyhippo.sources.changes import SourceChange, SourceState, indexed_state
 from lazyhippo_dagster.assets._partitions import NAMESPACE_TAG, namespace_tags, namespaces
-from lazyhippo_dagster.jobs import WRITER_TAGS, index_job
+from lazyhippo_dagster.jobs import index_graph_job, index_job
 from lazyhippo_dagster.resources import LazyhippoResource, ObjectStoreResource, remove_run_outputs
 from lazyhippo_dagster.staging import scan
 
@@ -76,12 +78,39 @@ def source_changed(context: dg.SensorEvaluationContext, lazyhippo: LazyhippoReso
                            dynamic_partitions_requests=[namespaces.build_add_request(new)] if new else [])
 
 
-graph_after_documents = dg.AutomationConditionSensorDefinition(
-    "graph_after_documents", target=dg.AssetSelection.groups("graph", "exports"),
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    minimum_interval_seconds=30, run_tags=WRITER_TAGS, emit_backfills=False,
-    description="When a namespace's documents were materialized without its graph (the asset catalog, a run that "
-                "failed after them), bring its graph-wide assets up to date once.")
+DOCUMENT_ASSETS = ("documents", "chunks", "extractions")
+ACTIVE = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
+          dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+def _latest(instance: dg.DagsterInstance, asset: str, namespace: str) -> int:
+    """The storage id of the asset's latest materialization in the namespace (0: none)."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[namespace]), limit=1).records
+    return records[0].storage_id if records else 0
+
+
+@dg.sensor(job=index_graph_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="When a namespace's documents were materialized without its graph (the asset catalog, a run "
+                       "that failed after them), bring its graph-wide assets up to date once.")
+def graph_after_documents(context: dg.SensorEvaluationContext):
+    handled = {ns: int(sid) for ns, sid in _cursors(context.cursor).items()}
+    busy = {r.tags.get(NAMESPACE_TAG) for r in context.instance.get_runs(dg.RunsFilter(statuses=ACTIVE))}
+    runs, reasons = [], []
+    for ns in context.instance.get_dynamic_partitions(namespaces.name):
+        documents = max(_latest(context.instance, a, ns) for a in DOCUMENT_ASSETS)
+        if documents <= max(handled.get(ns, 0), _latest(context.instance, "published_snapshot", ns)):
+            continue
+        if ns in busy:
+            reasons.append(f"{ns}: a run is in progress")
+            continue
+        handled[ns] = documents
+        runs.append(dg.RunRequest(run_key=f"{ns}-graph-{documents}", partition_key=ns, tags=namespace_tags(ns)))
+    cursor = "\n".join(f"{ns}={sid}" for ns, sid in sorted(handled.items()))
+    if not runs:
+        return dg.SensorResult(skip_reason="; ".join(reasons) or "every namespace's graph follows its documents",
+                               cursor=cursor)
+    return dg.SensorResult(run_requests=runs, cursor=cursor)
 
 
 @dg.run_status_sensor(run_status=dg.DagsterRunStatus.SUCCESS, default_status=dg.DefaultSensorStatus.RUNNING,

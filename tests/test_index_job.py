@@ -179,24 +179,27 @@ def test_a_setting_changed_by_a_reindex_is_kept_by_later_ui_and_sensor_runs(corp
 
 
 def test_documents_materialized_without_their_graph_are_followed_by_it_once(corpus):
-    """The graph-wide assets' automation condition: after documents materialized alone (the asset catalog) the
-    namespace's whole graph is requested; after an `index` run, which updates both, nothing is."""
+    """`graph_after_documents`: after documents materialized alone (the asset catalog) one `index_graph` run of the
+    namespace is requested, and only once; after an `index` run, which publishes after its documents, none is."""
     from lazyhippo_dagster.definitions import defs
+    from lazyhippo_dagster.sensors import graph_after_documents
 
     src, home, config = corpus
     instance = dg.DagsterInstance.ephemeral()
     assert index_run(instance, home, config, {}, "default").success
-    graph = {k.to_user_string() for k in defs.resolve_job_def("index_graph").asset_layer.executable_asset_keys}
 
-    def requested(cursor=None):
-        out = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=cursor)
-        return {(k, p) for k in graph for p in out.get_requested_partitions(dg.AssetKey(k))}, out.cursor
+    def tick(cursor=None):
+        with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs) as context:
+            out = graph_after_documents(context)
+        return out.run_requests or [], out.cursor
 
-    first, cursor = requested()
-    assert first == set()  # the index run brought everything up to date
+    first, cursor = tick()
+    assert first == []  # the index run brought everything up to date
     (src / "tomas_reyes.txt").write_text((src / "tomas_reyes.txt").read_text() + "\nHe retired to Corran in 1952.\n")
     assert defs.resolve_job_def("index").execute_in_process(
         run_config=config, instance=instance, partition_key="default",
         asset_selection=[dg.AssetKey(k) for k in ("documents", "chunks", "extractions")]).success
-    after, cursor = requested(cursor)
-    assert after == {(k, "default") for k in graph}
+    after, cursor = tick(cursor)
+    assert [(r.partition_key, r.tags["lazyhippo/namespace"]) for r in after] == [("default", "default")]
+    assert tick(cursor)[0] == []  # requested once
+    assert tick()[0][0].run_key == after[0].run_key  # a lost cursor asks again under the same run key
