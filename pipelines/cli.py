@@ -165,7 +165,10 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           embedder: Optional[str] = typer.Option(None, help=f"{' | '.join(PROFILES)} [{Settings().embedder}]"),
           chunk_size: Optional[int] = typer.Option(None, help="Tokens per chunk [256]."),
           chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
-          knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
+          relations_per_chunk: Optional[int] = typer.Option(
+              None, help=f"Co-occurrence relations a chunk adds to the graph, strongest first; 0: all "
+                         f"[{Settings().relations_per_chunk}]."),
+          knn_top_k: Optional[int] = typer.Option(None, help=f"Similar entities kept per entity [{Settings().knn_top_k}]."),
           knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
           community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]"),
           community_resolutions: Optional[str] = typer.Option(
@@ -182,7 +185,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
-             graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder,
+             relations_per_chunk=relations_per_chunk, graph_store=graph_store, object_store=object_store,
+             extractor=extractor, embedder=embedder,
              community_resolutions=community_resolutions, knn_structural=knn_structural)
     from lazyhippo_dagster.served_runs import MODE_TAG, OPERATION_TAG
 
@@ -191,7 +195,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
         result = _run("index", root, {
             "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                           "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
-                          "knn_top_k": knn_top_k, "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm,
+                          "relations_per_chunk": relations_per_chunk, "knn_top_k": knn_top_k,
+                          "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm,
                           "mode": mode.value, "community_resolutions": resolutions_list(community_resolutions),
                           "knn_structural": knn_structural},
             "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},

@@ -234,6 +234,27 @@ def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
     return con.execute("SELECT count(*) FROM lh_names").fetchall()[0][0]
 
 
+
+def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: int) -> int:
+    """The temporary table `lh_relations` the SQL models read instead of extracted_relations: each chunk's
+    co-occurrence pairs between two distinct named entities, at most `per_chunk` of them (0: all), strongest
+    first: by the pair's co-occurrence weight summed over the corpus (pairs that recur across passages), then
+    its weight in the chunk, then its entity ids (a fixed order). A long list of names in one sentence yields
+    every pair of them; most of those pairs are seen once and add edges the mentions already give."""
+    cap = "QUALIFY row_number() OVER (PARTITION BY chunk_id ORDER BY strength DESC, weight DESC, lo, hi) <= $cap"
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE lh_relations AS
+        WITH raw AS (
+            SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
+                   least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
+            FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
+            WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id
+        ),
+        scored AS (SELECT *, sum(weight) OVER (PARTITION BY lo, hi) AS strength FROM raw)
+        SELECT chunk_id, source, target, description, weight, type FROM scored
+        {cap if per_chunk else ""}""", {"ns": namespace, **({"cap": per_chunk} if per_chunk else {})})
+    return con.execute("SELECT count(*) FROM lh_relations").fetchall()[0][0]
+
+
 def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) -> int:
     """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name.
     Only rows that differ are deleted and inserted: an update that touches a few entities writes a few rows.
