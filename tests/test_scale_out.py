@@ -146,6 +146,7 @@ def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_pat
     assert len([k for k in objects.reads if "/parts/extractions/" in k]) == len(batches[0].doc_ids)
     assert out["documents_extracted"] == 8 and sum(s["parts_kept"] for s in stats) == len(batches[0].doc_ids)
     assert extracted(settings) == extracted(library_index)
+    assert not objects.list("default/parts/")  # loaded into the warehouse: the parts are no longer kept
     with connect(settings) as con:
         batches3, figures3 = plan_batches(settings, con, objects, "run3")
     assert not batches3 and figures3["documents_unchanged"] == 8
