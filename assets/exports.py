@@ -9,7 +9,8 @@ from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource, O
 
 @dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, automation_condition=AFTER_DOCUMENTS, deps=["documents", "chunks", "entities", "relations", "mentions", "knn_edges", "communities", "community_summaries"],
           group_name="exports", kinds=store_kinds("parquet", objects=True), owners=OWNERS,
-          description="Parquet files of every table, written through the object store.")
+          description="Parquet files of every table, written through a shared object store (MinIO/S3); with the "
+                      "local store, a manifest of the tables the warehouse holds.")
 def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, graph_store: GraphStoreResource,
             object_store: ObjectStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()
@@ -18,5 +19,6 @@ def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, gra
     objs = stats.objects
     return dg.MaterializeResult(metadata={
         "store": stats.store, "manifest": stats.run_key, "dagster/row_count": sum(o["rows"] for o in objs.values()),
-        "objects": table([(t, o["key"], o["rows"], o["bytes"]) for t, o in objs.items()], ["table", "key", "rows", "bytes"]),
+        "objects": table([(t, o["key"] or "(warehouse)", o["rows"], o["bytes"]) for t, o in objs.items()],
+                         ["table", "key", "rows", "bytes"]),
     })

@@ -110,16 +110,54 @@ def test_knn_topk_and_cutoff_are_configurable(tmp_path):
     assert all(n <= 2 and lo >= 0.8 for _, n, lo in rows)
 
 
+class DictStore:
+    """A shared object store (not a folder of the home) held in memory."""
+
+    uri = "memory://"
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+
+    def put(self, key: str, data: bytes) -> str:
+        self.objects[key] = data
+        return "md5"
+
+    def get(self, key: str) -> bytes:
+        return self.objects[key]
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix))
+
+    def delete(self, key: str) -> None:
+        self.objects.pop(key, None)
+
+
 def test_exports_read_back_and_match_duckdb(sample_settings):
+    from lazyhippo.stages.exports import export_parquet
+
     s = sample_settings
-    store = LocalObjectStore(s.export_dir)
+    store = DictStore()
     with connect(s, read_only=True) as con:
+        export_parquet(s, con, store, "r1")
         for table in EXPORT_TABLES:
             exported = pq.read_table(io.BytesIO(store.get(f"default/tables/{table}.parquet")))
             expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").to_arrow_table()
             offline_empty = table == "community_reports"  # reports need an LLM; offline the table is empty
             assert exported.num_rows == expected.num_rows and (expected.num_rows > 0 or offline_empty), table
             assert exported.to_pylist() == expected.to_pylist(), table
+
+
+def test_the_local_object_store_gets_a_manifest_not_a_second_copy_of_the_tables(sample_settings):
+    import json
+
+    s = sample_settings
+    store = LocalObjectStore(s.export_dir)
+    assert not store.list("default/tables/")  # the index run wrote none: the warehouse beside it holds the rows
+    manifest = json.loads(store.get(next(k for k in store.list("default/runs/") if k.endswith("manifest.json"))))
+    with connect(s, read_only=True) as con:
+        for table in EXPORT_TABLES:
+            rows = con.execute(f"SELECT count(*) FROM {table} WHERE namespace = 'default'").fetchone()[0]
+            assert manifest[table] == {"key": None, "rows": rows, "bytes": 0, "md5": None}, table
 
 
 def test_bad_files_are_reported_by_name_and_skipped(tmp_path):

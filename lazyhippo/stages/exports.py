@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from lazyhippo.settings import Settings
 from lazyhippo.stages.results import ExportsResult
-from lazyhippo.stores.objects import ObjectStore
-from lazyhippo.stores.warehouse import float_vector_sql
+from lazyhippo.stores.objects import LocalObjectStore, ObjectStore
+from lazyhippo.stores.warehouse import count, float_vector_sql
 
 FORMATS = ("csv", "xlsx", "md", "parquet")
 EXPORTABLE = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges", "entity_scores",
@@ -181,14 +181,21 @@ EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "fa
 
 def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
     """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run: polars writes each
-    table DuckDB hands over as Arrow."""
+    table DuckDB hands over as Arrow. The local object store is a folder of the home itself, beside the warehouse
+    and snapshot that hold the same rows: there the manifest only counts them (key None) and the tables a
+    previous run wrote go; `lazyhippo export` writes any table as files on demand."""
     ns = settings.namespace
+    local = isinstance(store, LocalObjectStore)
     manifest = {}
     for table in EXPORT_TABLES:
+        key = f"{ns}/tables/{table}.parquet"
+        if local:
+            store.delete(key)
+            manifest[table] = {"key": None, "rows": count(con, table, ns), "bytes": 0, "md5": None}
+            continue
         data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).pl()
         buf = io.BytesIO()
         data.write_parquet(buf, compression="zstd")
-        key = f"{ns}/tables/{table}.parquet"
         manifest[table] = {"key": key, "rows": data.height, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
     store.put(f"{ns}/runs/{run_id}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
     return ExportsResult(objects=manifest, store=store.uri, run_key=f"{ns}/runs/{run_id}/manifest.json")
