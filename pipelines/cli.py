@@ -810,7 +810,8 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
 
 
 @bench.command("index")
-def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
+def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}; with --growth also a "
+                                                            "folder of documents, of which the first N are indexed."),
                 workers: int = typer.Option(2, min=1, help="Worker processes of the parallel run (against 1); 1 skips "
                                                            "that comparison."),
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
@@ -838,8 +839,12 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
             console.print(f"[red]error:[/red] --growth {growth!r}: expected document counts like 1000,10000")
             raise typer.Exit(2)
         datasets = environment().datasets
+        if corpus is not None and not corpus.exists():
+            console.print(f"[red]error:[/red] --corpus {corpus} does not exist")
+            raise typer.Exit(2)
         try:
-            results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+            results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"),
+                                       corpus=corpus.resolve() if corpus else None)
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
