@@ -102,7 +102,7 @@ class Settings:
     embedding_model: str = "text-embedding-3-small"
     # co-occurrence relations a chunk contributes to the graph, its strongest pairs first (0: all of them)
     relations_per_chunk: int = 0
-    knn_top_k: int = 10
+    knn_top_k: int = 3
     knn_cutoff: float = 0.60
     community_algorithm: str = "leiden"  # or "louvain"
     graph_store: str = "embedded"   # a GraphStoreKind value
