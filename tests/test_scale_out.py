@@ -173,6 +173,23 @@ def test_collecting_reads_the_parts_the_batch_steps_hand_on_not_one_object_per_d
     assert extracted(again) == extracted(library_index)
 
 
+def test_parts_a_home_kept_from_before_go_once_their_documents_are_loaded(tmp_path):
+    from lazyhippo.stages.extractions import part_key
+
+    settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
+    objects = LocalObjectStore(tmp_path / "shared")
+    batches, _ = planned(settings, objects, "r")
+    with connect(settings) as con:
+        collect_parts(settings, con, objects, batches, [extract_batch(settings, objects, b.key) for b in batches])
+        loaded = con.execute("SELECT doc_id FROM extraction_parts").fetchall()[0][0]
+    objects.put(part_key("default", loaded), b"kept by an older version")
+    objects.put(part_key("default", "never-loaded"), b"a killed run's part")
+    with connect(settings) as con:
+        batches, _ = plan_batches(settings, con, objects, "r2")
+        collect_parts(settings, con, objects, batches, [])
+    assert not batches and objects.list("default/parts/") == [part_key("default", "never-loaded")]
+
+
 def test_delete_drops_the_extraction_part_so_a_re_added_document_is_extracted_again(tmp_path):
     from lazyhippo.stages.extractions import part_key
     from lazyhippo.stages.lifecycle import delete_documents

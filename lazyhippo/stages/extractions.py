@@ -209,7 +209,12 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
                     [ns, gone + [d for _, d, _ in held]])
         if held:
             con.executemany("INSERT INTO extraction_parts VALUES (?, ?, ?)", held)
-    for doc_id in gone + [d for _, d, _ in held]:  # a loaded part is never read again: the warehouse holds its rows
+    # a loaded part is never read again (the warehouse holds its rows): this run's, and those homes written before
+    # kept; a part of a document never loaded (a killed run's) stays for the next run
+    prefix = part_key(ns, "")[:-len(".parquet")]
+    loaded = {r[0] for r in con.execute("SELECT doc_id FROM extraction_parts WHERE namespace = ?", [ns]).fetchall()}
+    stored = {k[len(prefix):-len(".parquet")] for k in objects.list(prefix)}
+    for doc_id in sorted(stored & (loaded | set(gone))):
         objects.delete(part_key(ns, doc_id))
     for b in batches:
         objects.delete(b.key)
