@@ -24,8 +24,7 @@ agg AS (
 ),
 pairs AS (
     SELECT DISTINCT a.norm_name AS a, b.norm_name AS b
-    FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
-    WHERE r.namespace = $namespace
+    FROM lh_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
 ),
 deg AS (
     SELECT norm_name, count(DISTINCT other) AS degree FROM (

@@ -1,11 +1,11 @@
 -- Relations between kept entities: one undirected row per pair, weights summed over chunks, the strongest
 -- description kept; the type is the heaviest typed one the extractions gave the pair (RELATED_TO when none has a
--- type), `forward` when it reads from the lower id to the higher (RELATED_TO always does). Reads `entities`.
+-- type), `forward` when it reads from the lower id to the higher (RELATED_TO always does). Reads `entities` and
+-- `lh_relations` (the extracted pairs each chunk keeps: warehouse.chunk_relations).
 WITH raw AS (
     SELECT a.entity_id AS s, b.entity_id AS t, r.description, r.weight, r.chunk_id,
            coalesce(r.type, 'RELATED_TO') AS type
-    FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
-    WHERE r.namespace = $namespace AND a.norm_name <> '' AND b.norm_name <> ''
+    FROM lh_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
 ),
 kept AS (
     SELECT entity_id FROM entities WHERE namespace = $namespace

@@ -100,7 +100,9 @@ class Settings:
     llm: LlmKind = "none"   # "openai": community summaries and answers use the OpenAI-compatible endpoint
     llm_model: str = "gpt-4o-mini"
     embedding_model: str = "text-embedding-3-small"
-    knn_top_k: int = 10
+    # co-occurrence relations a chunk contributes to the graph, its strongest pairs first (0: all of them)
+    relations_per_chunk: int = 0
+    knn_top_k: int = 3
     knn_cutoff: float = 0.60
     community_algorithm: str = "leiden"  # or "louvain"
     graph_store: str = "embedded"   # a GraphStoreKind value
@@ -148,6 +150,9 @@ class Settings:
         if self.chunk_selection is not None and self.chunk_selection not in CHUNK_SELECTIONS:
             raise ValueError(f"chunk_selection {self.chunk_selection!r} is not one of {', '.join(CHUNK_SELECTIONS)} "
                              f"({ENV['chunk_selection']})")
+        if self.relations_per_chunk < 0 or self.knn_top_k < 0:
+            raise ValueError(f"relations_per_chunk {self.relations_per_chunk} / knn_top_k {self.knn_top_k}: "
+                             "need 0 or more")
         for name in ("rerank_top_n", "max_related_chunks"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -146,11 +146,15 @@ def disk_bytes(paths: list[Path], seen: set[tuple[int, int]] | None = None) -> i
 
 def _parts(home: Path) -> dict[str, int]:
     """The home's size by part: work warehouse, published snapshots (what they do not share with the
-    warehouse), caches, object store, Dagster."""
+    warehouse), the query index cache beside them, caches, object store, Dagster."""
+    from lazyhippo.query.loader import _CACHE_DIR as CACHE_DIR
+
     seen: set[tuple[int, int]] = set()
+    published = home / "published"
     parts = {"warehouse": disk_bytes(sorted(home.glob("warehouse.duckdb*")), seen),
-             "published": disk_bytes([home / "published"], seen), "cache": disk_bytes([home / "cache"], seen),
-             "objects": disk_bytes([home / "objects"], seen), "dagster": disk_bytes([home / "dagster"], seen)}
+             "index cache": disk_bytes([published / CACHE_DIR], seen), "published": disk_bytes([published], seen),
+             "cache": disk_bytes([home / "cache"], seen), "objects": disk_bytes([home / "objects"], seen),
+             "dagster": disk_bytes([home / "dagster"], seen)}
     parts["total"] = sum(parts.values()) + disk_bytes([home], seen)
     return parts
 
@@ -160,21 +164,43 @@ def _questions(datasets: Path, n: int) -> list[dict]:
     return qs[:n] or [{"question": "What does the documentation say about configuration?"}]
 
 
+def growth_source(datasets: Path, documents: int, source: Path, corpus: Path | None = None) -> int:
+    """Fill the empty folder `source` with `documents` documents and return the bytes of their text: the mixed
+    real text of `growth_corpus`, or the first documents of `corpus` (a JSONL file's first rows, a folder's first
+    files in path order, copied whole). Raises ValueError when there are fewer."""
+    from lazyhippo.sources.files import iter_files
+
+    if corpus is None or corpus.is_file():
+        if corpus is None:
+            rows = growth_corpus(datasets, documents)
+        else:
+            rows = [json.loads(line) for line in corpus.read_text().splitlines() if line.strip()][:documents]
+        if len(rows) < documents:
+            raise ValueError(f"--growth {documents}: {corpus} holds only {len(rows)} documents")
+        (source / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return sum(len(r["text"].encode()) for r in rows)
+    files = sorted(iter_files(corpus))[:documents]
+    if len(files) < documents:
+        raise ValueError(f"--growth {documents}: {corpus} holds only {len(files)} documents")
+    for f in files:
+        (source / f.relative_to(corpus)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, source / f.relative_to(corpus))
+    return sum(f.stat().st_size for f in files)
+
+
 def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: Callable[[str], None] = print,
-                     queries: int = 20) -> list[dict]:
+                     queries: int = 20, corpus: Path | None = None) -> list[dict]:
     from lazyhippo.evaluate.bench import run_latency_bench
     from lazyhippo.stores.warehouse import counts
     from lazyhippo_dagster.bench_index import _timed_index
 
     out = []
     for n in sizes:
-        rows = growth_corpus(datasets, n)
         folder = workdir / f"growth_{n}"
         if folder.exists():
             shutil.rmtree(folder)
         (folder / "source").mkdir(parents=True)
-        (folder / "source" / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        text_bytes = sum(len(r["text"].encode()) for r in rows)
+        text_bytes = growth_source(datasets, n, folder / "source", corpus)
         progress(f"{n} documents ({text_bytes / 1e6:.1f} MB of text): full index in-process")
         home = folder / "home"
         with TreeRss() as rss:

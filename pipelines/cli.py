@@ -168,7 +168,10 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
           embedder: Optional[str] = typer.Option(None, help=f"{' | '.join(PROFILES)} [{Settings().embedder}]"),
           chunk_size: Optional[int] = typer.Option(None, help="Tokens per chunk [256]."),
           chunk_overlap: Optional[int] = typer.Option(None, help="Tokens shared by neighbouring chunks [32]."),
-          knn_top_k: Optional[int] = typer.Option(None, help="Similar entities kept per entity [10]."),
+          relations_per_chunk: Optional[int] = typer.Option(
+              None, help=f"Co-occurrence relations a chunk adds to the graph, strongest first; 0: all "
+                         f"[{Settings().relations_per_chunk}]."),
+          knn_top_k: Optional[int] = typer.Option(None, help=f"Similar entities kept per entity [{Settings().knn_top_k}]."),
           knn_cutoff: Optional[float] = typer.Option(None, help="Cosine an entity pair needs [0.60]."),
           community_algorithm: Optional[str] = typer.Option(None, help="leiden | louvain [leiden]"),
           community_resolutions: Optional[str] = typer.Option(
@@ -185,7 +188,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
     source = (path or SAMPLE_CORPUS).resolve()
     _checked(check_index_options, source, namespace, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
              knn_top_k=knn_top_k, knn_cutoff=knn_cutoff, community_algorithm=community_algorithm,
-             graph_store=graph_store, object_store=object_store, extractor=extractor, embedder=embedder,
+             relations_per_chunk=relations_per_chunk, graph_store=graph_store, object_store=object_store,
+             extractor=extractor, embedder=embedder,
              community_resolutions=community_resolutions, knn_structural=knn_structural)
     from lazyhippo_dagster.served_runs import MODE_TAG, OPERATION_TAG
 
@@ -194,7 +198,8 @@ def index(path: Optional[Path] = typer.Argument(None, help="Folder or file to in
         result = _run("index", root, {
             "lazyhippo": {"home": str(root), "namespace": namespace, "source": str(source), "extractor": extractor,
                           "embedder": embedder, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
-                          "knn_top_k": knn_top_k, "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm,
+                          "relations_per_chunk": relations_per_chunk, "knn_top_k": knn_top_k,
+                          "knn_cutoff": knn_cutoff, "community_algorithm": community_algorithm,
                           "mode": mode.value, "community_resolutions": resolutions_list(community_resolutions),
                           "knn_structural": knn_structural},
             "graph_store": {"kind": graph_store}, "object_store": {"kind": object_store},
@@ -830,7 +835,8 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
 
 
 @bench.command("index")
-def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}."),
+def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {id,title,text}; with --growth also a "
+                                                            "folder of documents, of which the first N are indexed."),
                 workers: int = typer.Option(2, min=1, help="Worker processes of the parallel run (against 1); 1 skips "
                                                            "that comparison."),
                 limit: Optional[int] = typer.Option(None, min=1, help="Index only the first N documents."),
@@ -858,8 +864,12 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
             console.print(f"[red]error:[/red] --growth {growth!r}: expected document counts like 1000,10000")
             raise typer.Exit(2)
         datasets = environment().datasets
+        if corpus is not None and not corpus.exists():
+            console.print(f"[red]error:[/red] --corpus {corpus} does not exist")
+            raise typer.Exit(2)
         try:
-            results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+            results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"),
+                                       corpus=corpus.resolve() if corpus else None)
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)

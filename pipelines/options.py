@@ -46,7 +46,7 @@ def check_index_options(source: Path, namespace: str, *, chunk_size: int | None,
                         knn_top_k: int | None, knn_cutoff: float | None, community_algorithm: str | None,
                         graph_store: str | None, object_store: str | None, extractor: str | None,
                         embedder: str | None = None, community_resolutions: str | None = None,
-                        knn_structural: str | None = None) -> None:
+                        knn_structural: str | None = None, relations_per_chunk: int | None = None) -> None:
     """Unset (None) options take the Settings defaults, which are valid."""
     if not source.exists():
         raise OptionError(f"{source} does not exist")
@@ -62,6 +62,7 @@ def check_index_options(source: Path, namespace: str, *, chunk_size: int | None,
     if overlap >= size:
         raise OptionError(f"--chunk-overlap ({overlap}) must be smaller than --chunk-size ({size})")
     _at_least("--knn-top-k", knn_top_k, 0)
+    _at_least("--relations-per-chunk", relations_per_chunk, 0)
     if knn_cutoff is not None and not -1.0 <= knn_cutoff <= 1.0:
         raise OptionError(f"--knn-cutoff is a cosine similarity in [-1, 1] (got {knn_cutoff:g})")
     _choice("--community-algorithm", community_algorithm, COMMUNITY_ALGORITHMS)

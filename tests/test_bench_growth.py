@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from lazyhippo_dagster.bench_growth import PIECE_CHARS, TreeRss, disk_bytes, growth_corpus
+from lazyhippo_dagster.bench_growth import PIECE_CHARS, TreeRss, disk_bytes, growth_corpus, growth_source
 from lazyhippo_dagster.cli import app
 
 
@@ -50,6 +50,22 @@ def test_more_documents_than_the_sources_hold_is_refused_with_the_count(sources)
     datasets, debian = sources
     with pytest.raises(ValueError, match="--growth 10000: .* only \\d+ documents"):
         growth_corpus(datasets, 10_000, debian)
+
+
+def test_a_given_corpus_gives_its_first_documents(sources, tmp_path):
+    datasets, _ = sources
+    jsonl, folder = tmp_path / "jsonl", tmp_path / "folder"
+    jsonl.mkdir(), folder.mkdir()
+    text = growth_source(datasets, 5, jsonl, datasets / "wiki" / "corpus.jsonl")
+    rows = [json.loads(line) for line in (jsonl / "corpus.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["0", "1", "2", "3", "4"] and text == sum(len(r["text"]) for r in rows)
+    (datasets / "gitdocs" / "src" / "howto").mkdir()
+    (datasets / "gitdocs" / "src" / "howto" / "a.txt").write_text("A short page.")
+    assert growth_source(datasets, 2, folder, datasets / "gitdocs" / "src") == (
+        len("A short page.") + (datasets / "gitdocs" / "src" / "guide.txt").stat().st_size)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.txt")) == ["guide.txt", "howto/a.txt"]
+    with pytest.raises(ValueError, match="--growth 50: .*holds only 3 documents"):
+        growth_source(datasets, 50, tmp_path, datasets / "hotpot" / "corpus.jsonl")
 
 
 def test_peak_rss_counts_the_child_processes():

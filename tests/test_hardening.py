@@ -117,6 +117,7 @@ def test_a_bad_namespace_is_refused_once_up_front(tmp_path, namespace):
     (["index", "--chunk-size", "-5"], "--chunk-size must be at least"),
     (["index", "--chunk-overlap", "300"], "--chunk-overlap (300) must be smaller"),
     (["index", "--knn-top-k", "-1"], "--knn-top-k must be at least 0"),
+    (["index", "--relations-per-chunk", "-2"], "--relations-per-chunk must be at least 0"),
     (["index", "--knn-cutoff", "2"], "--knn-cutoff is a cosine"),
     (["index", "--graph-store", "bogus"], "--graph-store 'bogus' is not one of"),
     (["index", "--object-store", "s4"], "--object-store 's4' is not one of"),

@@ -110,10 +110,70 @@ def test_knn_topk_and_cutoff_are_configurable(tmp_path):
     assert all(n <= 2 and lo >= 0.8 for _, n, lo in rows)
 
 
+def test_relations_per_chunk_keeps_each_chunks_most_associated_pairs(tmp_path):
+    """Chunk c0 names two rare people and two common names (in 8 chunks, together in 4): with one relation per
+    chunk, c0 keeps the rare pair (seen together, nowhere else) and drops the common one; 0 keeps all."""
+    import pyarrow as pa
+
+    from lazyhippo.stages.entities import build_graph_tables
+    from lazyhippo.stores.warehouse import replace_rows
+
+    def graph(per_chunk: int) -> set[tuple[str, str]]:
+        s = Settings(home=tmp_path / str(per_chunk), relations_per_chunk=per_chunk)
+        ents = [{"chunk_id": f"c{i}", "name": n, "type": "PERSON", "description": ""}
+                for i in range(8) for n in ("Common One", "Common Two")]
+        ents += [{"chunk_id": "c0", "name": n, "type": "PERSON", "description": ""} for n in ("Rare Ada", "Rare Bo")]
+        rels = [{"chunk_id": "c0", "source": a, "target": b, "description": "", "weight": 1.0}
+                for a, b in (("Common One", "Common Two"), ("Rare Ada", "Rare Bo"))]
+        rels += [{"chunk_id": f"c{i}", "source": "Common One", "target": "Common Two", "description": "", "weight": 1.0}
+                 for i in (1, 2, 3)]
+        with connect(s) as con:
+            replace_rows(con, "extracted_entities", "default", pa.Table.from_pylist([{"namespace": "default", **e} for e in ents]))
+            replace_rows(con, "extracted_relations", "default", pa.Table.from_pylist([{"namespace": "default", **r} for r in rels]))
+            build_graph_tables(s, con)
+            rows = con.execute("SELECT a.name, b.name, r.weight FROM relations r JOIN entities a ON a.entity_id = r.source_id "
+                               "JOIN entities b ON b.entity_id = r.target_id").fetchall()
+        return {tuple(sorted((a, b))) + (w,) for a, b, w in rows}
+
+    assert graph(0) == {("Common One", "Common Two", 4.0), ("Rare Ada", "Rare Bo", 1.0)}
+    # c0 keeps the rare pair; c1..c3 hold only the common pair and keep it: its weight drops by c0's share
+    assert graph(1) == {("Common One", "Common Two", 3.0), ("Rare Ada", "Rare Bo", 1.0)}
+
+
+def test_a_negative_relations_per_chunk_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="relations_per_chunk -1"):
+        Settings(home=tmp_path, relations_per_chunk=-1)
+
+
+class DictStore:
+    """A shared object store (not a folder of the home) held in memory."""
+
+    uri = "memory://"
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+
+    def put(self, key: str, data: bytes) -> str:
+        self.objects[key] = data
+        return "md5"
+
+    def get(self, key: str) -> bytes:
+        return self.objects[key]
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix))
+
+    def delete(self, key: str) -> None:
+        self.objects.pop(key, None)
+
+
 def test_exports_read_back_and_match_duckdb(sample_settings):
+    from lazyhippo.stages.exports import export_parquet
+
     s = sample_settings
-    store = LocalObjectStore(s.export_dir)
+    store = DictStore()
     with connect(s, read_only=True) as con:
+        export_parquet(s, con, store, "r1")
         for table in EXPORT_TABLES:
             exported = pq.read_table(io.BytesIO(store.get(f"default/tables/{table}.parquet")))
             expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").to_arrow_table()

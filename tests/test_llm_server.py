@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 
-import pyarrow.parquet as pq
 import pytest
 
 from lazyhippo.index import run_index
@@ -16,6 +15,7 @@ from lazyhippo.query import answer_question
 from lazyhippo.settings import Settings
 from lazyhippo.stages.chunks import build_chunks
 from lazyhippo.stages.documents import ingest_documents
+from lazyhippo.stages.exports import batches
 from lazyhippo.stages.extractions import run_extractions
 from lazyhippo.stores.warehouse import WriterSession, connect
 from tests.loopback import OpenAIProxy
@@ -68,6 +68,14 @@ def test_llm_extraction_lands_in_the_graph(indexed):
     assert "reports" in per_op  # every operation that called the model is counted under its name
 
 
+def _exported(settings: Settings, table: str):
+    """`table` as the exports stream it."""
+    import pyarrow as pa
+
+    with connect(settings, read_only=True) as con:
+        return pa.Table.from_batches(list(batches(con, table, settings.namespace, 1000)))
+
+
 def test_the_model_relations_are_typed(indexed):
     """Every relation has a type in upper snake case, in the table and the export (the 270M model gives few
     relations of its own: the typed relations of a model are shown with a stub in test_llm_extraction)."""
@@ -76,7 +84,7 @@ def test_the_model_relations_are_typed(indexed):
         raw = [t for (t,) in con.execute("SELECT type FROM extracted_relations").fetchall()]
         types = [t for (t,) in con.execute("SELECT type FROM relations").fetchall()]
     assert raw and types and all(re.fullmatch(r"[A-Z][A-Z0-9_]*", t) for t in raw + types)
-    exported = pq.read_table(settings.export_dir / "default" / "tables" / "relations.parquet")
+    exported = _exported(settings, "relations")
     assert sorted(exported.column("type").to_pylist()) == sorted(types)
 
 
@@ -99,7 +107,7 @@ def test_community_report_has_every_field_and_is_exported(indexed):
             assert f["entities"] or f["chunk_ids"]
             assert set(f["entities"]) <= names and set(f["chunk_ids"]) <= chunk_ids
         assert summaries[r["community_id"]] == r["title"]  # the global route reads the report
-    exported = pq.read_table(settings.export_dir / "default" / "tables" / "community_reports.parquet")
+    exported = _exported(settings, "community_reports")
     assert exported.num_rows == len(reports)
 
 

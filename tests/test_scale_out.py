@@ -50,7 +50,7 @@ def test_multiprocess_index_extracts_batches_in_parallel_processes(tmp_path, mon
     kb = Settings(home=home, namespace="kb")
     assert extracted(kb) == extracted(library_index)  # the same rows as the in-process library path
     assert not graph_difference(graph_snapshot(kb), graph_snapshot(library_index))
-    assert len(list((tmp_path / "shared" / "kb" / "parts" / "extractions").glob("*.parquet"))) == 8
+    assert not list((tmp_path / "shared" / "kb").glob("parts/extractions/*.parquet"))  # loaded, then deleted
     assert not list((tmp_path / "shared" / "kb").glob("work/*/*.parquet"))  # batch objects cleaned up
     kept = Path(instance.storage_directory()) / run.run_id  # the run succeeded: the steps' pickles are gone
     assert kept.is_dir() and {p.name for p in kept.iterdir() if p.is_dir()} <= {"compute_logs"}
@@ -146,6 +146,7 @@ def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_pat
     assert len([k for k in objects.reads if "/parts/extractions/" in k]) == len(batches[0].doc_ids)
     assert out["documents_extracted"] == 8 and sum(s["parts_kept"] for s in stats) == len(batches[0].doc_ids)
     assert extracted(settings) == extracted(library_index)
+    assert not objects.list("default/parts/")  # loaded into the warehouse: the parts are no longer kept
     with connect(settings) as con:
         batches3, figures3 = plan_batches(settings, con, objects, "run3")
     assert not batches3 and figures3["documents_unchanged"] == 8
@@ -170,6 +171,23 @@ def test_collecting_reads_the_parts_the_batch_steps_hand_on_not_one_object_per_d
         collect_parts(again, con, objects, batches, stats)
     assert len([k for k in objects.reads if "/parts/extractions/" in k]) == 8
     assert extracted(again) == extracted(library_index)
+
+
+def test_parts_a_home_kept_from_before_go_once_their_documents_are_loaded(tmp_path):
+    from lazyhippo.stages.extractions import part_key
+
+    settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
+    objects = LocalObjectStore(tmp_path / "shared")
+    batches, _ = planned(settings, objects, "r")
+    with connect(settings) as con:
+        collect_parts(settings, con, objects, batches, [extract_batch(settings, objects, b.key) for b in batches])
+        loaded = con.execute("SELECT doc_id FROM extraction_parts").fetchall()[0][0]
+    objects.put(part_key("default", loaded), b"kept by an older version")
+    objects.put(part_key("default", "never-loaded"), b"a killed run's part")
+    with connect(settings) as con:
+        batches, _ = plan_batches(settings, con, objects, "r2")
+        collect_parts(settings, con, objects, batches, [])
+    assert not batches and objects.list("default/parts/") == [part_key("default", "never-loaded")]
 
 
 def test_delete_drops_the_extraction_part_so_a_re_added_document_is_extracted_again(tmp_path):

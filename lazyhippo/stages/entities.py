@@ -9,7 +9,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.stages.common import record_usage
 from lazyhippo.stages.reports import summarize_graph_descriptions
 from lazyhippo.stages.results import GraphTablesResult
-from lazyhippo.stores.warehouse import count, name_keys, run_sql_model
+from lazyhippo.stores.warehouse import chunk_relations, count, name_keys, run_sql_model
 
 
 def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=None,
@@ -19,6 +19,7 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
     from lazyhippo.stages.merge import apply_merges, summarize_merges
 
     name_keys(con, settings.namespace)
+    chunk_relations(con, settings.namespace, settings.relations_per_chunk)
     for m in ("entities", "relations", "mentions", "facts"):
         run_sql_model(con, m, settings.namespace)
     merged = apply_merges(con, settings.namespace)  # recorded entity merges, folded in again

@@ -4,8 +4,9 @@ parts live in shared storage (the object store), not in one warehouse.
 `plan_batches` (where the warehouse lives) writes the chunks of the documents whose extraction is out of date
 as batch objects; `extract_batch` (on any worker) reads one batch, extracts it, writes one Parquet part per
 document and hands the batch's parts on in its result; `collect_parts` (where the warehouse lives) loads them
-into the extracted_* tables. Workers share nothing but the object store. A part carries the signature of its
-chunks and extractor, so a run killed mid-way and started again re-extracts only the documents without a part.
+into the extracted_* tables and deletes them. Workers share nothing but the object store. A part carries the
+signature of its chunks and extractor, so a run killed mid-way and started again re-extracts only the documents
+without a part.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
 def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, batches: list[Batch],
                   stats: list[dict], run_id: str | None = None) -> dict:
     """Load the parts of the batches' documents into the warehouse (those the batch results carry, else from the
-    object store); drop parts of documents that are gone."""
+    object store), then drop them and the parts of documents that are gone: once loaded, the warehouse's rows and
+    `extraction_parts` signatures stand for them (a part only spares a killed run the extraction it finished)."""
     ns = settings.namespace
     extractor = _extractor(settings)
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
@@ -207,7 +209,12 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
                     [ns, gone + [d for _, d, _ in held]])
         if held:
             con.executemany("INSERT INTO extraction_parts VALUES (?, ?, ?)", held)
-    for doc_id in gone:
+    # a loaded part is never read again (the warehouse holds its rows): this run's, and those homes written before
+    # kept; a part of a document never loaded (a killed run's) stays for the next run
+    prefix = part_key(ns, "")[:-len(".parquet")]
+    loaded = {r[0] for r in con.execute("SELECT doc_id FROM extraction_parts WHERE namespace = ?", [ns]).fetchall()}
+    stored = {k[len(prefix):-len(".parquet")] for k in objects.list(prefix)}
+    for doc_id in sorted(stored & (loaded | set(gone))):
         objects.delete(part_key(ns, doc_id))
     for b in batches:
         objects.delete(b.key)

@@ -236,6 +236,37 @@ def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
     return con.execute("SELECT count(*) FROM lh_names").fetchall()[0][0]
 
 
+def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: int) -> int:
+    """The temporary table `lh_relations` the SQL models read instead of extracted_relations: each chunk's
+    co-occurrence pairs between two distinct named entities, at most `per_chunk` of them (0: all), strongest
+    first. A pair's strength is its association: its co-occurrence weight summed over the corpus against the
+    geometric mean of the two entities' chunk counts (two rare names seen together say more than two names found
+    everywhere); ties go by the weight in the chunk, then the names (a fixed order). The default keeps every
+    pair: each cap measured cost retrieval (docs/decisions.md)."""
+    raw = """SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
+                     least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
+              FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
+              WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id"""
+    kept = f"SELECT * FROM ({raw})" if not per_chunk else f"""
+        WITH raw AS ({raw}),
+        chunks_of AS (
+            SELECT k.entity_id, count(DISTINCT x.chunk_id) AS n
+            FROM extracted_entities x JOIN lh_names k ON k.name = x.name WHERE x.namespace = $ns GROUP BY k.entity_id
+        ),
+        scored AS (
+            SELECT raw.*, sum(weight) OVER (PARTITION BY lo, hi)
+                          / sqrt(coalesce(a.n, 1) * coalesce(b.n, 1)) AS strength
+            FROM raw LEFT JOIN chunks_of a ON a.entity_id = raw.lo LEFT JOIN chunks_of b ON b.entity_id = raw.hi
+        )
+        SELECT * FROM scored
+        QUALIFY row_number() OVER (PARTITION BY chunk_id
+                                   ORDER BY strength DESC, weight DESC, lo, hi, source, target) <= $cap"""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE lh_relations AS "
+                f"SELECT chunk_id, source, target, description, weight, type FROM ({kept})",
+                {"ns": namespace, **({"cap": per_chunk} if per_chunk else {})})
+    return con.execute("SELECT count(*) FROM lh_relations").fetchall()[0][0]
+
+
 def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) -> int:
     """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name.
     Only rows that differ are deleted and inserted: an update that touches a few entities writes a few rows.
