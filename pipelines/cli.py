@@ -861,6 +861,43 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
     print(json.dumps(_rounded({k: v for k, v in result.items() if not isinstance(v, dict)})))
 
 
+@bench.command("ui")
+def bench_ui(home: Path = typer.Option(Path(".lazyhippo"), help="Index home whose Dagster instance is loaded (its "
+                                       "`dagster/` folder, or DAGSTER_HOME when set)."),
+             run_id: Optional[str] = typer.Option(None, help="The run whose page is loaded (default: the longest "
+                                                  "successful `index` run: the full index)."),
+             asset: str = typer.Option("documents", help="The asset whose page is loaded."),
+             repeat: int = typer.Option(3, min=1, help="Loads of each page after the first (their median is shown)."),
+             as_json: Optional[Path] = typer.Option(None, "--json", help="Also write the results here.")) -> None:
+    """Start `dagster-webserver` on the home's instance and time the GraphQL operations the Dagster UI sends to
+    load the asset catalog, an asset's page and a run's page (target: each page within 2 s)."""
+    import polars as pl
+
+    from lazyhippo_dagster.bench_ui import PAGE_TARGET_S, run_ui_bench
+
+    dagster_home = Path(os.environ.get("DAGSTER_HOME") or home / "dagster").resolve()
+    if not (dagster_home / "dagster.yaml").is_file():
+        console.print(f"[red]error:[/red] --home {home}: no Dagster instance at {dagster_home} (index it first)")
+        raise typer.Exit(2)
+    try:
+        result = run_ui_bench(dagster_home, run_id, asset, repeat, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+    except (ValueError, RuntimeError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1)
+    rows = [{"page": page, "operation": op, "first s": o["first_s"], "median s": o["median_s"], "KB": o["kb"]}
+            for page, p in result["pages"].items()
+            for op, o in [*p["operations"].items(), ("whole page", {**p, "kb": sum(x["kb"] for x in p["operations"].values())})]]
+    _print_frame(pl.DataFrame(rows).with_columns(pl.col("first s", "median s").round(3), pl.col("KB").round(1)),
+                 f"Dagster UI pages of run {result['run_id']} ({result['run_event_rows']} event rows); "
+                 f"target {PAGE_TARGET_S:g} s each")
+    if as_json:
+        as_json.write_text(json.dumps(result, indent=1))
+    print(json.dumps(_rounded({"run_id": result["run_id"], "slowest_page_s": result["slowest_page_s"],
+                               "meets_target": result["meets_target"],
+                               **{f"{page} first_s": p["first_s"] for page, p in result["pages"].items()},
+                               **{f"{page} median_s": p["median_s"] for page, p in result["pages"].items()}}, 3)))
+
+
 def _rounded(result, digits: int = 2):
     """A bench result's floats rounded for display (the bench functions keep them exact for their ratios)."""
     if isinstance(result, dict):
