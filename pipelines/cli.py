@@ -24,7 +24,7 @@ from lazyhippo.logs import configure_logging
 from lazyhippo.models.embedders import PROFILES
 from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, MaxRelatedOpt,
                                   RerankOpt, RerankTopNOpt, SelectionOpt, chat, print_usage, query_options, run_usage)
-from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
+from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, MissingCredentials, Settings, environment
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
 from lazyhippo_dagster.options import (NothingToIndex, OptionError, check_index_options, check_namespace_option,
@@ -812,6 +812,9 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
                 executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
                                              "PostgreSQL, Redis and MinIO)"),
+                storage: str = typer.Option("sqlite", help="Dagster storage the in-process runs are recorded in: "
+                                            "sqlite (the home's instance) | postgres (the cluster's instance on "
+                                            "PostgreSQL: needs it running)."),
                 growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
                                                      "full in-process index of real text (the shared sets, gitdocs, "
                                                      "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
@@ -851,13 +854,21 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
     if executor not in ("multiprocess", "celery"):
         console.print(f"[red]error:[/red] --executor {executor!r}: expected multiprocess or celery")
         raise typer.Exit(2)
+    if storage not in ("sqlite", "postgres"):
+        console.print(f"[red]error:[/red] --storage {storage!r}: expected sqlite or postgres")
+        raise typer.Exit(2)
     if executor == "celery":
         result = run_cluster_index_bench(corpus, workdir.resolve(), workers, limit,
                                          progress=lambda m: console.print(f"[bold]{m}[/bold]"))
         print(json.dumps(_rounded(result)))
         return
-    result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
-    _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents")
+    try:
+        result = run_index_bench(corpus, workdir.resolve(), workers, limit,
+                                 progress=lambda m: console.print(f"[bold]{m}[/bold]"), storage=storage)
+    except MissingCredentials as exc:
+        console.print(f"[red]error:[/red] --storage postgres: {exc}")
+        raise typer.Exit(2)
+    _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents ({storage} storage)")
     print(json.dumps(_rounded({k: v for k, v in result.items() if not isinstance(v, dict)})))
 
 
