@@ -147,8 +147,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _on_postgres(dagster_home: Path) -> bool:
+    import yaml
+
+    return "postgres" in (yaml.safe_load((dagster_home / "dagster.yaml").read_text()) or {}).get("storage", {})
+
+
+def _instance(dagster_home: Path) -> dg.DagsterInstance:
+    """The instance in `dagster_home`; one on PostgreSQL gets its login as `lazyhippo cluster` gives it."""
+    from lazyhippo_dagster.cluster import postgres_instance
+
+    if _on_postgres(dagster_home):
+        return postgres_instance(dagster_home)
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    return dg.DagsterInstance.get()
+
+
 def start_webserver(dagster_home: Path, port: int, log) -> subprocess.Popen:
-    env = {**os.environ, "DAGSTER_HOME": str(dagster_home)}
+    from lazyhippo.settings import postgres_environment
+
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home),
+           **(postgres_environment() if _on_postgres(dagster_home) else {})}
     return subprocess.Popen([sys.executable, "-m", "dagster_webserver", "-h", "127.0.0.1", "-p", str(port),
                              "-m", "lazyhippo_dagster.definitions"], env=env, stdout=log, stderr=log)
 
@@ -176,8 +195,7 @@ def wait_ready(url: str, server: subprocess.Popen, log_name: str, timeout: float
 def run_ui_bench(dagster_home: Path, run_id: str | None = None, asset: str = "documents", repeat: int = 3,
                  progress: Callable[[str], None] = print) -> dict:
     """First load and median of `repeat` further loads of each page, per operation and in total."""
-    os.environ["DAGSTER_HOME"] = str(dagster_home)
-    instance = dg.DagsterInstance.get()
+    instance = _instance(dagster_home)
     run_id = run_id or longest_index_run(instance)
     run = instance.get_run_by_id(run_id)
     if run is None:
