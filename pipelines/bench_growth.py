@@ -160,6 +160,15 @@ def _questions(datasets: Path, n: int) -> list[dict]:
     return qs[:n] or [{"question": "What does the documentation say about configuration?"}]
 
 
+def own_instance(home: Path):
+    """The home's own Dagster instance (`<home>/dagster`), whatever DAGSTER_HOME an earlier size set: each size's
+    event log counts in its own home's size."""
+    from lazyhippo_dagster.runner import instance_for
+
+    os.environ["DAGSTER_HOME"] = str((home / "dagster").resolve())
+    return instance_for(home)
+
+
 def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: Callable[[str], None] = print,
                      queries: int = 20) -> list[dict]:
     from lazyhippo.evaluate.bench import run_latency_bench
@@ -178,7 +187,7 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
         progress(f"{n} documents ({text_bytes / 1e6:.1f} MB of text): full index in-process")
         home = folder / "home"
         with TreeRss() as rss:
-            timed = _timed_index(home, folder / "source", None)
+            timed = _timed_index(home, folder / "source", None, instance=own_instance(home))
         settings = Settings(home=home, namespace="bench")
         progress(f"{n} documents: local route latency")
         latency = run_latency_bench(settings, _questions(datasets, queries), ["local"], repeat=1)["local"]

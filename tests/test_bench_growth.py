@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from lazyhippo_dagster.bench_growth import PIECE_CHARS, TreeRss, disk_bytes, growth_corpus
+from lazyhippo_dagster.bench_growth import PIECE_CHARS, TreeRss, disk_bytes, growth_corpus, own_instance
 from lazyhippo_dagster.cli import app
 
 
@@ -73,3 +73,10 @@ def test_disk_bytes_counts_allocated_blocks_and_a_hard_linked_file_once(tmp_path
 def test_a_bad_growth_option_is_refused_by_name(value):
     out = CliRunner().invoke(app, ["bench", "index", "--growth", value])
     assert out.exit_code == 2 and "--growth" in out.output
+
+
+def test_each_size_records_its_runs_in_its_own_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    first, second = own_instance(tmp_path / "small"), own_instance(tmp_path / "large")
+    assert first.root_directory == str((tmp_path / "small" / "dagster").resolve())
+    assert second.root_directory == str((tmp_path / "large" / "dagster").resolve())
