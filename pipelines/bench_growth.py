@@ -136,6 +136,8 @@ def disk_bytes(paths: list[Path], seen: set[tuple[int, int]] | None = None) -> i
     seen = set() if seen is None else seen
     total = 0
     for path in paths:
+        if not path.exists():  # a part the home does not have (yet): no bytes
+            continue
         for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
             st = p.lstat()
             if p.is_file() and not p.is_symlink() and (st.st_dev, st.st_ino) not in seen:

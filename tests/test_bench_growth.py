@@ -67,6 +67,7 @@ def test_disk_bytes_counts_allocated_blocks_and_a_hard_linked_file_once(tmp_path
     assert 100_000 <= disk_bytes([tmp_path]) < 120_000
     seen: set = set()
     assert disk_bytes([tmp_path / "a"], seen) >= 100_000 and disk_bytes([tmp_path / "sub"], seen) == 0
+    assert disk_bytes([tmp_path / "missing", tmp_path / "sub"]) >= 100_000  # a part the home lacks counts 0
 
 
 @pytest.mark.parametrize("value", ["", "ten", "0,100"])
