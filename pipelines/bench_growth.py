@@ -87,6 +87,26 @@ def growth_corpus(datasets: Path, documents: int, debian_docs: Path = DEBIAN_DOC
     raise ValueError(f"--growth {documents}: the real text at hand gives only {len(rows)} documents")
 
 
+def process_tree(root: int) -> dict[int, dict[str, list[str]]]:
+    """`root` and every descendant, from /proc: per process id its `stat` fields after the command name (state
+    first) and its `statm` fields."""
+    procs: dict[int, dict[str, list[str]]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            statm = Path(f"/proc/{d}/statm").read_text().split()
+        except OSError:
+            continue
+        procs[int(d)] = {"stat": stat, "statm": statm}
+    tree, frontier = {root}, {root}
+    while frontier:
+        frontier = {p for p, v in procs.items() if int(v["stat"][1]) in frontier and p not in tree}
+        tree |= frontier
+    return {p: procs[p] for p in tree if p in procs}
+
+
 class TreeRss:
     """Peak resident memory of this process and all its descendants (summed), sampled from /proc."""
 
@@ -97,24 +117,7 @@ class TreeRss:
 
     @staticmethod
     def _tree_bytes(root: int) -> int:
-        parents: dict[int, int] = {}
-        rss: dict[int, int] = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-                statm = Path(f"/proc/{d}/statm").read_text().split()
-            except OSError:
-                continue
-            parents[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
-            rss[int(d)] = int(statm[1]) * os.sysconf("SC_PAGE_SIZE")
-        tree, frontier = {root}, [root]
-        while frontier:
-            children = [p for p, pp in parents.items() if pp in frontier and p not in tree]
-            tree.update(children)
-            frontier = children
-        return sum(rss.get(p, 0) for p in tree)
+        return sum(int(stat["statm"][1]) * os.sysconf("SC_PAGE_SIZE") for stat in process_tree(root).values())
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):

@@ -55,6 +55,7 @@ def test_bench_ui_loads_the_three_pages_of_the_full_index_run_through_a_webserve
     assert metadata["kb"] > 1
     for page in figures["pages"].values():
         assert page["first_s"] == pytest.approx(sum(o["first_s"] for o in page["operations"].values()))
+        assert 0 < page["first_cpu_s"] < page["first_s"] * 2 + 1  # the webserver's own CPU went into the page
 
 
 def test_bench_ui_names_a_run_the_instance_does_not_hold(indexed_home, monkeypatch):
