@@ -174,29 +174,6 @@ def test_the_merged_graph_drops_self_loops_and_unknown_ends_and_sums_parallel_ed
     assert len(merged_undirected(["a"], [])) == 0
 
 
-def test_knn_searches_in_few_large_calls_and_gives_the_edges_of_small_ones(monkeypatch):
-    """faiss's threads spin between search calls: a call per 1,024 rows doubled the search's time on a busy
-    host, so rows are searched KNN_SEARCH_ROWS at a time; the edges do not depend on it."""
-    import faiss
-
-    from lazyhippo.graph import algorithms
-
-    rng = np.random.default_rng(5)
-    x = unit(rng.normal(size=(5000, 32)))
-    ids = [f"e{i:05d}" for i in range(len(x))]
-    calls = []
-    search = faiss.IndexFlatIP.search
-    monkeypatch.setattr(faiss.IndexFlatIP, "search", lambda self, q, k, *a, **kw: calls.append(len(q)) or search(self, q, k, *a, **kw))
-    large = knn_edges(ids, x, 10, 0.2)
-    assert calls == [5000]
-    monkeypatch.setattr(algorithms, "KNN_SEARCH_ROWS", 1024)
-    calls.clear()
-    assert knn_edges(ids, x, 10, 0.2) == large and calls == [1024] * 4 + [904]
-    calls.clear()
-    rows = list(range(0, 5000, 3))
-    assert knn_edges(ids, x, 10, 0.2, rows) == [e for e in large if int(e.source[1:]) % 3 == 0]
-
-
 def test_knn_and_pagerank_are_the_same_bits_whatever_the_threads():
     """Two indexes of one corpus (a Celery worker and a laptop, or a run and its re-run) hold the same graph:
     faiss's BLAS scores and igraph's parallel PageRank change in their last digits with the thread count and

@@ -16,9 +16,6 @@ if TYPE_CHECKING:
 
 
 KNN_SLACK = 4  # candidates beyond the top k, so a near-tie at the k-th place is decided by the exact scores
-# Queries per faiss search call. Between calls faiss's OpenMP threads spin while Python scores the candidates:
-# searching 1,024 rows a call took twice the wall time and CPU of 16,384 on a busy 2-core host.
-KNN_SEARCH_ROWS = 16384
 
 
 @dataclass(frozen=True)
@@ -47,10 +44,8 @@ def knn_edges(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
     rows = np.arange(len(ids)) if rows is None else np.asarray(list(rows), dtype=np.int64)
     edges: list[KnnEdge] = []
     for start in range(0, len(rows), 1024):
-        if start % KNN_SEARCH_ROWS == 0:
-            _, found = index.search(np.ascontiguousarray(x[rows[start:start + KNN_SEARCH_ROWS]]), k)
         block = rows[start:start + 1024]
-        nbrs = found[start % KNN_SEARCH_ROWS:start % KNN_SEARCH_ROWS + 1024]
+        _, nbrs = index.search(np.ascontiguousarray(x[block]), k)
         valid = (nbrs >= 0) & (nbrs != block[:, None])
         safe = np.where(valid, nbrs, 0)
         scores = (x[block].astype(np.float64)[:, None, :] * x[safe].astype(np.float64)).sum(axis=2)
