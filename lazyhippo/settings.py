@@ -320,6 +320,15 @@ def environment() -> Environment:
     )
 
 
+def postgres_environment() -> dict[str, str]:
+    """The PostgreSQL login a Dagster instance on PostgreSQL names by variable (the cluster's dagster.yaml)."""
+    return {
+        "LAZYHIPPO_PG_USER": credential("LAZYHIPPO_PG_USER"), "LAZYHIPPO_PG_PASSWORD": credential("LAZYHIPPO_PG_PASSWORD"),
+        "LAZYHIPPO_PG_HOST": credential("LAZYHIPPO_PG_HOST", required=False) or "127.0.0.1",
+        "LAZYHIPPO_PG_PORT": credential("LAZYHIPPO_PG_PORT"), "LAZYHIPPO_PG_DB": credential("LAZYHIPPO_PG_DB"),
+    }
+
+
 def cluster_environment() -> dict[str, str]:
     """The variables every process of a Dagster cluster gets (daemon, webserver, workers): the PostgreSQL
     login its dagster.yaml names (the file holds no secret), the Celery broker and result backend on Redis,
@@ -330,9 +339,7 @@ def cluster_environment() -> dict[str, str]:
              f"{credential('LAZYHIPPO_REDIS_HOST', required=False) or '127.0.0.1'}:{credential('LAZYHIPPO_REDIS_PORT')}")
     env = environment()
     return {
-        "LAZYHIPPO_PG_USER": credential("LAZYHIPPO_PG_USER"), "LAZYHIPPO_PG_PASSWORD": credential("LAZYHIPPO_PG_PASSWORD"),
-        "LAZYHIPPO_PG_HOST": credential("LAZYHIPPO_PG_HOST", required=False) or "127.0.0.1",
-        "LAZYHIPPO_PG_PORT": credential("LAZYHIPPO_PG_PORT"), "LAZYHIPPO_PG_DB": credential("LAZYHIPPO_PG_DB"),
+        **postgres_environment(),
         "LAZYHIPPO_EXECUTOR": "celery",
         "LAZYHIPPO_CELERY_BROKER": env.celery_broker or f"{redis}/0",
         "LAZYHIPPO_CELERY_BACKEND": env.celery_backend or f"{redis}/1",

@@ -87,6 +87,26 @@ def growth_corpus(datasets: Path, documents: int, debian_docs: Path = DEBIAN_DOC
     raise ValueError(f"--growth {documents}: the real text at hand gives only {len(rows)} documents")
 
 
+def process_tree(root: int) -> dict[int, dict[str, list[str]]]:
+    """`root` and every descendant, from /proc: per process id its `stat` fields after the command name (state
+    first) and its `statm` fields."""
+    procs: dict[int, dict[str, list[str]]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+            statm = Path(f"/proc/{d}/statm").read_text().split()
+        except OSError:
+            continue
+        procs[int(d)] = {"stat": stat, "statm": statm}
+    tree, frontier = {root}, {root}
+    while frontier:
+        frontier = {p for p, v in procs.items() if int(v["stat"][1]) in frontier and p not in tree}
+        tree |= frontier
+    return {p: procs[p] for p in tree if p in procs}
+
+
 class TreeRss:
     """Peak resident memory of this process and all its descendants (summed), sampled from /proc."""
 
@@ -97,24 +117,7 @@ class TreeRss:
 
     @staticmethod
     def _tree_bytes(root: int) -> int:
-        parents: dict[int, int] = {}
-        rss: dict[int, int] = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-                statm = Path(f"/proc/{d}/statm").read_text().split()
-            except OSError:
-                continue
-            parents[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
-            rss[int(d)] = int(statm[1]) * os.sysconf("SC_PAGE_SIZE")
-        tree, frontier = {root}, [root]
-        while frontier:
-            children = [p for p, pp in parents.items() if pp in frontier and p not in tree]
-            tree.update(children)
-            frontier = children
-        return sum(rss.get(p, 0) for p in tree)
+        return sum(int(stat["statm"][1]) * os.sysconf("SC_PAGE_SIZE") for stat in process_tree(root).values())
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -136,6 +139,8 @@ def disk_bytes(paths: list[Path], seen: set[tuple[int, int]] | None = None) -> i
     seen = set() if seen is None else seen
     total = 0
     for path in paths:
+        if not path.exists():  # a part the home does not have (yet): no bytes
+            continue
         for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
             st = p.lstat()
             if p.is_file() and not p.is_symlink() and (st.st_dev, st.st_ino) not in seen:
@@ -188,6 +193,15 @@ def growth_source(datasets: Path, documents: int, source: Path, corpus: Path | N
     return sum(f.stat().st_size for f in files)
 
 
+def own_instance(home: Path):
+    """The home's own Dagster instance (`<home>/dagster`), whatever DAGSTER_HOME an earlier size set: each size's
+    event log counts in its own home's size."""
+    from lazyhippo_dagster.runner import instance_for
+
+    os.environ["DAGSTER_HOME"] = str((home / "dagster").resolve())
+    return instance_for(home)
+
+
 def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: Callable[[str], None] = print,
                      queries: int = 20, corpus: Path | None = None) -> list[dict]:
     from lazyhippo.evaluate.bench import run_latency_bench
@@ -204,7 +218,7 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
         progress(f"{n} documents ({text_bytes / 1e6:.1f} MB of text): full index in-process")
         home = folder / "home"
         with TreeRss() as rss:
-            timed = _timed_index(home, folder / "source", None)
+            timed = _timed_index(home, folder / "source", None, instance=own_instance(home))
         settings = Settings(home=home, namespace="bench")
         progress(f"{n} documents: local route latency")
         latency = run_latency_bench(settings, _questions(datasets, queries), ["local"], repeat=1)["local"]

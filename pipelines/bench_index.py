@@ -47,12 +47,14 @@ def dagster_cost(instance: dg.DagsterInstance, run_id: str, seconds: float) -> d
     return {"event_rows": len(logs), "outside_steps_share": max(0.0, 1 - covered / seconds) if seconds else 0.0}
 
 
-def _timed_index(home: Path, source: Path, workers: int | None, namespace: str = "bench") -> dict:
+def _timed_index(home: Path, source: Path, workers: int | None, namespace: str = "bench",
+                 instance: dg.DagsterInstance | None = None) -> dict:
     """Wall time of the whole `index` chain and of its per-document steps (first start to last end); `workers`
-    None is the CLI's default in-process run, a number the multiprocess executor with that many processes."""
+    None is the CLI's default in-process run, a number the multiprocess executor with that many processes. The
+    run goes to `instance`, by default the home's own (SQLite)."""
     config = run_config({"lazyhippo": {"home": str(home), "source": str(source)}})
     tags = {"lazyhippo/bench": f"index-{workers or 'in-process'}"}
-    instance = instance_for(home)
+    instance = instance or instance_for(home)
     t0 = time.perf_counter()
     result = index_run(instance, home, config, tags, namespace, workers)
     seconds = time.perf_counter() - t0
@@ -113,25 +115,39 @@ def run_cluster_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit
     return out
 
 
+def bench_postgres_instance(workdir: Path) -> dg.DagsterInstance:
+    """A Dagster instance on the cluster's PostgreSQL (`lazyhippo cluster`'s dagster.yaml, the login from the
+    services credentials), its folder under `workdir`."""
+    from lazyhippo_dagster.cluster import instance_yaml, postgres_instance as instance_at
+
+    dagster_home = workdir / "postgres" / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    (dagster_home / "dagster.yaml").write_text(instance_yaml())
+    return instance_at(dagster_home)
+
+
 def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | None = None,
-                    progress: Callable[[str], None] = print) -> dict:
+                    progress: Callable[[str], None] = print, storage: str = "sqlite") -> dict:
     """Each full index starts from an empty home (no extraction cache). With `workers` > 1, 1 vs N processes
     both run on the multiprocess executor (like for like); the CLI's in-process full index and the updates run
-    in-process, as `lazyhippo index` does."""
+    in-process, as `lazyhippo index` does. `storage` "postgres" records the in-process runs in a PostgreSQL
+    instance instead of the home's SQLite one (the multiprocess runs, whose processes rebuild the instance from
+    its yaml, keep SQLite)."""
     source, data, lines = _fresh_source(corpus, workdir, limit)
-    out: dict = {"corpus": str(corpus), "documents": len(lines), "workers": workers}
+    out: dict = {"corpus": str(corpus), "documents": len(lines), "workers": workers, "storage": storage}
+    instance = bench_postgres_instance(workdir) if storage == "postgres" else None
     for n in ((1, workers) if workers > 1 else ()):
         progress(f"full index with {n} worker process(es)")
         out[f"full_{n}"] = _timed_index(workdir / f"home_{n}", source, n)
     progress("full index in-process (the CLI default)")
-    out["full_in_process"] = _timed_index(workdir / "home_in_process", source, None)
+    out["full_in_process"] = _timed_index(workdir / "home_in_process", source, None, instance=instance)
     home = workdir / "home_in_process"
     progress("one changed document")
     _rewrite_jsonl(data, lambda rows: [{**r, "text": r["text"] + " (revised)"} if i == 0 else r for i, r in enumerate(rows)])
-    out["changed_one"] = _timed_index(home, source, None)
+    out["changed_one"] = _timed_index(home, source, None, instance=instance)
     progress("one deleted document")
     _rewrite_jsonl(data, lambda rows: rows[1:])
-    out["deleted_one"] = _timed_index(home, source, None)
+    out["deleted_one"] = _timed_index(home, source, None, instance=instance)
     if workers > 1:
         full, par = out["full_1"], out[f"full_{workers}"]
         out["speedup_total"] = full["seconds"] / par["seconds"]

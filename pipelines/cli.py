@@ -26,7 +26,7 @@ from lazyhippo.models.embedders import PROFILES
 from lazyhippo.serve.chat import (CommunitiesOpt, DampingOpt, GroupOpt, HubWeightOpt, KnnThresholdOpt, LexicalWeightOpt,
                                   MaxRelatedOpt, MultiHopOpt, RerankOpt, RerankTopNOpt, SelectionOpt, SubquestionsOpt, chat,
                                   print_usage, query_options, run_usage)
-from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, Settings, environment
+from lazyhippo.settings import INDEX_MODES, SAMPLE_CORPUS, MissingCredentials, Settings, environment
 from lazyhippo.stores.namespaces import resolve_settings
 from lazyhippo.stores.warehouse import TABLES, IndexIncomplete, counts, has_chunks, index_notice
 from lazyhippo_dagster.interrupts import restore_interrupts
@@ -843,6 +843,9 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                 workdir: Path = typer.Option(Path(".lazyhippo-bench-index"), help="Scratch folder (emptied first)."),
                 executor: str = typer.Option("multiprocess", help="multiprocess | celery (a loopback cluster: needs "
                                              "PostgreSQL, Redis and MinIO)"),
+                storage: str = typer.Option("sqlite", help="Dagster storage the in-process runs are recorded in: "
+                                            "sqlite (the home's instance) | postgres (the cluster's instance on "
+                                            "PostgreSQL: needs it running)."),
                 growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
                                                      "full in-process index of real text (the shared sets, gitdocs, "
                                                      "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
@@ -886,14 +889,60 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
     if executor not in ("multiprocess", "celery"):
         console.print(f"[red]error:[/red] --executor {executor!r}: expected multiprocess or celery")
         raise typer.Exit(2)
+    if storage not in ("sqlite", "postgres"):
+        console.print(f"[red]error:[/red] --storage {storage!r}: expected sqlite or postgres")
+        raise typer.Exit(2)
     if executor == "celery":
         result = run_cluster_index_bench(corpus, workdir.resolve(), workers, limit,
                                          progress=lambda m: console.print(f"[bold]{m}[/bold]"))
         print(json.dumps(_rounded(result)))
         return
-    result = run_index_bench(corpus, workdir.resolve(), workers, limit, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
-    _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents")
+    try:
+        result = run_index_bench(corpus, workdir.resolve(), workers, limit,
+                                 progress=lambda m: console.print(f"[bold]{m}[/bold]"), storage=storage)
+    except MissingCredentials as exc:
+        console.print(f"[red]error:[/red] --storage postgres: {exc}")
+        raise typer.Exit(2)
+    _print_frame(index_table(result), f"index on {corpus.name}: {result['documents']} documents ({storage} storage)")
     print(json.dumps(_rounded({k: v for k, v in result.items() if not isinstance(v, dict)})))
+
+
+@bench.command("ui")
+def bench_ui(home: Path = typer.Option(Path(".lazyhippo"), help="Index home whose Dagster instance is loaded (its "
+                                       "`dagster/` folder, or DAGSTER_HOME when set)."),
+             run_id: Optional[str] = typer.Option(None, help="The run whose page is loaded (default: the longest "
+                                                  "successful `index` run: the full index)."),
+             asset: str = typer.Option("documents", help="The asset whose page is loaded."),
+             repeat: int = typer.Option(3, min=1, help="Loads of each page after the first (their median is shown)."),
+             as_json: Optional[Path] = typer.Option(None, "--json", help="Also write the results here.")) -> None:
+    """Start `dagster-webserver` on the home's instance and time the GraphQL operations the Dagster UI sends to
+    load the asset catalog, an asset's page and a run's page (target: each page within 2 s)."""
+    import polars as pl
+
+    from lazyhippo_dagster.bench_ui import PAGE_TARGET_S, run_ui_bench
+
+    dagster_home = Path(os.environ.get("DAGSTER_HOME") or home / "dagster").resolve()
+    if not (dagster_home / "dagster.yaml").is_file():
+        console.print(f"[red]error:[/red] --home {home}: no Dagster instance at {dagster_home} (index it first)")
+        raise typer.Exit(2)
+    try:
+        result = run_ui_bench(dagster_home, run_id, asset, repeat, progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+    except (ValueError, RuntimeError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1)
+    rows = [{"page": page, "operation": op, "first s": o["first_s"], "median s": o["median_s"],
+             "first CPU s": o["first_cpu_s"], "median CPU s": o["median_cpu_s"], "KB": o["kb"]}
+            for page, p in result["pages"].items()
+            for op, o in [*p["operations"].items(), ("whole page", {**p, "kb": sum(x["kb"] for x in p["operations"].values())})]]
+    _print_frame(pl.DataFrame(rows).with_columns(pl.exclude("page", "operation", "KB").round(3), pl.col("KB").round(1)),
+                 f"Dagster UI pages of run {result['run_id']} ({result['run_event_rows']} event rows); "
+                 f"target {PAGE_TARGET_S:g} s each; load average {result['load_average'][0]:.1f}")
+    if as_json:
+        as_json.write_text(json.dumps(result, indent=1))
+    print(json.dumps(_rounded({"run_id": result["run_id"], "slowest_page_s": result["slowest_page_s"],
+                               "slowest_page_cpu_s": result["slowest_page_cpu_s"], "meets_target": result["meets_target"],
+                               **{f"{page} first_s": p["first_s"] for page, p in result["pages"].items()},
+                               **{f"{page} median_s": p["median_s"] for page, p in result["pages"].items()}}, 3)))
 
 
 def _rounded(result, digits: int = 2):

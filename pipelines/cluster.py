@@ -29,7 +29,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from lazyhippo.settings import cluster_environment
+from lazyhippo.settings import cluster_environment, postgres_environment
 from lazyhippo.stores.minio import MinioObjectStore
 from lazyhippo.stores.warehouse import process_alive
 from lazyhippo_dagster.resources import STEP_OUTPUTS, STEP_OUTPUTS_DAYS
@@ -109,21 +109,25 @@ class Cluster:
             return {}
 
     def instance(self) -> dg.DagsterInstance:
-        """The cluster's instance for a launcher in this process. Its dagster.yaml names the login by environment
-        variable; they are set only while the instance is built (its storage reads them then), so no process
-        this one starts later inherits them."""
-        env = {"DAGSTER_HOME": str(self.dagster_home),
-               **{k: v for k, v in cluster_environment().items() if k.startswith("LAZYHIPPO_PG_")}}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return dg.DagsterInstance.get()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        """The cluster's instance for a launcher in this process."""
+        return postgres_instance(self.dagster_home)
+
+
+def postgres_instance(dagster_home: Path) -> dg.DagsterInstance:
+    """The instance whose dagster.yaml (on PostgreSQL) is in `dagster_home`. The yaml names the login by
+    environment variable; they are set only while the instance is built (its storage reads them then), so no
+    process this one starts later inherits them."""
+    env = {"DAGSTER_HOME": str(dagster_home), **postgres_environment()}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return dg.DagsterInstance.get()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _home_env(base: dict, folder: Path, **extra: str) -> dict:

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from lazyhippo_dagster.bench_growth import PIECE_CHARS, TreeRss, disk_bytes, growth_corpus, growth_source
+from lazyhippo_dagster.bench_growth import PIECE_CHARS, TreeRss, disk_bytes, growth_corpus, growth_source, own_instance
 from lazyhippo_dagster.cli import app
 
 
@@ -83,9 +83,17 @@ def test_disk_bytes_counts_allocated_blocks_and_a_hard_linked_file_once(tmp_path
     assert 100_000 <= disk_bytes([tmp_path]) < 120_000
     seen: set = set()
     assert disk_bytes([tmp_path / "a"], seen) >= 100_000 and disk_bytes([tmp_path / "sub"], seen) == 0
+    assert disk_bytes([tmp_path / "missing", tmp_path / "sub"]) >= 100_000  # a part the home lacks counts 0
 
 
 @pytest.mark.parametrize("value", ["", "ten", "0,100"])
 def test_a_bad_growth_option_is_refused_by_name(value):
     out = CliRunner().invoke(app, ["bench", "index", "--growth", value])
     assert out.exit_code == 2 and "--growth" in out.output
+
+
+def test_each_size_records_its_runs_in_its_own_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    first, second = own_instance(tmp_path / "small"), own_instance(tmp_path / "large")
+    assert first.root_directory == str((tmp_path / "small" / "dagster").resolve())
+    assert second.root_directory == str((tmp_path / "large" / "dagster").resolve())

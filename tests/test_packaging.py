@@ -91,6 +91,8 @@ def test_non_editable_install_finds_its_package_data(tmp_path):
         "    assert con.execute('SELECT count(*) FROM documents').fetchone() == (0,)",
         "assert LlmExtractor(types.SimpleNamespace(model='m')).template",
         "assert lazyhippo.sql.__file__.startswith(lazyhippo.__file__.rsplit('/lazyhippo/', 1)[0])",
+        "from lazyhippo_dagster.bench_ui import QUERIES",
+        "assert 'query RunLogsQuery' in QUERIES.read_text()",
         "print(lazyhippo.__file__)"])
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
