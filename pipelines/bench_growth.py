@@ -88,40 +88,57 @@ def growth_corpus(datasets: Path, documents: int, debian_docs: Path = DEBIAN_DOC
 
 
 class TreeRss:
-    """Peak resident memory of this process and all its descendants (summed), sampled from /proc."""
+    """Peak resident memory of this process and all its descendants (summed), and the CPU seconds they used,
+    sampled from /proc."""
 
     def __init__(self, every: float = 0.25):
         self.every, self.peak = every, 0
+        self._cpu: dict[int, float] = {}  # descendant pid -> its CPU seconds when last seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lazyhippo-rss", daemon=True)
 
     @staticmethod
-    def _tree_bytes(root: int) -> int:
+    def _tree(root: int) -> tuple[int, dict[int, float]]:
+        """The tree's resident bytes, and the CPU seconds of each descendant."""
         parents: dict[int, int] = {}
         rss: dict[int, int] = {}
+        cpu: dict[int, float] = {}
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
             try:
-                stat = Path(f"/proc/{d}/stat").read_text()
+                stat = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
                 statm = Path(f"/proc/{d}/statm").read_text().split()
             except OSError:
                 continue
-            parents[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+            parents[int(d)] = int(stat[1])
             rss[int(d)] = int(statm[1]) * os.sysconf("SC_PAGE_SIZE")
+            cpu[int(d)] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
         tree, frontier = {root}, [root]
         while frontier:
             children = [p for p, pp in parents.items() if pp in frontier and p not in tree]
             tree.update(children)
             frontier = children
-        return sum(rss.get(p, 0) for p in tree)
+        return sum(rss.get(p, 0) for p in tree), {p: cpu[p] for p in tree if p != root and p in cpu}
+
+    def _sample(self) -> None:
+        rss, cpu = self._tree(os.getpid())
+        self.peak = max(self.peak, rss)
+        for pid, seconds in cpu.items():
+            self._cpu[pid] = max(self._cpu.get(pid, 0.0), seconds)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of this process and of its descendants so far (a child living under `every` may be missed)."""
+        self._sample()
+        own = os.times()
+        return own.user + own.system + sum(self._cpu.values())
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            self.peak = max(self.peak, self._tree_bytes(os.getpid()))
+            self._sample()
 
     def __enter__(self) -> "TreeRss":
-        self.peak = self._tree_bytes(os.getpid())
+        self._sample()
         self._thread.start()
         return self
 
