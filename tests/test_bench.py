@@ -357,3 +357,22 @@ def test_bench_index_reports_the_event_rows_of_a_run_and_its_time_outside_steps(
     assert cost["event_rows"] == len(instance.all_logs(run.run_id)) > 20
     assert 0 < cost["outside_steps_share"] < 0.5  # the steps take most of the run
     assert dagster_cost(instance, run.run_id, wall * 2)["outside_steps_share"] > 0.5  # the span outside counts
+
+
+def test_bench_index_stages_times_every_stage_of_one_library_index(tmp_path):
+    """Wall and process-tree CPU seconds per stage, the whole run's MB a minute, and the load average beside them."""
+    from lazyhippo.index import STAGE_NAMES
+    from lazyhippo.settings import SAMPLE_CORPUS
+
+    out = tmp_path / "stages.json"
+    result = CliRunner().invoke(app, ["bench", "index", "--stages", "--corpus", str(SAMPLE_CORPUS), "--workdir",
+                                      str(tmp_path / "w"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    got = json.loads(out.read_text())
+    assert list(got["stages"])[:len(STAGE_NAMES)] == list(STAGE_NAMES)
+    assert all(got["stages"][s]["cpu_seconds"] >= 0 and got["stages"][s]["seconds"] >= 0 for s in STAGE_NAMES)
+    assert got["stages"]["extractions"]["cpu_seconds"] > 0 and 0 < got["cpu_seconds"]
+    assert got["mb_per_minute"] == round(got["mb"] / got["seconds"] * 60, 2) and len(got["load_start"]) == 3
+    assert (tmp_path / "w" / "home" / "published").is_dir()
+    missing = CliRunner().invoke(app, ["bench", "index", "--stages", "--corpus", str(tmp_path / "nope.jsonl")])
+    assert missing.exit_code == 2 and "nope.jsonl does not exist" in " ".join(missing.output.split())
