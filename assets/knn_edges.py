@@ -7,7 +7,7 @@ from lazyhippo_dagster.assets.metadata import OWNERS, preview
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 
-@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, automation_condition=AFTER_DOCUMENTS, deps=["embeddings"], group_name="graph", kinds=store_kinds("duckdb", "numpy", graph=True), owners=OWNERS,
+@dg.asset(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, automation_condition=AFTER_DOCUMENTS, deps=["embeddings"], group_name="graph", kinds=store_kinds("duckdb", "faiss", graph=True), owners=OWNERS,
           description="SEMANTICALLY_SIMILAR edges: top-k cosine neighbours per entity above a cutoff.")
 def knn_edges(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.MaterializeResult:
     settings = lazyhippo.settings()

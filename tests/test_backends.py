@@ -288,7 +288,7 @@ def test_timings_reported(runs: Runs):
 @pytest.mark.services
 def test_knn_engines_on_synthetic_vectors(neo4j_store, namespaces):  # noqa: F811
     """gds.knn's exact settings reproduce the exact search on a few hundred points (it degrades slowly beyond:
-    99.4% at 2,000 points, 96.4% on 63k entities); knn_engine="exact" is the in-process search, written to Neo4j."""
+    99.4% at 2,000 points, 96.4% on 63k entities); knn_engine="exact" is faiss, written to Neo4j."""
     from lazyhippo.stores.neo4j import Neo4jGraphStore
 
     rng = np.random.default_rng(0)
@@ -300,11 +300,11 @@ def test_knn_engines_on_synthetic_vectors(neo4j_store, namespaces):  # noqa: F81
     ns = namespaces("knn")
     gds_edges = {(e.source, e.target) for e in neo4j_store.knn(ns, ids, x, 10, 0.3)}
     assert gds_edges == exact
-    exact_store = Neo4jGraphStore.from_env(knn_engine="exact", fastrp_dim=0)
+    faiss_store = Neo4jGraphStore.from_env(knn_engine="exact", fastrp_dim=0)
     try:
-        assert {(e.source, e.target) for e in exact_store.knn(ns, ids, x, 10, 0.3)} == exact
+        assert {(e.source, e.target) for e in faiss_store.knn(ns, ids, x, 10, 0.3)} == exact
     finally:
-        exact_store.close()
+        faiss_store.close()
 
 
 def test_unreachable_neo4j_is_a_clear_error():

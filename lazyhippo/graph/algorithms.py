@@ -1,4 +1,4 @@
-"""Graph algorithms for the embedded store: exact KNN (blocked matrix products), Leiden/Louvain (leidenalg/igraph), PageRank."""
+"""Graph algorithms for the embedded store: exact KNN (faiss), Leiden/Louvain (leidenalg/igraph), PageRank."""
 
 from __future__ import annotations
 
@@ -26,44 +26,27 @@ class KnnEdge:
     rank: int
 
 
-def _candidates(x: np.ndarray, block: np.ndarray, k: int, floor: float) -> np.ndarray:
-    """Per row of `block`, up to `k` items (-1 pads) scoring highest against it in float32 among those scoring at
-    least `floor`, itself left out. Most rows have few items above the cutoff: those are taken as they are, and
-    only the rows with more are partitioned (a full top-k selection over every row was most of the search)."""
-    scores = x[block] @ x.T
-    scores[np.arange(len(block)), block] = -np.inf
-    over = scores >= floor
-    counts = over.sum(axis=1)
-    out = np.full((len(block), k), -1, dtype=np.int64)
-    light = np.flatnonzero(counts <= k)
-    rows, cols = np.nonzero(over[light])
-    starts = np.cumsum(counts[light]) - counts[light]
-    out[light[rows], np.arange(len(rows)) - starts[rows]] = cols
-    heavy = np.flatnonzero(counts > k)
-    if len(heavy):
-        out[heavy] = np.argpartition(-scores[heavy], k - 1, axis=1)[:, :k]
-    return out
-
-
 def knn_edges(ids: list[str], vectors: np.ndarray, top_k: int, cutoff: float,
               rows: Sequence[int] | None = None) -> list[KnnEdge]:
     """Top-k cosine neighbours per item above `cutoff` (vectors are L2-normalized), exact inner product;
     `rows`: the neighbours of these items only (indices into `ids`), searched over every item all the same.
-    A float32 product proposes a few more candidates than needed; their scores are computed again in float64 in
-    a fixed order and ties go to the lower index, so the edges are the same bits whatever BLAS threading a
-    process has (float32 scores move in the 7th digit with it, enough to reorder hubs and summaries downstream).
-    Queries go a block at a time, about 64 MB of scores each, whatever the number of items."""
+    faiss proposes a few more candidates than needed; their scores are computed again in float64 in a fixed
+    order and ties go to the lower index, so the edges are the same bits whatever BLAS threading a process has
+    (faiss's own scores move in the 7th digit with it, enough to reorder hubs and summaries downstream)."""
+    import faiss
+
     if len(ids) < 2 or top_k <= 0:
         return []
     x = np.ascontiguousarray(vectors, dtype=np.float32)
-    k = min(top_k + KNN_SLACK, len(ids) - 1)
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    k = min(top_k + 1 + KNN_SLACK, len(ids))
     rows = np.arange(len(ids)) if rows is None else np.asarray(list(rows), dtype=np.int64)
-    step = int(min(1024, max(16, 2 ** 24 // len(ids))))
     edges: list[KnnEdge] = []
-    for start in range(0, len(rows), step):
-        block = rows[start:start + step]
-        nbrs = _candidates(x, block, k, cutoff - 1e-4)  # float32 rounding stays far below the margin
-        valid = nbrs >= 0
+    for start in range(0, len(rows), 1024):
+        block = rows[start:start + 1024]
+        _, nbrs = index.search(np.ascontiguousarray(x[block]), k)
+        valid = (nbrs >= 0) & (nbrs != block[:, None])
         safe = np.where(valid, nbrs, 0)
         scores = (x[block].astype(np.float64)[:, None, :] * x[safe].astype(np.float64)).sum(axis=2)
         scores = np.where(valid, np.minimum(scores, 1.0), -np.inf)

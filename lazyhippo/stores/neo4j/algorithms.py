@@ -18,7 +18,7 @@ from lazyhippo.stores.neo4j.client import RELATIONS, Neo4jClient
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
-    knn_engine: str = "gds"        # "gds": gds.knn; "exact": the exact search in process
+    knn_engine: str = "gds"        # "gds": gds.knn; "exact": faiss in process
     fastrp_dim: int = 64
     knn_concurrency: int = 1       # 1: reproducible; more threads converge to the same neighbours, not bit-identical
     seed: int = 42
@@ -44,8 +44,8 @@ class Neo4jAlgorithms:
 
         `knn_engine="gds"` (default): `gds.knn` with exact settings (sampleRate 1, deltaThreshold 0, seeded, one
         thread). NN-descent with these settings matched the exact search on the sample corpus, but it stays a
-        heuristic: on 63k entities it found 96% of the exact edges, 20x slower than the exact search. `knn_engine="exact"`
-        runs the exact search in process. `structural`: FastRP embeddings of the served relations
+        heuristic: on 63k entities it found 96% of the exact edges, 20x slower than faiss. `knn_engine="exact"`
+        runs the exact faiss search in process. `structural`: FastRP embeddings of the served relations
         "concat" (joined to the text vector, both halves unit length: the cosine is the mean of the two cosines)
         or "replace" (alone); "off": the text vectors only."""
         x = np.asarray(vectors, dtype=np.float32)
