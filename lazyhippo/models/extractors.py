@@ -216,7 +216,7 @@ class NlpExtractor:
         started = _pool.cache_info().currsize > 0  # once the workers hold the model, any batch is worth splitting
         if processes < 2 or len(items) < (2 if started else self.min_parallel):
             return list(_nlp_extract(self.spacy_model, self.noun_phrases, items))
-        step = -(-len(items) // (2 * processes))  # two parts per process: one that ends early takes another
+        step = -(-len(items) // processes)
         parts = [items[i:i + step] for i in range(0, len(items), step)]
         futures = [_pool(processes).submit(_nlp_extract, self.spacy_model, self.noun_phrases, part) for part in parts]
         return [x for f in futures for x in f.result()]
