@@ -108,23 +108,41 @@ def process_tree(root: int) -> dict[int, dict[str, list[str]]]:
 
 
 class TreeRss:
-    """Peak resident memory of this process and all its descendants (summed), sampled from /proc."""
+    """Peak resident memory of this process and all its descendants (summed), and the CPU seconds they used,
+    sampled from /proc."""
 
     def __init__(self, every: float = 0.25):
         self.every, self.peak = every, 0
+        self._cpu: dict[int, float] = {}  # descendant pid -> its CPU seconds when last seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lazyhippo-rss", daemon=True)
 
     @staticmethod
-    def _tree_bytes(root: int) -> int:
-        return sum(int(stat["statm"][1]) * os.sysconf("SC_PAGE_SIZE") for stat in process_tree(root).values())
+    def _tree(root: int) -> tuple[int, dict[int, float]]:
+        """The tree's resident bytes, and the CPU seconds of each descendant."""
+        page, tick = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
+        procs = process_tree(root)
+        return (sum(int(p["statm"][1]) * page for p in procs.values()),
+                {pid: (int(p["stat"][11]) + int(p["stat"][12])) / tick for pid, p in procs.items() if pid != root})
+
+    def _sample(self) -> None:
+        rss, cpu = self._tree(os.getpid())
+        self.peak = max(self.peak, rss)
+        for pid, seconds in cpu.items():
+            self._cpu[pid] = max(self._cpu.get(pid, 0.0), seconds)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of this process and of its descendants so far (a child living under `every` may be missed)."""
+        self._sample()
+        own = os.times()
+        return own.user + own.system + sum(self._cpu.values())
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            self.peak = max(self.peak, self._tree_bytes(os.getpid()))
+            self._sample()
 
     def __enter__(self) -> "TreeRss":
-        self.peak = self._tree_bytes(os.getpid())
+        self._sample()
         self._thread.start()
         return self
 

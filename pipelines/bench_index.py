@@ -6,6 +6,7 @@ outside any step (launch, planning, event writes between steps)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -169,3 +170,42 @@ def index_table(result: dict) -> pl.DataFrame:
             .with_columns(pl.exclude("run", "event rows", "outside steps").round(2), pl.col("outside steps").round(3))
             .select("run", "seconds", "per-document stages s", "graph-wide stages and run overhead s", "event rows",
                     "outside steps"))
+
+
+def run_stage_bench(corpus: Path, workdir: Path, progress: Callable[[str], None] = print) -> dict:
+    """A full index of `corpus` (a JSONL file or a folder) from an empty home through the library entry point
+    (`run_index`, no Dagster), with the offline defaults: per stage its wall seconds and the CPU seconds of the
+    process tree (the extraction workers included), then the whole run's MB a minute (MB of the source files)
+    and the host's load average at start and end: on a shared host, CPU seconds compare better than wall time."""
+    from lazyhippo.index import STAGE_NAMES, run_index
+    from lazyhippo.settings import Settings
+    from lazyhippo_dagster.bench_growth import TreeRss
+
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    files = [corpus] if corpus.is_file() else [f for f in corpus.rglob("*") if f.is_file()]
+    mb = sum(f.stat().st_size for f in files) / 1e6
+    settings = Settings.from_env().with_(home=(workdir / "home").resolve(), source=str(corpus.resolve()))
+    marks: list[float] = []
+    load = os.getloadavg()
+    progress(f"full index of {corpus} ({mb:.2f} MB) through run_index")
+    with TreeRss() as tree:
+        t0 = time.perf_counter()
+        out = run_index(settings, run_id="bench", progress=lambda stage, i, n: marks.append(tree.cpu_seconds())
+                        if stage == "index" else None)
+        seconds = time.perf_counter() - t0
+    cpu = [b - a for a, b in zip(marks, marks[1:])]
+    stages = {name: {"seconds": out["seconds"][name], "cpu_seconds": round(c, 1)} for name, c in zip(STAGE_NAMES, cpu)}
+    stages["publish and rest"] = {"seconds": round(seconds - sum(out["seconds"].values()), 2), "cpu_seconds": None}
+    return {"corpus": str(corpus), "mb": round(mb, 6), "seconds": round(seconds, 2), "mb_per_minute": round(mb / seconds * 60, 2),
+            "cpu_seconds": round(marks[-1] - marks[0], 1), "peak_rss_mb": round(tree.peak / 1e6),
+            "load_start": [round(x, 1) for x in load], "load_end": [round(x, 1) for x in os.getloadavg()], "stages": stages}
+
+
+def stage_table(result: dict) -> pl.DataFrame:
+    """One row per stage, and the whole run: wall seconds, process-tree CPU seconds and MB a minute."""
+    rows = [{"stage": name, **v, "MB a minute": None} for name, v in result["stages"].items()]
+    rows.append({"stage": "whole run", "seconds": result["seconds"], "cpu_seconds": result["cpu_seconds"],
+                 "MB a minute": result["mb_per_minute"]})
+    return pl.DataFrame(rows, schema={"stage": pl.String, "seconds": pl.Float64, "cpu_seconds": pl.Float64,
+                                      "MB a minute": pl.Float64})

@@ -849,12 +849,26 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                 growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
                                                      "full in-process index of real text (the shared sets, gitdocs, "
                                                      "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
-                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth: also write the results here.")) -> None:
+                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth or --stages: also write the results here."),
+                stages: bool = typer.Option(False, "--stages", help="One full index of --corpus (a JSONL file or a folder) "
+                                            "through the library entry point: wall and CPU seconds per stage, MB a minute.")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor) and in-process, then the time to bring
     the index up to date after one changed and after one deleted document; each run's event-log rows and the share
     of its time outside every step (Dagster's own). With --executor celery: 1 and N Celery workers of a loopback
-    cluster. With --growth: the cost of a full index at each corpus size."""
-    from lazyhippo_dagster.bench_index import index_table, run_cluster_index_bench, run_index_bench
+    cluster. With --growth: the cost of a full index at each corpus size. With --stages: where one index's time goes."""
+    from lazyhippo_dagster.bench_index import index_table, run_cluster_index_bench, run_index_bench, run_stage_bench, stage_table
+
+    if stages:
+        corpus = corpus or _wiki("corpus.jsonl")
+        if not corpus.exists():
+            console.print(f"[red]error:[/red] --corpus {corpus} does not exist")
+            raise typer.Exit(2)
+        result = run_stage_bench(corpus.resolve(), workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"))
+        _print_frame(stage_table(result), f"index of {corpus.name}: {result['mb']} MB, load average {result['load_start']}")
+        print(json.dumps({k: v for k, v in result.items() if k != "stages"}))
+        if as_json:
+            as_json.write_text(json.dumps(result, indent=1))
+        return
 
     if growth is not None:
         from lazyhippo_dagster.bench_growth import growth_rows_table, growth_table, run_growth_bench

@@ -387,3 +387,22 @@ def test_cli_latency_alternates_with_a_baseline_build_and_reports_the_load(sampl
     assert result["cpu_p50_ratio"] == pytest.approx(result["cpu_p50_ms"] / result["baseline_cpu_p50_ms"])
     assert result["p50_ms"] > result["baseline_p50_ms"] > 0  # a whole query against a shell's echo
     assert result["cpu_p50_ms"] > 100 * result["baseline_cpu_p50_ms"]
+
+
+def test_bench_index_stages_times_every_stage_of_one_library_index(tmp_path):
+    """Wall and process-tree CPU seconds per stage, the whole run's MB a minute, and the load average beside them."""
+    from lazyhippo.index import STAGE_NAMES
+    from lazyhippo.settings import SAMPLE_CORPUS
+
+    out = tmp_path / "stages.json"
+    result = CliRunner().invoke(app, ["bench", "index", "--stages", "--corpus", str(SAMPLE_CORPUS), "--workdir",
+                                      str(tmp_path / "w"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    got = json.loads(out.read_text())
+    assert list(got["stages"])[:len(STAGE_NAMES)] == list(STAGE_NAMES)
+    assert all(got["stages"][s]["cpu_seconds"] >= 0 and got["stages"][s]["seconds"] >= 0 for s in STAGE_NAMES)
+    assert got["stages"]["extractions"]["cpu_seconds"] > 0 and 0 < got["cpu_seconds"]
+    assert got["mb_per_minute"] == pytest.approx(got["mb"] / got["seconds"] * 60, abs=0.01) and len(got["load_start"]) == 3
+    assert (tmp_path / "w" / "home" / "published").is_dir()
+    missing = CliRunner().invoke(app, ["bench", "index", "--stages", "--corpus", str(tmp_path / "nope.jsonl")])
+    assert missing.exit_code == 2 and "nope.jsonl does not exist" in " ".join(missing.output.split())

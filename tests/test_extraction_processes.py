@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from lazyhippo.models.extractors import NlpExtractor
+from lazyhippo.models.extractors import Extraction, NlpExtractor
 from lazyhippo.stages.chunks import Chunk
 
 CORPUS = Path(__file__).resolve().parents[1] / "sample_corpus"
@@ -46,3 +46,41 @@ def test_a_child_process_extracts_on_its_own_process(monkeypatch):
     p.join(60)
     assert out.get(timeout=5) == 1
     assert extract_processes() >= 1
+
+
+class _Recording:
+    """An extractor whose calls and the cache writes between them are recorded in order."""
+
+    name, model, prompt_version, batch, prefetch = "rec", "m", "v1", 256, True
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def extract(self, chunks):
+        import time
+
+        self.events.append(("extract", len(chunks)))
+        time.sleep(0.2)
+        return [Extraction(entities=[{"name": c.chunk_id, "type": "X", "description": ""}]) for c in chunks]
+
+
+def test_the_next_batch_is_extracted_while_one_is_cached_and_batches_are_even(tmp_path):
+    from lazyhippo.models.extractors import ExtractionCache, extract_chunks
+
+    events: list = []
+
+    class Cache(ExtractionCache):
+        def put_many(self, items):
+            import time
+
+            time.sleep(0.1)  # a slow write: the next batch has started meanwhile
+            events.append(("cache", len(items)))
+            super().put_many(items)
+
+    cache = Cache(tmp_path / "c.sqlite")
+    chunks = _chunks(300)
+    run = extract_chunks(chunks, _Recording(events), cache)
+    assert [e for e in events if e[0] == "extract"] == [("extract", 150), ("extract", 150)]  # not 256 and 44
+    assert events[:3] == [("extract", 150), ("extract", 150), ("cache", 150)], "the second batch waited for the first's cache write"
+    assert sorted(run.results) == sorted(c.chunk_id for c in chunks) and run.computed == 300
+    assert extract_chunks(chunks, _Recording(events), cache).cached == 300  # every batch was cached

@@ -7,7 +7,7 @@ unchanged text calls nothing and a deleted document's entities can be rebuilt fr
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import combinations
 from pathlib import Path
@@ -205,10 +205,16 @@ class NlpExtractor:
         self.spacy_model = spacy_model
         self.model = f"{spacy_model}{'+np' if noun_phrases else ''}"
 
+    @property
+    def prefetch(self) -> bool:
+        """Over worker processes, `extract_chunks` asks for the next batch while it caches this one."""
+        return extract_processes() > 1
+
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
         items = [(c.title, c.text, c.section) for c in chunks]
         processes = extract_processes()
-        if processes < 2 or len(items) < self.min_parallel:
+        started = _pool.cache_info().currsize > 0  # once the workers hold the model, any batch is worth splitting
+        if processes < 2 or len(items) < (2 if started else self.min_parallel):
             return list(_nlp_extract(self.spacy_model, self.noun_phrases, items))
         step = -(-len(items) // processes)
         parts = [items[i:i + step] for i in range(0, len(items), step)]
@@ -319,7 +325,13 @@ class ExtractionCache(JsonCache):
         return {k: Extraction(**v) for k, v in super().get_many(keys).items()}
 
     def put_many(self, items: dict[str, Extraction]) -> None:
-        super().put_many({k: asdict(v) for k, v in items.items()})
+        super().put_many({k: payload(v) for k, v in items.items()})
+
+
+def payload(extraction: Extraction) -> dict:
+    """The extraction as JSON-ready fields: its lists are already plain (asdict's deep copy cost more than
+    the cache write)."""
+    return dict(vars(extraction))
 
 
 @dataclass
@@ -335,27 +347,43 @@ def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: Extract
     """Cache hits first, then the rest in batches; each batch's results are cached before the next one.
     An LLMError (endpoint down, wrong model) re-raises after caching what its batch finished, so a re-run
     calls the model only for what is missing."""
+    from concurrent.futures import ThreadPoolExecutor
+
     batch = getattr(extractor, "batch", batch)
     keys = {c.chunk_id: ExtractionCache.key(c, extractor) for c in chunks}
     hits = cache.get_many(keys.values())
     results = {cid: hits[k] for cid, k in keys.items() if k in hits}
     todo = [c for c in chunks if c.chunk_id not in results]
     failures: dict[str, str] = {}
-    for i in range(0, len(todo), batch):
-        part = todo[i:i + batch]
-        fresh = {}
-        fatal = None
-        for chunk, res in zip(part, extractor.extract(part)):
-            if isinstance(res, LLMError):
-                fatal = fatal or res
-            elif isinstance(res, Exception):
-                failures[chunk.chunk_id] = f"{type(res).__name__}: {res}"
+    size = -(-len(todo) // -(-len(todo) // batch)) if todo else batch  # even batches: no small last one
+    parts = [todo[i:i + size] for i in range(0, len(todo), size)]
+    ahead = ThreadPoolExecutor(1) if getattr(extractor, "prefetch", False) and len(parts) > 1 else None
+    pending = ahead.submit(extractor.extract, parts[0]) if ahead else None
+    done = 0
+    try:
+        for n, part in enumerate(parts):
+            if ahead:
+                extracted = pending.result()
+                pending = ahead.submit(extractor.extract, parts[n + 1]) if n + 1 < len(parts) else None
             else:
-                results[chunk.chunk_id] = res
-                fresh[keys[chunk.chunk_id]] = res
-        cache.put_many(fresh)
-        if fatal is not None:
-            raise fatal
-        if progress:
-            progress(min(i + batch, len(todo)), len(todo))
+                extracted = extractor.extract(part)
+            fresh = {}
+            fatal = None
+            for chunk, res in zip(part, extracted):
+                if isinstance(res, LLMError):
+                    fatal = fatal or res
+                elif isinstance(res, Exception):
+                    failures[chunk.chunk_id] = f"{type(res).__name__}: {res}"
+                else:
+                    results[chunk.chunk_id] = res
+                    fresh[keys[chunk.chunk_id]] = res
+            cache.put_many(fresh)
+            if fatal is not None:
+                raise fatal
+            done += len(part)
+            if progress:
+                progress(done, len(todo))
+    finally:
+        if ahead:  # an error stops here: the batch asked for ahead is dropped, not cached
+            ahead.shutdown(wait=False, cancel_futures=True)
     return ExtractionRun(results, failures, cached=len(hits), computed=len(todo) - len(failures))

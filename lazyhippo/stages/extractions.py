@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import duckdb
 import polars as pl
@@ -27,6 +27,7 @@ from lazyhippo.models.extractors import (
     LlmExtractor,
     NlpExtractor,
     extract_chunks,
+    payload,
 )
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
@@ -157,7 +158,7 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
     usage = llm.meter.since(before) if llm is not None else []  # recorded by collect_parts, with the warehouse
     for doc_id in {c.doc_id for c in todo}:
         rows = [{"chunk_id": c.chunk_id,
-                 "extraction": json.dumps(asdict(run.results[c.chunk_id])) if c.chunk_id in run.results else None,
+                 "extraction": json.dumps(payload(run.results[c.chunk_id])) if c.chunk_id in run.results else None,
                  "failure": run.failures.get(c.chunk_id)} for c in by_doc[doc_id]]
         sig = signature(by_doc[doc_id], extractor)
         failed = any(r["failure"] for r in rows)  # held as such, but planned again next run: failures are retried
