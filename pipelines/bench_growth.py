@@ -12,6 +12,7 @@ import re
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from itertools import zip_longest
 from pathlib import Path
 from typing import Callable, Iterator
@@ -211,13 +212,21 @@ def growth_source(datasets: Path, documents: int, source: Path, corpus: Path | N
     return sum(f.stat().st_size for f in files)
 
 
-def own_instance(home: Path):
-    """The home's own Dagster instance (`<home>/dagster`), whatever DAGSTER_HOME an earlier size set: each size's
-    event log counts in its own home's size."""
+@contextmanager
+def own_instance(home: Path) -> Iterator:
+    """The home's own Dagster instance (`<home>/dagster`), with DAGSTER_HOME naming it while the size runs and
+    restored after: each size's event log counts in its own home's size."""
     from lazyhippo_dagster.runner import instance_for
 
+    previous = os.environ.get("DAGSTER_HOME")
     os.environ["DAGSTER_HOME"] = str((home / "dagster").resolve())
-    return instance_for(home)
+    try:
+        yield instance_for(home)
+    finally:
+        if previous is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = previous
 
 
 def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: Callable[[str], None] = print,
@@ -235,8 +244,8 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
         text_bytes = growth_source(datasets, n, folder / "source", corpus)
         progress(f"{n} documents ({text_bytes / 1e6:.1f} MB of text): full index in-process")
         home = folder / "home"
-        with TreeRss() as rss:
-            timed = _timed_index(home, folder / "source", None, instance=own_instance(home))
+        with TreeRss() as rss, own_instance(home) as instance:
+            timed = _timed_index(home, folder / "source", None, instance=instance)
         settings = Settings(home=home, namespace="bench")
         progress(f"{n} documents: local route latency")
         latency = run_latency_bench(settings, _questions(datasets, queries), ["local"], repeat=1)["local"]

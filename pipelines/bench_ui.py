@@ -173,8 +173,7 @@ def _instance(dagster_home: Path) -> dg.DagsterInstance:
 
     if _on_postgres(dagster_home):
         return postgres_instance(dagster_home)
-    os.environ["DAGSTER_HOME"] = str(dagster_home)
-    return dg.DagsterInstance.get()
+    return dg.DagsterInstance.from_config(str(dagster_home))
 
 
 def start_webserver(dagster_home: Path, port: int, log) -> subprocess.Popen:

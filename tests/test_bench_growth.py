@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -93,7 +94,9 @@ def test_a_bad_growth_option_is_refused_by_name(value):
 
 
 def test_each_size_records_its_runs_in_its_own_home(tmp_path, monkeypatch):
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    first, second = own_instance(tmp_path / "small"), own_instance(tmp_path / "large")
-    assert first.root_directory == str((tmp_path / "small" / "dagster").resolve())
-    assert second.root_directory == str((tmp_path / "large" / "dagster").resolve())
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "elsewhere"))
+    with own_instance(tmp_path / "small") as first:
+        assert first.root_directory == str((tmp_path / "small" / "dagster").resolve())
+    with own_instance(tmp_path / "large") as second:
+        assert second.root_directory == str((tmp_path / "large" / "dagster").resolve())
+    assert os.environ["DAGSTER_HOME"] == str(tmp_path / "elsewhere")  # later runs of the process are not moved
