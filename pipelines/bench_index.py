@@ -179,7 +179,7 @@ def run_stage_bench(corpus: Path, workdir: Path, progress: Callable[[str], None]
     and the host's load average at start and end: on a shared host, CPU seconds compare better than wall time."""
     from lazyhippo.index import STAGE_NAMES, run_index
     from lazyhippo.settings import Settings
-    from lazyhippo_dagster.bench_growth import TreeRss
+    from lazyhippo_dagster.bench_process import TreeRss
 
     if workdir.exists():
         shutil.rmtree(workdir)

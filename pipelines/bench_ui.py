@@ -48,7 +48,7 @@ class Page:
 
 def tree_cpu_seconds(root: int) -> float:
     """User and system CPU seconds of `root` and its descendants so far."""
-    from lazyhippo_dagster.bench_growth import process_tree
+    from lazyhippo_dagster.bench_process import process_tree
 
     return sum(int(p["stat"][11]) + int(p["stat"][12]) for p in process_tree(root).values()) / os.sysconf("SC_CLK_TCK")
 

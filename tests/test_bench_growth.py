@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from lazyhippo_dagster.bench_growth import PIECE_CHARS, TreeRss, disk_bytes, growth_corpus, growth_source, own_instance
+from lazyhippo_dagster.bench_growth import PIECE_CHARS, disk_bytes, growth_corpus, growth_source, own_instance
+from lazyhippo_dagster.bench_process import TreeRss
 from lazyhippo_dagster.cli import app
 
 
