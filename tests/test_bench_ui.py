@@ -36,7 +36,9 @@ def test_a_python_error_anywhere_in_a_response_is_found():
 @pytest.fixture(scope="module")
 def indexed_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("ui_bench") / "home"
-    result = CliRunner().invoke(app, ["index", str(SAMPLE_CORPUS), "--home", str(home)])
+    with pytest.MonkeyPatch.context() as mp:  # the home's own instance, whatever an earlier CLI test left set
+        mp.delenv("DAGSTER_HOME", raising=False)
+        result = CliRunner().invoke(app, ["index", str(SAMPLE_CORPUS), "--home", str(home)])
     assert result.exit_code == 0, result.output
     return home
 
