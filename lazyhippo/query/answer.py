@@ -24,7 +24,7 @@ from lazyhippo.query.context import ContextChunk, assemble_context, render_conte
 from lazyhippo.query.loader import GraphIndex, load_index
 from lazyhippo.query.rerank import RerankStage, configured_reranker
 from lazyhippo.query.routes import RouteRequest, RouteResult, check_route, classify_query, run_route, split_question, subject_words
-from lazyhippo.query.text import prose_sentences, tokens
+from lazyhippo.query.text import prose_sentences, stems, tokens
 from lazyhippo.query.types import PreparedQuery, ScoredChunk, chunk_entities
 from lazyhippo.settings import Settings
 
@@ -327,8 +327,8 @@ class _Candidate:
 
 
 def _stems(words) -> frozenset[str]:
-    """Word stems for matching a question with a sentence: a shared 6-letter prefix ("founded", "founder")."""
-    return frozenset(w[:6] for w in words)
+    """The stems of a sentence's or a title's words (`stems`), what question words are matched against."""
+    return frozenset(stems(words))
 
 
 def _candidates(context: list[ContextChunk | Passage], max_chunks: int) -> list[_Candidate]:
@@ -337,14 +337,22 @@ def _candidates(context: list[ContextChunk | Passage], max_chunks: int) -> list[
     for rank, c in enumerate([c for c in context if not c.noise][:max_chunks]):
         title = _stems(tokens(c.title))
         for s in prose_sentences(c.text):
-            if c.section and s.startswith(c.section + " ") and s != c.section:
-                s = s[len(c.section) + 1:]  # a heading the chunker ran into its first sentence
+            s = _without_heading(s, c.section)
             words = tokens(s)
             if len(words) >= 3 and s not in seen:
                 seen.add(s)
                 anchored = _anchored(s, c.title)
                 pool.append(_Candidate(anchored, c.n, rank, _stems(tokens(anchored)), title))
     return pool
+
+
+def _without_heading(sentence: str, section: str | None) -> str:
+    """A sentence without the heading that the chunker ran into it: the section, or its heading path as the
+    text reads it ("OPTIONS > --onto <newbase>" as "OPTIONS --onto <newbase> Starting point ...")."""
+    for head in dict.fromkeys((section, section.replace(" > ", " "))) if section else ():
+        if sentence.startswith(head + " "):
+            return sentence[len(head) + 1:]
+    return sentence
 
 
 def _weights(keywords: list[str], idf) -> np.ndarray:
@@ -384,7 +392,8 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
         kw = list(dict.fromkeys(tokens(subject_words(part)))) or keywords
         w = _weights(kw, idf)
         w = w / max(w.sum(), 1e-9)
-        held = np.array([[t[:6] in c.words for t in kw] for c in pool], dtype=bool).reshape(len(pool), len(kw))
+        kw_stems = stems(kw)
+        held = np.array([[t in c.words for t in kw_stems] for c in pool], dtype=bool).reshape(len(pool), len(kw))
         score = sims[:, p] + held @ w + 0.2 / (1 + np.array([c.rank for c in pool]))
         have = np.zeros(len(kw), dtype=bool)
         used = 0
@@ -434,7 +443,7 @@ def _support(keywords: list[str], idf, sentences: list[_Candidate], whole: list[
         passages[c.n] = passages.get(c.n, frozenset()) | c.words | c.title
     words = frozenset().union(*passages.values())
     broken = frozenset().union(*(n for n in whole if not any(n <= p for p in passages.values())))
-    return round(float(sum(wt for t, wt in zip(keywords, w) if t[:6] in words and t[:6] not in broken)
+    return round(float(sum(wt for t, wt in zip(stems(keywords), w) if t in words and t not in broken)
                        / max(w.sum(), 1e-9)), 4)
 
 

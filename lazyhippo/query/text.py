@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import threading
+
+import Stemmer
 
 from lazyhippo.graph.names import name_tokens, norm_key, strip_accents  # noqa: F401  (re-exported for the query engine)
 from lazyhippo.models.tokens import sentences  # noqa: F401  (re-exported for the query engine)
@@ -29,6 +32,18 @@ def fold(text: str) -> str:
 def tokens(text: str) -> list[str]:
     """Folded word tokens (for BM25 and keyword overlap), stopwords and 1-char tokens removed."""
     return [t for t in _WORD.findall(fold(text)) if len(t) > 1 and t not in STOPWORDS]
+
+
+_STEMMER = threading.local()  # a Snowball stemmer is not safe to share between threads
+
+
+def stems(words) -> list[str]:
+    """The English (Snowball) stem of each folded token, so that a question and a passage match across
+    inflections: "carries" and "carry", "runs" and "running", "decided" and "decide"."""
+    stemmer = getattr(_STEMMER, "english", None)
+    if stemmer is None:
+        stemmer = _STEMMER.english = Stemmer.Stemmer("english")
+    return stemmer.stemWords(words)
 
 
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)  # `code` (Markdown, AsciiDoc) or ``code`` (reST), closed by as many
