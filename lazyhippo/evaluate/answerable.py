@@ -39,7 +39,7 @@ def run_answerable_bench(sets: dict[str, tuple[Path, Path, Path]], split: str = 
                          progress: Callable[[str, int, int], None] | None = None) -> list[dict]:
     """One row per (index, question): `sets` maps a name to (corpus, questions file, index workdir); every
     set's questions of `split` are asked of every set's index (built once, reused). Rows carry the support
-    score and whether the answer was marked answerable at the current threshold."""
+    score, whether the answer was marked answerable at the current threshold, and the answer a person reads."""
     from lazyhippo.query import answer_question, clear_cache
 
     asked = {name: select_split(json.loads(Path(q).read_text()), split) for name, (_, q, _) in sets.items()}
@@ -53,7 +53,7 @@ def run_answerable_bench(sets: dict[str, tuple[Path, Path, Path]], split: str = 
                 rows.append({"index": index_name, "set": set_name, "question": q["question"],
                              "half": split_of(q["question"]), "in_corpus": set_name == index_name,
                              "support": res.diagnostics["support"]["score"], "answerable": res.answerable,
-                             "route": res.route})
+                             "route": res.route, "answer": res.answer})
                 done += 1
                 if progress:
                     progress(f"questions on the {index_name} index", done, total)
