@@ -179,6 +179,13 @@ def test_a_heading_path_run_into_a_sentence_is_not_part_of_the_answer(embedder):
     assert found.text == "Starting point at which to create the new commits. [1]"
 
 
+def test_a_command_synopsis_is_not_part_of_the_answer(embedder):
+    passage = Passage(1, "git-add(1)", None, "git add [--verbose | -v] [--dry-run | -n] [--force | -f] [<pathspec>...]\n\n"
+                                             "With --dry-run, git add does not add the files but shows what it would add.")
+    found = extract("Can git add force a file, or be verbose?", [passage], embedder)
+    assert found.text == "With --dry-run, git add does not add the files but shows what it would add. [1]"
+
+
 def test_a_long_sentence_is_cut_to_the_answer_budget(embedder):
     long = "Ada Fenwick catalogued " + ", ".join(f"variable star number {i}" for i in range(60)) + "."
     found = extract("Which stars did Ada Fenwick catalogue?", [Passage(1, "Ada Fenwick", None, long)], embedder)

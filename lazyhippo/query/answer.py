@@ -331,15 +331,21 @@ def _stems(words) -> frozenset[str]:
     return frozenset(stems(words))
 
 
+# A command synopsis ("git add [--verbose | -v] [--dry-run | -n] ...", "git replace [-f] <object> <replacement>"):
+# three option or placeholder groups in a row make a usage line, not a sentence to read.
+_SYNOPSIS = re.compile(r"(?:[\[<][^\]>]*[\]>][\s.…]*){3,}")
+
+
 def _candidates(context: list[ContextChunk | Passage], max_chunks: int) -> list[_Candidate]:
-    """The readable sentences of the top passages: markup removed, wrapped lines joined, at least 3 words."""
+    """The readable sentences of the top passages: markup removed, wrapped lines joined, at least 3 words, no
+    command synopsis."""
     pool, seen = [], set()
     for rank, c in enumerate([c for c in context if not c.noise][:max_chunks]):
         title = _stems(tokens(c.title))
         for s in prose_sentences(c.text):
             s = _without_heading(s, c.section)
             words = tokens(s)
-            if len(words) >= 3 and s not in seen:
+            if len(words) >= 3 and s not in seen and not _SYNOPSIS.search(s):
                 seen.add(s)
                 anchored = _anchored(s, c.title)
                 pool.append(_Candidate(anchored, c.n, rank, _stems(tokens(anchored)), title))
