@@ -30,8 +30,9 @@ from lazyhippo.settings import Settings
 
 NO_ANSWER = "No relevant information was found in the index."
 ANSWER_CHARS = 400  # an offline answer, citations included
-# The least support (`Extract.support`) that counts as an answer: calibrated on the shared question sets, each
-# asked of its own index and of the others' (docs/benchmarks.md, `lazyhippo bench answerable`).
+# The least support (`Extract.support`) that counts as an answer: inside the range of thresholds at which the
+# tune halves of the shared question sets, each asked of its own index and of the others', meet every target
+# (docs/benchmarks.md, `lazyhippo bench answerable`).
 SUPPORT_THRESHOLD = 0.54
 
 
