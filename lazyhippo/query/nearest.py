@@ -70,3 +70,42 @@ class CosineBound:
         part = vecs[rows] @ query
         out[rows] = part + plus[rows] if plus is not None else part
         return out
+
+
+@dataclass(frozen=True)
+class Int8Rows:
+    """Row vectors kept as the warehouse stores them, int8 and a float32 scale per row (a quarter of float32, in
+    memory and in the index cache): a row is made float32 only when read, and a product with every row goes by
+    blocks, so no float32 copy of the matrix is ever held."""
+
+    q: np.ndarray      # (n, dim) int8
+    scale: np.ndarray  # (n,) float32; 0 for an item without a vector
+
+    BLOCK = 8192       # rows made float32 at once by a product: 8 MB at 256 dimensions
+
+    @classmethod
+    def zeros(cls, n: int, dim: int) -> "Int8Rows":
+        return cls(np.zeros((n, dim), dtype=np.int8), np.zeros(n, dtype=np.float32))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        """float32 rows, the values `dense()` holds at them."""
+        return self.q[rows].astype(np.float32) * self.scale[rows, None]
+
+    def dense(self) -> np.ndarray:
+        return self.q.astype(np.float32) * self.scale[:, None]
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        """Every row's product with the vector `x` (the scale applied to the product, not to each entry)."""
+        x = np.asarray(x, dtype=np.float32)
+        out = np.empty(len(self.q), dtype=np.float32)
+        for a in range(0, len(self.q), self.BLOCK):
+            out[a:a + self.BLOCK] = self.q[a:a + self.BLOCK].astype(np.float32) @ x
+        out *= self.scale
+        return out
