@@ -815,6 +815,7 @@ def test_cosine_bound_reads_in_full_every_row_that_can_reach_the_threshold():
     vecs[rng.random(2000) < 0.02] = 0.0  # items without a vector
     vecs = (vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-9)).astype(np.float32)
     bound = CosineBound.of(vecs, k=12)
+    assert bound.head.q.dtype == np.int8  # the projections kept in int8: their rounding must not hide a row
     pruned = 0
     for _ in range(50):
         q = vecs[rng.integers(2000)] + rng.normal(scale=0.3, size=48).astype(np.float32)

@@ -1,9 +1,10 @@
 """A query's products with the rows of a vector matrix, computed in full only where they can matter.
 
-The query's products with a large matrix (2Wiki: 37k entities and 21k facts x 256 float32, 38 and 22 MB, larger
+The query's products with a large matrix (2Wiki: 37k entities and 21k facts x 256, 9.5 and 5.4 MB in int8, larger
 than the cache) cost memory bandwidth, not arithmetic. The rows are projected once, at load, on the leading
 principal axes of the matrix; a row's product with a query is the product of their projections plus that of what
-the projections leave out, and Cauchy-Schwarz bounds the second by the product of the two left-out norms. Only
+the projections leave out, and Cauchy-Schwarz bounds the second by the product of the two left-out norms (and
+the projections' int8 rounding the same way). Only
 the rows whose bound lets them pass a threshold, or rank among the best k, are read in full, so the rows that pass
 or rank are the ones a full product gives.
 """
@@ -15,61 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 
 MARGIN = 1e-3  # float32 rounding of the projections is ~1e-6: a row this far below the threshold is still read
-
-
-@dataclass(frozen=True)
-class CosineBound:
-    axes: np.ndarray   # (dim, k) the matrix's leading principal axes (uncentered), orthonormal columns
-    head: np.ndarray   # (n, k) each row projected on them
-    rest: np.ndarray   # (n,) norm of each row outside the projection
-
-    @classmethod
-    def of(cls, vecs: np.ndarray, k: int) -> "CosineBound":
-        """The bound of `vecs` on their `k` leading axes: the more axes, the more read at load and per query,
-        the tighter the bound and the fewer rows read in full."""
-        vecs = np.asarray(vecs, dtype=np.float32)
-        k = min(k, vecs.shape[1])
-        _, eig = np.linalg.eigh((vecs.T @ vecs).astype(np.float64))  # ascending eigenvalues
-        axes = np.ascontiguousarray(eig[:, ::-1][:, :k], dtype=np.float32)
-        head = vecs @ axes
-        rest = np.sqrt(np.maximum(np.einsum("ij,ij->i", vecs, vecs, dtype=np.float64) -
-                                  np.einsum("ij,ij->i", head, head, dtype=np.float64), 0.0))
-        return cls(axes, head, rest)
-
-    def _bounds(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's product with `query` over the axes, and how far its full product can be from that."""
-        qh = query @ self.axes
-        q_rest = np.sqrt(max(float(np.dot(query, query)) - float(np.dot(qh, qh)), 0.0))
-        return self.head @ qh, self.rest * q_rest + MARGIN
-
-    def candidates(self, query: np.ndarray, threshold: float) -> np.ndarray:
-        """Ascending indices of every row whose product with `query` may be `threshold` or more."""
-        near, slack = self._bounds(np.asarray(query, dtype=np.float32))
-        return np.flatnonzero(near + slack >= threshold)
-
-    def top(self, vecs: np.ndarray, query: np.ndarray, k: int, plus: np.ndarray | None = None,
-            exact: np.ndarray | None = None) -> np.ndarray:
-        """`vecs @ query + plus` (`vecs` the rows projected, `plus` a float32 score per row or None) at every row
-        that can rank among the `k` largest and at the rows `exact`; at the others an upper bound below the k-th
-        largest value, so the best k are those of the full product. The full product when it is as cheap."""
-        query = np.asarray(query, dtype=np.float32)
-        n = len(vecs)
-        if not 0 < k < n:
-            return vecs @ query + plus if plus is not None else vecs @ query
-        near, slack = self._bounds(query)
-        if plus is not None:
-            near += plus
-        floor = np.partition(near - slack, n - k)[n - k]
-        read = near + slack >= floor
-        if exact is not None:
-            read[exact] = True
-        rows = np.flatnonzero(read)
-        if 4 * len(rows) > n:
-            return vecs @ query + plus if plus is not None else vecs @ query
-        out = (near + slack).astype(np.float32)
-        part = vecs[rows] @ query
-        out[rows] = part + plus[rows] if plus is not None else part
-        return out
 
 
 @dataclass(frozen=True)
@@ -109,3 +55,66 @@ class Int8Rows:
             out[a:a + self.BLOCK] = self.q[a:a + self.BLOCK].astype(np.float32) @ x
         out *= self.scale
         return out
+
+
+@dataclass(frozen=True)
+class CosineBound:
+    axes: np.ndarray   # (dim, k) the matrix's leading principal axes (uncentered), orthonormal columns
+    head: Int8Rows     # (n, k) each row projected on them, in int8 with a scale per row
+    rest: np.ndarray   # (n,) norm of each row outside the projection
+    error: np.ndarray  # (n,) norm of the difference between each row's projection and its int8 form
+
+    @classmethod
+    def of(cls, vecs: np.ndarray, k: int) -> "CosineBound":
+        """The bound of `vecs` on their `k` leading axes: the more axes, the more read at load and per query,
+        the tighter the bound and the fewer rows read in full. The projections are kept in int8 (a quarter of
+        float32); the error that leaves is bounded as the left-out part is, and added to it."""
+        from lazyhippo.stores.warehouse import int8_rows
+
+        vecs = np.asarray(vecs, dtype=np.float32)
+        k = min(k, vecs.shape[1])
+        _, eig = np.linalg.eigh((vecs.T @ vecs).astype(np.float64))  # ascending eigenvalues
+        axes = np.ascontiguousarray(eig[:, ::-1][:, :k], dtype=np.float32)
+        head = vecs @ axes
+        rest = np.sqrt(np.maximum(np.einsum("ij,ij->i", vecs, vecs, dtype=np.float64) -
+                                  np.einsum("ij,ij->i", head, head, dtype=np.float64), 0.0))
+        stored = Int8Rows(*int8_rows(head))
+        return cls(axes, stored, rest, np.linalg.norm(head.astype(np.float64) - stored.dense(), axis=1))
+
+    def _bounds(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's product with `query` over the axes, and how far its full product can be from that."""
+        qh = query @ self.axes
+        qh_norm2 = float(np.dot(qh, qh))
+        q_rest = np.sqrt(max(float(np.dot(query, query)) - qh_norm2, 0.0))
+        # v.q = h'.qh + (h - h').qh + r.q_r, and Cauchy-Schwarz bounds the last two terms
+        return self.head @ qh, self.rest * q_rest + self.error * np.sqrt(qh_norm2) + MARGIN
+
+    def candidates(self, query: np.ndarray, threshold: float) -> np.ndarray:
+        """Ascending indices of every row whose product with `query` may be `threshold` or more."""
+        near, slack = self._bounds(np.asarray(query, dtype=np.float32))
+        return np.flatnonzero(near + slack >= threshold)
+
+    def top(self, vecs: np.ndarray, query: np.ndarray, k: int, plus: np.ndarray | None = None,
+            exact: np.ndarray | None = None) -> np.ndarray:
+        """`vecs @ query + plus` (`vecs` the rows projected, `plus` a float32 score per row or None) at every row
+        that can rank among the `k` largest and at the rows `exact`; at the others an upper bound below the k-th
+        largest value, so the best k are those of the full product. The full product when it is as cheap."""
+        query = np.asarray(query, dtype=np.float32)
+        n = len(vecs)
+        if not 0 < k < n:
+            return vecs @ query + plus if plus is not None else vecs @ query
+        near, slack = self._bounds(query)
+        if plus is not None:
+            near += plus
+        floor = np.partition(near - slack, n - k)[n - k]
+        read = near + slack >= floor
+        if exact is not None:
+            read[exact] = True
+        rows = np.flatnonzero(read)
+        if 4 * len(rows) > n:
+            return vecs @ query + plus if plus is not None else vecs @ query
+        out = (near + slack).astype(np.float32)
+        part = vecs[rows] @ query
+        out[rows] = part + plus[rows] if plus is not None else part
+        return out
+

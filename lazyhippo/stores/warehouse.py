@@ -316,7 +316,9 @@ VECTOR_COLUMNS = "COLUMNS('^(vector|scale)$')"
 
 def int8_rows(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows of int8 and a float32 scale per row (its largest magnitude / 127): the stored form of `vectors`."""
-    vectors = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2:
+        vectors = vectors.reshape(len(vectors), -1)
     scale = np.maximum(np.abs(vectors).max(axis=1, initial=0.0), 1e-30) / 127
     return np.clip(np.rint(vectors / scale[:, None]), -127, 127).astype(np.int8), scale.astype(np.float32)
 
