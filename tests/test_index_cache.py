@@ -36,7 +36,8 @@ def test_a_new_process_reads_the_cached_index_and_a_new_snapshot_replaces_it(tmp
     cached = load_index(settings)
     assert cached.stats["cached"]
     assert cached.chunks.ids == built.chunks.ids and cached.graph.node_ids == built.graph.node_ids
-    assert np.array_equal(cached.entities.vecs, built.entities.vecs)
+    assert np.array_equal(cached.entities.vecs.q, built.entities.vecs.q)
+    assert np.array_equal(cached.entities.vecs.scale, built.entities.vecs.scale)
     assert (cached.graph.transition32 != built.graph.transition32).nnz == 0
     assert {k: list(v) for k, v in cached.entities.name_index.items()} == \
            {k: list(v) for k, v in built.entities.name_index.items()}
@@ -79,3 +80,30 @@ def test_other_graph_parameters_on_a_loaded_index_rebuild_the_graph_only(tmp_pat
     base = load_index(settings)
     other = load_index(settings, GraphParams(synonym_weight=0.25))
     assert other.chunks is base.chunks and other.graph is not base.graph
+
+
+def test_the_cache_keeps_vectors_as_int8_and_one_copy_of_the_graph_structure(tmp_path):
+    """Vectors stay in the warehouse's int8 form (a quarter of float32) and are made float32 only where read, to
+    the same values the warehouse gives; the adjacency, the transition and its column form share one structure."""
+    import duckdb
+
+    from lazyhippo.stores.warehouse import read_vectors, snapshot_path
+
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
+    run_index(settings)
+    clear_cache()
+    load_index(settings)
+    clear_cache()
+    idx = load_index(settings)
+    assert idx.stats["cached"]
+    for vecs in (idx.chunks.vecs, idx.entities.vecs, idx.facts.vecs):
+        assert vecs.q.dtype == np.int8 and vecs.scale.dtype == np.float32
+    with duckdb.connect(str(snapshot_path(settings)), read_only=True) as con:
+        ids, stored = read_vectors(con, settings.namespace, "entity")
+    rows = [idx.entities.pos[e] for e in ids]
+    assert np.array_equal(idx.entities.vecs[rows], stored)
+    q = stored[0]
+    assert np.allclose(idx.entities.vecs @ q, idx.entities.vecs.dense() @ q, atol=1e-5)
+    g = idx.graph
+    assert g.transition32.indices is g.adjacency.indices and g.columns32.indices is g.adjacency.indices
+    assert (g.columns32 != g.transition32.tocsc()).nnz == 0  # the column form is still the transition's

@@ -815,6 +815,7 @@ def test_cosine_bound_reads_in_full_every_row_that_can_reach_the_threshold():
     vecs[rng.random(2000) < 0.02] = 0.0  # items without a vector
     vecs = (vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-9)).astype(np.float32)
     bound = CosineBound.of(vecs, k=12)
+    assert bound.head.q.dtype == np.int8  # the projections kept in int8: their rounding must not hide a row
     pruned = 0
     for _ in range(50):
         q = vecs[rng.integers(2000)] + rng.normal(scale=0.3, size=48).astype(np.float32)
@@ -1055,3 +1056,23 @@ def test_loaded_lookups_are_the_warehouse_rows(qsettings):
     for kind, ids, vecs in (("chunk", idx.chunks.ids, idx.chunks.vecs), ("entity", idx.entities.ids, idx.entities.vecs),
                             ("fact", idx.facts.ids, idx.facts.vecs), ("community", idx.communities.ids, idx.communities.vecs)):
         assert len(ids) and all(np.allclose(vecs[r], vectors[(kind, i)], atol=1e-6) for r, i in enumerate(ids)), kind
+
+
+def test_int8_rows_give_the_stored_values_where_read_and_every_product_across_blocks():
+    from lazyhippo.query.nearest import Int8Rows
+    from lazyhippo.stores.warehouse import int8_rows, quantize
+
+    rng = np.random.default_rng(7)
+    vecs = rng.normal(size=(2 * Int8Rows.BLOCK + 5, 16)).astype(np.float32)
+    vecs[3] = 0.0  # an item without a vector
+    rows = Int8Rows(*int8_rows(vecs))
+    assert rows.q.dtype == np.int8 and rows.shape == vecs.shape and len(rows) == len(vecs)
+    column, scale = quantize(vecs)  # the warehouse's stored form: the same integers and scales
+    assert np.array_equal(np.asarray(column.values), rows.q.ravel()) and np.array_equal(scale, rows.scale)
+    picked = np.array([0, 3, Int8Rows.BLOCK, len(vecs) - 1])
+    assert np.array_equal(rows[picked], rows.dense()[picked])
+    assert np.abs(rows.dense() - vecs).max() <= np.abs(vecs).max(axis=1).max() / 254 + 1e-6
+    x = rng.normal(size=16).astype(np.float32)
+    assert np.allclose(rows @ x, rows.dense() @ x, rtol=1e-5, atol=1e-5) and (rows @ x)[3] == 0.0
+    empty = Int8Rows.zeros(0, 16)
+    assert (empty @ x).shape == (0,)

@@ -35,7 +35,7 @@ from lazyhippo.graph.algorithms import positions
 from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
 from lazyhippo.graph.ppr import parallel_matvec, transition_matrix
-from lazyhippo.query.nearest import CosineBound
+from lazyhippo.query.nearest import CosineBound, Int8Rows
 from lazyhippo.query.text import norm_key, tokens
 from lazyhippo.settings import Settings
 
@@ -58,7 +58,7 @@ class Chunks:
     content_hashes: list[str]
     n_tokens: np.ndarray
     sources: list[str]
-    vecs: np.ndarray                  # (n_chunks, dim), zero rows where a chunk has no vector
+    vecs: Int8Rows                    # (n_chunks, dim), zero rows where a chunk has no vector
     title_index: KeyRows              # norm_key(document title) -> chunk indices
     doc_pos: dict[tuple[str, int], int]  # (doc_id, position) -> chunk index, for neighbours
 
@@ -69,7 +69,7 @@ class Entities:
     pos: dict[str, int]
     names: list[str]
     types: list[str]
-    vecs: np.ndarray
+    vecs: Int8Rows
     df: np.ndarray                    # passages mentioning each entity
     idf: np.ndarray
     name_index: KeyRows               # norm_key(name) -> entity indices
@@ -95,7 +95,7 @@ class Facts:
     texts: list[str]
     entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
     by_entity: sp.csr_matrix          # (n_entities, n_facts): the transpose, for "facts naming e"
-    vecs: np.ndarray
+    vecs: Int8Rows
     lexical: Lexical                  # BM25 over the fact texts
     near: CosineBound                 # which facts can rank among a question's best
 
@@ -106,7 +106,7 @@ class Communities:
     titles: list[str]
     summaries: list[str]
     hubs: list[list[str]]
-    vecs: np.ndarray
+    vecs: Int8Rows
     members: list[np.ndarray]         # entity indices per community
     tokens: list[set[str]]
     coverage: np.ndarray              # (n_chunks, n_communities): member entities each chunk mentions
@@ -115,15 +115,15 @@ class Communities:
 
 @dataclass(frozen=True)
 class Graph:
-    """Entity+passage graph: nodes 0..n_entities-1 are entities, then chunks."""
+    """Entity+passage graph: nodes 0..n_entities-1 are entities, then chunks. The adjacency is symmetric, so its
+    CSR structure is also that of the transition by rows and by columns: the three share one copy of it."""
 
     adjacency: sp.csr_matrix
-    transition: sp.csr_matrix         # column-stochastic, float64
     dangling: np.ndarray
     node_ids: list[str]
     node_pos: dict[str, int]
     params: GraphParams
-    transition32: sp.csr_matrix       # float32 copy: halves the memory traffic of PPR
+    transition32: sp.csr_matrix       # column-stochastic, float32: half the memory traffic of float64
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
     columns32: sp.csc_matrix          # transition32 by column: a sparse vector's product reads its columns only
     degree: np.ndarray                # weighted degree per node (adjacency row sums; the graph is symmetric)
@@ -176,20 +176,21 @@ def _table(con, sql: str, params: dict):
     return con.sql(sql, params=params).to_arrow_table()
 
 
-def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[np.ndarray, str | None]:
-    """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one)."""
-    from lazyhippo.stores.warehouse import VECTOR_COLUMNS, vector_matrix
+def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[Int8Rows, str | None]:
+    """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one), in their stored int8 form."""
+    from lazyhippo.stores.warehouse import VECTOR_COLUMNS, stored_rows
 
     tbl = _table(con, f"SELECT item_id, model, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = $ns AND kind = $kind",
                  {"ns": ns, "kind": kind})
     n = len(ids)
     if not tbl.num_rows:
-        return np.zeros((n, 0), dtype=np.float32), None
-    mat = vector_matrix(tbl)
-    out = np.zeros((n, mat.shape[1]), dtype=np.float32)
+        return Int8Rows.zeros(n, 0), None
+    q, scale = stored_rows(tbl)
+    out = Int8Rows.zeros(n, q.shape[1])
     rows = positions(ids, tbl.column("item_id"))
     keep = rows >= 0
-    out[rows[keep]] = mat[keep]
+    out.q[rows[keep]] = q[keep]
+    out.scale[rows[keep]] = scale[keep]
     return out, tbl.column("model")[0].as_py()
 
 
@@ -199,10 +200,8 @@ def _graph_dim(con, ns: dict) -> int:
     return int(dims.column(0)[0].as_py()) if dims.num_rows else 0
 
 
-def _fit_dim(mat: np.ndarray, dim: int) -> np.ndarray:
-    if mat.shape[1] == dim:
-        return mat
-    return np.zeros((mat.shape[0], dim), dtype=np.float32)
+def _fit_dim(mat: Int8Rows, dim: int) -> Int8Rows:
+    return mat if mat.shape[1] == dim else Int8Rows.zeros(len(mat), dim)
 
 
 class KeyRows(dict):
@@ -273,7 +272,7 @@ def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim:
     return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=vecs,
                     df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank,
                     # a link needs a cosine of 0.8: on 64 of 256 axes a phrase reads ~5 of 2Wiki's 37k in full
-                    near=CosineBound.of(vecs, 64))
+                    near=CosineBound.of(vecs.dense(), 64))
 
 
 def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Mentions:
@@ -316,7 +315,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) 
                  by_entity=entities.T.tocsr(), vecs=vecs,
                  # ranking the best 6 of close scores takes a tighter bound than a threshold: on 128 axes a
                  # question reads ~130 of 2Wiki's 21k in full (1.1 against 1.9 ms)
-                 near=CosineBound.of(vecs, 128),
+                 near=CosineBound.of(vecs.dense(), 128),
                  # words by the passage title too: a sentence that opens "She ..." still matches its subject's name
                  lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk, texts)]))
 
@@ -355,10 +354,14 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
     transition, dangling = transition_matrix(adjacency)
     t32 = transition.astype(np.float32)
-    return Graph(adjacency=adjacency, transition=transition, dangling=dangling,
+    columns32 = t32.tocsc()
+    for m in (t32, columns32):  # one structure for all three (written once to the disk cache)
+        if np.array_equal(m.indptr, adjacency.indptr) and np.array_equal(m.indices, adjacency.indices):
+            m.indptr, m.indices = adjacency.indptr, adjacency.indices
+    return Graph(adjacency=adjacency, dangling=dangling,
                  node_ids=list(entities.ids) + list(chunks.ids),
                  node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunks.ids)}}, params=params,
-                 transition32=t32, matvec32=parallel_matvec(t32), columns32=t32.tocsc(),
+                 transition32=t32, matvec32=parallel_matvec(t32), columns32=columns32,
                  degree=np.asarray(adjacency.sum(axis=1)).ravel())
 
 

@@ -1,9 +1,10 @@
 """A query's products with the rows of a vector matrix, computed in full only where they can matter.
 
-The query's products with a large matrix (2Wiki: 37k entities and 21k facts x 256 float32, 38 and 22 MB, larger
+The query's products with a large matrix (2Wiki: 37k entities and 21k facts x 256, 9.5 and 5.4 MB in int8, larger
 than the cache) cost memory bandwidth, not arithmetic. The rows are projected once, at load, on the leading
 principal axes of the matrix; a row's product with a query is the product of their projections plus that of what
-the projections leave out, and Cauchy-Schwarz bounds the second by the product of the two left-out norms. Only
+the projections leave out, and Cauchy-Schwarz bounds the second by the product of the two left-out norms (and
+the projections' int8 rounding the same way). Only
 the rows whose bound lets them pass a threshold, or rank among the best k, are read in full, so the rows that pass
 or rank are the ones a full product gives.
 """
@@ -18,15 +19,58 @@ MARGIN = 1e-3  # float32 rounding of the projections is ~1e-6: a row this far be
 
 
 @dataclass(frozen=True)
+class Int8Rows:
+    """Row vectors kept as the warehouse stores them, int8 and a float32 scale per row (a quarter of float32, in
+    memory and in the index cache): a row is made float32 only when read, and a product with every row goes by
+    blocks, so no float32 copy of the matrix is ever held."""
+
+    q: np.ndarray      # (n, dim) int8
+    scale: np.ndarray  # (n,) float32; 0 for an item without a vector
+
+    BLOCK = 8192       # rows made float32 at once by a product: 8 MB at 256 dimensions
+
+    @classmethod
+    def zeros(cls, n: int, dim: int) -> "Int8Rows":
+        return cls(np.zeros((n, dim), dtype=np.int8), np.zeros(n, dtype=np.float32))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        """float32 rows, the values `dense()` holds at them."""
+        return self.q[rows].astype(np.float32) * self.scale[rows, None]
+
+    def dense(self) -> np.ndarray:
+        return self.q.astype(np.float32) * self.scale[:, None]
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        """Every row's product with the vector `x` (the scale applied to the product, not to each entry)."""
+        x = np.asarray(x, dtype=np.float32)
+        out = np.empty(len(self.q), dtype=np.float32)
+        for a in range(0, len(self.q), self.BLOCK):
+            out[a:a + self.BLOCK] = self.q[a:a + self.BLOCK].astype(np.float32) @ x
+        out *= self.scale
+        return out
+
+
+@dataclass(frozen=True)
 class CosineBound:
     axes: np.ndarray   # (dim, k) the matrix's leading principal axes (uncentered), orthonormal columns
-    head: np.ndarray   # (n, k) each row projected on them
+    head: Int8Rows     # (n, k) each row projected on them, in int8 with a scale per row
     rest: np.ndarray   # (n,) norm of each row outside the projection
+    error: np.ndarray  # (n,) norm of the difference between each row's projection and its int8 form
 
     @classmethod
     def of(cls, vecs: np.ndarray, k: int) -> "CosineBound":
         """The bound of `vecs` on their `k` leading axes: the more axes, the more read at load and per query,
-        the tighter the bound and the fewer rows read in full."""
+        the tighter the bound and the fewer rows read in full. The projections are kept in int8 (a quarter of
+        float32); the error that leaves is bounded as the left-out part is, and added to it."""
+        from lazyhippo.stores.warehouse import int8_rows
+
         vecs = np.asarray(vecs, dtype=np.float32)
         k = min(k, vecs.shape[1])
         _, eig = np.linalg.eigh((vecs.T @ vecs).astype(np.float64))  # ascending eigenvalues
@@ -34,13 +78,16 @@ class CosineBound:
         head = vecs @ axes
         rest = np.sqrt(np.maximum(np.einsum("ij,ij->i", vecs, vecs, dtype=np.float64) -
                                   np.einsum("ij,ij->i", head, head, dtype=np.float64), 0.0))
-        return cls(axes, head, rest)
+        stored = Int8Rows(*int8_rows(head))
+        return cls(axes, stored, rest, np.linalg.norm(head.astype(np.float64) - stored.dense(), axis=1))
 
     def _bounds(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's product with `query` over the axes, and how far its full product can be from that."""
         qh = query @ self.axes
-        q_rest = np.sqrt(max(float(np.dot(query, query)) - float(np.dot(qh, qh)), 0.0))
-        return self.head @ qh, self.rest * q_rest + MARGIN
+        qh_norm2 = float(np.dot(qh, qh))
+        q_rest = np.sqrt(max(float(np.dot(query, query)) - qh_norm2, 0.0))
+        # v.q = h'.qh + (h - h').qh + r.q_r, and Cauchy-Schwarz bounds the last two terms
+        return self.head @ qh, self.rest * q_rest + self.error * np.sqrt(qh_norm2) + MARGIN
 
     def candidates(self, query: np.ndarray, threshold: float) -> np.ndarray:
         """Ascending indices of every row whose product with `query` may be `threshold` or more."""
@@ -70,3 +117,4 @@ class CosineBound:
         part = vecs[rows] @ query
         out[rows] = part + plus[rows] if plus is not None else part
         return out
+

@@ -314,15 +314,33 @@ def counts(settings: Settings) -> dict[str, int]:
 VECTOR_COLUMNS = "COLUMNS('^(vector|scale)$')"
 
 
-def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-    """Rows of int8 and a scale per row (its largest magnitude / 127): the stored form of `vectors`."""
-    vectors = np.asarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
+def int8_rows(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of int8 and a float32 scale per row (its largest magnitude / 127): the stored form of `vectors`."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2:
+        vectors = vectors.reshape(len(vectors), -1)
     scale = np.maximum(np.abs(vectors).max(axis=1, initial=0.0), 1e-30) / 127
-    q = np.clip(np.rint(vectors / scale[:, None]), -127, 127).astype(np.int8)
+    return np.clip(np.rint(vectors / scale[:, None]), -127, 127).astype(np.int8), scale.astype(np.float32)
+
+
+def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """`int8_rows` of `vectors` as the list column `embeddings.vector` takes."""
+    q, scale = int8_rows(vectors)
     import pyarrow as pa  # here, not with the module: a CLI query reads no Arrow
 
     offsets = pa.array(np.arange(len(q) + 1, dtype=np.int32) * q.shape[1])
-    return pa.ListArray.from_arrays(offsets, pa.array(q.ravel())), scale.astype(np.float32)
+    return pa.ListArray.from_arrays(offsets, pa.array(q.ravel())), scale
+
+
+def stored_rows(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """int8 rows and their scales of a table selected with VECTOR_COLUMNS (a float `vector` of a snapshot
+    published before the int8 form is quantized as `quantize` does)."""
+    col = tbl.column("vector").combine_chunks()
+    flat = col.values.to_numpy(zero_copy_only=False)
+    flat = flat.reshape(tbl.num_rows, -1) if tbl.num_rows else flat.reshape(0, 0)
+    if "scale" not in tbl.column_names:
+        return int8_rows(flat)
+    return flat.astype(np.int8, copy=False), tbl.column("scale").to_numpy().astype(np.float32, copy=False)
 
 
 def vector_matrix(tbl: pa.Table) -> np.ndarray:
