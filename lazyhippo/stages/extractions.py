@@ -100,17 +100,18 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
     planned = []
     for group in filter(None, groups):
         name = f"b{len(planned):05d}"
-        keys, current = [], []
+        keys, current, size = [], [], 0
         for doc_id in group:
             current.append(doc_id)
-            if sum(len(by_doc[d]) for d in current) >= batch_chunks or doc_id == group[-1]:
+            size += len(by_doc[doc_id])
+            if size >= batch_chunks or doc_id == group[-1]:
                 key = f"{ns}/work/{run_id}/{name}-{len(keys):05d}.parquet"
                 # the types from every row: a section or page may first appear after the first hundred chunks
                 # with the documents that hold a part (a run that died after extracting them): only those are read
                 frame = pl.DataFrame([c for d in current for c in by_doc[d]], infer_schema_length=None)
                 objects.put(key, _parquet(frame, {STORED_PARTS: json.dumps([d for d in current if d in stored])}))
                 keys.append(key)
-                current = []
+                current, size = [], 0
         planned.append(Batch(tuple(keys), name, tuple(group)))
     return planned, {"documents": len(by_doc), "documents_to_extract": len(todo), "batches": len(planned),
                      "documents_unchanged": len(by_doc) - len(todo)}
