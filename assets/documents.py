@@ -12,6 +12,7 @@ from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
 PER_NAMESPACE = dict(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, group_name="per_document")
 CHANGES_SHOWN = 500  # rows of a run's change table: the counts beside it are complete
+WARNINGS_LOGGED = 20  # unreadable documents logged one by one (each is an event): the rest are in the table
 CHANGE_ORDER = ("added", "changed", "removed", "failed")
 _KINDS = store_kinds("duckdb", graph=True)
 
@@ -73,8 +74,11 @@ def documents(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, g
                         f"ORDER BY d.source, c.position LIMIT {PREVIEW_ROWS}", [ns, touched],
                         ["document", "pos", "section", "tokens", "text"])
     changes = document_changes(before, after, docs.errors, counts)
-    for err in docs.errors:
+    for err in docs.errors[:WARNINGS_LOGGED]:
         context.log.warning(f"{err.source}: {err.reason}")
+    if len(docs.errors) > WARNINGS_LOGGED:
+        context.log.warning(f"... and {len(docs.errors) - WARNINGS_LOGGED} more files or rows could not be read "
+                            "(`documents_failed` in the documents asset's metadata)")
     meta = changes_metadata(changes)
     context.log.info(f"{len(after)} documents: " + ", ".join(f"{meta[f'documents_{k}']} {k}" for k in CHANGE_ORDER))
     per_doc = list(counts.values())

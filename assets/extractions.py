@@ -1,10 +1,11 @@
-"""Extractions fan out: one mapped step per batch of out-of-date documents, each writing per-document Parquet
-parts through the object store, so the multiprocess (or a Kubernetes/Celery) executor extracts in parallel and
-no worker needs a file local to another (lazyhippo/parts.py)."""
+"""Extractions fan out: at most a fixed number of mapped steps, even in chunks, over the out-of-date documents,
+each writing per-document Parquet parts through the object store, so the multiprocess (or a Kubernetes/Celery)
+executor extracts in parallel, no worker needs a file local to another (lazyhippo/parts.py), and a run records
+the same few events for any corpus."""
 
 import dagster as dg
 
-from lazyhippo.stages.extractions import Batch, collect_parts, extract_batch, plan_batches
+from lazyhippo.stages.extractions import BATCH_CHUNKS, BATCHES, Batch, collect_parts, extract_batch, plan_batches
 from lazyhippo_dagster.assets._kinds import store_kinds
 from lazyhippo_dagster.assets._partitions import WAREHOUSE_TAGS, namespaces
 from lazyhippo_dagster.assets.metadata import OWNERS, figures, preview
@@ -12,28 +13,33 @@ from lazyhippo_dagster.resources import LazyhippoResource, ObjectStoreResource
 
 
 class ExtractionBatchConfig(dg.Config):
-    batch_chunks: int = 400  # chunks per mapped step: smaller batches spread over more workers
+    batches: int = BATCHES  # most mapped steps a run fans out to, whatever its documents: a few per worker
+    batch_chunks: int = BATCH_CHUNKS  # chunks a step holds at a time, the fewest in a batch: smaller spreads wider
 
 
 @dg.op(tags=WAREHOUSE_TAGS, ins={"start": dg.In(dg.Nothing)}, out=dg.DynamicOut(dict), description="Documents whose extraction is missing or stale, in batches (objects).")
 def plan_extraction_batches(context: dg.OpExecutionContext, config: ExtractionBatchConfig,
                             lazyhippo: LazyhippoResource, object_store: ObjectStoreResource):
+    if config.batches < 1 or config.batch_chunks < 1:
+        raise dg.Failure(f"plan_extraction_batches: batches {config.batches}, batch_chunks {config.batch_chunks}: "
+                         "need at least 1 each")
     settings = lazyhippo.settings()
     with lazyhippo.warehouse() as con:
-        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id, config.batch_chunks)
+        batches, figures = plan_batches(settings, con, object_store.open(settings), context.run_id,
+                                        config.batches, config.batch_chunks)
     context.log.info(f"{figures['documents_to_extract']} of {figures['documents']} documents to extract "
                      f"in {figures['batches']} batches")
-    for b in batches or [Batch("", "none", ())]:  # one (empty) step keeps the collect step running
-        yield dg.DynamicOutput({"key": b.key, "name": b.name, "doc_ids": list(b.doc_ids)}, mapping_key=b.name)
+    for b in batches or [Batch((), "none", ())]:  # one (empty) step keeps the collect step running
+        yield dg.DynamicOutput({"keys": list(b.keys), "name": b.name, "doc_ids": list(b.doc_ids)}, mapping_key=b.name)
 
 
 @dg.op(description="Extract one batch; one Parquet part per document through the object store.")
 def extract_documents(context: dg.OpExecutionContext, batch: dict, lazyhippo: LazyhippoResource,
                       object_store: ObjectStoreResource) -> dict:
-    if not batch["key"]:
+    if not batch["keys"]:
         return {}
     settings = lazyhippo.settings()
-    stats = extract_batch(settings, object_store.open(settings), batch["key"])
+    stats = extract_batch(settings, object_store.open(settings), batch["keys"])
     context.log.info(f"batch {batch['name']}: {stats['documents']} documents, {stats['computed']} chunks extracted, "
                      f"{stats['cached']} cached, {stats['parts_kept']} parts kept")
     return {**stats, "batch": batch}
@@ -47,7 +53,7 @@ def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], laz
                           object_store: ObjectStoreResource) -> None:
     settings = lazyhippo.settings()
     ns = [settings.namespace]
-    batches = [Batch(s["batch"]["key"], s["batch"]["name"], tuple(s["batch"]["doc_ids"])) for s in stats if s]
+    batches = [Batch(tuple(s["batch"]["keys"]), s["batch"]["name"], tuple(s["batch"]["doc_ids"])) for s in stats if s]
     with lazyhippo.warehouse() as con:
         out = collect_parts(settings, con, object_store.open(settings), batches, stats, context.run_id)
         rows = con.execute("SELECT count(*) FROM extracted_entities WHERE namespace = ?", ns).fetchone()[0]
@@ -57,17 +63,14 @@ def load_extraction_parts(context: dg.OpExecutionContext, stats: list[dict], laz
                            "JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id "
                            f"WHERE f.namespace = ? ORDER BY d.source, c.position LIMIT {FAILURES_SHOWN}", ns,
                            ["document", "chunk position", "reason"])
-    context.log.info(f"extractions: {len(batches)} batches: {figures(out)}")
-    for s in stats:  # each batch's figures go to the log
-        if s:
-            context.log.info(f"batch {s['batch']['name']}: {s['documents']} documents, {s['computed']} extracted, "
-                             f"{s['cached']} cached, {s['failed']} failed")
+    context.log.info(f"extractions: {len(batches)} batches: {figures(out)}")  # each batch logged its own figures
     context.add_output_metadata({**figures(out), "dagster/row_count": rows, "batches": len(batches),  # the asset's
                                  "chunks_failed": failed, **({"failed_chunks": failures} if failed else {})})
 
 
 @dg.graph_asset(partitions_def=namespaces, group_name="per_document", kinds=store_kinds("duckdb", "spacy", "parquet", objects=True), owners=OWNERS, ins={"chunks": dg.AssetIn(dagster_type=dg.Nothing)},
-                description="Entities, relations and facts per chunk, extracted in parallel batches; per-document "
-                            "parts in the object store; cached by (chunk hash, extractor, model, prompt version).")
+                description="Entities, relations and facts per chunk, extracted in at most a fixed number of parallel "
+                            "batches; per-document parts in the object store; cached by (chunk hash, extractor, "
+                            "model, prompt version).")
 def extractions(chunks):
     return load_extraction_parts(plan_extraction_batches(start=chunks).map(extract_documents).collect())

@@ -4,6 +4,8 @@ does not grow with the documents, while the engine's content hashes decide what 
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -79,6 +81,47 @@ def test_the_events_of_a_run_do_not_grow_with_its_documents(tmp_path):
     assert counts["few"][0] == counts["many"][0]
     assert abs(counts["few"][1] - counts["many"][1]) < 10  # the checks' own events aside (questions beside one source)
     assert _latest(instance, "documents", "many")["dagster/row_count"] == 60
+
+
+def test_a_full_index_records_the_same_event_rows_for_four_times_the_documents(tmp_path):
+    """The extraction fans out to at most `batches` steps whatever the corpus, so every row of a full index's
+    event log (steps, outputs, log lines) is there as often for 24 documents as for 6."""
+    batching = {"extractions": {"ops": {"plan_extraction_batches": {"config": {"batches": 3, "batch_chunks": 1}}}}}
+    instance = dg.DagsterInstance.ephemeral()
+    rows, steps = {}, {}
+    for n in (6, 24):
+        src = tmp_path / f"src_{n}"
+        src.mkdir()
+        (src / "notes.jsonl").write_text("".join(json.dumps({"id": f"n{i}", "title": f"Note {i}", "text": (
+            f"Ada Fenwick visited Eastbridge in {1900 + i}. The Corran Shipping Company built its {i}th ship there.")})
+            + "\n" for i in range(n)))
+        home = tmp_path / f"home_{n}"
+        out = index_run(instance, home, run_config({"lazyhippo": {"home": str(home), "source": str(src)}}, batching),
+                        {}, "default")
+        assert out.success and _latest(instance, "documents")["dagster/row_count"] == n
+        rows[n] = len(instance.all_logs(out.run_id))
+        steps[n] = sorted(e.dagster_event.step_key for e in instance.all_logs(out.run_id, of_type=dg.DagsterEventType.STEP_START))
+    assert rows[6] == rows[24] and steps[6] == steps[24]
+    assert len([s for s in steps[24] if s.startswith("extractions.extract_documents[")]) == 3
+
+
+def test_unreadable_files_are_logged_one_by_one_only_up_to_a_cap(tmp_path):
+    """Each log line is an event row: past WARNINGS_LOGGED, unreadable files are one summary line (and counted in
+    the metadata)."""
+    from lazyhippo_dagster.assets.documents import WARNINGS_LOGGED
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "note.txt").write_text("Ada Fenwick visited Eastbridge in 1901.\n")
+    for i in range(WARNINGS_LOGGED + 5):
+        (src / f"broken_{i:02d}.pdf").write_bytes(b"not a pdf")
+    instance = dg.DagsterInstance.ephemeral()
+    out = index_run(instance, tmp_path / "home", run_config({"lazyhippo": {"home": str(tmp_path / "home"),
+                                                                          "source": str(src)}}), {}, "default")
+    assert out.success and _latest(instance, "documents")["documents_failed"] == WARNINGS_LOGGED + 5
+    warnings = [e.user_message for e in instance.all_logs(out.run_id)
+                if not e.is_dagster_event and e.level == logging.WARNING and e.step_key == "documents"]
+    assert len(warnings) == WARNINGS_LOGGED + 1 and warnings[-1].startswith("... and 5 more")
 
 
 def test_a_vanished_file_is_listed_as_removed_and_comes_back_with_the_file(corpus, tmp_path, monkeypatch):

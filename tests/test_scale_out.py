@@ -132,14 +132,14 @@ def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_pat
     batches, figures = planned(settings, objects, "run1")
     assert figures["documents_to_extract"] == 8 and len(batches) >= 3
     first = CountingExtractor()
-    extract_batch(settings, objects, batches[0].key, first)  # ... and the run dies here
+    extract_batch(settings, objects, batches[0].keys, first)  # ... and the run dies here
     done = set(first.seen)
     shutil.rmtree(settings.cache_dir)  # the next run lands on another machine: no local cache to help
     again = CountingExtractor()
     with connect(settings) as con:
         batches2, _ = plan_batches(settings, con, objects, "run2", batch_chunks=3)
         objects.reads.clear()
-        stats = [extract_batch(settings, objects, b.key, again) for b in batches2]
+        stats = [extract_batch(settings, objects, b.keys, again) for b in batches2]
         out = collect_parts(settings, con, objects, batches2, stats)
     assert done and not done & set(again.seen)  # the finished batch's parts were kept
     # only the parts the planner listed are read: a document without one costs no request
@@ -152,25 +152,53 @@ def test_a_run_killed_mid_way_loses_nothing_and_re_extracts_nothing_done(tmp_pat
     assert not batches3 and figures3["documents_unchanged"] == 8
 
 
-def test_collecting_reads_the_parts_the_batch_steps_hand_on_not_one_object_per_document(tmp_path, library_index):
+def test_collecting_reads_one_bundle_per_object_of_a_batch_not_one_object_per_document(tmp_path, library_index):
     settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
     objects = ReadCountingStore(tmp_path / "shared")
     batches, _ = planned(settings, objects, "r")
-    stats = [extract_batch(settings, objects, b.key) for b in batches]
+    stats = [extract_batch(settings, objects, b.keys) for b in batches]
     objects.reads.clear()
     with connect(settings) as con:
         out = collect_parts(settings, con, objects, batches, stats)
-    assert out["documents_extracted"] == 8 and objects.reads == []
+    assert out["documents_extracted"] == 8
+    assert sorted(objects.reads) == sorted(k for s in stats for k, _ in s["bundles"])  # each read once
+    assert len(objects.reads) == sum(len(b.keys) for b in batches) < 8
     assert extracted(settings) == extracted(library_index)
-    # results without parts (a step output of another version): the parts are read from the store instead
+    assert not objects.list("default/work/")  # the batches' objects and bundles go once loaded
+    # results without bundles (a step output of another version): the parts are read from the store instead
     again = Settings(home=tmp_path / "h2", source=str(SAMPLE_CORPUS))
     batches, _ = planned(again, objects, "r2")
-    stats = [{k: v for k, v in extract_batch(again, objects, b.key).items() if k != "parts"} for b in batches]
+    stats = [{k: v for k, v in extract_batch(again, objects, b.keys).items() if k != "bundles"} for b in batches]
     objects.reads.clear()
     with connect(again) as con:
         collect_parts(again, con, objects, batches, stats)
     assert len([k for k in objects.reads if "/parts/extractions/" in k]) == 8
     assert extracted(again) == extracted(library_index)
+
+
+def test_batches_stay_few_and_even_and_a_step_holds_one_object_of_its_batch_at_a_time(tmp_path, library_index):
+    """However many chunks a batch holds, its step extracts, writes and hands on one object of about
+    `batch_chunks` chunks at a time."""
+    settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
+    objects = LocalObjectStore(tmp_path / "shared")
+    with connect(settings) as con:
+        ingest_documents(settings, con)
+        build_chunks(settings, con)
+        sizes = dict(con.execute("SELECT doc_id, count(*) FROM chunks GROUP BY doc_id").fetchall())
+        batches, figures = plan_batches(settings, con, objects, "r", batches=2, batch_chunks=2)
+    assert figures["batches"] == len(batches) == 2 and all(len(b.keys) > 1 for b in batches)
+    per_batch = [sum(sizes[d] for d in b.doc_ids) for b in batches]
+    assert abs(per_batch[0] - per_batch[1]) <= max(sizes.values())  # even, to one document
+    seen = CountingExtractor()
+    calls = []
+    seen.extract = lambda chunks: calls.append(len(chunks)) or CountingExtractor.extract(seen, chunks)
+    stats = [extract_batch(settings, objects, b.keys, seen) for b in batches]
+    assert len(calls) == sum(len(b.keys) for b in batches) and max(calls) < max(per_batch)
+    assert max(calls) <= 2 - 1 + max(sizes.values())  # an object closes once it holds batch_chunks
+    assert [len(s["bundles"]) for s in stats] == [len(b.keys) for b in batches]
+    with connect(settings) as con:
+        collect_parts(settings, con, objects, batches, stats)
+    assert extracted(settings) == extracted(library_index)
 
 
 def test_parts_a_home_kept_from_before_go_once_their_documents_are_loaded(tmp_path):
@@ -180,7 +208,7 @@ def test_parts_a_home_kept_from_before_go_once_their_documents_are_loaded(tmp_pa
     objects = LocalObjectStore(tmp_path / "shared")
     batches, _ = planned(settings, objects, "r")
     with connect(settings) as con:
-        collect_parts(settings, con, objects, batches, [extract_batch(settings, objects, b.key) for b in batches])
+        collect_parts(settings, con, objects, batches, [extract_batch(settings, objects, b.keys) for b in batches])
         loaded = con.execute("SELECT doc_id FROM extraction_parts").fetchall()[0][0]
     objects.put(part_key("default", loaded), b"kept by an older version")
     objects.put(part_key("default", "never-loaded"), b"a killed run's part")
@@ -203,7 +231,7 @@ def test_delete_drops_the_extraction_part_so_a_re_added_document_is_extracted_ag
             ingest_documents(settings, con)
             build_chunks(settings, con)
             batches, _ = plan_batches(settings, con, objects, "r")
-            return collect_parts(settings, con, objects, batches, [extract_batch(settings, objects, b.key) for b in batches])
+            return collect_parts(settings, con, objects, batches, [extract_batch(settings, objects, b.keys) for b in batches])
 
     index_by_parts()
     with connect(settings) as con:
@@ -227,7 +255,7 @@ def test_parts_through_minio_give_the_same_rows(tmp_path, minio_store, namespace
         ingest_documents(settings, con)
         build_chunks(settings, con)
         batches, _ = plan_batches(settings, con, minio_store, "r1", batch_chunks=4)
-        stats = [extract_batch(settings, minio_store, b.key) for b in batches]
+        stats = [extract_batch(settings, minio_store, b.keys) for b in batches]
         assert len(minio_store.list(f"{ns}/parts/extractions/")) == 8
         collect_parts(settings, con, minio_store, batches, stats)
     # the warehouse holds the parts' rows: they go, with the batches' work lists

@@ -1,12 +1,14 @@
 """The `extractions` asset: entities, relations and facts per chunk, cached. On many workers, per-document
 parts live in shared storage (the object store), not in one warehouse.
 
-`plan_batches` (where the warehouse lives) writes the chunks of the documents whose extraction is out of date
-as batch objects; `extract_batch` (on any worker) reads one batch, extracts it, writes one Parquet part per
-document and hands the batch's parts on in its result; `collect_parts` (where the warehouse lives) loads them
-into the extracted_* tables and deletes them. Workers share nothing but the object store. A part carries the
-signature of its chunks and extractor, so a run killed mid-way and started again re-extracts only the documents
-without a part.
+`plan_batches` (where the warehouse lives) splits the documents whose extraction is out of date into at most
+a fixed number of batches, even in chunks, each written as objects of about BATCH_CHUNKS chunks; `extract_batch`
+(on any worker) works through its batch one object at a time, writing one Parquet part per document and, per
+object, one bundle of those parts; `collect_parts` (where the warehouse lives) loads the bundles into the
+extracted_* tables and deletes them. A run costs Dagster the same few steps (and events) for any corpus, and no
+step holds more than one object's chunks and parts at a time. Workers share nothing but the object store. A part
+carries the signature of its chunks and extractor, so a run killed mid-way and started again re-extracts only the
+documents without a part.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import io
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import Sequence
 
 import duckdb
 import polars as pl
@@ -42,9 +45,15 @@ STORED_PARTS = "stored_parts"  # batch object metadata: its documents that held 
 PART_SCHEMA = {"chunk_id": pl.String, "extraction": pl.String, "failure": pl.String}
 
 
+BATCHES = 12  # most batch steps a run fans out to: even work for 1, 2, 3, 4 or 6 workers
+# chunks of one object of a batch: a step extracts and holds one object at a time, and a batch holds at least
+# one (a run with fewer chunks makes fewer batches: a step's start-up, the model's load among it, is worth it)
+BATCH_CHUNKS = 400
+
+
 @dataclass(frozen=True)
 class Batch:
-    key: str                  # object key of the batch's chunks
+    keys: tuple[str, ...]     # object keys of the batch's chunks, whole documents of about BATCH_CHUNKS each
     name: str                 # short name, usable as a Dagster mapping key
     doc_ids: tuple[str, ...]
 
@@ -68,10 +77,10 @@ def _parquet(frame: pl.DataFrame, metadata: dict[str, str] | None = None) -> byt
 
 
 def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, run_id: str,
-                 batch_chunks: int = 400, extractor: Extractor | None = None,
+                 batches: int = BATCHES, batch_chunks: int = BATCH_CHUNKS, extractor: Extractor | None = None,
                  only: frozenset[str] | None = None) -> tuple[list[Batch], dict]:
-    """Batches of the documents (of `only`, when given) whose held extraction is missing or stale, about
-    `batch_chunks` chunks each."""
+    """At most `batches` batches, even in chunks, of the documents (of `only`, when given) whose held extraction
+    is missing or stale; each batch is written as objects of about `batch_chunks` chunks, at least one."""
     ns = settings.namespace
     extractor = extractor or _extractor(settings)
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
@@ -81,19 +90,30 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
     todo = [d for d in sorted(by_doc) if (only is None or d in only) and held.get(d) != signature(by_doc[d], extractor)]
     prefix = part_key(ns, "")[:-len(".parquet")]
     stored = {k[len(prefix):-len(".parquet")] for k in objects.list(prefix)} if todo else set()
-    batches, current = [], []
-    for doc_id in todo:
-        current.append(doc_id)
-        if sum(len(by_doc[d]) for d in current) >= batch_chunks or doc_id == todo[-1]:
-            name = f"b{len(batches):05d}"
-            key = f"{ns}/work/{run_id}/{name}.parquet"
-            # the types from every row: a section or page may first appear after the first hundred chunks
-            # with the documents that hold a part (a run that died after extracting them): only those are read
-            objects.put(key, _parquet(pl.DataFrame([c for d in current for c in by_doc[d]], infer_schema_length=None),
-                                      {STORED_PARTS: json.dumps([d for d in current if d in stored])}))
-            batches.append(Batch(key, name, tuple(current)))
-            current = []
-    return batches, {"documents": len(by_doc), "documents_to_extract": len(todo), "batches": len(batches),
+    total = sum(len(by_doc[d]) for d in todo)
+    n = max(1, min(batches, total // batch_chunks))
+    groups: list[list[str]] = [[] for _ in range(n)]
+    seen = 0
+    for doc_id in todo:  # where a document starts in the run's chunks decides its batch: even to one document
+        groups[seen * n // total].append(doc_id)
+        seen += len(by_doc[doc_id])
+    planned = []
+    for group in filter(None, groups):
+        name = f"b{len(planned):05d}"
+        keys, current, size = [], [], 0
+        for doc_id in group:
+            current.append(doc_id)
+            size += len(by_doc[doc_id])
+            if size >= batch_chunks or doc_id == group[-1]:
+                key = f"{ns}/work/{run_id}/{name}-{len(keys):05d}.parquet"
+                # the types from every row: a section or page may first appear after the first hundred chunks
+                # with the documents that hold a part (a run that died after extracting them): only those are read
+                frame = pl.DataFrame([c for d in current for c in by_doc[d]], infer_schema_length=None)
+                objects.put(key, _parquet(frame, {STORED_PARTS: json.dumps([d for d in current if d in stored])}))
+                keys.append(key)
+                current, size = [], 0
+        planned.append(Batch(tuple(keys), name, tuple(group)))
+    return planned, {"documents": len(by_doc), "documents_to_extract": len(todo), "batches": len(planned),
                      "documents_unchanged": len(by_doc) - len(todo)}
 
 
@@ -126,14 +146,46 @@ def _get(objects: ObjectStore, key: str) -> bytes | None:
         return None
 
 
-def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extractor: Extractor | None = None) -> dict:
-    """Extract one batch and write one part per document; a part already holding this signature is kept. The
-    result carries the batch's parts (`parts`: doc_id -> the part's compressed Parquet bytes), so the collecting
-    step reads a few step outputs instead of one object per document (reading 6k parts one by one was 19 s of a
-    2Wiki run) and decodes them a group at a time."""
-    ns = settings.namespace
+def _bundle_key(key: str) -> str:
+    return key.removesuffix(".parquet") + ".parts.parquet"
+
+
+def _read_bundle(objects: ObjectStore, key: str) -> dict[str, bytes]:
+    data = _get(objects, key)
+    return dict(pl.read_parquet(data).iter_rows()) if data else {}
+
+
+def extract_batch(settings: Settings, objects: ObjectStore, keys: Sequence[str],
+                  extractor: Extractor | None = None) -> dict:
+    """Extract one batch, one object of chunks (`keys`) at a time, and write one part per document; a part
+    already holding this signature is kept. Each object's parts also go out together as one bundle
+    (`bundles`: [bundle key, its doc_ids]), so the collecting step reads a few objects instead of one per
+    document (reading 6k parts one by one was 19 s of a 2Wiki run) and holds one at a time."""
     extractor = extractor or _extractor(settings)
-    data = objects.get(batch_key)
+    llm = getattr(extractor, "llm", None)
+    before = llm.meter.snapshot() if llm is not None else {}
+    totals: Counter = Counter()
+    bundles = []
+    cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")  # a local accelerator; parts are shared
+    try:
+        for key in keys:
+            figures, parts = _extract_object(settings, objects, key, extractor, cache)
+            totals.update(figures)
+            objects.put(_bundle_key(key), _parquet(pl.DataFrame({"doc_id": list(parts), "part": list(parts.values())},
+                                                                {"doc_id": pl.String, "part": pl.Binary})))
+            bundles.append([_bundle_key(key), list(parts)])
+    finally:
+        cache.close()
+    usage = llm.meter.since(before) if llm is not None else []  # recorded by collect_parts, with the warehouse
+    return {**{k: totals[k] for k in ("documents", "parts_kept", "chunks", "cached", "computed", "failed")},
+            "llm_usage": usage, "bundles": bundles}
+
+
+def _extract_object(settings: Settings, objects: ObjectStore, key: str, extractor: Extractor,
+                    cache: ExtractionCache) -> tuple[dict, dict[str, bytes]]:
+    """One object of a batch: its figures and its documents' parts (doc_id -> compressed Parquet bytes)."""
+    ns = settings.namespace
+    data = objects.get(key)
     chunks = [Chunk(**r) for r in pl.read_parquet(data).iter_rows(named=True)]
     listed = pl.read_parquet_metadata(data).get(STORED_PARTS)
     stored = set(json.loads(listed)) if listed is not None else None
@@ -148,14 +200,7 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
         else:
             todo += doc_chunks
     kept = len(parts)
-    llm = getattr(extractor, "llm", None)
-    before = llm.meter.snapshot() if llm is not None else {}
-    cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")  # a local accelerator; parts are shared
-    try:
-        run = extract_chunks(todo, extractor, cache)
-    finally:
-        cache.close()
-    usage = llm.meter.since(before) if llm is not None else []  # recorded by collect_parts, with the warehouse
+    run = extract_chunks(todo, extractor, cache)
     for doc_id in {c.doc_id for c in todo}:
         rows = [{"chunk_id": c.chunk_id,
                  "extraction": json.dumps(payload(run.results[c.chunk_id])) if c.chunk_id in run.results else None,
@@ -166,7 +211,7 @@ def extract_batch(settings: Settings, objects: ObjectStore, batch_key: str, extr
         parts[doc_id] = _parquet(pl.DataFrame(rows, PART_SCHEMA), {"signature": sig})
         objects.put(part_key(ns, doc_id), parts[doc_id])
     return {"documents": len(by_doc), "parts_kept": kept, "chunks": len(chunks), "cached": run.cached,
-            "computed": run.computed, "failed": len(run.failures), "llm_usage": usage, "parts": parts}
+            "computed": run.computed, "failed": len(run.failures)}, parts
 
 
 def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, batches: list[Batch],
@@ -179,8 +224,9 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in load_chunks(con, ns):
         by_doc[c.doc_id].append(c)
-    handed: dict[str, bytes] = {d: p for s in stats if s for d, p in s.get("parts", {}).items()}
-    docs = sorted({d for b in batches for d in b.doc_ids if d in by_doc})
+    located = {d: key for s in stats if s for key, doc_ids in s.get("bundles", ()) for d in doc_ids}
+    # a bundle's documents side by side, so each bundle is read once; a document in none is read alone
+    docs = sorted({d for b in batches for d in b.doc_ids if d in by_doc}, key=lambda d: (located.get(d, ""), d))
     groups, size = [[]], 0  # documents of about STORE_BATCH chunks: only one group's extractions are decoded at a time
     for doc_id in docs:
         if size >= STORE_BATCH:
@@ -190,12 +236,15 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
         size += len(by_doc[doc_id])
     held = []
     written: Counter = Counter()
+    bundle_key, bundle = None, {}
     with transaction(con):
         for group in groups:
             results: dict[str, Extraction] = {}
             failures: dict[str, str] = {}
             for doc_id in group:
-                data = handed.get(doc_id) or _get(objects, part_key(ns, doc_id))
+                if located.get(doc_id, bundle_key) != bundle_key:
+                    bundle_key, bundle = located[doc_id], _read_bundle(objects, located[doc_id])
+                data = bundle.get(doc_id) or _get(objects, part_key(ns, doc_id))
                 part = _decode_part(data) if data else None
                 if part is None or part[0].removeprefix(RETRY) != signature(by_doc[doc_id], extractor):
                     raise RuntimeError(f"extraction part of document {doc_id} is missing or stale in {objects.uri}: "
@@ -217,8 +266,8 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
     stored = {k[len(prefix):-len(".parquet")] for k in objects.list(prefix)}
     for doc_id in sorted(stored & (loaded | set(gone))):
         objects.delete(part_key(ns, doc_id))
-    for b in batches:
-        objects.delete(b.key)
+    for key in [k for b in batches for k in b.keys] + [k for s in stats if s for k, _ in s.get("bundles", ())]:
+        objects.delete(key)
     totals = Counter()
     for s in stats:
         totals.update({k: v for k, v in s.items() if isinstance(v, int)})
