@@ -37,6 +37,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
 SERVED_RUN: dict[str, str | None] = {"run_id": None}  # the id a server chose for this process's Dagster run
+START_DAEMON = False  # set by the `lazyhippo` entry point: a query run here starts the home's warm daemon
 
 
 @app.callback()
@@ -277,6 +278,14 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
                                                       "budget": budget, "options": options.chosen()}}},
                   namespace=namespace)
     data = result.output_for_node("answer_question")
+    _print_answer(data, question, namespace, as_json)
+    if START_DAEMON and not environment().verbose:  # the next query of this home is answered warm
+        from lazyhippo_dagster.query_daemon import start_daemon
+
+        start_daemon(root, namespace, environment().query_daemon_minutes)
+
+
+def _print_answer(data: dict, question: str, namespace: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
@@ -295,6 +304,36 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
 
 
 app.command("chat")(chat)
+
+
+@app.command("daemon")
+def daemon_cmd(home: Path = HomeOpt, namespace: str = NsOpt,
+               idle_minutes: float = typer.Option(10.0, "--idle-minutes", min=0.01,
+                                                  help="Exit after this many minutes without a query."),
+               stop: bool = typer.Option(False, "--stop", help="End the home's daemon instead.")) -> None:
+    """Keep this home's queries warm: `lazyhippo query` hands its command to this process, which runs it as the
+    same Dagster run with Dagster and the index already loaded (a query started without one starts it, unless
+    LAZYHIPPO_QUERY_DAEMON=0). Loopback only, with a token in the home readable by its owner."""
+    from lazyhippo_dagster import query_daemon
+
+    if stop:
+        pid = query_daemon.stop(home)
+        console.print(f"stopped the query daemon {pid} of {home}" if pid else f"no query daemon runs for {home}")
+        return
+    _checked(check_namespace_option, namespace)
+
+    def ready() -> None:  # what a query reads first: Dagster's query job and the namespace's index
+        from lazyhippo_dagster.runner import job_def
+
+        job_def("query")
+        if has_chunks(Settings(home=home, namespace=namespace)):
+            _warm(resolve_settings(home, namespace), query_options())
+        console.print(f"query daemon {os.getpid()} serves {home} (idle exit after {idle_minutes:g} min)")
+
+    try:
+        query_daemon.serve(home, idle_minutes * 60, ready)
+    except query_daemon.AlreadyRunning as exc:
+        console.print(f"[yellow]note:[/yellow] {exc}")
 
 
 def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Optional[str], object_store: Optional[str],
