@@ -843,7 +843,9 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
                 cli: int = typer.Option(0, min=0, help="Instead: time this many `lazyhippo query` processes (route "
                                                        "auto), one question each, as a user runs them."),
                 baseline: Optional[Path] = typer.Option(None, help="With --cli: another build's `lazyhippo` "
-                                                        "executable, run alternately with this one (same load).")) -> None:
+                                                        "executable, run alternately with this one (same load)."),
+                warm: bool = typer.Option(False, "--warm", help="With --cli: also through the home's query daemon "
+                                          "(`lazyhippo daemon`), alternately with the cold commands.")) -> None:
     """p50/p95 latency per route: retrieval + context assembly (query embedding included, no LLM), and with the
     extractive answer (answer_*); with --cli, the wall time of whole `lazyhippo query` commands."""
     import polars as pl
@@ -856,10 +858,12 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
     bar, update = _progress_bar()
     with bar:
         settings, info = ensure_index(corpus, workdir, update, Settings.from_env(embedder=embedder))
+        if warm and not cli:
+            raise typer.BadParameter("needs --cli N", param_hint="--warm")
         if cli:
             if baseline is not None and not baseline.is_file():
                 raise typer.BadParameter(f"{baseline} is not a file", param_hint="--baseline")
-            result = run_cli_latency(settings, json.loads(questions.read_text()), cli, baseline)
+            result = run_cli_latency(settings, json.loads(questions.read_text()), cli, baseline, warm)
         else:
             result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
     if cli:

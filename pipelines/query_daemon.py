@@ -161,9 +161,9 @@ def ask(advert: dict, args: list[str], fp: dict) -> dict | None:
 
 
 def start_daemon(home: Path, namespace: str, minutes: int) -> None:
-    """Start the home's daemon in the background unless one runs (a second one started at once exits at its
-    lock)."""
-    if not minutes or read_advert(home) is not None:
+    """Start the home's daemon in the background unless one holds its lock (two started at once: the second
+    exits at the lock)."""
+    if not minutes or daemon_running(home):
         return
     import subprocess
 
@@ -171,6 +171,20 @@ def start_daemon(home: Path, namespace: str, minutes: int) -> None:
                       "--namespace", namespace, "--idle-minutes", str(minutes)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, cwd=home)
+
+
+def daemon_running(home: Path) -> bool:
+    """Whether a daemon holds the home's lock (whatever its advert says)."""
+    import fcntl
+
+    try:
+        with open(home / LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # a home this user cannot write: no daemon of its own either
+        return True
+    return False
 
 
 # ------------------------------------------------------------------ daemon
