@@ -136,6 +136,25 @@ def test_the_daemon_refuses_a_wrong_token_and_declines_another_environment(warm_
     assert len(_runs(home)) == before  # nothing ran
 
 
+def test_a_reindex_is_answered_from_at_once(warm_home, tmp_path):
+    """The daemon keeps no index of its own past a re-index: the next query reads the newly published one."""
+    from lazyhippo.index import run_index
+    from lazyhippo.settings import SAMPLE_CORPUS, Settings
+
+    home, daemon = warm_home
+    question = "Who designed the Quillon Harbour Lighthouse?"
+    assert "Marisol Varga" not in _query(home, question).stdout
+    corpus = tmp_path / "corpus"
+    shutil.copytree(SAMPLE_CORPUS, corpus)
+    (corpus / "quillon_lighthouse.md").write_text("# Quillon Harbour Lighthouse\n\nThe Quillon Harbour Lighthouse "
+                                                  "was designed by the engineer Marisol Varga in 1877.\n")
+    run_index(Settings(home=home, source=str(corpus)))
+    out = _query(home, question, "--json")
+    data = json.loads(out.stdout)
+    assert "Marisol Varga" in data["answer"] and data["citations"][0]["source"].endswith("quillon_lighthouse.md")
+    assert _runs(home)[0].tags["lazyhippo/pid"] == str(daemon.pid)
+
+
 def test_a_dead_daemon_falls_back_to_the_querys_own_process_which_starts_a_new_one(sample_settings, tmp_path):
     home = _home(sample_settings, tmp_path / "home")
     gone = subprocess.Popen(["true"])
