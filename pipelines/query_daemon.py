@@ -109,7 +109,17 @@ def fingerprint(home: Path) -> dict:
     the interpreter and the installed code."""
     env = {k: v for k, v in os.environ.items() if k.startswith(SETTINGS_PREFIXES) and k not in NOT_SETTINGS}
     env["DAGSTER_HOME"] = str(Path(os.environ.get("DAGSTER_HOME") or home / "dagster").resolve())
-    return {"env": env, "python": sys.executable, "code": str(Path(__file__).resolve().parent)}
+    return {"env": env, "python": sys.executable, "code": code_stamp()}
+
+
+def code_stamp() -> list:
+    """The installed code: its folders and the newest modification of a module in them (an upgrade or an edit
+    retires a daemon running the code before it)."""
+    from importlib.util import find_spec
+
+    folders = [Path(__file__).resolve().parent, *(Path(p) for p in find_spec("lazyhippo").submodule_search_locations)]
+    newest = max(f.stat().st_mtime_ns for folder in folders for f in folder.rglob("*.py"))
+    return [*map(str, folders), newest]
 
 
 def read_advert(home: Path) -> dict | None:
@@ -194,6 +204,10 @@ class AlreadyRunning(RuntimeError):
     """The home has a daemon already."""
 
 
+class Retired(Exception):
+    """The daemon's code is not the clients' any more: it ends."""
+
+
 def serve(home: Path, idle: float, ready=None) -> None:
     """Serve this home's queries until `idle` seconds pass without one (or SIGTERM). `ready()` is called once
     the daemon is advertised."""
@@ -237,8 +251,10 @@ def serve(home: Path, idle: float, ready=None) -> None:
             with conn:
                 try:
                     handle(conn, token, fp, runner, app)
-                except (OSError, ValueError):  # a client that went away or sent garbage: the next one
+                except (OSError, ValueError, TypeError, AttributeError):  # a client gone, or garbage: the next one
                     pass
+                except Retired:
+                    break
     finally:
         server.close()
         remove_advert(home, os.getpid())
@@ -265,6 +281,9 @@ def handle(conn: socket.socket, token: str, fp: dict, runner, app) -> None:
     args = request.get("args")
     if request.get("fingerprint") != fp:
         answer["declined"] = "another environment than the daemon's"
+        if {k: v for k, v in request["fingerprint"].items() if k != "env"} != {k: v for k, v in fp.items() if k != "env"}:
+            conn.sendall(json.dumps(answer).encode())
+            raise Retired("the client runs other code: this daemon is out of date")
     elif not isinstance(args, list) or len(args) > MAX_ARGS or not all(isinstance(a, str) for a in args):
         answer["declined"] = "malformed command line"
     else:

@@ -185,6 +185,20 @@ def test_a_dead_daemon_falls_back_to_the_querys_own_process_which_starts_a_new_o
     assert query_daemon.read_advert(home) is None
 
 
+def test_a_daemon_running_other_code_than_its_client_ends(sample_settings, tmp_path):
+    """After an upgrade or an edit of the code, the daemon of the code before declines and exits."""
+    home = _home(sample_settings, tmp_path / "home")
+    daemon = _start_daemon(home)
+    try:
+        advert = query_daemon.read_advert(home)
+        fp = query_daemon.fingerprint(home)
+        assert query_daemon.ask(advert, ["--home", str(home), SUCCESSOR_Q], {**fp, "code": [*fp["code"][:-1], 1]}) is None
+        assert daemon.wait(30) == 0 and query_daemon.read_advert(home) is None
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
 def test_without_a_daemon_a_query_runs_in_its_own_process_and_starts_none(sample_settings, tmp_path):
     home = _home(sample_settings, tmp_path / "home")
     out = _query(home, SUCCESSOR_Q, "--json", LAZYHIPPO_QUERY_DAEMON="0")
