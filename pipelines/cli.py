@@ -123,19 +123,22 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
     from lazyhippo_dagster.runner import execute, failure_reason, run_config
 
     tag = {"lazyhippo/cli_run": uuid.uuid4().hex, **(tags or {})}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=_terminal(), transient=False) as bar:
-        tasks: dict[str, int] = {}
+    if job == "query":  # one short step: no progress display, nor polling the run's events beside it
+        result = execute(job, home, run_config(resources, ops), tags=tag, namespace=namespace)
+    else:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=_terminal(), transient=False) as bar:
+            tasks: dict[str, int] = {}
 
-        def on_step(step: str, state: str) -> None:
-            if step not in tasks:
-                tasks[step] = bar.add_task(f"{job}: {step}", total=None)
-            if state != "started":
-                bar.update(tasks[step], total=1, completed=1, description=f"{job}: {step} {state}")
-                bar.stop_task(tasks[step])
+            def on_step(step: str, state: str) -> None:
+                if step not in tasks:
+                    tasks[step] = bar.add_task(f"{job}: {step}", total=None)
+                if state != "started":
+                    bar.update(tasks[step], total=1, completed=1, description=f"{job}: {step} {state}")
+                    bar.stop_task(tasks[step])
 
-        result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace, workers=workers,
-                         run_id=SERVED_RUN["run_id"] if job != "query" else None)
+            result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace,
+                             workers=workers, run_id=SERVED_RUN["run_id"])
     if not result.success:
         for event in result.all_events:
             if event.is_step_failure:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -192,13 +193,19 @@ def job_def(job_name: str) -> dg.JobDefinition:
     """The resolved job; `query` alone with the resources, since importing every asset, check and sensor cost a
     query a tenth of its wall time."""
     if job_name == "query":
-        from lazyhippo_dagster.query_job import query
-        from lazyhippo_dagster.resources import default_resources
-
-        return dg.Definitions(jobs=[query], resources=default_resources()).resolve_job_def(job_name)
+        return _query_job()
     from lazyhippo_dagster.definitions import defs
 
     return defs.resolve_job_def(job_name)
+
+
+@functools.cache
+def _query_job() -> dg.JobDefinition:
+    """Built once per process (the query daemon runs many)."""
+    from lazyhippo_dagster.query_job import query
+    from lazyhippo_dagster.resources import default_resources
+
+    return dg.Definitions(jobs=[query], resources=default_resources()).resolve_job_def("query")
 
 
 def index_run(instance: dg.DagsterInstance, home: Path, config: dict, tags: dict, namespace: str | None,
