@@ -325,6 +325,11 @@ def environment() -> Environment:
     )
 
 
+def child_environment(**variables: str) -> dict[str, str]:
+    """This process's variables with `variables` set: the environment of a process started with other settings."""
+    return {**os.environ, **variables}
+
+
 def postgres_environment() -> dict[str, str]:
     """The PostgreSQL login a Dagster instance on PostgreSQL names by variable (the cluster's dagster.yaml)."""
     return {

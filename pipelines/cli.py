@@ -325,16 +325,23 @@ def daemon_cmd(home: Path = HomeOpt, namespace: str = NsOpt,
         return
     _checked(check_namespace_option, namespace)
 
-    def ready() -> None:  # what a query reads first: Dagster's query job and the namespace's index
+    def ready() -> None:  # what a query reads first, before the first is accepted: the query job and the index
+        from lazyhippo.query.answer import warm as load
         from lazyhippo_dagster.runner import job_def
 
         job_def("query")
-        if has_chunks(Settings(home=home, namespace=namespace)):
-            _warm(resolve_settings(home, namespace), query_options())
+        try:
+            if has_chunks(Settings(home=home, namespace=namespace)):
+                load(resolve_settings(home, namespace))
+        except Exception as exc:  # noqa: BLE001 - each query reports what it cannot read
+            console.print(f"[yellow]note:[/yellow] the index of namespace {namespace!r} was not loaded: {exc}")
         console.print(f"query daemon {os.getpid()} serves {home} (idle exit after {idle_minutes:g} min)")
 
+    warm = typer.Typer(add_completion=False)  # `query` alone: building the whole CLI would cost every request
+    warm.callback()(_main)
+    warm.command("query")(query_cmd)
     try:
-        query_daemon.serve(home, idle_minutes * 60, ready)
+        query_daemon.serve(home, idle_minutes * 60, warm, ready)
     except query_daemon.AlreadyRunning as exc:
         console.print(f"[yellow]note:[/yellow] {exc}")
 

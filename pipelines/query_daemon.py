@@ -12,8 +12,8 @@ only clients whose environment (the variables that decide settings and stores) a
 other, a dead or unreachable daemon, or a refused request, and the client runs the query in its own process as
 before. It exits after `idle` seconds without a request.
 
-This module is the `lazyhippo` entry point: it imports only the standard library (and `lazyhippo.settings` to
-find the home) before a query is handed over; everything else goes to `lazyhippo_dagster.cli`.
+The client side imports only the standard library (and `lazyhippo.settings` to find the home): the `lazyhippo`
+entry point (`lazyhippo_dagster.launcher`) hands a query over before importing the CLI.
 """
 
 from __future__ import annotations
@@ -37,24 +37,6 @@ MAX_ARGS = 64
 # the variables that decide what a query run does (settings, stores, models, the LLM, the instance)
 SETTINGS_PREFIXES = ("LAZYHIPPO_", "OPENAI_", "NEO4J_", "MINIO_", "DAGSTER_")
 NOT_SETTINGS = {"LAZYHIPPO_HOME", "LAZYHIPPO_QUERY_DAEMON"}  # the home is sent as --home; the daemon's own knob
-
-
-def main() -> None:
-    """`lazyhippo`: a `query` goes to the home's warm daemon when one answers, else (and every other command)
-    to the CLI; a query that ran in its own process starts the daemon for the next one."""
-    args = sys.argv[1:]
-    is_query = args[:1] == ["query"] and "--help" not in args
-    if is_query:
-        reply = forward(args[1:])
-        if reply is not None:
-            sys.stdout.write(reply["stdout"])
-            sys.stdout.flush()
-            sys.stderr.write(reply["stderr"])
-            sys.exit(reply["exit_code"])
-    from lazyhippo_dagster import cli
-
-    cli.START_DAEMON = is_query
-    cli.app()
 
 
 # ------------------------------------------------------------------ client
@@ -208,21 +190,15 @@ class Retired(Exception):
     """The daemon's code is not the clients' any more: it ends."""
 
 
-def serve(home: Path, idle: float, ready=None) -> None:
-    """Serve this home's queries until `idle` seconds pass without one (or SIGTERM). `ready()` is called once
-    the daemon is advertised."""
+def serve(home: Path, idle: float, app, ready=None) -> None:
+    """Serve this home's queries with `app` (a Typer app whose `query` command is the CLI's) until `idle` seconds
+    pass without one (or SIGTERM). `ready()` is called once the daemon is advertised."""
     import fcntl
     import signal
 
-    import typer
     from typer.testing import CliRunner
 
-    from lazyhippo_dagster import cli
     from lazyhippo_dagster.runner import keep_instances
-
-    app = typer.Typer(add_completion=False)  # the CLI's `query` alone (building the whole CLI costs each request)
-    app.callback()(cli._main)
-    app.command("query")(cli.query_cmd)
 
     home.mkdir(parents=True, exist_ok=True)
     lock = open(home / LOCK, "a")
@@ -334,7 +310,3 @@ def stop(home: Path, seconds: float = 10.0) -> int | None:
     while alive(advert["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return advert["pid"]
-
-
-if __name__ == "__main__":
-    main()

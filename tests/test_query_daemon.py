@@ -22,7 +22,7 @@ from lazyhippo_dagster import query_daemon
 
 SUCCESSOR_Q = "Who succeeded the founder of the Marlow Observatory as its director?"
 OUT_OF_CORPUS_Q = "Which rebase option keeps merge commits when replaying a branch in git?"
-LAUNCHER = [sys.executable, "-m", "lazyhippo_dagster.query_daemon"]  # what the `lazyhippo` script runs
+LAUNCHER = [sys.executable, "-m", "lazyhippo_dagster.launcher"]  # what the `lazyhippo` script runs
 
 
 def _env(**extra: str) -> dict[str, str]:

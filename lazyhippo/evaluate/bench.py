@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import polars as pl
 
 from lazyhippo.models.embedders import embedding_model_name
-from lazyhippo.settings import QUERY_FIELDS, Settings
+from lazyhippo.settings import QUERY_FIELDS, Settings, child_environment
 
 Ranker = Callable[[str], list[str]]  # question -> ranked passage keys (ids, titles or files: see gold_key)
 
@@ -468,7 +468,7 @@ def _cli_walls(commands: dict[str, Command], namespace: str, questions: Sequence
             used = resource.getrusage(resource.RUSAGE_CHILDREN)
             daemon_cpu = _process_cpu(cmd.daemon_pid) if cmd.daemon_pid else 0.0
             t0 = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **cmd.env})
+            done = subprocess.run(command, capture_output=True, text=True, env=child_environment(**cmd.env))
             walls[prefix].append(time.perf_counter() - t0)
             now = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus[prefix].append(now.ru_utime - used.ru_utime + now.ru_stime - used.ru_stime)
