@@ -87,11 +87,12 @@ def home_of(value: str | None) -> Path:
 
 
 def fingerprint(home: Path) -> dict:
-    """What a daemon and its client must share: the settings variables (DAGSTER_HOME as the CLI resolves it),
-    the interpreter and the installed code."""
+    """What a daemon and its client must share: the settings variables (DAGSTER_HOME as the CLI resolves it; as
+    a hash, since they hold keys), the interpreter and the installed code."""
     env = {k: v for k, v in os.environ.items() if k.startswith(SETTINGS_PREFIXES) and k not in NOT_SETTINGS}
     env["DAGSTER_HOME"] = str(Path(os.environ.get("DAGSTER_HOME") or home / "dagster").resolve())
-    return {"env": env, "python": sys.executable, "code": code_stamp()}
+    digest = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
+    return {"env": digest, "python": sys.executable, "code": code_stamp()}
 
 
 def code_stamp() -> list:

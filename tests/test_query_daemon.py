@@ -131,7 +131,7 @@ def test_the_daemon_refuses_a_wrong_token_and_declines_another_environment(warm_
     assert "wrong token" in refused["error"] and "stdout" not in refused and "proof" not in refused
     assert query_daemon.ask({**advert, "token": "y" * 43}, args, fp) is None  # the client then runs it itself
     other = raw({"token": advert["token"], "nonce": "n", "args": args,
-                 "fingerprint": {**fp, "env": {**fp["env"], "LAZYHIPPO_EMBEDDER": "minilm"}}})
+                 "fingerprint": {**fp, "env": "0" * 64}})
     assert other["declined"] and other["proof"] == query_daemon.proof(advert["token"], "n") and "stdout" not in other
     assert len(_runs(home)) == before  # nothing ran
 
@@ -210,3 +210,15 @@ def test_without_a_daemon_a_query_runs_in_its_own_process_and_starts_none(sample
 def test_split_home_takes_the_last_home_option_and_keeps_the_rest():
     assert query_daemon.split_home(["q", "--home", "a", "--json", "--home=b", "-n", "x"]) == ("b", ["q", "--json", "-n", "x"])
     assert query_daemon.split_home(["--", "--home", "a"]) == (None, ["--", "--home", "a"])
+
+
+def test_the_fingerprint_holds_the_settings_variables_as_a_hash(tmp_path, monkeypatch):
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-to-be-sent")
+    fp = query_daemon.fingerprint(tmp_path)
+    assert "sk-not-to-be-sent" not in json.dumps(fp)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))  # the default, named: the same instance
+    monkeypatch.setenv("LAZYHIPPO_QUERY_DAEMON", "3")
+    assert query_daemon.fingerprint(tmp_path) == fp
+    monkeypatch.setenv("LAZYHIPPO_EMBEDDER", "minilm")
+    assert query_daemon.fingerprint(tmp_path)["env"] != fp["env"]
