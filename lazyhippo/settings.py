@@ -280,6 +280,9 @@ class Environment:
     celery_broker: str | None = field(default=None, repr=False)
     celery_backend: str | None = field(default=None, repr=False)
     snapshots: str | None = None                  # LAZYHIPPO_SNAPSHOTS: s3://bucket/prefix published snapshots go to
+    # LAZYHIPPO_QUERY_DAEMON: idle minutes of the warm query process `lazyhippo query` starts and hands its
+    # questions to (lazyhippo_dagster.query_daemon); 0: every query runs in its own process
+    query_daemon_minutes: int = 10
 
     def compute_threads(self, cap: int = 4) -> int:
         """LAZYHIPPO_THREADS when set, else the cores this process may use, at most `cap`."""
@@ -317,7 +320,14 @@ def environment() -> Environment:
         celery_broker=env.get("LAZYHIPPO_CELERY_BROKER") or None,
         celery_backend=env.get("LAZYHIPPO_CELERY_BACKEND") or None,
         snapshots=env.get("LAZYHIPPO_SNAPSHOTS") or None,
+        query_daemon_minutes=(_count("LAZYHIPPO_QUERY_DAEMON") if (env.get("LAZYHIPPO_QUERY_DAEMON") or "").strip()
+                              else defaults.query_daemon_minutes),
     )
+
+
+def child_environment(**variables: str) -> dict[str, str]:
+    """This process's variables with `variables` set: the environment of a process started with other settings."""
+    return {**os.environ, **variables}
 
 
 def postgres_environment() -> dict[str, str]:

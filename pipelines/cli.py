@@ -37,6 +37,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
 SERVED_RUN: dict[str, str | None] = {"run_id": None}  # the id a server chose for this process's Dagster run
+START_DAEMON = False  # set by the `lazyhippo` entry point: a query run here starts the home's warm daemon
 
 
 @app.callback()
@@ -122,19 +123,22 @@ def _run(job: str, home: Path, resources: dict, ops: dict | None = None, namespa
     from lazyhippo_dagster.runner import execute, failure_reason, run_config
 
     tag = {"lazyhippo/cli_run": uuid.uuid4().hex, **(tags or {})}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=_terminal(), transient=False) as bar:
-        tasks: dict[str, int] = {}
+    if job == "query":  # one short step: no progress display, nor polling the run's events beside it
+        result = execute(job, home, run_config(resources, ops), tags=tag, namespace=namespace)
+    else:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=_terminal(), transient=False) as bar:
+            tasks: dict[str, int] = {}
 
-        def on_step(step: str, state: str) -> None:
-            if step not in tasks:
-                tasks[step] = bar.add_task(f"{job}: {step}", total=None)
-            if state != "started":
-                bar.update(tasks[step], total=1, completed=1, description=f"{job}: {step} {state}")
-                bar.stop_task(tasks[step])
+            def on_step(step: str, state: str) -> None:
+                if step not in tasks:
+                    tasks[step] = bar.add_task(f"{job}: {step}", total=None)
+                if state != "started":
+                    bar.update(tasks[step], total=1, completed=1, description=f"{job}: {step} {state}")
+                    bar.stop_task(tasks[step])
 
-        result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace, workers=workers,
-                         run_id=SERVED_RUN["run_id"] if job != "query" else None)
+            result = execute(job, home, run_config(resources, ops), on_step, tags=tag, namespace=namespace,
+                             workers=workers, run_id=SERVED_RUN["run_id"])
     if not result.success:
         for event in result.all_events:
             if event.is_step_failure:
@@ -277,6 +281,14 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
                                                       "budget": budget, "options": options.chosen()}}},
                   namespace=namespace)
     data = result.output_for_node("answer_question")
+    _print_answer(data, question, namespace, as_json)
+    if START_DAEMON and not environment().verbose:  # the next query of this home is answered warm
+        from lazyhippo_dagster.query_daemon import start_daemon
+
+        start_daemon(root, namespace, environment().query_daemon_minutes)
+
+
+def _print_answer(data: dict, question: str, namespace: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps(data, indent=2))
         return
@@ -295,6 +307,43 @@ def query_cmd(question: str = typer.Argument(..., help="The question."),
 
 
 app.command("chat")(chat)
+
+
+@app.command("daemon")
+def daemon_cmd(home: Path = HomeOpt, namespace: str = NsOpt,
+               idle_minutes: float = typer.Option(10.0, "--idle-minutes", min=0.01,
+                                                  help="Exit after this many minutes without a query."),
+               stop: bool = typer.Option(False, "--stop", help="End the home's daemon instead.")) -> None:
+    """Keep this home's queries warm: `lazyhippo query` hands its command to this process, which runs it as the
+    same Dagster run with Dagster and the index already loaded (a query started without one starts it, unless
+    LAZYHIPPO_QUERY_DAEMON=0). Loopback only, with a token in the home readable by its owner."""
+    from lazyhippo_dagster import query_daemon
+
+    if stop:
+        pid = query_daemon.stop(home)
+        console.print(f"stopped the query daemon {pid} of {home}" if pid else f"no query daemon runs for {home}")
+        return
+    _checked(check_namespace_option, namespace)
+
+    def ready() -> None:  # what a query reads first, before the first is accepted: the query job and the index
+        from lazyhippo.query.answer import warm as load
+        from lazyhippo_dagster.runner import job_def
+
+        job_def("query")
+        try:
+            if has_chunks(Settings(home=home, namespace=namespace)):
+                load(resolve_settings(home, namespace))
+        except Exception as exc:  # noqa: BLE001 - each query reports what it cannot read
+            console.print(f"[yellow]note:[/yellow] the index of namespace {namespace!r} was not loaded: {exc}")
+        console.print(f"query daemon {os.getpid()} serves {home} (idle exit after {idle_minutes:g} min)")
+
+    warm = typer.Typer(add_completion=False)  # `query` alone: building the whole CLI would cost every request
+    warm.callback()(_main)
+    warm.command("query")(query_cmd)
+    try:
+        query_daemon.serve(home, idle_minutes * 60, warm, ready)
+    except query_daemon.AlreadyRunning as exc:
+        console.print(f"[yellow]note:[/yellow] {exc}")
 
 
 def _edit_then_rebuild(home: Optional[Path], namespace: str, graph_store: Optional[str], object_store: Optional[str],
@@ -805,7 +854,9 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
                 cli: int = typer.Option(0, min=0, help="Instead: time this many `lazyhippo query` processes (route "
                                                        "auto), one question each, as a user runs them."),
                 baseline: Optional[Path] = typer.Option(None, help="With --cli: another build's `lazyhippo` "
-                                                        "executable, run alternately with this one (same load).")) -> None:
+                                                        "executable, run alternately with this one (same load)."),
+                warm: bool = typer.Option(False, "--warm", help="With --cli: also through the home's query daemon "
+                                          "(`lazyhippo daemon`), alternately with the cold commands.")) -> None:
     """p50/p95 latency per route: retrieval + context assembly (query embedding included, no LLM), and with the
     extractive answer (answer_*); with --cli, the wall time of whole `lazyhippo query` commands."""
     import polars as pl
@@ -818,10 +869,12 @@ def bench_query(dataset: Optional[str] = typer.Option(None, help="2wiki | hotpot
     bar, update = _progress_bar()
     with bar:
         settings, info = ensure_index(corpus, workdir, update, Settings.from_env(embedder=embedder))
+        if warm and not cli:
+            raise typer.BadParameter("needs --cli N", param_hint="--warm")
         if cli:
             if baseline is not None and not baseline.is_file():
                 raise typer.BadParameter(f"{baseline} is not a file", param_hint="--baseline")
-            result = run_cli_latency(settings, json.loads(questions.read_text()), cli, baseline)
+            result = run_cli_latency(settings, json.loads(questions.read_text()), cli, baseline, warm)
         else:
             result = run_latency_bench(settings, json.loads(questions.read_text()), routes.split(","), repeat, graph_store)
     if cli:

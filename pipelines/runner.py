@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -27,7 +28,23 @@ def instance_for(home: Path) -> dg.DagsterInstance:
     text = config.read_text() if config.exists() else ""
     if text.strip() == "" or (text.startswith(INSTANCE_CONFIG) and text != INSTANCE_CONFIG):  # new, or an older one of ours
         config.write_text(INSTANCE_CONFIG)  # Dagster's own storage: SQLite, its event log sharded by run
-    return dg.DagsterInstance.get()
+    if _KEPT is None:
+        return dg.DagsterInstance.get()
+    key = dagster_home.resolve()
+    if key not in _KEPT:
+        _KEPT[key] = dg.DagsterInstance.get()
+    return _KEPT[key]
+
+
+_KEPT: dict[Path, dg.DagsterInstance] | None = None  # with keep_instances: the instances opened, by DAGSTER_HOME
+
+
+def keep_instances() -> None:
+    """This process launches many runs (the query daemon): open each instance once, not once per run (opening
+    one checks the migrations of its SQLite storage, a third of a small run's cost)."""
+    global _KEPT
+    if _KEPT is None:
+        _KEPT = {}
 
 
 # Offline by design: no usage statistics (nor the first-run notice about them). Runs launched from the UI: the
@@ -176,13 +193,19 @@ def job_def(job_name: str) -> dg.JobDefinition:
     """The resolved job; `query` alone with the resources, since importing every asset, check and sensor cost a
     query a tenth of its wall time."""
     if job_name == "query":
-        from lazyhippo_dagster.query_job import query
-        from lazyhippo_dagster.resources import default_resources
-
-        return dg.Definitions(jobs=[query], resources=default_resources()).resolve_job_def(job_name)
+        return _query_job()
     from lazyhippo_dagster.definitions import defs
 
     return defs.resolve_job_def(job_name)
+
+
+@functools.cache
+def _query_job() -> dg.JobDefinition:
+    """Built once per process (the query daemon runs many)."""
+    from lazyhippo_dagster.query_job import query
+    from lazyhippo_dagster.resources import default_resources
+
+    return dg.Definitions(jobs=[query], resources=default_resources()).resolve_job_def("query")
 
 
 def index_run(instance: dg.DagsterInstance, home: Path, config: dict, tags: dict, namespace: str | None,

@@ -389,6 +389,30 @@ def test_cli_latency_alternates_with_a_baseline_build_and_reports_the_load(sampl
     assert result["cpu_p50_ms"] > 100 * result["baseline_cpu_p50_ms"]
 
 
+def test_cli_latency_measures_the_warm_daemon_beside_the_cold_command(sample_settings, tmp_path, monkeypatch):
+    """`bench query --cli N --warm`: the same commands through the home's query daemon, in turn with cold ones
+    that neither use nor start it; the daemon's CPU per query comes back, and it is gone afterwards."""
+    import shutil
+
+    import dagster as dg
+
+    from lazyhippo.evaluate.bench import run_cli_latency
+    from lazyhippo.settings import Settings
+
+    home = tmp_path / "home"
+    shutil.copytree(sample_settings.home, home, ignore=shutil.ignore_patterns("dagster", "*.lock"))
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.delenv("LAZYHIPPO_QUERY_DAEMON", raising=False)
+    questions = [{"question": "Who founded the Marlow Observatory?"}, {"question": "What did Tomas Reyes design?"}]
+    result = run_cli_latency(Settings(home=home), questions, 1, warm=True)
+    assert {"p50_ms", "cpu_p50_ms", "warm_first_ms", "warm_p50_ms", "warm_cpu_p50_ms", "warm_daemon_cpu_p50_ms",
+            "load_before", "load_after"} <= set(result)
+    assert result["warm_daemon_cpu_p50_ms"] > 0 and result["warm_cpu_p50_ms"] < result["cpu_p50_ms"] / 3
+    assert not (home / "query-daemon.json").exists()
+    pids = {r.tags["lazyhippo/pid"] for r in dg.DagsterInstance.from_config(str(home / "dagster")).get_runs()}
+    assert len(pids) == 3  # two cold processes, and the daemon for both warm ones
+
+
 def test_bench_index_stages_times_every_stage_of_one_library_index(tmp_path):
     """Wall and process-tree CPU seconds per stage, the whole run's MB a minute, and the load average beside them."""
     from lazyhippo.index import STAGE_NAMES

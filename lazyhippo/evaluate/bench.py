@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import polars as pl
 
 from lazyhippo.models.embedders import embedding_model_name
-from lazyhippo.settings import QUERY_FIELDS, Settings
+from lazyhippo.settings import QUERY_FIELDS, Settings, child_environment
 
 Ranker = Callable[[str], list[str]]  # question -> ranked passage keys (ids, titles or files: see gold_key)
 
@@ -375,7 +375,8 @@ def run_latency_bench(settings: Settings, questions: Sequence[dict], routes: Seq
         store.close()
 
 
-def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int, baseline: Path | None = None) -> dict:
+def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int, baseline: Path | None = None,
+                    warm: bool = False) -> dict:
     """Wall time of `lazyhippo query` as a user runs it: one new process per question (interpreter start,
     imports, the Dagster run, the index load and the answer), and its CPU time (user + system, with the processes
     it waited for): what it would take on an idle core, the steadier figure on a shared machine. The first run is
@@ -383,20 +384,66 @@ def run_cli_latency(settings: Settings, questions: Sequence[dict], runs: int, ba
     `lazyhippo` executable, whose commands alternate with this build's on the same questions, so that both see
     the same load (its figures as `baseline_*`, and this build's p50s over its as ratios). It reads a copy of the
     home (hard links, without the index's disk cache): a build whose loader differs keys that cache otherwise, and
-    each build would drop the other's. The load average is reported before and after."""
+    each build would drop the other's. `warm`: the same commands also through the home's query daemon, started
+    first, in turn with the cold ones (`warm_*`; `warm_daemon_cpu_p50_ms`: the daemon's CPU time per query).
+    The cold commands never use nor start a daemon. The load average is reported before and after."""
     import tempfile
 
-    commands = {"": (Path(sys.executable).with_name("lazyhippo"), settings.home)}
+    executable = Path(sys.executable).with_name("lazyhippo")
+    commands = {"": Command(executable, settings.home, {"LAZYHIPPO_QUERY_DAEMON": "0"})}
     if baseline:
         scratch = Path(tempfile.mkdtemp(prefix=".baseline-", dir=settings.home.parent))
-        commands["baseline_"] = (baseline, scratch / "home")
+        commands["baseline_"] = Command(baseline, scratch / "home", {"LAZYHIPPO_QUERY_DAEMON": "0"})
         shutil.copytree(settings.home, scratch / "home", copy_function=_link_or_copy,
-                        ignore=shutil.ignore_patterns("dagster", "*.lock", ".index-cache"))
+                        ignore=shutil.ignore_patterns("dagster", "*.lock", ".index-cache", "query-daemon.*"))
+    daemon = start_query_daemon(executable, settings) if warm else None
+    if daemon is not None:
+        commands["warm_"] = Command(executable, settings.home, {"LAZYHIPPO_QUERY_DAEMON": "30"}, daemon.pid)
     try:
         return _cli_walls(commands, settings.namespace, questions, runs)
     finally:
+        if daemon is not None:
+            daemon.terminate()
+            daemon.wait(30)
         if baseline:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One build's `lazyhippo query` in `_cli_walls`: its executable, home, extra variables and the daemon that
+    answers it (whose CPU time is measured too)."""
+
+    executable: Path
+    home: Path
+    env: dict[str, str]
+    daemon_pid: int | None = None
+
+
+def start_query_daemon(executable: Path, settings: Settings, seconds: float = 300) -> subprocess.Popen:
+    """`lazyhippo daemon` of the home, once it advertises itself (it has loaded Dagster's job and the index)."""
+    advert = settings.home / "query-daemon.json"
+    daemon = subprocess.Popen([str(executable), "daemon", "--home", str(settings.home), "--namespace",
+                               settings.namespace, "--idle-minutes", "30"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if json.loads(advert.read_text()).get("pid") == daemon.pid:
+                return daemon
+        except (OSError, ValueError):
+            pass
+        if daemon.poll() is not None:
+            raise RuntimeError(f"`lazyhippo daemon` ended ({daemon.returncode}): {daemon.stderr.read()[-500:]}")
+        time.sleep(0.1)
+    daemon.kill()
+    raise RuntimeError(f"`lazyhippo daemon` did not start within {seconds:.0f} s")
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a running process used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -406,30 +453,38 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _cli_walls(commands: dict[str, tuple[Path, Path]], namespace: str, questions: Sequence[dict], runs: int) -> dict:
-    """`run_cli_latency`'s measurements: `commands` maps a figure prefix to (executable, home)."""
+def _cli_walls(commands: dict[str, Command], namespace: str, questions: Sequence[dict], runs: int) -> dict:
+    """`run_cli_latency`'s measurements: `commands` maps a figure prefix to the command it times."""
     import resource
 
     walls: dict[str, list[float]] = {prefix: [] for prefix in commands}
     cpus: dict[str, list[float]] = {prefix: [] for prefix in commands}
+    served: dict[str, list[float]] = {prefix: [] for prefix, c in commands.items() if c.daemon_pid}
     load_before = os.getloadavg()[0]
     for i in range(runs + 1):
-        for prefix, (executable, home) in commands.items():
-            command = [str(executable), "query", "--home", str(home), "--namespace", namespace,
+        for prefix, cmd in commands.items():
+            command = [str(cmd.executable), "query", "--home", str(cmd.home), "--namespace", namespace,
                        "--json", questions[i % len(questions)]["question"]]
             used = resource.getrusage(resource.RUSAGE_CHILDREN)
+            daemon_cpu = _process_cpu(cmd.daemon_pid) if cmd.daemon_pid else 0.0
             t0 = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = subprocess.run(command, capture_output=True, text=True, env=child_environment(**cmd.env))
             walls[prefix].append(time.perf_counter() - t0)
             now = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus[prefix].append(now.ru_utime - used.ru_utime + now.ru_stime - used.ru_stime)
             if done.returncode:
                 raise RuntimeError(f"`{' '.join(command[:-1])}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+            if cmd.daemon_pid:
+                served[prefix].append(_process_cpu(cmd.daemon_pid) - daemon_cpu)
+                if not served[prefix][-1]:
+                    raise RuntimeError(f"`{' '.join(command[:-1])}` did not go through the query daemon")
     out = {"n": runs, "load_before": load_before, "load_after": os.getloadavg()[0]}
     for prefix in commands:
         w, c = walls[prefix], cpus[prefix]
         out.update({f"{prefix}first_ms": w[0] * 1000, f"{prefix}p50_ms": percentile_ms(w[1:], 50),
                     f"{prefix}p95_ms": percentile_ms(w[1:], 95), f"{prefix}cpu_p50_ms": percentile_ms(c[1:], 50)})
+    for prefix, cpu in served.items():
+        out[f"{prefix}daemon_cpu_p50_ms"] = percentile_ms(cpu[1:], 50)
     if "baseline_" in commands:
         out["p50_ratio"] = out["p50_ms"] / max(out["baseline_p50_ms"], 1e-9)
         out["cpu_p50_ratio"] = out["cpu_p50_ms"] / max(out["baseline_cpu_p50_ms"], 1e-9)
