@@ -15,6 +15,8 @@ use_run_records(ServedRuns)  # as `lazyhippo serve` and `lazyhippo mcp` do: the 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets" / "2wikimultihopqa"
 # the servers' credentials (scripts/services.sh), also for the processes tests start in other folders
 os.environ.setdefault("LAZYHIPPO_SERVICES_DIR", str(Path(__file__).resolve().parent.parent / ".services"))
+# `lazyhippo query` in a test's subprocess leaves no warm query daemon behind (tests/test_query_daemon.py starts its own)
+os.environ.setdefault("LAZYHIPPO_QUERY_DAEMON", "0")
 
 
 @pytest.fixture(scope="session")
