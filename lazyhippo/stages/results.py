@@ -61,6 +61,7 @@ class GraphTablesResult(StageResult):
     mentions: int
     facts: int
     merged_entities: int = 0   # recorded merges folded in (`lazyhippo merge`)
+    scoped_entities: int | None = None  # the entities an update rebuilt rows for (None: the tables were rebuilt whole)
     entities_summarized: int = 0    # descriptions map-reduced by the LLM
     relations_summarized: int = 0
 
