@@ -117,3 +117,4 @@ class ExportsResult(StageResult):
     store: str
     run_key: str
     objects: dict[str, dict] = field(default_factory=dict)   # table -> key, rows, bytes, md5
+    written: list[str] = field(default_factory=list)   # the tables written this run (the others were unchanged)
