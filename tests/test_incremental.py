@@ -127,6 +127,16 @@ def test_recorded_inputs_rewrite_only_the_rows_that_changed(tmp_path):
         assert read_inputs(con, "ns", "knn_edges") == {}
 
 
+class SeedSpy(EmbeddedGraphStore):
+    """The embedded store, keeping the starting partitions community detection was given."""
+
+    initial = None
+
+    def communities(self, namespace, node_ids, edges, algorithm, initial=None, resolutions=(1.0,)):
+        self.initial = initial
+        return super().communities(namespace, node_ids, edges, algorithm, initial, resolutions)
+
+
 def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_small_change(tmp_path):
     settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")))
     first = run_index(settings)["communities"]
@@ -136,7 +146,10 @@ def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_
     assert again.reused and again.levels == first.levels and scores(settings) == before
     path = tmp_path / "c" / "tomas_reyes.txt"  # one new entity among ~150: the previous partition is a good start
     path.write_text(path.read_text() + "\nTomas Reyes once visited Quillmore.\n")
-    out = run_index(settings)
+    spy = SeedSpy()
+    out = run_index(settings, store=spy)
+    # every level starts from its own previous partition, not only the finest
+    assert len(spy.initial) == len(settings.community_resolutions) > 1 and all(spy.initial)
     assert out["entities"].entities > len(before)
     update = out["communities"]
     assert update.seeded and not update.reused
