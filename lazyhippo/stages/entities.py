@@ -55,10 +55,11 @@ class Scope:
     new_chunks: list[str]
 
 
-def _params(settings: Settings) -> str:
-    """The parameters the models ran with: other parameters (or other models) rebuild everything."""
+def _params(settings: Settings, llm) -> str:
+    """The parameters the tables were built with: other parameters, other models or another describer (an LLM
+    summarizes descriptions) rebuild everything."""
     models = "".join((SQL_DIR / f"{m}.sql").read_text() for m in MODELS)
-    return f"{settings.relations_per_chunk}:{sha(models, 16)}"
+    return f"{settings.relations_per_chunk}:{sha(models, 16)}:{llm.model if llm is not None else 'offline'}"
 
 
 def _chunk_hashes(con: duckdb.DuckDBPyConnection, ns: str) -> dict[str, str]:
@@ -104,8 +105,9 @@ def plan_scope(con: duckdb.DuckDBPyConnection, ns: str, params: str,
 
 
 def _scoped_inputs(con: duckdb.DuckDBPyConnection, ns: str, scope: Scope) -> None:
-    """Narrow the models' inputs to the extracted rows that name an entity in the scope (and every fact of a
-    new chunk); `lh_scope` holds the entity ids, `lh_gone` the chunks whose rows went."""
+    """Narrow the models' inputs (`lh_entities`, `lh_facts`, `lh_relations`) to the extracted rows that name an
+    entity in the scope (and every fact of a new chunk); `lh_scope` holds the entity ids, `lh_gone` the chunks
+    whose rows went."""
     p = {"ns": ns}
     con.execute("CREATE OR REPLACE TEMP TABLE lh_scope AS SELECT unnest($ids::VARCHAR[]) AS entity_id", {"ids": scope.entity_ids})
     con.execute("CREATE OR REPLACE TEMP TABLE lh_gone AS SELECT unnest($c::VARCHAR[]) AS chunk_id", {"c": scope.gone_chunks})
@@ -120,8 +122,7 @@ def _scoped_inputs(con: duckdb.DuckDBPyConnection, ns: str, scope: Scope) -> Non
             SELECT (chunk_id, fact_idx) FROM (SELECT chunk_id, fact_idx, unnest(names) AS name FROM extracted_facts
                                                WHERE namespace = $ns) WHERE name IN (SELECT name FROM lh_scope_names)))""",
                 {**p, "new": scope.new_chunks})
-    con.execute("CREATE OR REPLACE TEMP TABLE lh_relations AS SELECT * FROM lh_relations "
-                "WHERE source IN (SELECT name FROM lh_scope_names) OR target IN (SELECT name FROM lh_scope_names)")
+    chunk_relations(con, ns, 0, "lh_scope_names")
 
 
 _IN_SCOPE = "(SELECT entity_id FROM lh_scope)"
@@ -154,14 +155,15 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
 
     ns = settings.namespace
     name_keys(con, ns)
-    chunk_relations(con, ns, settings.relations_per_chunk)
     extraction_inputs(con, ns)
-    params = _params(settings)
+    params = _params(settings, llm)
     hashes = _chunk_hashes(con, ns)
     merges = count(con, "entity_merges", ns)
     scope, inputs = (None, {}) if merges or llm is not None or settings.relations_per_chunk \
         else plan_scope(con, ns, params, hashes)
+    merged = 0
     if scope is None:
+        chunk_relations(con, ns, settings.relations_per_chunk)
         for m in MODELS:
             run_sql_model(con, m, ns)
         merged = apply_merges(con, ns)  # recorded entity merges, folded in again
@@ -169,9 +171,6 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
         inputs = {**{c: _fingerprint(h, named.get(c, [])) for c, h in hashes.items()}, PARAMS: params}
     elif scope.entity_ids or scope.gone_chunks:
         _update_scope(con, ns, scope)
-        merged = 0
-    else:
-        merged = 0
     with transaction(con):
         write_inputs(con, ns, STAGE, inputs)
     counts = {t: count(con, t, ns) for t in MODELS}

@@ -236,17 +236,21 @@ def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
     return con.execute("SELECT count(*) FROM lh_names").fetchall()[0][0]
 
 
-def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: int) -> int:
+def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: int, names: str | None = None) -> int:
     """The temporary table `lh_relations` the SQL models read instead of extracted_relations: each chunk's
     co-occurrence pairs between two distinct named entities, at most `per_chunk` of them (0: all), strongest
     first. A pair's strength is its association: its co-occurrence weight summed over the corpus against the
     geometric mean of the two entities' chunk counts (two rare names seen together say more than two names found
     everywhere); ties go by the weight in the chunk, then the names (a fixed order). The default keeps every
-    pair: each cap measured cost retrieval (docs/decisions.md)."""
-    raw = """SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
+    pair: each cap measured cost retrieval (docs/decisions.md). `names` (a table of names, without a cap: a cap
+    ranks by corpus-wide strengths) keeps only the pairs with an end among them."""
+    if names and per_chunk:
+        raise ValueError("chunk_relations: a cap on relations per chunk needs every pair, not those of some names")
+    some = f"AND (r.source IN (SELECT name FROM {names}) OR r.target IN (SELECT name FROM {names}))" if names else ""
+    raw = f"""SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
                      least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
               FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
-              WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id"""
+              WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
     kept = f"SELECT * FROM ({raw})" if not per_chunk else f"""
         WITH raw AS ({raw}),
         chunks_of AS (
