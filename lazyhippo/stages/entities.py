@@ -109,8 +109,10 @@ def _scoped_inputs(con: duckdb.DuckDBPyConnection, ns: str, scope: Scope) -> Non
     entity in the scope (and every fact of a new chunk); `lh_scope` holds the entity ids, `lh_gone` the chunks
     whose rows went."""
     p = {"ns": ns}
-    con.execute("CREATE OR REPLACE TEMP TABLE lh_scope AS SELECT unnest($ids::VARCHAR[]) AS entity_id", {"ids": scope.entity_ids})
-    con.execute("CREATE OR REPLACE TEMP TABLE lh_gone AS SELECT unnest($c::VARCHAR[]) AS chunk_id", {"c": scope.gone_chunks})
+    con.execute("CREATE OR REPLACE TEMP TABLE lh_scope AS SELECT unnest($ids::VARCHAR[]) AS entity_id",
+                {"ids": scope.entity_ids})
+    con.execute("CREATE OR REPLACE TEMP TABLE lh_gone AS SELECT unnest($c::VARCHAR[]) AS chunk_id",
+                {"c": scope.gone_chunks})
     con.execute("CREATE OR REPLACE TEMP TABLE lh_scope_names AS "
                 "SELECT name FROM lh_names WHERE entity_id IN (SELECT entity_id FROM lh_scope)")
     for name in ("lh_entities", "lh_facts"):

@@ -182,7 +182,8 @@ EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "fa
 def _fingerprint(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> str:
     """Of the namespace's rows of `table` and its columns: equal fingerprints, the same Parquet object (its rows
     are written sorted), found with one scan instead of a sort and a compression."""
-    columns = con.execute(f"SELECT string_agg(column_name || ' ' || column_type, ',') FROM (DESCRIBE {table})").fetchall()[0][0]
+    columns = con.execute(f"SELECT string_agg(column_name || ' ' || column_type, ',') "
+                          f"FROM (DESCRIBE {table})").fetchall()[0][0]
     n, h = con.execute(f"SELECT count(*), coalesce(sum(hash(t)::HUGEINT), 0) FROM {table} t WHERE namespace = ?",
                        [namespace]).fetchall()[0]
     return f"{n}:{h}:{columns}"
