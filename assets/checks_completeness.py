@@ -36,9 +36,14 @@ def graph_not_empty(lazyhippo: LazyhippoResource, graph_store: GraphStoreResourc
 @dg.asset_check(partitions_def=namespaces, op_tags=WAREHOUSE_TAGS, asset="knn_edges", blocking=True,
                 description="KNN is enabled and some pair of entities reaches the cutoff, but no SEMANTICALLY_SIMILAR edge was written.")
 def knn_edges_present(lazyhippo: LazyhippoResource, graph_store: GraphStoreResource) -> dg.AssetCheckResult:
+    """The best pair's similarity (every entity vector read) is only asked for when there is no edge."""
     settings = lazyhippo.settings()
-    with lazyhippo.warehouse() as con:
-        best = audit.best_pair_similarity(read_vectors(con, settings.namespace, "entity")[1])
+    with _facts(lazyhippo, graph_store) as facts:
+        edges = facts.knn_edge_count()
+    best = None
+    if not edges:
+        with lazyhippo.warehouse() as con:
+            best = audit.best_pair_similarity(read_vectors(con, settings.namespace, "entity")[1])
     with _facts(lazyhippo, graph_store) as facts:
         return check_result(audit.check_knn_edges(facts, settings.knn_top_k, settings.knn_cutoff, best))
 

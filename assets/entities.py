@@ -38,6 +38,8 @@ def entity_graph_tables(context: dg.AssetExecutionContext, lazyhippo: LazyhippoR
     synced = {k: v for k, v in counts.figures().items() if k.startswith("graph_store_")}
     yield dg.MaterializeResult(asset_key="entities", metadata={"dagster/row_count": counts.entities, "top_entities": top, **synced,
                                                                 "documents_vanished": len(vanished.doc_ids),
+                                                                "entities_rebuilt": "all" if counts.scoped_entities is None
+                                                                else counts.scoped_entities,
                                                                 **llm_usage(counts.llm_usage)})
     yield dg.MaterializeResult(asset_key="relations", metadata={"dagster/row_count": counts.relations, "strongest": rels})
     yield dg.MaterializeResult(asset_key="mentions", metadata={"dagster/row_count": counts.mentions})

@@ -17,6 +17,7 @@ def exports(context: dg.AssetExecutionContext, lazyhippo: LazyhippoResource, gra
         stats = run_stage("exports", settings, con, graph_store.store, object_store.open(settings), run_id=context.run.run_id)
     objs = stats.objects
     return dg.MaterializeResult(metadata={
-        "store": stats.store, "manifest": stats.run_key, "dagster/row_count": sum(o["rows"] for o in objs.values()),
+        "store": stats.store, "manifest": stats.run_key, "tables_written": len(stats.written),
+        "dagster/row_count": sum(o["rows"] for o in objs.values()),
         "objects": table([(t, o["key"], o["rows"], o["bytes"]) for t, o in objs.items()], ["table", "key", "rows", "bytes"]),
     })

@@ -1,10 +1,12 @@
 -- Entities deduplicated by normalized name. The most frequent surface form names the entity, a title
 -- anywhere makes it a TITLE entity, up to three distinct descriptions are merged. Noun-phrase concepts
 -- (type CONCEPT only) seen in a single chunk are pruned: they link nothing and would dominate the graph.
--- Every model reads `lh_names` (each extracted name with its normalized key and entity id, built once per run).
+-- Every model reads `lh_names` (each extracted name with its normalized key and entity id, built once per run)
+-- and the extracted rows in scope, `lh_entities`, `lh_relations` and `lh_facts`: the namespace's rows, or after a
+-- small update those that name an entity the update touched (lazyhippo/stages/entities.py).
 WITH raw AS (
     SELECT k.norm_name, x.name, x.type, x.description, x.chunk_id
-    FROM extracted_entities x JOIN lh_names k ON k.name = x.name
+    FROM lh_entities x JOIN lh_names k ON k.name = x.name
     WHERE x.namespace = $namespace AND k.norm_name <> ''
 ),
 forms AS (

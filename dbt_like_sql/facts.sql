@@ -1,7 +1,7 @@
 -- Facts: sentences that mention entities, linked to the (kept) normalized entity ids they name.
 WITH named AS (
     SELECT chunk_id, fact_idx, text, unnest(names) AS name
-    FROM extracted_facts WHERE namespace = $namespace
+    FROM lh_facts WHERE namespace = $namespace
 ),
 linked AS (
     SELECT n.chunk_id, n.fact_idx, list(DISTINCT e.entity_id ORDER BY e.entity_id) AS entity_ids
@@ -16,5 +16,5 @@ SELECT
     f.chunk_id,
     f.text,
     coalesce(l.entity_ids, []::VARCHAR[]) AS entity_ids
-FROM extracted_facts f LEFT JOIN linked l USING (chunk_id, fact_idx)
+FROM lh_facts f LEFT JOIN linked l USING (chunk_id, fact_idx)
 WHERE f.namespace = $namespace

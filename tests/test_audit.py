@@ -183,12 +183,14 @@ def test_dagster_checks_wrap_the_audit(graph: Graph):
 
     lh = LazyhippoResource(home=str(graph.settings.home), namespace=graph.ns)
     gs = GraphStoreResource(kind=graph.kind)
-    assert checks.knn_edges_present(lazyhippo=lh, graph_store=gs).passed
+    ok = checks.knn_edges_present(lazyhippo=lh, graph_store=gs)
+    assert ok.passed and "best_pair_similarity" not in ok.metadata  # edges exist: no vector read to explain them
     graph.break_("knn_edges_present")
     graph.break_("chunks_have_mentions")
     res = checks.knn_edges_present(lazyhippo=lh, graph_store=gs)
     assert isinstance(res, dg.AssetCheckResult) and not res.passed
     assert res.metadata["knn_edges"].value == 0 and res.metadata["store"].value == graph.kind
+    assert res.metadata["best_pair_similarity"].value >= res.metadata["cutoff"].value  # why edges were due
     lenient = checks.chunks_have_mentions(checks.ChunkMentionsConfig(max_unmentioned_share=0.5), lazyhippo=lh, graph_store=gs)
     strict = checks.chunks_have_mentions(checks.ChunkMentionsConfig(), lazyhippo=lh, graph_store=gs)
     assert lenient.passed and not strict.passed

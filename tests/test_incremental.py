@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 
 from lazyhippo.graph.algorithms import (
@@ -18,9 +20,12 @@ from lazyhippo.index import run_index, run_stage
 from lazyhippo.settings import Settings
 from lazyhippo.stages.communities import entity_graph
 from lazyhippo.stages.incremental import PARAMS, read_inputs, write_inputs
+from lazyhippo.stages.lifecycle import delete_documents
+from lazyhippo.stages.merge import record_merge
 from lazyhippo.stores.graphs import EmbeddedGraphStore
+from lazyhippo.stores.objects import LocalObjectStore
 from lazyhippo.stores.warehouse import connect, transaction
-from tests.test_lifecycle import copy_corpus
+from tests.test_lifecycle import copy_corpus, doc_id_of, graph_difference, graph_snapshot
 
 
 def unit(rows: np.ndarray) -> np.ndarray:
@@ -122,6 +127,16 @@ def test_recorded_inputs_rewrite_only_the_rows_that_changed(tmp_path):
         assert read_inputs(con, "ns", "knn_edges") == {}
 
 
+class SeedSpy(EmbeddedGraphStore):
+    """The embedded store, keeping the starting partitions community detection was given."""
+
+    initial = None
+
+    def communities(self, namespace, node_ids, edges, algorithm, initial=None, resolutions=(1.0,)):
+        self.initial = initial
+        return super().communities(namespace, node_ids, edges, algorithm, initial, resolutions)
+
+
 def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_small_change(tmp_path):
     settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")))
     first = run_index(settings)["communities"]
@@ -131,7 +146,10 @@ def test_communities_are_reused_when_the_graph_is_unchanged_and_refined_after_a_
     assert again.reused and again.levels == first.levels and scores(settings) == before
     path = tmp_path / "c" / "tomas_reyes.txt"  # one new entity among ~150: the previous partition is a good start
     path.write_text(path.read_text() + "\nTomas Reyes once visited Quillmore.\n")
-    out = run_index(settings)
+    spy = SeedSpy()
+    out = run_index(settings, store=spy)
+    # every level starts from its own previous partition, not only the finest
+    assert len(spy.initial) == len(settings.community_resolutions) > 1 and all(spy.initial)
     assert out["entities"].entities > len(before)
     update = out["communities"]
     assert update.seeded and not update.reused
@@ -199,3 +217,53 @@ def test_knn_and_pagerank_are_the_same_bits_whatever_the_threads():
     assert abs(sum(first.values()) - 1.0) < 1e-12
     ref = weighted_igraph(ids, edges).pagerank(weights="weight", damping=0.85)  # the same PageRank as igraph's
     assert max(abs(first[i] - r) for i, r in zip(ids, ref)) < 1e-12
+
+
+GRAPH_TABLES = ("entities", "relations", "mentions", "facts")
+KEYS = {"entities": "entity_id", "relations": "relation_id", "mentions": "chunk_id, entity_id", "facts": "fact_id"}
+
+
+def graph_tables(settings: Settings) -> dict[str, list[tuple]]:
+    snap = graph_snapshot(settings)
+    with connect(settings) as con:  # no key twice: a scoped rebuild that inserted a row again would show here
+        for t in GRAPH_TABLES:
+            assert con.execute(f"SELECT count(*) - count(DISTINCT ({KEYS[t]})) FROM {t} WHERE namespace = ?",
+                               [settings.namespace]).fetchone()[0] == 0, t
+    return {t: snap[t] for t in GRAPH_TABLES}
+
+
+def test_an_update_rebuilds_the_graph_tables_of_its_entities_only_and_gives_a_fresh_index(tmp_path):
+    """An edited, a new and a deleted document: entities, relations, mentions and facts equal, row for row,
+    those of a fresh index of the final corpus (nothing dropped, nothing twice), though the update rebuilt
+    only the rows of the entities its documents name."""
+    corpus = copy_corpus(tmp_path / "c")
+    settings = Settings(home=tmp_path / "h", source=str(corpus))
+    first = run_index(settings)["entities"]
+    assert first.scoped_entities is None  # nothing recorded: rebuilt whole
+    assert run_index(settings)["entities"].scoped_entities == 0  # unchanged: nothing rebuilt
+    before = graph_tables(settings)
+    path = corpus / "tomas_reyes.txt"  # an existing entity gains a relation, a new one appears
+    path.write_text(path.read_text() + "\nTomas Reyes later sailed with the Corran Shipping Company to Port Alder.\n")
+    (corpus / "lena_holt.txt").write_text("Lena Holt was a clockmaker in Eastbridge. Lena Holt repaired the clock "
+                                          "of the Marlow Observatory for Ada Fenwick.\n")
+    gone = doc_id_of(settings, "corran_shipping.txt")
+    with connect(settings) as con:
+        delete_documents(settings, con, [gone], EmbeddedGraphStore(),
+                         LocalObjectStore(settings.export_dir))
+    (corpus / "corran_shipping.txt").unlink()
+    out = run_index(settings)["entities"]
+    assert 0 < out.scoped_entities < out.entities
+    after = graph_tables(settings)
+    assert after != before
+    fresh = Settings(home=tmp_path / "fresh", source=str(shutil.copytree(corpus, tmp_path / "c2")))
+    assert run_index(fresh)["entities"].scoped_entities is None
+    assert not graph_difference(after, graph_tables(fresh))
+
+
+def test_recorded_merges_rebuild_the_graph_tables_whole(tmp_path):
+    """A merge folds entities across the whole graph: with one recorded, updates take the full path."""
+    settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")))
+    run_index(settings)
+    with connect(settings) as con:
+        record_merge(con, settings.namespace, ["Tomas Reyes"], "Ada Fenwick", "concatenate")
+    assert run_index(settings)["entities"].scoped_entities is None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -158,6 +160,8 @@ class DictStore:
         return "md5"
 
     def get(self, key: str) -> bytes:
+        if key not in self.objects:
+            raise FileNotFoundError(key)
         return self.objects[key]
 
     def list(self, prefix: str = "") -> list[str]:
@@ -179,6 +183,30 @@ def test_exports_read_back_and_match_duckdb(sample_settings):
             expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").to_arrow_table()
             offline_empty = table == "community_reports"  # reports need an LLM; offline the table is empty
             assert exported.num_rows == expected.num_rows and (expected.num_rows > 0 or offline_empty), table
+            assert exported.to_pylist() == expected.to_pylist(), table
+
+
+def test_exports_rewrite_only_the_tables_whose_rows_changed(sample_settings, tmp_path):
+    """The second export of the same rows writes nothing and keeps the manifest; a changed row rewrites its table
+    alone, and every object still reads back as its table."""
+    from lazyhippo.stages.exports import export_parquet
+
+    s = Settings(home=tmp_path, source=sample_settings.source)
+    shutil.copy(sample_settings.db_path, s.db_path)
+    store = DictStore()
+    with connect(s) as con:
+        first = export_parquet(s, con, store, "r1")
+        assert first.written == list(EXPORT_TABLES)
+        again = export_parquet(s, con, store, "r2")
+        assert again.written == [] and again.objects == first.objects
+        assert store.get("default/runs/r2/manifest.json") == store.get("default/tables/manifest.json")
+        con.execute("UPDATE entities SET description = 'revised' WHERE entity_id = (SELECT min(entity_id) FROM entities)")
+        changed = export_parquet(s, con, store, "r3")
+        assert changed.written == ["entities"]
+        assert json.loads(store.get("default/tables/manifest.json")) == changed.objects
+        for table in EXPORT_TABLES:
+            exported = pq.read_table(io.BytesIO(store.get(f"default/tables/{table}.parquet")))
+            expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").to_arrow_table()
             assert exported.to_pylist() == expected.to_pylist(), table
 
 

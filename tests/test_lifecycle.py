@@ -39,7 +39,7 @@ def graph_snapshot(settings: Settings) -> dict[str, list[tuple]]:
 def graph_difference(ours: dict[str, list[tuple]], reference: dict[str, list[tuple]]) -> dict[str, dict]:
     """Per table, a few rows found on one side only: what a failed "same graph" check shows instead of both graphs."""
     out = {}
-    for table in GRAPH_SQL:
+    for table in ours:
         a, b = Counter(map(repr, ours[table])), Counter(map(repr, reference[table]))  # rows may hold lists
         if a != b:
             out[table] = {"rows": (a.total(), b.total()), "only_ours": sorted(a - b)[:5], "only_reference": sorted(b - a)[:5]}

@@ -8,9 +8,17 @@ import shutil
 import dagster as dg
 import pytest
 
-from lazyhippo.evaluate.quality import context_quality, retrieval_outcome, theme_coverage, themes_outcome
+from lazyhippo.evaluate.quality import (
+    context_quality,
+    record_evaluation,
+    retrieval_outcome,
+    skip_reason,
+    theme_coverage,
+    themes_outcome,
+)
 from lazyhippo.index import run_index
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
+from lazyhippo.stores.warehouse import connect
 from lazyhippo_dagster.assets.checks_quality import context_quality_check, retrieval_quality_check, theme_coverage_check
 from lazyhippo_dagster.resources import GraphStoreResource, LazyhippoResource
 
@@ -57,7 +65,7 @@ def test_checks_pass_on_the_sample_index(sample_settings):
     for check in (context_quality_check, theme_coverage_check, retrieval_quality_check):
         result = evaluate(check, res)
         assert result.passed, (check.name, result.metadata)
-    ctx = context_quality_check(lazyhippo=res, graph_store=EMBEDDED)
+    ctx = evaluate(context_quality_check, res)  # nothing changed since: asked again, it evaluates again
     assert ctx.metadata["duplicate_chunk_share"].value == 0
     assert ctx.metadata["over_budget_contexts"].value == 0
 
@@ -77,7 +85,30 @@ def test_checks_fail_on_a_corpus_built_to_violate_them(tmp_path):
     recall = evaluate(retrieval_quality_check, res)
     assert not recall.passed and recall.metadata["recall_at_5"].value == 0
     tight = LazyhippoResource(home=str(settings.home), source=str(src), noise_share_max=-1.0)
-    assert not context_quality_check(lazyhippo=tight, graph_store=EMBEDDED).passed
+    assert not evaluate(context_quality_check, tight).passed
+
+
+def test_a_query_check_waits_after_a_small_change_and_evaluates_after_a_large_one(tmp_path):
+    """The query checks' cost is the whole query index: under 5% of the documents changed since the last
+    evaluation they skip, at 5% or more (or other parameters, or nothing changed) they evaluate."""
+    settings = Settings(home=tmp_path)
+    docs = [(f"d{i:02d}", f"h{i}") for i in range(60)]
+    with connect(settings) as con:
+        con.executemany("INSERT INTO documents (namespace, doc_id, source, content_hash, sections) VALUES "
+                        "('default', ?, ?, ?, '[]')", [(d, f"{d}.txt", h) for d, h in docs])
+        assert skip_reason(con, "default", "c", "p") is None  # never evaluated
+        record_evaluation(con, "default", "c", "p")
+        assert skip_reason(con, "default", "c", "p") is None  # nothing changed: evaluated when asked
+        con.execute("UPDATE documents SET content_hash = 'new' WHERE doc_id = 'd00'")
+        assert "1 of 60 documents changed" in skip_reason(con, "default", "c", "p")
+        assert skip_reason(con, "default", "c", "other parameters") is None
+        con.execute("DELETE FROM documents WHERE doc_id = 'd01'")
+        assert skip_reason(con, "default", "c", "p") is not None  # 2 of 59: still under 5%
+        con.execute("INSERT INTO documents (namespace, doc_id, source, content_hash, sections) VALUES "
+                    "('default', 'd99', 'd99.txt', 'h', '[]')")
+        assert skip_reason(con, "default", "c", "p") is None  # 3 of 60: enough changed
+        record_evaluation(con, "default", "c", "p")
+        assert skip_reason(con, "default", "c", "p") is None
 
 
 def test_a_check_without_its_questions_beside_the_source_yields_no_result(sample_settings, tmp_path):

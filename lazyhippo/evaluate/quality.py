@@ -87,3 +87,38 @@ def source_file(settings: Settings, name: str) -> Path | None:
     src = Path(settings.source)
     path = (src if src.is_dir() else src.parent) / name
     return path if path.exists() else None
+
+
+RECHECK_SHARE = 0.05  # of the documents, changed since a query check's last evaluation, before it evaluates again
+
+
+def _check_stage(check: str) -> str:
+    return f"check:{check}"
+
+
+def skip_reason(con, namespace: str, check: str, params: str) -> str | None:
+    """Why a query-based check need not evaluate now, or None. Its cost is building the whole query index, not
+    its few questions, so it grows with the corpus: after a small change (some documents, under RECHECK_SHARE
+    of them, since its last evaluation with the same parameters) it waits for more change. With nothing changed
+    it evaluates (it was asked to again)."""
+    from lazyhippo.stages.incremental import PARAMS, read_inputs
+
+    before = read_inputs(con, namespace, _check_stage(check))
+    if not before or before.get(PARAMS) != params:
+        return None
+    now = dict(con.execute("SELECT doc_id, content_hash FROM documents WHERE namespace = ?", [namespace]).fetchall())
+    changed = sum(1 for d in (set(now) | set(before)) - {PARAMS} if now.get(d) != before.get(d))
+    if 0 < changed < RECHECK_SHARE * len(now):
+        return (f"{changed} of {len(now)} documents changed since its last evaluation, under {RECHECK_SHARE:.0%}: "
+                "evaluated again once more of them change")
+    return None
+
+
+def record_evaluation(con, namespace: str, check: str, params: str) -> None:
+    """The documents a check evaluated on (what skip_reason compares with)."""
+    from lazyhippo.stages.incremental import PARAMS, write_inputs
+    from lazyhippo.stores.warehouse import transaction
+
+    docs = dict(con.execute("SELECT doc_id, content_hash FROM documents WHERE namespace = ?", [namespace]).fetchall())
+    with transaction(con):
+        write_inputs(con, namespace, _check_stage(check), {**docs, PARAMS: params})

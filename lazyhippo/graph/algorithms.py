@@ -229,13 +229,14 @@ def weighted_igraph(node_ids: list[str], edges: "Edges | MergedGraph | Iterable[
 
 
 def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]],
-                       algorithm: str = "leiden", seed: int = 42, initial: list[int] | None = None,
+                       algorithm: str = "leiden", seed: int = 42, initial: Sequence[list[int] | None] | None = None,
                        g=None, resolutions: Sequence[float] = (1.0,)) -> Communities:
     """Every node gets a community (isolated nodes are singletons); seeded so re-runs agree. Levels coarse to
     fine: Leiden runs once per resolution (RB configuration, 1.0 = modularity) and the runs are nested; Louvain
     keeps its last `len(resolutions)` aggregation passes (GDS Louvain has no resolution, so both stores do the
-    same). `initial`: a starting partition of the finest level (Leiden), refined in one iteration instead of
-    built from scratch in two; `g`: the graph from weighted_igraph when the caller already built it."""
+    same). `initial`: starting partitions, one per level coarse to fine (Leiden; None: that level from scratch),
+    each refined in one iteration instead of built from scratch in two; `g`: the graph from weighted_igraph when
+    the caller already built it."""
     import igraph as ig
 
     resolutions = check_resolutions(resolutions)
@@ -246,7 +247,8 @@ def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, s
 
         raw = []
         for i, r in enumerate(resolutions):
-            extra = {"initial_membership": initial, "n_iterations": 1} if initial is not None and i == len(resolutions) - 1 else {}
+            start = initial[i] if initial is not None else None
+            extra = {"initial_membership": start, "n_iterations": 1} if start is not None else {}
             part = leidenalg.find_partition(g, leidenalg.RBConfigurationVertexPartition, weights="weight",
                                             resolution_parameter=r, seed=seed, **extra)
             raw.append(list(part.membership))

@@ -13,7 +13,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.results import CommunitiesResult
 from lazyhippo.stores.graphs import GraphStore
-from lazyhippo.stores.warehouse import replace_rows, transaction
+from lazyhippo.stores.warehouse import community_members, replace_rows, transaction
 
 
 def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], Edges]:
@@ -30,7 +30,7 @@ def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[s
 def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> CommunitiesResult:
     """Skipped when the graph is the one the recorded run saw; after a small change Leiden starts from the
     previous partition (incremental.seed_membership). PageRank is always that of the whole current graph."""
-    from lazyhippo.stages.incremental import PARAMS, graph_fingerprint, read_inputs, seed_membership, write_inputs
+    from lazyhippo.stages.incremental import PARAMS, graph_fingerprint, read_inputs, write_inputs
 
     ns, algorithm, resolutions = settings.namespace, settings.community_algorithm, settings.community_resolutions
     fingerprint = graph_fingerprint(con, ns, f"{algorithm}:{resolutions}")
@@ -38,8 +38,7 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
     if recorded.get(PARAMS) == fingerprint:
         return _communities_result(con, ns, algorithm, reused=True)
     nodes, edges = entity_graph(con, ns)
-    previous = dict(con.execute("SELECT entity_id, community_id FROM entity_scores WHERE namespace = ?", [ns]).fetchall())
-    initial = seed_membership(nodes, previous) if algorithm == "leiden" else None
+    initial = _seeds(con, ns, nodes, len(resolutions)) if algorithm == "leiden" else None
     comm = store.communities(ns, nodes, edges, algorithm, initial, resolutions)
     pr = store.pagerank(ns, nodes, edges)
     levels = comm.hierarchy or (CommunityLevel(comm.membership, comm.modularity),)
@@ -51,6 +50,20 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
         replace_rows(con, "communities", ns, with_namespace(pa.Table.from_pylist(rows, COMMUNITY_COLUMNS), ns) if rows else None)
         write_inputs(con, ns, "communities", {PARAMS: fingerprint})
     return _communities_result(con, ns, algorithm, seeded=initial is not None)
+
+
+def _seeds(con: duckdb.DuckDBPyConnection, ns: str, nodes: list[str], n_levels: int) -> list[list[int] | None] | None:
+    """The previous partition of every level as a start for the same level (incremental.seed_membership), or
+    None when there is none to start from (first run, another number of levels, too much changed)."""
+    from lazyhippo.stages.incremental import seed_membership
+
+    previous: dict[int, dict[str, str]] = {}
+    for level, community, entity in community_members(con, ns, "m.level, m.community_id, m.entity_id", "m.level"):
+        previous.setdefault(level, {})[entity] = community
+    if sorted(previous) != list(range(n_levels)):
+        return None
+    seeds = [seed_membership(nodes, previous[level]) for level in range(n_levels)]
+    return seeds if all(s is not None for s in seeds) else None
 
 
 COMMUNITY_COLUMNS = pa.schema([("community_id", pa.string()), ("level", pa.int32()), ("size", pa.int64()),

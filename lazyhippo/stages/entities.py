@@ -1,30 +1,183 @@
 """The `entities` asset (with relations, mentions and facts): the SQL models of `dbt_like_sql/` over the
-extracted rows, merges re-applied, long descriptions summarized when an LLM is configured."""
+extracted rows, merges re-applied, long descriptions summarized when an LLM is configured.
+
+Documents are the unit of change, and a changed document brings new chunks (a chunk's id holds its content's
+hash): an update rebuilds only the rows its chunks can change. The stage records, per chunk, a hash of its
+extracted rows and the entities they name (`stage_inputs`); the entities named by the chunks added, changed or
+gone since then are the scope. An entity outside the scope has the same extracted rows as before, so its row,
+its relations to other entities outside the scope, its mentions and the facts that name nothing in the scope
+are unchanged; the models recompute the rest from the extracted rows that name an entity in the scope, which
+are all the rows those outputs depend on. The degree of an entity is its number of relations, counted again
+for the entities whose relations changed.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import duckdb
 
 from lazyhippo.settings import Settings
+from lazyhippo.sql import SQL_DIR
 from lazyhippo.stages.common import record_usage
+from lazyhippo.stages.incremental import PARAMS, read_inputs, write_inputs
 from lazyhippo.stages.reports import summarize_graph_descriptions
 from lazyhippo.stages.results import GraphTablesResult
-from lazyhippo.stores.warehouse import chunk_relations, count, name_keys, run_sql_model
+from lazyhippo.sources.files import sha
+from lazyhippo.stores.warehouse import (
+    chunk_relations,
+    count,
+    drop_temp,
+    extraction_inputs,
+    name_keys,
+    refresh_degree,
+    run_sql_model,
+    transaction,
+)
+
+MODELS = ("entities", "relations", "mentions", "facts")
+STAGE = "entities"
+
+# every name a chunk's extracted rows use, with the chunk: what an entity's rows depend on
+_CHUNK_NAMES = """
+    SELECT chunk_id, name FROM extracted_entities WHERE namespace = $ns
+    UNION ALL SELECT chunk_id, source FROM extracted_relations WHERE namespace = $ns
+    UNION ALL SELECT chunk_id, target FROM extracted_relations WHERE namespace = $ns
+    UNION ALL SELECT chunk_id, unnest(names) FROM extracted_facts WHERE namespace = $ns"""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What an update rebuilds: the entities its chunks name, and the chunks gone or changed."""
+
+    entity_ids: list[str]
+    gone_chunks: list[str]
+    new_chunks: list[str]
+
+
+def _params(settings: Settings, llm) -> str:
+    """The parameters the tables were built with: other parameters, other models or another describer (an LLM
+    summarizes descriptions) rebuild everything."""
+    models = "".join((SQL_DIR / f"{m}.sql").read_text() for m in MODELS)
+    return f"{settings.relations_per_chunk}:{sha(models, 16)}:{llm.model if llm is not None else 'offline'}"
+
+
+def _chunk_hashes(con: duckdb.DuckDBPyConnection, ns: str) -> dict[str, str]:
+    """Chunk id -> row count and order-independent hash of its extracted rows (entities, relations, facts)."""
+    return dict(con.execute("""
+        SELECT chunk_id, count(*) || ':' || sum(h) FROM (
+            SELECT chunk_id, hash(name, type, description)::HUGEINT AS h FROM extracted_entities WHERE namespace = $ns
+            UNION ALL SELECT chunk_id, hash(source, target, description, weight, type)::HUGEINT
+                      FROM extracted_relations WHERE namespace = $ns
+            UNION ALL SELECT chunk_id, hash(fact_idx, text, names)::HUGEINT FROM extracted_facts WHERE namespace = $ns)
+        GROUP BY chunk_id""", {"ns": ns}).fetchall())
+
+
+def _chunk_entities(con: duckdb.DuckDBPyConnection, ns: str, chunks: list[str] | None) -> dict[str, list[str]]:
+    """Chunk id -> the entity ids its extracted rows name (reads `lh_names`), for `chunks` (None: all)."""
+    where = "" if chunks is None else "WHERE x.chunk_id IN (SELECT unnest($chunks::VARCHAR[]))"
+    rows = con.execute(f"""
+        SELECT x.chunk_id, list(DISTINCT k.entity_id ORDER BY k.entity_id)
+        FROM ({_CHUNK_NAMES}) x JOIN lh_names k ON k.name = x.name AND k.norm_name <> '' {where}
+        GROUP BY x.chunk_id""", {"ns": ns, **({} if chunks is None else {"chunks": chunks})}).fetchall()
+    return dict(rows)
+
+
+def _fingerprint(row_hash: str, entity_ids: list[str]) -> str:
+    return f"{row_hash} {' '.join(entity_ids)}"
+
+
+def plan_scope(con: duckdb.DuckDBPyConnection, ns: str, params: str,
+               hashes: dict[str, str]) -> tuple[Scope | None, dict[str, str]]:
+    """The scope of an update against the recorded inputs, or None when the graph tables are rebuilt whole
+    (first run, other parameters); and the inputs to record afterwards."""
+    before = read_inputs(con, ns, STAGE)
+    if not before or before.get(PARAMS) != params:
+        return None, {}
+    recorded = {c: f.split(" ", 1) for c, f in before.items() if c != PARAMS}
+    gone = sorted(c for c, (h, _) in recorded.items() if hashes.get(c) != h)
+    new = sorted(c for c, h in hashes.items() if c not in recorded or recorded[c][0] != h)
+    named = _chunk_entities(con, ns, new)
+    ids = {e for c in gone for e in recorded[c][1].split()} | {e for c in new for e in named.get(c, [])}
+    inputs = {c: f"{h} {ids_}" for c, (h, ids_) in recorded.items() if c not in set(gone)}
+    inputs.update({c: _fingerprint(hashes[c], named.get(c, [])) for c in new})
+    return Scope(sorted(ids), gone, new), {**inputs, PARAMS: params}
+
+
+def _scoped_inputs(con: duckdb.DuckDBPyConnection, ns: str, scope: Scope) -> None:
+    """Narrow the models' inputs (`lh_entities`, `lh_facts`, `lh_relations`) to the extracted rows that name an
+    entity in the scope (and every fact of a new chunk); `lh_scope` holds the entity ids, `lh_gone` the chunks
+    whose rows went."""
+    p = {"ns": ns}
+    con.execute("CREATE OR REPLACE TEMP TABLE lh_scope AS SELECT unnest($ids::VARCHAR[]) AS entity_id",
+                {"ids": scope.entity_ids})
+    con.execute("CREATE OR REPLACE TEMP TABLE lh_gone AS SELECT unnest($c::VARCHAR[]) AS chunk_id",
+                {"c": scope.gone_chunks})
+    con.execute("CREATE OR REPLACE TEMP TABLE lh_scope_names AS "
+                "SELECT name FROM lh_names WHERE entity_id IN (SELECT entity_id FROM lh_scope)")
+    for name in ("lh_entities", "lh_facts"):
+        drop_temp(con, name)
+    con.execute("CREATE TEMP TABLE lh_entities AS SELECT * FROM extracted_entities "
+                "WHERE namespace = $ns AND name IN (SELECT name FROM lh_scope_names)", p)
+    con.execute("""CREATE TEMP TABLE lh_facts AS SELECT * FROM extracted_facts f
+        WHERE namespace = $ns AND (chunk_id IN (SELECT unnest($new::VARCHAR[])) OR (chunk_id, fact_idx) IN (
+            SELECT (chunk_id, fact_idx) FROM (SELECT chunk_id, fact_idx, unnest(names) AS name FROM extracted_facts
+                                               WHERE namespace = $ns) WHERE name IN (SELECT name FROM lh_scope_names)))""",
+                {**p, "new": scope.new_chunks})
+    chunk_relations(con, ns, 0, "lh_scope_names")
+
+
+_IN_SCOPE = "(SELECT entity_id FROM lh_scope)"
+# the rows of each table an update's inputs can change (conditions on that table's rows)
+SCOPES = {
+    "entities": f"entity_id IN {_IN_SCOPE}",
+    "relations": f"source_id IN {_IN_SCOPE} OR target_id IN {_IN_SCOPE}",
+    "mentions": f"entity_id IN {_IN_SCOPE} OR chunk_id IN (SELECT chunk_id FROM lh_gone)",
+    "facts": "chunk_id IN (SELECT chunk_id FROM lh_gone) OR fact_id IN (SELECT fact_id FROM lh_model)",
+}
+
+
+def _update_scope(con: duckdb.DuckDBPyConnection, ns: str, scope: Scope) -> None:
+    _scoped_inputs(con, ns, scope)
+    ends = f"SELECT source_id AS id FROM relations WHERE namespace = $ns AND ({SCOPES['relations']}) " \
+           f"UNION SELECT target_id FROM relations WHERE namespace = $ns AND ({SCOPES['relations']})"
+    touched = {r[0] for r in con.execute(ends, {"ns": ns}).fetchall()}  # relations about to change, before
+    for m in MODELS:
+        run_sql_model(con, m, ns, SCOPES[m])
+    touched |= {r[0] for r in con.execute(ends, {"ns": ns}).fetchall()} | set(scope.entity_ids)
+    refresh_degree(con, ns, sorted(touched))
 
 
 def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=None,
                        run_id: str | None = None) -> GraphTablesResult:
     """The SQL models, in dependency order: the kept entities filter relations, mentions and facts. With an
-    LLM, long entity and relation descriptions are then summarized (map-reduce, cached)."""
+    LLM, long entity and relation descriptions are then summarized (map-reduce, cached). Recorded merges, an LLM
+    or a cap on relations per chunk (whose strengths are corpus-wide) rebuild the tables whole."""
     from lazyhippo.stages.merge import apply_merges, summarize_merges
 
-    name_keys(con, settings.namespace)
-    chunk_relations(con, settings.namespace, settings.relations_per_chunk)
-    for m in ("entities", "relations", "mentions", "facts"):
-        run_sql_model(con, m, settings.namespace)
-    merged = apply_merges(con, settings.namespace)  # recorded entity merges, folded in again
-    counts = {t: count(con, t, settings.namespace) for t in ("entities", "relations", "mentions", "facts")}
+    ns = settings.namespace
+    name_keys(con, ns)
+    extraction_inputs(con, ns)
+    params = _params(settings, llm)
+    hashes = _chunk_hashes(con, ns)
+    merges = count(con, "entity_merges", ns)
+    scope, inputs = (None, {}) if merges or llm is not None or settings.relations_per_chunk \
+        else plan_scope(con, ns, params, hashes)
+    merged = 0
+    if scope is None:
+        chunk_relations(con, ns, settings.relations_per_chunk)
+        for m in MODELS:
+            run_sql_model(con, m, ns)
+        merged = apply_merges(con, ns)  # recorded entity merges, folded in again
+        named = _chunk_entities(con, ns, None)
+        inputs = {**{c: _fingerprint(h, named.get(c, [])) for c, h in hashes.items()}, PARAMS: params}
+    elif scope.entity_ids or scope.gone_chunks:
+        _update_scope(con, ns, scope)
+    with transaction(con):
+        write_inputs(con, ns, STAGE, inputs)
+    counts = {t: count(con, t, ns) for t in MODELS}
     counts["merged_entities"] = merged
+    counts["scoped_entities"] = None if scope is None else len(scope.entity_ids)
     if llm is None:
         return GraphTablesResult(**counts)
     before = llm.meter.snapshot()
@@ -32,5 +185,5 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
         summarized = summarize_graph_descriptions(settings, con, llm)
         summarize_merges(settings, con, llm)  # after them: a merged target is described from every merged name
     finally:
-        usage = record_usage(con, settings.namespace, run_id, llm, before)
+        usage = record_usage(con, ns, run_id, llm, before)
     return GraphTablesResult(**counts, **summarized, llm_usage=usage)

@@ -179,16 +179,40 @@ EXPORT_TABLES = ("documents", "chunks", "entities", "relations", "mentions", "fa
                  "entity_scores", "communities", "community_summaries", "community_reports")
 
 
+def _fingerprint(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> str:
+    """Of the namespace's rows of `table` and its columns: equal fingerprints, the same Parquet object (its rows
+    are written sorted), found with one scan instead of a sort and a compression."""
+    columns = con.execute(f"SELECT string_agg(column_name || ' ' || column_type, ',') "
+                          f"FROM (DESCRIBE {table})").fetchall()[0][0]
+    n, h = con.execute(f"SELECT count(*), coalesce(sum(hash(t)::HUGEINT), 0) FROM {table} t WHERE namespace = ?",
+                       [namespace]).fetchall()[0]
+    return f"{n}:{h}:{columns}"
+
+
 def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
-    """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run: polars writes each
-    table DuckDB hands over as Arrow."""
+    """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run and the latest one as
+    `<namespace>/tables/manifest.json` (written last, in one put): polars writes each table DuckDB hands over as
+    Arrow. A table whose rows are those the latest manifest recorded (same fingerprint) is not written again."""
     ns = settings.namespace
-    manifest = {}
+    latest_key = f"{ns}/tables/manifest.json"
+    try:
+        latest = json.loads(store.get(latest_key))
+    except FileNotFoundError:
+        latest = {}
+    manifest, written = {}, []
     for table in EXPORT_TABLES:
+        fingerprint = _fingerprint(con, table, ns)
+        if latest.get(table, {}).get("fingerprint") == fingerprint:
+            manifest[table] = latest[table]
+            continue
         data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).pl()
         buf = io.BytesIO()
         data.write_parquet(buf, compression="zstd")
         key = f"{ns}/tables/{table}.parquet"
-        manifest[table] = {"key": key, "rows": data.height, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue())}
-    store.put(f"{ns}/runs/{run_id}/manifest.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
-    return ExportsResult(objects=manifest, store=store.uri, run_key=f"{ns}/runs/{run_id}/manifest.json")
+        manifest[table] = {"key": key, "rows": data.height, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue()),
+                           "fingerprint": fingerprint}
+        written.append(table)
+    body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    store.put(f"{ns}/runs/{run_id}/manifest.json", body)
+    store.put(latest_key, body)
+    return ExportsResult(objects=manifest, store=store.uri, run_key=f"{ns}/runs/{run_id}/manifest.json", written=written)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from lazyhippo.stores.warehouse import refresh_degree
+
 STRATEGIES = ("concatenate", "keep_first", "keep_longest", "llm_summary")
 LLM_STRATEGY = "llm_summary"
 
@@ -130,11 +132,7 @@ def _fold(con: duckdb.DuckDBPyConnection, ns: str, source_ids: list[str], target
         WHERE namespace = $ns AND list_has_any(entity_ids, $src)""", {**p, "src": source_ids})
     con.execute(f"DELETE FROM entities WHERE namespace = $ns AND entity_id IN {ids}", {"ns": ns})
     con.execute(f"DELETE FROM embeddings WHERE namespace = $ns AND kind = 'entity' AND item_id IN {ids}", {"ns": ns})
-    con.execute("""UPDATE entities SET degree = coalesce(d.n, 0) FROM (
-            SELECT e.entity_id, (SELECT count(*) FROM relations r WHERE r.namespace = $ns
-                                 AND (r.source_id = e.entity_id OR r.target_id = e.entity_id)) AS n
-            FROM entities e WHERE e.namespace = $ns) d
-        WHERE entities.namespace = $ns AND entities.entity_id = d.entity_id""", {"ns": ns})
+    refresh_degree(con, ns)
 
 
 def _merges(con: duckdb.DuckDBPyConnection, ns: str) -> list[tuple]:

@@ -61,6 +61,7 @@ class GraphTablesResult(StageResult):
     mentions: int
     facts: int
     merged_entities: int = 0   # recorded merges folded in (`lazyhippo merge`)
+    scoped_entities: int | None = None  # the entities an update rebuilt rows for (None: the tables were rebuilt whole)
     entities_summarized: int = 0    # descriptions map-reduced by the LLM
     relations_summarized: int = 0
 
@@ -116,3 +117,4 @@ class ExportsResult(StageResult):
     store: str
     run_key: str
     objects: dict[str, dict] = field(default_factory=dict)   # table -> key, rows, bytes, md5
+    written: list[str] = field(default_factory=list)   # the tables written this run (the others were unchanged)

@@ -29,10 +29,10 @@ class GraphStore(Protocol):
         ...
 
     def communities(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]],
-                    algorithm: str, initial: list[int] | None = None, resolutions: tuple[float, ...] = (1.0,)
+                    algorithm: str, initial: list[list[int] | None] | None = None, resolutions: tuple[float, ...] = (1.0,)
                     ) -> Communities:
-        """Levels coarse to fine (see algorithms.detect_communities). `initial`: the previous finest partition
-        (per node), which embedded Leiden refines; GDS starts over."""
+        """Levels coarse to fine (see algorithms.detect_communities). `initial`: the previous partition of each
+        level (per node; None: that level starts over), which embedded Leiden refines; GDS starts over."""
         ...
 
     def pagerank(self, namespace: str, node_ids: list[str], edges: list[tuple[str, str, float]]) -> dict[str, float]: ...

@@ -236,17 +236,21 @@ def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
     return con.execute("SELECT count(*) FROM lh_names").fetchall()[0][0]
 
 
-def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: int) -> int:
+def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: int, names: str | None = None) -> int:
     """The temporary table `lh_relations` the SQL models read instead of extracted_relations: each chunk's
     co-occurrence pairs between two distinct named entities, at most `per_chunk` of them (0: all), strongest
     first. A pair's strength is its association: its co-occurrence weight summed over the corpus against the
     geometric mean of the two entities' chunk counts (two rare names seen together say more than two names found
     everywhere); ties go by the weight in the chunk, then the names (a fixed order). The default keeps every
-    pair: each cap measured cost retrieval (docs/decisions.md)."""
-    raw = """SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
+    pair: each cap measured cost retrieval (docs/decisions.md). `names` (a table of names, without a cap: a cap
+    ranks by corpus-wide strengths) keeps only the pairs with an end among them."""
+    if names and per_chunk:
+        raise ValueError("chunk_relations: a cap on relations per chunk needs every pair, not those of some names")
+    some = f"AND (r.source IN (SELECT name FROM {names}) OR r.target IN (SELECT name FROM {names}))" if names else ""
+    raw = f"""SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
                      least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
               FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
-              WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id"""
+              WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
     kept = f"SELECT * FROM ({raw})" if not per_chunk else f"""
         WITH raw AS ({raw}),
         chunks_of AS (
@@ -267,14 +271,33 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
     return con.execute("SELECT count(*) FROM lh_relations").fetchall()[0][0]
 
 
-def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) -> int:
+def extraction_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
+    """The temporary views `lh_entities` and `lh_facts` the SQL models read: every extracted row of the namespace
+    (a scoped update replaces them by tables of the rows in its scope)."""
+    literal = "'" + namespace.replace("'", "''") + "'"  # a view takes no parameters
+    for name, table in (("lh_entities", "extracted_entities"), ("lh_facts", "extracted_facts")):
+        drop_temp(con, name)
+        con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {table} WHERE namespace = {literal}")
+
+
+def drop_temp(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """Drop the temporary table or view `name`, whichever it is."""
+    kind = con.execute("SELECT table_type FROM information_schema.tables WHERE table_catalog = 'temp' "
+                       "AND table_name = ?", [name]).fetchall()
+    if kind:
+        con.execute(f"DROP {'VIEW' if kind[0][0] == 'VIEW' else 'TABLE'} temp.{name}")
+
+
+def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str, scope: str | None = None) -> int:
     """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name.
     Only rows that differ are deleted and inserted: an update that touches a few entities writes a few rows.
+    `scope` (a condition on the table's rows) narrows the rows the model replaces to those the update's inputs
+    can change: the model, given only those inputs, computes exactly them.
     (The new rows go through Arrow: DuckDB 2.0 loses a large temporary table's rows filled inside a transaction.)"""
     sql = (SQL_DIR / f"{model}.sql").read_text()
     cols = ", ".join(c[0] for c in con.execute(f"DESCRIBE {model}").fetchall())
     key = MODEL_KEYS[model]
-    old = f"SELECT {cols} FROM {model} WHERE namespace = $namespace"
+    old = f"SELECT {cols} FROM {model} WHERE namespace = $namespace" + (f" AND ({scope})" if scope else "")
     p = {"namespace": namespace}
     with transaction(con):
         new = con.sql(f"SELECT {cols} FROM ({sql})", params=p).to_arrow_table()
@@ -286,6 +309,19 @@ def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str) ->
         finally:
             con.unregister("lh_model")
     return new.num_rows
+
+
+def refresh_degree(con: duckdb.DuckDBPyConnection, namespace: str, entity_ids: list[str] | None = None) -> None:
+    """An entity's degree is its number of relations: counted again for `entity_ids` (None: every entity)."""
+    only = "" if entity_ids is None else "AND entity_id IN (SELECT unnest($ids::VARCHAR[]))"
+    con.execute(f"""UPDATE entities SET degree = coalesce(d.n, 0) FROM (
+            SELECT e.entity_id, r.n FROM entities e LEFT JOIN (
+                SELECT id, count(*) AS n FROM (
+                    SELECT source_id AS id FROM relations WHERE namespace = $ns
+                    UNION ALL SELECT target_id FROM relations WHERE namespace = $ns) GROUP BY id) r ON r.id = e.entity_id
+            WHERE e.namespace = $ns {only}) d
+        WHERE entities.namespace = $ns AND entities.entity_id = d.entity_id""",
+                {"ns": namespace, **({} if entity_ids is None else {"ids": entity_ids})})
 
 
 def count(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> int:
