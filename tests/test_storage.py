@@ -12,8 +12,9 @@ import pyarrow as pa
 from lazyhippo.index import run_index
 from lazyhippo.models.extractors import Extraction, ExtractionCache
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
-from lazyhippo.stores.warehouse import (STAGING, TABLES, connect, counts, quantize, read_vectors, snapshot_path,
-                                        vector_matrix)
+from lazyhippo.sql import SQL_DIR
+from lazyhippo.stores.warehouse import (STAGING, TABLES, connect, counts, quantize, read_vectors, run_sql_model,
+                                        snapshot_path, vector_matrix)
 
 
 def _tables(path) -> set[str]:
@@ -112,3 +113,26 @@ def test_the_extraction_cache_is_compressed_and_still_reads_entries_written_befo
         assert cache.get_many(["new", "old"]) == {"new": ex, "old": ex}
     finally:
         cache.close()
+
+
+def test_relations_are_stored_with_the_pairs_of_one_sentence_together():
+    """Every pair of a sentence carries that sentence as its description: stored side by side, DuckDB's
+    dictionary compression keeps it once per segment instead of once per pair."""
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    con.execute((SQL_DIR / "schema.sql").read_text())
+    sentences, per = 40, 7
+    names = [(s, f"N{s}x{i}") for s in range(sentences) for i in range(per)]
+    con.execute("CREATE TEMP TABLE lh_names AS SELECT name, lower(name) AS norm_name, 'e_' || substr(sha256(lower(name)), 1, 16) "
+                "AS entity_id FROM (SELECT unnest($n::VARCHAR[]) AS name)", {"n": [n for _, n in names]})
+    con.execute("INSERT INTO entities (namespace, entity_id, name, norm_name) SELECT 'ns', entity_id, name, norm_name "
+                "FROM lh_names")
+    rows = [(f"c{s}", a, b, f"Sentence {s} names all of them.", 1.0) for s in range(sentences)
+            for i, (_, a) in enumerate(names[s * per:(s + 1) * per]) for _, b in names[s * per + i + 1:(s + 1) * per]]
+    con.execute("CREATE TEMP TABLE lh_relations (chunk_id VARCHAR, source VARCHAR, target VARCHAR, "
+                "description VARCHAR, weight DOUBLE, type VARCHAR)")
+    order = np.random.default_rng(3).permutation(len(rows))  # extracted in any order: the model groups by pair
+    con.executemany("INSERT INTO lh_relations VALUES (?, ?, ?, ?, ?, NULL)", [rows[i] for i in order])
+    assert run_sql_model(con, "relations", "ns") == len(rows)
+    stored = [r[0] for r in con.execute("SELECT description FROM relations ORDER BY rowid").fetchall()]
+    assert sum(a != b for a, b in zip(stored, stored[1:])) == sentences - 1

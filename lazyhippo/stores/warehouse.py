@@ -221,6 +221,10 @@ def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: s
 
 MODEL_KEYS = {"entities": ("entity_id",), "relations": ("relation_id",), "mentions": ("chunk_id", "entity_id"),
               "facts": ("fact_id",)}
+# the order a model's new rows are stored in: a relation's description is the sentence it was read from, shared by
+# every pair of that sentence, and DuckDB's dictionary compression only sees repeats within a segment, so rows in
+# the model's (arbitrary) group order stored each sentence again and again (relations were 3.4x larger)
+MODEL_ORDER = {"relations": "description"}
 
 
 def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
@@ -305,7 +309,8 @@ def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str, sc
         try:
             con.execute(f"DELETE FROM {model} t USING (SELECT {', '.join(key)} FROM ({old} EXCEPT SELECT * FROM lh_model)) d "
                         f"WHERE t.namespace = $namespace AND {' AND '.join(f't.{k} = d.{k}' for k in key)}", p)
-            con.execute(f"INSERT INTO {model} ({cols}) SELECT * FROM lh_model EXCEPT {old}", p)
+            order = f" ORDER BY {MODEL_ORDER[model]}" if model in MODEL_ORDER else ""
+            con.execute(f"INSERT INTO {model} ({cols}) SELECT * FROM (SELECT * FROM lh_model EXCEPT {old}){order}", p)
         finally:
             con.unregister("lh_model")
     return new.num_rows
