@@ -138,8 +138,18 @@ def test_relations_are_stored_with_the_pairs_of_one_sentence_together():
     assert sum(a != b for a, b in zip(stored, stored[1:])) == sentences - 1
 
 
-def test_a_new_warehouse_file_has_64_kib_blocks(tmp_path):
+def test_a_new_warehouse_file_has_64_kib_blocks_and_one_written_before_keeps_its_own(tmp_path):
     """DuckDB's default 256 KiB blocks left a sixth of an index's file empty."""
     settings = Settings(home=tmp_path / "h")
     with connect(settings) as con:
         assert con.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0] == 65536
+    old = Settings(home=tmp_path / "old")
+    old.home.mkdir()
+    duckdb.connect(str(old.db_path)).execute("CREATE TABLE kept AS SELECT 7 AS n").close()
+    with connect(old) as con:
+        assert con.execute("SELECT block_size FROM pragma_database_size()").fetchone()[0] == 262144
+        assert con.execute("SELECT n FROM kept").fetchone()[0] == 7
+        con.execute("INSERT INTO chunks (namespace, chunk_id, doc_id, position, text, content_hash, n_tokens) "
+                    "VALUES ('default', 'c1', 'd1', 0, 'text', 'h', 1)")
+    with connect(old) as con:
+        assert con.execute("SELECT count(*) FROM chunks").fetchone()[0] == 1
