@@ -227,7 +227,7 @@ MODEL_KEYS = {"entities": ("entity_id",), "relations": ("relation_id",), "mentio
               "facts": ("fact_id",)}
 # the order a model's new rows are stored in: a relation's description is the sentence it was read from, shared by
 # every pair of that sentence, and DuckDB's dictionary compression only sees repeats within a segment, so rows in
-# the model's (arbitrary) group order stored each sentence again and again (relations were 3.4x larger)
+# the model's (arbitrary) group order stored each sentence again and again (relations were 3.7x larger)
 MODEL_ORDER = {"relations": "description"}
 
 
