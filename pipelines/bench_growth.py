@@ -168,7 +168,7 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
                      queries: int = 20, corpus: Path | None = None) -> list[dict]:
     from lazyhippo.evaluate.bench import run_latency_bench
     from lazyhippo.stores.warehouse import counts
-    from lazyhippo_dagster.bench_index import _timed_index
+    from lazyhippo_dagster.bench_index import _timed_index, step_spans
 
     out = []
     for n in sizes:
@@ -179,8 +179,10 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
         text_bytes = growth_source(datasets, n, folder / "source", corpus)
         progress(f"{n} documents ({text_bytes / 1e6:.1f} MB of text): full index in-process")
         home = folder / "home"
+        load = os.getloadavg()
         with TreeRss() as rss, own_instance(home) as instance:
             timed = _timed_index(home, folder / "source", None, instance=instance)
+            spans = step_spans(instance, timed["run_ids"])
         settings = Settings(home=home, namespace="bench")
         progress(f"{n} documents: local route latency")
         latency = run_latency_bench(settings, _questions(datasets, queries), ["local"], repeat=1)["local"]
@@ -190,7 +192,18 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
                     "peak_rss_mb": round(rss.peak / 1e6), "home_mb": round(disk["total"] / 1e6, 1),
                     "home_ratio": round(disk["total"] / text_bytes, 1),
                     "home_parts_mb": {k: round(v / 1e6, 1) for k, v in disk.items() if k != "total"},
-                    "rows": counts(settings), "local_p50_ms": latency["p50_ms"], "local_p95_ms": latency["p95_ms"]})
+                    "rows": counts(settings), "local_p50_ms": latency["p50_ms"], "local_p95_ms": latency["p95_ms"],
+                    "load_start": [round(x, 1) for x in load], "load_end": [round(x, 1) for x in os.getloadavg()],
+                    "peak_rss_processes": rss.by_role(), "peak_rss_steps_mb": _step_peaks(rss, spans)})
+    return out
+
+
+def _step_peaks(rss: TreeRss, spans: dict[str, tuple[float, float]]) -> dict[str, dict[str, int]]:
+    """Per step (in the order they started): the tree's and the run process's peak resident MB while it ran."""
+    out = {}
+    for step, (start, end) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        tree, own = rss.peak_between(start, end)
+        out[step] = {"tree": round(tree / 1e6), "run_process": round(own / 1e6)}
     return out
 
 
