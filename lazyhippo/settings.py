@@ -254,7 +254,7 @@ class Environment:
 
     home: Path | None = None               # LAZYHIPPO_HOME when set: an explicit home wins over the instance's
     threads: int = 0                       # LAZYHIPPO_THREADS: compute threads per process (0: up to 4 cores)
-    duckdb_memory: str = "1GB"             # LAZYHIPPO_DUCKDB_MEMORY: a warehouse connection's memory; beyond it DuckDB spills to disk
+    duckdb_memory: str = "512MB"           # LAZYHIPPO_DUCKDB_MEMORY: a warehouse connection's memory; beyond it DuckDB spills to disk
     model_cache: Path = field(default_factory=lambda: Path.home() / ".cache" / "lazyhippo" / "models")
     openai_base_url: str | None = None
     openai_api_key: str | None = field(default=None, repr=False)

@@ -80,7 +80,7 @@ def _bounded(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
         con.execute(f"SET memory_limit = '{env.duckdb_memory}'")
     except duckdb.Error as exc:
         con.close()
-        raise ValueError(f"LAZYHIPPO_DUCKDB_MEMORY {env.duckdb_memory!r}: not a DuckDB memory size like 1GB ({exc})") from None
+        raise ValueError(f"LAZYHIPPO_DUCKDB_MEMORY {env.duckdb_memory!r}: not a DuckDB memory size like 512MB ({exc})") from None
     con.execute(f"SET threads = {env.compute_threads()}")
     return con
 
