@@ -222,3 +222,17 @@ def growth_table(results: list[dict]) -> pl.DataFrame:
 def growth_rows_table(results: list[dict]) -> pl.DataFrame:
     tables = list(results[0]["rows"]) if results else []
     return pl.DataFrame([{"table": t, **{f"{r['documents']} docs": r["rows"][t] for r in results}} for t in tables])
+
+
+def growth_memory_table(results: list[dict]) -> pl.DataFrame:
+    """Where the peak is: per step, then per kind of process, the peak resident MB at each size ("tree / run
+    process" for a step: all processes together, and the run's own process)."""
+    steps = list(dict.fromkeys(k for r in results for k in r["peak_rss_steps_mb"]))
+    rows = [{"where": step, **{f"{r['documents']} docs": (f"{v['tree']} / {v['run_process']}" if (v := r["peak_rss_steps_mb"].get(step)) else "")
+                               for r in results}} for step in steps]
+    roles = list(dict.fromkeys(k for r in results for k in r["peak_rss_processes"]))
+    rows += [{"where": f"{role} (processes, largest peak, at the tree's peak)",
+              **{f"{r['documents']} docs": (f"{v['processes']}, {v['largest_peak_mb']}, {v['at_tree_peak_mb']}"
+                                            if (v := r["peak_rss_processes"].get(role)) else "") for r in results}}
+             for role in roles]
+    return pl.DataFrame(rows)

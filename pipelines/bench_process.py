@@ -29,18 +29,25 @@ def process_tree(root: int) -> dict[int, dict[str, list[str]]]:
     return {p: procs[p] for p in tree if p in procs}
 
 
-def _role(pid: int, root: int) -> str:
-    """What a process of the tree is, for the per-process figures: the benchmark's own process, or a child named
-    by its command (the extraction workers start from multiprocessing's forkserver and carry its command line)."""
+def _role(pid: int, root: int, parent_role: str | None) -> str:
+    """What a process of the tree is, for the per-process figures: the benchmark's own process, a process
+    started by multiprocessing's forkserver (the extraction workers), or a child named by its script or module."""
     if pid == root:
         return "run process"
+    if parent_role == "forkserver":
+        return "forkserver's children (extraction workers)"
     try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return "child"
-    if "forkserver" in cmd:
-        return "forkserver or its workers"
-    return cmd.split(" -c ")[0][:60] or "child"
+    words = [w.decode(errors="replace") for w in cmd if w]
+    if any("multiprocessing.forkserver" in w for w in words):
+        return "forkserver"
+    if "-c" in words:  # python -c "from multiprocessing.resource_tracker import main; ..."
+        code = words[words.index("-c") + 1]
+        return code.split(" import ")[0].removeprefix("from ").strip()[:40]
+    script = next((w for w in words[1:] if not w.startswith("-")), words[0] if words else "child")
+    return Path(script).name[:40]
 
 
 class TreeRss:
@@ -59,25 +66,20 @@ class TreeRss:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lazyhippo-rss", daemon=True)
 
-    @staticmethod
-    def _tree(root: int) -> tuple[dict[int, int], dict[int, float]]:
-        """The resident bytes of each process of the tree, and the CPU seconds of each descendant."""
-        page, tick = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
-        procs = process_tree(root)
-        return ({pid: int(p["statm"][1]) * page for pid, p in procs.items()},
-                {pid: (int(p["stat"][11]) + int(p["stat"][12])) / tick for pid, p in procs.items() if pid != root})
-
     def _sample(self) -> None:
         root = os.getpid()
-        rss, cpu = self._tree(root)
+        page, tick = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
+        procs = process_tree(root)
+        rss = {pid: int(p["statm"][1]) * page for pid, p in procs.items()}
+        cpu = {pid: (int(p["stat"][11]) + int(p["stat"][12])) / tick for pid, p in procs.items() if pid != root}
         total = sum(rss.values())
         self.timeline.append((time.time() - self.started, total, rss.get(root, 0)))
         if total > self.peak:
             self.peak, self.peak_parts = total, rss
-        for pid, b in rss.items():
+        for pid in sorted(rss, key=lambda p: (p != root, p)):  # a parent (lower id, mostly) named before its children
             if pid not in self.roles:
-                self.roles[pid] = _role(pid, root)
-            self.process_peaks[pid] = max(self.process_peaks.get(pid, 0), b)
+                self.roles[pid] = _role(pid, root, self.roles.get(int(procs[pid]["stat"][1])))
+            self.process_peaks[pid] = max(self.process_peaks.get(pid, 0), rss[pid])
         for pid, seconds in cpu.items():
             self._cpu[pid] = max(self._cpu.get(pid, 0.0), seconds)
 
@@ -92,8 +94,11 @@ class TreeRss:
         return out
 
     def peak_between(self, start: float, end: float) -> tuple[int, int]:
-        """The tree's and this process's peak resident bytes between two wall-clock times (`time.time()`)."""
-        inside = [(t, o) for s, t, o in self.timeline if start - self.started <= s <= end - self.started]
+        """The tree's and this process's peak resident bytes between two wall-clock times (`time.time()`); for a
+        span shorter than the sampling, the last sample before its end."""
+        start, end = start - self.started, end - self.started
+        inside = [(t, o) for s, t, o in self.timeline if start <= s <= end]
+        inside = inside or [(t, o) for s, t, o in self.timeline if s <= end][-1:]
         return (max((t for t, _ in inside), default=0), max((o for _, o in inside), default=0))
 
     def cpu_seconds(self) -> float:

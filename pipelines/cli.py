@@ -871,7 +871,7 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
         return
 
     if growth is not None:
-        from lazyhippo_dagster.bench_growth import growth_rows_table, growth_table, run_growth_bench
+        from lazyhippo_dagster.bench_growth import growth_memory_table, growth_rows_table, growth_table, run_growth_bench
 
         try:
             sizes = [int(s) for s in growth.split(",") if s.strip()]
@@ -892,6 +892,7 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
             raise typer.Exit(2)
         _print_frame(growth_table(results), "index cost by corpus size")
         _print_frame(growth_rows_table(results), "rows per table")
+        _print_frame(growth_memory_table(results), "peak RSS MB per step (process tree / run process) and per process")
         if as_json:
             as_json.write_text(json.dumps(results, indent=1))
         return
