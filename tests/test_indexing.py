@@ -306,3 +306,19 @@ def test_the_relations_model_joins_on_equalities_only(tmp_path):
     found = [c for p in json.loads(plan) for c in conditions(p)]
     assert found and all("!=" not in c and "<>" not in c for c in found), found
     assert loops == 0
+
+
+def test_warehouse_connections_take_their_memory_cap_and_threads_from_the_environment(tmp_path, monkeypatch):
+    """DuckDB's default (80% of the machine) let one query take the memory of every other process: a warehouse
+    connection is capped (LAZYHIPPO_DUCKDB_MEMORY), spills beside the warehouse, and a bad size is named."""
+    monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "256MB")
+    monkeypatch.setenv("LAZYHIPPO_THREADS", "1")
+    s = Settings(home=tmp_path)
+    with connect(s) as con:
+        limit, threads, temp = con.execute("SELECT current_setting('memory_limit'), current_setting('threads'), "
+                                           "current_setting('temp_directory')").fetchall()[0]
+    assert limit == "244.1 MiB" and threads == 1 and temp == str(s.db_path) + ".tmp"
+    monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "lots")
+    with pytest.raises(ValueError, match="LAZYHIPPO_DUCKDB_MEMORY 'lots'"):
+        with connect(s):
+            pass
