@@ -165,7 +165,8 @@ def own_instance(home: Path) -> Iterator:
 
 
 def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: Callable[[str], None] = print,
-                     queries: int = 20, corpus: Path | None = None) -> list[dict]:
+                     queries: int = 20, corpus: Path | None = None, on_size: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Per size in turn; `on_size` gets the results so far after each size (a long run keeps what it measured)."""
     from lazyhippo.evaluate.bench import run_latency_bench
     from lazyhippo.stores.warehouse import counts
     from lazyhippo_dagster.bench_index import _timed_index, step_spans
@@ -195,6 +196,8 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
                     "rows": counts(settings), "local_p50_ms": latency["p50_ms"], "local_p95_ms": latency["p95_ms"],
                     "load_start": [round(x, 1) for x in load], "load_end": [round(x, 1) for x in os.getloadavg()],
                     "peak_rss_processes": rss.by_role(), "peak_rss_steps_mb": _step_peaks(rss, spans)})
+        if on_size is not None:
+            on_size(out)
     return out
 
 

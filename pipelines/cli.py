@@ -849,7 +849,8 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                 growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
                                                      "full in-process index of real text (the shared sets, gitdocs, "
                                                      "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
-                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth or --stages: also write the results here."),
+                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth or --stages: also write the results here "
+                                                       "(with --growth, after each size)."),
                 stages: bool = typer.Option(False, "--stages", help="One full index of --corpus (a JSONL file or a folder) "
                                             "through the library entry point: wall and CPU seconds per stage, MB a minute.")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor) and in-process, then the time to bring
@@ -886,7 +887,8 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
             raise typer.Exit(2)
         try:
             results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"),
-                                       corpus=corpus.resolve() if corpus else None)
+                                       corpus=corpus.resolve() if corpus else None,
+                                       on_size=(lambda r: as_json.write_text(json.dumps(r, indent=1))) if as_json else None)
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
