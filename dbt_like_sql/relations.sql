@@ -1,7 +1,9 @@
 -- Relations between kept entities: one undirected row per pair, weights summed over chunks, the strongest
 -- description kept; the type is the heaviest typed one the extractions gave the pair (RELATED_TO when none has a
 -- type), `forward` when it reads from the lower id to the higher (RELATED_TO always does). Reads `entities` and
--- `lh_relations` (the extracted pairs each chunk keeps: warehouse.chunk_relations).
+-- `lh_relations` (the extracted pairs each chunk keeps: warehouse.chunk_relations), which holds pairs of two distinct
+-- entities only: a `s <> t` here made DuckDB join the two name lookups first on that inequality (every name with
+-- every other: 18 GB at 1,000 documents).
 WITH raw AS (
     SELECT a.entity_id AS s, b.entity_id AS t, r.description, r.weight, r.chunk_id,
            coalesce(r.type, 'RELATED_TO') AS type
@@ -21,5 +23,5 @@ SELECT
     first(type ORDER BY type = 'RELATED_TO', weight DESC, type) AS type,
     first(s < t OR type = 'RELATED_TO' ORDER BY type = 'RELATED_TO', weight DESC, type) AS forward
 FROM raw
-WHERE s <> t AND s IN (SELECT entity_id FROM kept) AND t IN (SELECT entity_id FROM kept)
+WHERE s IN (SELECT entity_id FROM kept) AND t IN (SELECT entity_id FROM kept)
 GROUP BY least(s, t), greatest(s, t)

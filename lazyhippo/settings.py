@@ -254,6 +254,7 @@ class Environment:
 
     home: Path | None = None               # LAZYHIPPO_HOME when set: an explicit home wins over the instance's
     threads: int = 0                       # LAZYHIPPO_THREADS: compute threads per process (0: up to 4 cores)
+    duckdb_memory: str = "512MB"           # LAZYHIPPO_DUCKDB_MEMORY: a warehouse connection's memory; beyond it DuckDB spills to disk
     model_cache: Path = field(default_factory=lambda: Path.home() / ".cache" / "lazyhippo" / "models")
     openai_base_url: str | None = None
     openai_api_key: str | None = field(default=None, repr=False)
@@ -296,6 +297,7 @@ def environment() -> Environment:
     return Environment(
         home=Path(env["LAZYHIPPO_HOME"]).resolve() if env.get("LAZYHIPPO_HOME") else None,
         threads=_count("LAZYHIPPO_THREADS"),
+        duckdb_memory=(env.get("LAZYHIPPO_DUCKDB_MEMORY") or "").strip() or defaults.duckdb_memory,
         model_cache=Path(env.get("LAZYHIPPO_MODEL_CACHE") or defaults.model_cache),
         openai_base_url=env.get("OPENAI_BASE_URL") or None,
         openai_api_key=env.get("OPENAI_API_KEY") or None,

@@ -5,6 +5,7 @@ query latency. The corpus is real text, mixed in the same proportions at every s
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -165,10 +166,12 @@ def own_instance(home: Path) -> Iterator:
 
 
 def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: Callable[[str], None] = print,
-                     queries: int = 20, corpus: Path | None = None) -> list[dict]:
+                     queries: int = 20, corpus: Path | None = None, on_size: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Per size in turn; `on_size` gets the results so far after each size (a long run keeps what it measured)."""
     from lazyhippo.evaluate.bench import run_latency_bench
+    from lazyhippo.query import clear_cache
     from lazyhippo.stores.warehouse import counts
-    from lazyhippo_dagster.bench_index import _timed_index
+    from lazyhippo_dagster.bench_index import _timed_index, step_spans
 
     out = []
     for n in sizes:
@@ -179,18 +182,35 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
         text_bytes = growth_source(datasets, n, folder / "source", corpus)
         progress(f"{n} documents ({text_bytes / 1e6:.1f} MB of text): full index in-process")
         home = folder / "home"
+        load = os.getloadavg()
         with TreeRss() as rss, own_instance(home) as instance:
             timed = _timed_index(home, folder / "source", None, instance=instance)
+            spans = step_spans(instance, timed["run_ids"])
         settings = Settings(home=home, namespace="bench")
         progress(f"{n} documents: local route latency")
         latency = run_latency_bench(settings, _questions(datasets, queries), ["local"], repeat=1)["local"]
+        clear_cache()  # the next size's peak must not hold this size's query index
+        gc.collect()
         disk = _parts(home)
         out.append({"documents": n, "text_mb": round(text_bytes / 1e6, 2), "seconds": timed["seconds"],
                     "mb_per_minute": round(text_bytes / 1e6 / timed["seconds"] * 60, 2),
                     "peak_rss_mb": round(rss.peak / 1e6), "home_mb": round(disk["total"] / 1e6, 1),
                     "home_ratio": round(disk["total"] / text_bytes, 1),
                     "home_parts_mb": {k: round(v / 1e6, 1) for k, v in disk.items() if k != "total"},
-                    "rows": counts(settings), "local_p50_ms": latency["p50_ms"], "local_p95_ms": latency["p95_ms"]})
+                    "rows": counts(settings), "local_p50_ms": latency["p50_ms"], "local_p95_ms": latency["p95_ms"],
+                    "load_start": [round(x, 1) for x in load], "load_end": [round(x, 1) for x in os.getloadavg()],
+                    "peak_rss_processes": rss.by_role(), "peak_rss_steps_mb": _step_peaks(rss, spans)})
+        if on_size is not None:
+            on_size(out)
+    return out
+
+
+def _step_peaks(rss: TreeRss, spans: dict[str, tuple[float, float]]) -> dict[str, dict[str, int]]:
+    """Per step (in the order they started): the tree's and the run process's peak resident MB while it ran."""
+    out = {}
+    for step, (start, end) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        tree, own = rss.peak_between(start, end)
+        out[step] = {"tree": round(tree / 1e6), "run_process": round(own / 1e6)}
     return out
 
 
@@ -209,3 +229,17 @@ def growth_table(results: list[dict]) -> pl.DataFrame:
 def growth_rows_table(results: list[dict]) -> pl.DataFrame:
     tables = list(results[0]["rows"]) if results else []
     return pl.DataFrame([{"table": t, **{f"{r['documents']} docs": r["rows"][t] for r in results}} for t in tables])
+
+
+def growth_memory_table(results: list[dict]) -> pl.DataFrame:
+    """Where the peak is: per step, then per kind of process, the peak resident MB at each size ("tree / run
+    process" for a step: all processes together, and the run's own process)."""
+    steps = list(dict.fromkeys(k for r in results for k in r["peak_rss_steps_mb"]))
+    rows = [{"where": step, **{f"{r['documents']} docs": (f"{v['tree']} / {v['run_process']}" if (v := r["peak_rss_steps_mb"].get(step)) else "")
+                               for r in results}} for step in steps]
+    roles = list(dict.fromkeys(k for r in results for k in r["peak_rss_processes"]))
+    rows += [{"where": f"{role} (processes, largest peak, at the tree's peak)",
+              **{f"{r['documents']} docs": (f"{v['processes']}, {v['largest_peak_mb']}, {v['at_tree_peak_mb']}"
+                                            if (v := r["peak_rss_processes"].get(role)) else "") for r in results}}
+             for role in roles]
+    return pl.DataFrame(rows)

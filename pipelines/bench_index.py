@@ -32,6 +32,26 @@ def _per_document_seconds(instance: dg.DagsterInstance, run_ids: list[str]) -> f
     return steps[kinds[1].value].max() - steps[kinds[0].value].min() if steps.height else 0.0
 
 
+def step_spans(instance: dg.DagsterInstance, run_ids: list[str]) -> dict[str, tuple[float, float]]:
+    """Each step's start and end (wall-clock times) in the runs; mapped extraction batches count as one step
+    `extractions.extract_batch[*]`, from the first start to the last end."""
+    spans: dict[str, tuple[float, float]] = {}
+    ends = (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE)
+    for run_id in run_ids:
+        starts: dict[str, float] = {}
+        for e in instance.all_logs(run_id):
+            if not e.is_dagster_event or e.dagster_event.step_key is None:
+                continue
+            key = e.dagster_event.step_key
+            name = key.split("[")[0] + ("[*]" if "[" in key else "")
+            if e.dagster_event.event_type == dg.DagsterEventType.STEP_START:
+                starts[key] = e.timestamp
+            elif e.dagster_event.event_type in ends and key in starts:
+                start, end = spans.get(name, (starts[key], e.timestamp))
+                spans[name] = (min(start, starts[key]), max(end, e.timestamp))
+    return spans
+
+
 def dagster_cost(instance: dg.DagsterInstance, run_id: str, seconds: float) -> dict:
     """The run's event-log rows, and the share of `seconds` (its wall time) covered by no step: steps that run
     side by side count once (the union of their start-to-end spans)."""
@@ -62,7 +82,7 @@ def _timed_index(home: Path, source: Path, workers: int | None, namespace: str =
     if not result.success:
         raise RuntimeError(f"bench index run {result.run_id} failed (see `dagster dev`)")
     per_doc = _per_document_seconds(instance, result.run_ids)
-    return {"seconds": seconds, "per_document_seconds": per_doc, "run_id": result.run_id,
+    return {"seconds": seconds, "per_document_seconds": per_doc, "run_id": result.run_id, "run_ids": result.run_ids,
             **dagster_cost(instance, result.run_id, seconds)}
 
 

@@ -903,7 +903,8 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
                 growth: Optional[str] = typer.Option(None, help="Corpus sizes in documents, e.g. 1000,10000: per size a "
                                                      "full in-process index of real text (the shared sets, gitdocs, "
                                                      "Debian's /usr/share/doc): time, memory, disk, rows, query latency."),
-                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth or --stages: also write the results here."),
+                as_json: Optional[Path] = typer.Option(None, "--json", help="With --growth or --stages: also write the results here "
+                                                       "(with --growth, after each size)."),
                 stages: bool = typer.Option(False, "--stages", help="One full index of --corpus (a JSONL file or a folder) "
                                             "through the library entry point: wall and CPU seconds per stage, MB a minute.")) -> None:
     """Full index with 1 and with N worker processes (multiprocess executor) and in-process, then the time to bring
@@ -925,7 +926,7 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
         return
 
     if growth is not None:
-        from lazyhippo_dagster.bench_growth import growth_rows_table, growth_table, run_growth_bench
+        from lazyhippo_dagster.bench_growth import growth_memory_table, growth_rows_table, growth_table, run_growth_bench
 
         try:
             sizes = [int(s) for s in growth.split(",") if s.strip()]
@@ -940,12 +941,14 @@ def bench_index(corpus: Optional[Path] = typer.Option(None, help="JSONL corpus {
             raise typer.Exit(2)
         try:
             results = run_growth_bench(datasets, sizes, workdir.resolve(), progress=lambda m: console.print(f"[bold]{m}[/bold]"),
-                                       corpus=corpus.resolve() if corpus else None)
+                                       corpus=corpus.resolve() if corpus else None,
+                                       on_size=(lambda r: as_json.write_text(json.dumps(r, indent=1))) if as_json else None)
         except ValueError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
         _print_frame(growth_table(results), "index cost by corpus size")
         _print_frame(growth_rows_table(results), "rows per table")
+        _print_frame(growth_memory_table(results), "peak RSS MB per step (process tree / run process) and per process")
         if as_json:
             as_json.write_text(json.dumps(results, indent=1))
         return

@@ -78,6 +78,36 @@ def test_peak_rss_counts_the_child_processes():
     assert tree.peak - alone.peak > 150_000_000
 
 
+def _hold(n: int) -> int:
+    import time
+
+    b = bytearray(n)
+    time.sleep(0.5)
+    return len(b)
+
+
+def test_peak_rss_is_told_per_kind_of_process_and_per_span_of_time():
+    """Which process and which step set the peak: a forkserver's child holding 200 MB is an extraction worker,
+    the peak between two times is that of those times only."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    with TreeRss(every=0.05) as tree:
+        before = time.time()
+        time.sleep(0.3)
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver")) as pool:
+            start = time.time()
+            assert pool.submit(_hold, 200_000_000).result() == 200_000_000
+            end = time.time()
+    roles = tree.by_role()
+    assert roles["forkserver's children (extraction workers)"]["largest_peak_mb"] > 200
+    assert roles["forkserver's children (extraction workers)"]["at_tree_peak_mb"] > 200
+    assert roles["run process"]["processes"] == 1
+    assert tree.peak_between(start, end)[0] - tree.peak_between(before, before + 0.2)[0] > 150_000_000
+    assert tree.peak_between(start, end)[1] < tree.peak_between(start, end)[0]  # the run process alone
+
+
 def test_disk_bytes_counts_allocated_blocks_and_a_hard_linked_file_once(tmp_path):
     (tmp_path / "a").write_bytes(b"x" * 100_000)
     (tmp_path / "sub").mkdir()

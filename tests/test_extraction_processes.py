@@ -84,3 +84,33 @@ def test_the_next_batch_is_extracted_while_one_is_cached_and_batches_are_even(tm
     assert events[:3] == [("extract", 150), ("extract", 150), ("cache", 150)], "the second batch waited for the first's cache write"
     assert sorted(run.results) == sorted(c.chunk_id for c in chunks) and run.computed == 300
     assert extract_chunks(chunks, _Recording(events), cache).cached == 300  # every batch was cached
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_release_workers_stops_the_extraction_processes():
+    """The stages after extraction get the workers' memory back: release_workers ends the pool's processes, and
+    the next extraction starts a new pool."""
+    import os
+
+    from lazyhippo.models import extractors
+
+    pool = extractors._pool(2)
+    pids = {pool.submit(_pid).result(timeout=60) for _ in range(4)}
+    assert pids and os.getpid() not in pids
+    extractors.release_workers()
+    assert not extractors._POOL
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    assert not any(alive(p) for p in pids)
+    assert extractors._pool(2) is not pool
+    extractors.release_workers()

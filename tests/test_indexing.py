@@ -293,3 +293,60 @@ def test_namespaces_are_isolated(tmp_path):
     assert _rows(a, "SELECT count(*) FROM entities WHERE namespace = ?")[0][0] == before
     assert 0 < _rows(b, "SELECT count(*) FROM entities WHERE namespace = ?")[0][0] < before
     assert LocalObjectStore(a.export_dir).list("a/") and LocalObjectStore(a.export_dir).list("b/")
+
+
+def test_the_relations_model_joins_on_equalities_only(tmp_path):
+    """An inequality between the two name lookups (`s <> t`) let DuckDB join every name with every other first
+    (18 GB at 1,000 documents); the pairs lh_relations holds are of two distinct entities already."""
+    import json
+
+    import pyarrow as pa
+
+    from lazyhippo.sql import SQL_DIR
+    from lazyhippo.stores.warehouse import chunk_relations, name_keys, replace_rows, run_sql_model
+
+    s = Settings(home=tmp_path)
+    names = [f"Name {i}" for i in range(50)]
+    ents = [{"namespace": "default", "chunk_id": f"c{c}", "name": names[(c * 7 + j) % 50], "type": "PERSON",
+             "description": ""} for c in range(40) for j in range(5)]
+    rels = [{"namespace": "default", "chunk_id": a["chunk_id"], "source": a["name"], "target": b["name"],
+             "description": "", "weight": 1.0} for a, b in zip(ents, ents[1:]) if a["chunk_id"] == b["chunk_id"]]
+    rels.append({"namespace": "default", "chunk_id": "c0", "source": "Name 0", "target": "name 0", "description": "",
+                 "weight": 1.0})  # one entity under two spellings: no self-relation
+    with connect(s) as con:
+        replace_rows(con, "extracted_entities", "default", pa.Table.from_pylist(ents))
+        replace_rows(con, "extracted_relations", "default", pa.Table.from_pylist(rels))
+        name_keys(con, "default")
+        chunk_relations(con, "default", 0)
+        run_sql_model(con, "entities", "default")
+        plan = con.execute(f"EXPLAIN (FORMAT json) {(SQL_DIR / 'relations.sql').read_text()}",
+                           {"namespace": "default"}).fetchall()[0][1]
+        run_sql_model(con, "relations", "default")
+        loops = con.execute("SELECT count(*) FROM relations WHERE source_id = target_id").fetchall()[0][0]
+
+    def conditions(node: dict):
+        if "JOIN" in node.get("name", ""):
+            found = node.get("extra_info", {}).get("Conditions", [])
+            yield from [found] if isinstance(found, str) else found
+        for child in node.get("children", []):
+            yield from conditions(child)
+
+    found = [c for p in json.loads(plan) for c in conditions(p)]
+    assert found and all("!=" not in c and "<>" not in c for c in found), found
+    assert loops == 0
+
+
+def test_warehouse_connections_take_their_memory_cap_and_threads_from_the_environment(tmp_path, monkeypatch):
+    """DuckDB's default (80% of the machine) let one query take the memory of every other process: a warehouse
+    connection is capped (LAZYHIPPO_DUCKDB_MEMORY), spills beside the warehouse, and a bad size is named."""
+    monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "256MB")
+    monkeypatch.setenv("LAZYHIPPO_THREADS", "1")
+    s = Settings(home=tmp_path)
+    with connect(s) as con:
+        limit, threads, temp = con.execute("SELECT current_setting('memory_limit'), current_setting('threads'), "
+                                           "current_setting('temp_directory')").fetchall()[0]
+    assert limit == "244.1 MiB" and threads == 1 and temp == str(s.db_path) + ".tmp"
+    monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "lots")
+    with pytest.raises(ValueError, match="LAZYHIPPO_DUCKDB_MEMORY 'lots'"):
+        with connect(s):
+            pass

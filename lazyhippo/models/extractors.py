@@ -6,6 +6,7 @@ unchanged text calls nothing and a deleted document's entities can be rebuilt fr
 
 from __future__ import annotations
 
+import atexit
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -13,6 +14,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
+from lazyhippo.graph.ppr import one_blas_thread
 from lazyhippo.models.llm import LLM, LLMError
 from lazyhippo.models.technical import Span, heading_spans, technical_spans
 from lazyhippo.models.tokens import sentences as split_sentences
@@ -121,12 +123,97 @@ def _sentence_graph(title: str, sentences: list[tuple[str, list[tuple[str, str]]
     return out
 
 
+# texts spaCy parses together: a worker's memory beyond its model is one batch's parses (200 chunks of 2,000
+# characters: 1,035 MB at 128, 459 MB at 32, the same parses and CPU time)
+PIPE_BATCH = 32
+
+
 @lru_cache(maxsize=2)
 def _spacy(model: str, noun_phrases: bool):
+    """The model without its lemmatizer (and parser, without noun phrases), its layers on numpy's BLAS: the BLIS
+    that thinc uses by default runs its generic kernel on this CPU (41 GFLOPS against OpenBLAS's 118 on the
+    tok2vec products), the same parses from a quarter less time. Its attribute ruler becomes `TokenRules`."""
     import spacy
+    from spacy.language import Language
+    from thinc.api import use_ops
 
+    if not Language.has_factory("lazyhippo_token_rules"):
+        Language.factory("lazyhippo_token_rules", default_config={"patterns": []},
+                         func=lambda nlp, name, patterns: TokenRules(nlp.vocab, patterns))
     disable = ["lemmatizer"] if noun_phrases else ["lemmatizer", "parser"]
-    return spacy.load(model, disable=disable)
+    with use_ops("numpy", use_blis=False):
+        nlp = spacy.load(model, disable=disable)
+    if "attribute_ruler" in nlp.pipe_names:
+        nlp.replace_pipe("attribute_ruler", "lazyhippo_token_rules",
+                         config={"patterns": nlp.get_pipe("attribute_ruler").patterns})
+    return nlp
+
+
+class TokenRules:
+    """An attribute ruler's rules that set a part of speech, tag or dependency label (all the extraction reads),
+    applied with numpy to a batch's token arrays at once, in the ruler's order (a later rule wins), each matching
+    the tokens as the tagger and parser left them. spaCy's matcher tried every rule on every token, a tenth of
+    the pipeline's time. A rule other than a sequence of tokens with equal, IN or NOT_IN conditions is an error."""
+
+    SETS = ("POS", "TAG", "DEP")
+
+    def __init__(self, vocab, patterns: list[dict]):
+        self.columns: list[str] = []  # token attributes read or set
+        self.rules = []               # (conditions per token, the token set, {column: value})
+        for p in patterns:
+            sets = {k: v for k, v in p["attrs"].items() if k in self.SETS}
+            for pattern in p["patterns"] if sets else ():
+                conditions = [[(self._column(a), *self._test(a, c)) for a, c in spec.items()] for spec in pattern]
+                self.rules.append((conditions, p.get("index", 0) % len(pattern),
+                                   {self._column(k): vocab.strings.add(str(v)) for k, v in sets.items()}))
+        self.written = sorted({c for _, _, sets in self.rules for c in sets})
+
+    def _column(self, attr: str) -> int:
+        from spacy.attrs import IDS
+
+        if attr not in IDS:
+            raise ValueError(f"attribute ruler pattern: {attr!r} is not a token attribute")
+        if attr not in self.columns:
+            self.columns.append(attr)
+        return self.columns.index(attr)
+
+    @staticmethod
+    def _test(attr: str, cond) -> tuple[bool, "np.ndarray"]:
+        """(negated, the values as spaCy stores them)."""
+        import numpy as np
+        from spacy.strings import get_string_id
+
+        ops = cond if isinstance(cond, dict) else {"IN": [cond]}
+        if len(ops) != 1 or next(iter(ops)) not in ("IN", "NOT_IN"):
+            raise ValueError(f"attribute ruler condition {attr}: {cond!r} is not supported (a value, IN or NOT_IN)")
+        (op, values), = ops.items()
+        return op == "NOT_IN", np.array([int(v) if isinstance(v, bool) else get_string_id(v) for v in values], np.uint64)
+
+    def __call__(self, doc):
+        return next(self.pipe([doc]))
+
+    def pipe(self, docs, batch_size: int = 128):
+        import numpy as np
+        from spacy.util import minibatch
+
+        for batch in minibatch(docs, batch_size):
+            sizes = [len(d) for d in batch]
+            read = np.concatenate([d.to_array(self.columns).reshape(len(d), len(self.columns)) for d in batch])
+            table = read.copy()
+            owner = np.repeat(np.arange(len(batch)), sizes)
+            for conditions, index, sets in self.rules:
+                n = len(read) - len(conditions) + 1
+                if n <= 0:
+                    continue
+                hit = owner[:n] == owner[len(conditions) - 1:]  # all the pattern's tokens in one document
+                for k, spec in enumerate(conditions):
+                    for col, negated, values in spec:
+                        hit &= np.isin(read[k:k + n, col], values, invert=negated)
+                for col, value in sets.items():
+                    table[np.flatnonzero(hit) + index, col] = value
+            for doc, rows in zip(batch, np.split(table[:, self.written], np.cumsum(sizes)[:-1])):
+                doc.from_array([self.columns[c] for c in self.written], rows)
+                yield doc
 
 
 def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) -> list[Span]:
@@ -145,12 +232,13 @@ def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) 
     return spans + tech + [h for h in headings if not any(t.inside(h) for t in tech)]
 
 
+@one_blas_thread  # one process per core: OpenBLAS's own threads would fight the other process for it
 def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str, str | None]]) -> list[Extraction]:
     """(title, text, section) -> extractions: named entities, noun phrases and technical names, assigned to
     sentences by offset."""
     nlp = _spacy(model, noun_phrases)
     out: list[Extraction] = []
-    for (title, text, section), doc in zip(items, nlp.pipe((t for _, t, _ in items), batch_size=128)):
+    for (title, text, section), doc in zip(items, nlp.pipe((t for _, t, _ in items), batch_size=PIPE_BATCH)):
         sentences = [(sent_text, []) for sent_text in split_sentences(text)]
         spans = [(s.text, s.label, s.start) for s in sorted(_spans(doc, text, title, section, noun_phrases),
                                                             key=lambda s: s.start)]
@@ -179,17 +267,30 @@ def extract_processes() -> int:
     return environment().compute_threads()
 
 
-@lru_cache(maxsize=1)
+_POOL: list = []  # the extraction worker pool of this process, while it runs
+
+
 def _pool(processes: int):
     """Worker processes started once per process from a forkserver (never forked from a threaded parent),
-    each loading the spaCy model on its first task; shut down at exit."""
-    import atexit
+    each loading the spaCy model on its first task; stopped by `release_workers` or at exit."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("forkserver"))
-    atexit.register(pool.shutdown, cancel_futures=True)
-    return pool
+    if not _POOL:
+        _POOL.append(ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("forkserver")))
+    return _POOL[0]
+
+
+def release_workers() -> None:
+    """Stop the extraction workers and drop this process's own spaCy model (a small batch runs here): each
+    holds a model and its working memory (200-400 MB), which the stages after extraction need more; the next
+    extraction loads them again (about a second each)."""
+    while _POOL:
+        _POOL.pop().shutdown(wait=True, cancel_futures=True)
+    _spacy.cache_clear()
+
+
+atexit.register(release_workers)
 
 
 class NlpExtractor:
@@ -213,7 +314,7 @@ class NlpExtractor:
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
         items = [(c.title, c.text, c.section) for c in chunks]
         processes = extract_processes()
-        started = _pool.cache_info().currsize > 0  # once the workers hold the model, any batch is worth splitting
+        started = bool(_POOL)  # once the workers hold the model, any batch is worth splitting
         if processes < 2 or len(items) < (2 if started else self.min_parallel):
             return list(_nlp_extract(self.spacy_model, self.noun_phrases, items))
         step = -(-len(items) // processes)

@@ -13,22 +13,27 @@ from lazyhippo.stages.results import EmbeddingsResult
 from lazyhippo.stores.warehouse import quantize, transaction
 
 
+EMBED_BATCH = 4096  # texts per embed call: the tokenizer's output and the vectors of one batch at a time
+
+
 def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
     """Embed items whose stored vector came from another model or another text (keyed by the text's hash, so a
-    changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind."""
+    changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind, the vectors
+    embedded and written EMBED_BATCH texts at a time (a text's vector does not depend on its batch)."""
     ns = settings.namespace
     have = {i: (m, h) for i, m, h in con.execute(
         "SELECT item_id, model, text_hash FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall()}
     hashes = {i: sha(t, 32) for i, t in items}
     todo = [(i, t) for i, t in items if have.get(i) != (embedder.name, hashes[i])]
     stale = [i for i in have if i not in hashes] + [i for i, _ in todo if i in have]
-    vectors = embedder.embed([t for _, t in todo]) if todo else None
     with transaction(con):
         if stale:
             con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
                         [ns, kind, stale])
-        if todo:
-            _append_vectors(con, ns, kind, [i for i, _ in todo], vectors, embedder.name, [hashes[i] for i, _ in todo])
+        for start in range(0, len(todo), EMBED_BATCH):
+            batch = todo[start:start + EMBED_BATCH]
+            _append_vectors(con, ns, kind, [i for i, _ in batch], embedder.embed([t for _, t in batch]), embedder.name,
+                            [hashes[i] for i, _ in batch])
     return len(todo)
 
 

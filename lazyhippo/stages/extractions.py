@@ -31,6 +31,7 @@ from lazyhippo.models.extractors import (
     NlpExtractor,
     extract_chunks,
     payload,
+    release_workers,
 )
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
@@ -220,6 +221,7 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
     object store), then drop them and the parts of documents that are gone: once loaded, the warehouse's rows and
     `extraction_parts` signatures stand for them (a part only spares a killed run the extraction it finished)."""
     ns = settings.namespace
+    release_workers()  # every batch has run: the graph stages after this need the workers' memory
     extractor = _extractor(settings)
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in load_chunks(con, ns):
@@ -359,6 +361,7 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
                              progress=(lambda i, n: progress("extractions", i, n)) if progress else None)
     finally:
         cache.close()
+        release_workers()
         usage = record_usage(con, ns, run_id, llm, before)
     written = store_extractions(con, ns, run.results, run.failures)
     return ExtractionsResult(chunks=len(chunks), cached=run.cached, computed=run.computed, failed=len(run.failures),

@@ -75,6 +75,20 @@ def published_namespaces(settings: Settings) -> list[str]:
     return sorted(p.stem for p in snapshot_dir(settings).glob("*.duckdb"))
 
 
+def _bounded(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """DuckDB's own memory capped (its default, 80% of the machine, lets one query take what every other process
+    needs; past the cap joins, sorts and aggregates spill to `<warehouse>.tmp` beside the file) and its threads
+    those of the process (LAZYHIPPO_THREADS)."""
+    env = environment()
+    try:
+        con.execute(f"SET memory_limit = '{env.duckdb_memory}'")
+    except duckdb.Error as exc:
+        con.close()
+        raise ValueError(f"LAZYHIPPO_DUCKDB_MEMORY {env.duckdb_memory!r}: not a DuckDB memory size like 512MB ({exc})") from None
+    con.execute(f"SET threads = {env.compute_threads()}")
+    return con
+
+
 def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     # a whole vector of names per call (a per-row Python call costs more than the work)
     con.create_function("lh_norm", norm_keys, [duckdb.sqltype("VARCHAR")], duckdb.sqltype("VARCHAR"),
@@ -86,7 +100,7 @@ def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection
 def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     settings.home.mkdir(parents=True, exist_ok=True)
     _unshare(settings.db_path)
-    con = duckdb.connect(str(settings.db_path), config={"default_block_size": str(BLOCK_SIZE)})
+    con = _bounded(duckdb.connect(str(settings.db_path), config={"default_block_size": str(BLOCK_SIZE)}))
     con.execute((SQL_DIR / "schema.sql").read_text())
     _migrate_vectors(con)
     return _with_functions(con)
@@ -127,7 +141,7 @@ def connect(settings: Settings, read_only: bool = False) -> Iterator[duckdb.Duck
     if read_only and not _owns(settings):
         path = _published(settings)
         if path is not None:
-            con = _with_functions(duckdb.connect(str(path), read_only=True))
+            con = _with_functions(_bounded(duckdb.connect(str(path), read_only=True)))
         else:  # nothing complete yet: an empty in-memory warehouse with the schema
             con = duckdb.connect()
             con.execute((SQL_DIR / "schema.sql").read_text())
