@@ -22,6 +22,7 @@ from lazyhippo.settings import Settings
 from lazyhippo_dagster.bench_process import TreeRss
 
 DEBIAN_DOCS = Path("/usr/share/doc")
+TEXT_SUFFIXES = ("", ".txt", ".md", ".rst")  # Debian documentation read as text (changelog.gz, README)
 PIECE_CHARS = 3000  # long texts (gitdocs pages, Debian docs) are split into documents of about this size
 
 
@@ -56,12 +57,10 @@ def _files(root: Path, label: str, read: Callable[[Path], str | None]) -> Iterat
 
 
 def _debian_text(path: Path) -> str | None:
-    if path.suffix == ".gz":
-        data = gzip.decompress(path.read_bytes())
-    elif path.suffix in ("", ".txt", ".md", ".rst") or path.name.isupper():
-        data = path.read_bytes()
-    else:
-        return None
+    plain = path.with_suffix("") if path.suffix == ".gz" else path  # a compressed file by its inner name
+    if not (plain.suffix in TEXT_SUFFIXES or plain.name.split(".")[0].isupper()):  # README.Debian, NEWS
+        return None  # PostScript, HTML, images: not prose a user indexes as text
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     return None if b"\0" in data[:4096] else data.decode("utf-8")
 
 

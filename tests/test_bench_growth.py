@@ -33,6 +33,7 @@ def sources(tmp_path):
     (debian / "other").mkdir()
     (debian / "other" / "copyright").write_text("Same licence text.")  # a duplicate: left out
     (debian / "other" / "logo.png").write_bytes(b"\x89PNG\0\0")
+    (debian / "other" / "manual.ps.gz").write_bytes(gzip.compress(b"%!PS-Adobe-3.0 showpage"))  # not prose
     return datasets, debian
 
 
@@ -45,7 +46,8 @@ def test_the_corpus_takes_each_source_in_turn_and_splits_long_texts(sources):
     guide = [r for r in growth_corpus(datasets, 40, debian) if r["id"].startswith("gitdocs/")]
     assert len(guide) > 3 and all(len(r["text"]) <= 2 * PIECE_CHARS for r in guide)
     texts = [r["text"] for r in growth_corpus(datasets, 40, debian) if r["id"].startswith("debian/")]
-    assert texts.count("Same licence text.") == 1 and not any("PNG" in t for t in texts)
+    assert texts.count("Same licence text.") == 1 and not any("PNG" in t or "PS-Adobe" in t for t in texts)
+    assert any("First release" in t for t in texts)  # a compressed changelog is read
 
 
 def test_more_documents_than_the_sources_hold_is_refused_with_the_count(sources):
