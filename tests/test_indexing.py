@@ -303,7 +303,7 @@ def test_the_relations_model_joins_on_equalities_only(tmp_path):
     import pyarrow as pa
 
     from lazyhippo.sql import SQL_DIR
-    from lazyhippo.stores.warehouse import chunk_relations, name_keys, replace_rows, run_sql_model
+    from lazyhippo.stores.warehouse import chunk_relations, extraction_inputs, name_keys, replace_rows, run_sql_model
 
     s = Settings(home=tmp_path)
     names = [f"Name {i}" for i in range(50)]
@@ -318,6 +318,7 @@ def test_the_relations_model_joins_on_equalities_only(tmp_path):
         replace_rows(con, "extracted_relations", "default", pa.Table.from_pylist(rels))
         name_keys(con, "default")
         chunk_relations(con, "default", 0)
+        extraction_inputs(con, "default")
         run_sql_model(con, "entities", "default")
         plan = con.execute(f"EXPLAIN (FORMAT json) {(SQL_DIR / 'relations.sql').read_text()}",
                            {"namespace": "default"}).fetchall()[0][1]

@@ -7,9 +7,9 @@ stays bounded by the batch size, not the graph size (a 50,000-entity graph expor
 
 from __future__ import annotations
 
-import io
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -26,6 +26,7 @@ FORMATS = ("csv", "xlsx", "md", "parquet")
 EXPORTABLE = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges", "entity_scores",
               "communities", "community_summaries")
 DEFAULT_TABLES = ("entities", "relations", "chunks")
+EXPORT_BATCH_ROWS = 50_000  # rows of a table held at once while the exports asset writes it
 XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, minus the header
 
 
@@ -189,10 +190,25 @@ def _fingerprint(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> 
     return f"{n}:{h}:{columns}"
 
 
+def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> tuple[int, bytes]:
+    """The namespace's rows of `table`, sorted (equal rows, the same object), as zstd Parquet written batch by
+    batch through a temporary file: memory holds one batch and the compressed object, never the whole table."""
+    import pyarrow.parquet as pq
+
+    reader = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
+    rows = 0
+    with tempfile.TemporaryDirectory(prefix="lazyhippo-export-") as tmp:
+        path = Path(tmp) / f"{table}.parquet"
+        with pq.ParquetWriter(path, reader.schema, compression="zstd") as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+        return rows, path.read_bytes()
+
+
 def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
     """One Parquet object per table under `<namespace>/tables/`, plus a manifest per run and the latest one as
-    `<namespace>/tables/manifest.json` (written last, in one put): polars writes each table DuckDB hands over as
-    Arrow. A table whose rows are those the latest manifest recorded (same fingerprint) is not written again."""
+    `<namespace>/tables/manifest.json` (written last, in one put). A table whose rows are those the latest manifest recorded (same fingerprint) is not written again."""
     ns = settings.namespace
     latest_key = f"{ns}/tables/manifest.json"
     try:
@@ -205,11 +221,9 @@ def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: Ob
         if latest.get(table, {}).get("fingerprint") == fingerprint:
             manifest[table] = latest[table]
             continue
-        data = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).pl()
-        buf = io.BytesIO()
-        data.write_parquet(buf, compression="zstd")
+        rows, data = _sorted_parquet(con, table, ns)
         key = f"{ns}/tables/{table}.parquet"
-        manifest[table] = {"key": key, "rows": data.height, "bytes": buf.tell(), "md5": store.put(key, buf.getvalue()),
+        manifest[table] = {"key": key, "rows": rows, "bytes": len(data), "md5": store.put(key, data),
                            "fingerprint": fingerprint}
         written.append(table)
     body = json.dumps(manifest, indent=1, sort_keys=True).encode()
