@@ -20,7 +20,7 @@ import pyarrow as pa
 from lazyhippo.settings import Settings
 from lazyhippo.stages.results import ExportsResult
 from lazyhippo.stores.objects import ObjectStore
-from lazyhippo.stores.warehouse import float_vector_sql
+from lazyhippo.stores.warehouse import MODEL_ORDER, float_vector_sql
 
 FORMATS = ("csv", "xlsx", "md", "parquet")
 EXPORTABLE = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges", "entity_scores",
@@ -195,7 +195,8 @@ def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str) 
     batch through a temporary file: memory holds one batch and the compressed object, never the whole table."""
     import pyarrow.parquet as pq
 
-    reader = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
+    order = f"{MODEL_ORDER[table]}, COLUMNS(*)" if table in MODEL_ORDER else "ALL"  # repeated texts side by side compress
+    reader = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY {order}", params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
     rows = 0
     with tempfile.TemporaryDirectory(prefix="lazyhippo-export-") as tmp:
         path = Path(tmp) / f"{table}.parquet"
