@@ -172,7 +172,7 @@ class DictStore:
 
 
 def test_exports_read_back_and_match_duckdb(sample_settings):
-    from lazyhippo.stages.exports import export_parquet
+    from lazyhippo.stages.exports import export_parquet, export_query
 
     s = sample_settings
     store = DictStore()
@@ -180,7 +180,7 @@ def test_exports_read_back_and_match_duckdb(sample_settings):
         export_parquet(s, con, store, "r1")
         for table in EXPORT_TABLES:
             exported = pq.read_table(io.BytesIO(store.get(f"default/tables/{table}.parquet")))
-            expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").to_arrow_table()
+            expected = con.sql(export_query(table), params=["default"]).to_arrow_table()
             offline_empty = table == "community_reports"  # reports need an LLM; offline the table is empty
             assert exported.num_rows == expected.num_rows and (expected.num_rows > 0 or offline_empty), table
             assert exported.to_pylist() == expected.to_pylist(), table
@@ -189,7 +189,7 @@ def test_exports_read_back_and_match_duckdb(sample_settings):
 def test_exports_rewrite_only_the_tables_whose_rows_changed(sample_settings, tmp_path):
     """The second export of the same rows writes nothing and keeps the manifest; a changed row rewrites its table
     alone, and every object still reads back as its table."""
-    from lazyhippo.stages.exports import export_parquet
+    from lazyhippo.stages.exports import export_parquet, export_query
 
     s = Settings(home=tmp_path, source=sample_settings.source)
     shutil.copy(sample_settings.db_path, s.db_path)
@@ -206,7 +206,7 @@ def test_exports_rewrite_only_the_tables_whose_rows_changed(sample_settings, tmp
         assert json.loads(store.get("default/tables/manifest.json")) == changed.objects
         for table in EXPORT_TABLES:
             exported = pq.read_table(io.BytesIO(store.get(f"default/tables/{table}.parquet")))
-            expected = con.sql(f"SELECT * FROM {table} WHERE namespace = 'default' ORDER BY ALL").to_arrow_table()
+            expected = con.sql(export_query(table), params=["default"]).to_arrow_table()
             assert exported.to_pylist() == expected.to_pylist(), table
 
 

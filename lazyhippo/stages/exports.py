@@ -190,13 +190,20 @@ def _fingerprint(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> 
     return f"{n}:{h}:{columns}"
 
 
+def export_query(table: str) -> str:
+    """The namespace's rows of `table` in the order its Parquet object holds them: a total order, so equal rows
+    give an equal object, led by the warehouse's storage order where it has one (repeated texts side by side
+    compress: relations 6x smaller)."""
+    order = f"{MODEL_ORDER[table]}, COLUMNS(*)" if table in MODEL_ORDER else "ALL"
+    return f"SELECT * FROM {table} WHERE namespace = ? ORDER BY {order}"
+
+
 def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> tuple[int, bytes]:
     """The namespace's rows of `table`, sorted (equal rows, the same object), as zstd Parquet written batch by
     batch through a temporary file: memory holds one batch and the compressed object, never the whole table."""
     import pyarrow.parquet as pq
 
-    order = f"{MODEL_ORDER[table]}, COLUMNS(*)" if table in MODEL_ORDER else "ALL"  # repeated texts side by side compress
-    reader = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY {order}", params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
+    reader = con.sql(export_query(table), params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
     rows = 0
     with tempfile.TemporaryDirectory(prefix="lazyhippo-export-") as tmp:
         path = Path(tmp) / f"{table}.parquet"
