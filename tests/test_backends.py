@@ -19,7 +19,7 @@ from lazyhippo.graph import algorithms as graph
 from lazyhippo.index import graph_counts, run_index
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
 from lazyhippo.stages.communities import entity_graph
-from lazyhippo.stages.exports import EXPORT_TABLES
+from lazyhippo.stages.exports import EXPORT_TABLES, export_query
 from lazyhippo.stores.warehouse import connect
 from tests.services_fixtures import minio_store, namespaces, neo4j_store  # noqa: F401 - fixtures
 
@@ -197,7 +197,7 @@ def test_exports_on_minio_match_duckdb(runs: Runs, minio_store):
             key = f"{ns}/tables/{table}.parquet"
             assert key in keys
             exported = pq.read_table(io.BytesIO(minio_store.get(key)))
-            expected = con.sql(f"SELECT * FROM {table} WHERE namespace = ? ORDER BY ALL", params=[ns]).to_arrow_table()
+            expected = con.sql(export_query(table), params=[ns]).to_arrow_table()
             assert exported.num_rows == expected.num_rows, table
             assert exported.to_pylist() == expected.to_pylist(), table
     manifests = [k for k in minio_store.list(f"{ns}/runs/") if k.endswith("manifest.json")]
