@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 from contextlib import contextmanager
+from functools import lru_cache
 from itertools import zip_longest
 from pathlib import Path
 from typing import Callable, Iterator
@@ -19,6 +20,7 @@ from typing import Callable, Iterator
 import polars as pl
 
 from lazyhippo.settings import Settings
+from lazyhippo.sources.files import read_markup
 from lazyhippo_dagster.bench_process import TreeRss
 
 DEBIAN_DOCS = Path("/usr/share/doc")
@@ -58,10 +60,22 @@ def _files(root: Path, label: str, read: Callable[[Path], str | None]) -> Iterat
 
 def _debian_text(path: Path) -> str | None:
     plain = path.with_suffix("") if path.suffix == ".gz" else path  # a compressed file by its inner name
-    if not (plain.suffix in TEXT_SUFFIXES or plain.name.split(".")[0].isupper()):  # README.Debian, NEWS
-        return None  # PostScript, HTML, images: not prose a user indexes as text
+    html = plain.suffix == ".html" and not _sphinx_build(path.parent)  # Sphinx pages: read from `_sources`
+    if not (html or plain.suffix in TEXT_SUFFIXES or plain.name.split(".")[0].isupper()):  # README.Debian
+        return None  # PostScript, images, Sphinx's HTML twin of a source: not prose a user indexes as text
     data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    return None if b"\0" in data[:4096] else data.decode("utf-8")
+    if b"\0" in data[:4096]:
+        return None
+    if not html:
+        return data.decode("utf-8")
+    _, sections = read_markup("html", data.decode("utf-8"))
+    return "\n\n".join(text for _, text in sections if text)  # a section's text starts with its heading
+
+
+@lru_cache(maxsize=None)
+def _sphinx_build(folder: Path) -> bool:
+    """A Sphinx build ships each page's source beside its HTML (`_sources/`), read as text instead."""
+    return (folder / "_sources").is_dir() or (folder.parent != folder and _sphinx_build(folder.parent))
 
 
 def _jsonl(path: Path) -> Iterator[dict]:

@@ -34,6 +34,11 @@ def sources(tmp_path):
     (debian / "other" / "copyright").write_text("Same licence text.")  # a duplicate: left out
     (debian / "other" / "logo.png").write_bytes(b"\x89PNG\0\0")
     (debian / "other" / "manual.ps.gz").write_bytes(gzip.compress(b"%!PS-Adobe-3.0 showpage"))  # not prose
+    (debian / "other" / "guide.html").write_text("<html><body><h1>Guide</h1><p>Set <b>listen</b> to a port.</p></body></html>")
+    sphinx = debian / "lib" / "html"
+    (sphinx / "_sources").mkdir(parents=True)
+    (sphinx / "_sources" / "api.rst.txt").write_text("API\n===\n\nThe source of the page.")
+    (sphinx / "api.html").write_text("<html><body><p>The HTML twin of the page.</p></body></html>")  # read once
     return datasets, debian
 
 
@@ -48,6 +53,8 @@ def test_the_corpus_takes_each_source_in_turn_and_splits_long_texts(sources):
     texts = [r["text"] for r in growth_corpus(datasets, 40, debian) if r["id"].startswith("debian/")]
     assert texts.count("Same licence text.") == 1 and not any("PNG" in t or "PS-Adobe" in t for t in texts)
     assert any("First release" in t for t in texts)  # a compressed changelog is read
+    assert any("Set listen to a port." in t and "<" not in t for t in texts)  # an HTML page is read as its text
+    assert any("The source of the page." in t for t in texts) and not any("HTML twin" in t for t in texts)
 
 
 def test_more_documents_than_the_sources_hold_is_refused_with_the_count(sources):
