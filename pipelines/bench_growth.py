@@ -13,7 +13,7 @@ import re
 import shutil
 from contextlib import contextmanager
 from functools import lru_cache
-from itertools import zip_longest
+from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -142,15 +142,17 @@ def growth_source(datasets: Path, documents: int, source: Path, corpus: Path | N
     real text of `growth_corpus`, or the first documents of `corpus` (a JSONL file's first rows, a folder's first
     files in path order, copied whole). Raises ValueError when there are fewer."""
     from lazyhippo.sources.files import iter_files
+    from lazyhippo_dagster.bench_index import write_jsonl_source
 
     if corpus is None or corpus.is_file():
         if corpus is None:
             rows = growth_corpus(datasets, documents)
         else:
-            rows = [json.loads(line) for line in corpus.read_text().splitlines() if line.strip()][:documents]
+            with corpus.open() as f:
+                rows = [json.loads(line) for line in islice((line for line in f if line.strip()), documents)]
         if len(rows) < documents:
             raise ValueError(f"--growth {documents}: {corpus} holds only {len(rows)} documents")
-        (source / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_jsonl_source(source, [json.dumps(r) for r in rows])
         return sum(len(r["text"].encode()) for r in rows)
     files = sorted(iter_files(corpus))[:documents]
     if len(files) < documents:

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import time
+from itertools import islice
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +17,8 @@ import dagster as dg
 import polars as pl
 
 from lazyhippo_dagster.runner import index_run, instance_for, run_config
+
+SHARD_ROWS = 1000  # documents per JSONL file of a benchmark's source folder
 
 PER_DOCUMENT_STEPS = ("documents", "extractions.")
 
@@ -93,16 +96,23 @@ def _rewrite_jsonl(path: Path, edit: Callable[[list[dict]], list[dict]]) -> None
     tmp.replace(path)
 
 
+def write_jsonl_source(source: Path, lines: list[str]) -> Path:
+    """JSONL rows written into the folder `source` as files of SHARD_ROWS rows (a large corpus stays under the
+    source's file size limit, and an edit rewrites one file); returns the first file."""
+    for start in range(0, len(lines), SHARD_ROWS):
+        (source / f"corpus-{start // SHARD_ROWS:04d}.jsonl").write_text("\n".join(lines[start:start + SHARD_ROWS]) + "\n")
+    return source / "corpus-0000.jsonl"
+
+
 def _fresh_source(corpus: Path, workdir: Path, limit: int | None) -> tuple[Path, Path, list[str]]:
     """An emptied `workdir` with the first `limit` rows of `corpus` as the source folder."""
     if workdir.exists():
         shutil.rmtree(workdir)
     source = workdir / "source"
     source.mkdir(parents=True)
-    lines = [line for line in corpus.read_text().splitlines() if line.strip()][:limit]
-    data = source / corpus.name
-    data.write_text("\n".join(lines) + "\n")
-    return source, data, lines
+    with corpus.open() as f:
+        lines = [line.rstrip("\n") for line in islice((line for line in f if line.strip()), limit)]
+    return source, write_jsonl_source(source, lines), lines
 
 
 def run_cluster_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | None = None,

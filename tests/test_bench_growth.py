@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
+from lazyhippo_dagster import bench_index
 from lazyhippo_dagster.bench_growth import PIECE_CHARS, disk_bytes, growth_corpus, growth_source, own_instance
 from lazyhippo_dagster.bench_process import TreeRss
 from lazyhippo_dagster.cli import app
@@ -63,12 +64,15 @@ def test_more_documents_than_the_sources_hold_is_refused_with_the_count(sources)
         growth_corpus(datasets, 10_000, debian)
 
 
-def test_a_given_corpus_gives_its_first_documents(sources, tmp_path):
+def test_a_given_corpus_gives_its_first_documents(sources, tmp_path, monkeypatch):
     datasets, _ = sources
     jsonl, folder = tmp_path / "jsonl", tmp_path / "folder"
     jsonl.mkdir(), folder.mkdir()
+    monkeypatch.setattr(bench_index, "SHARD_ROWS", 2)  # a large corpus is written as files under the size limit
     text = growth_source(datasets, 5, jsonl, datasets / "wiki" / "corpus.jsonl")
-    rows = [json.loads(line) for line in (jsonl / "corpus.jsonl").read_text().splitlines()]
+    shards = sorted(jsonl.glob("*.jsonl"))
+    assert [len(p.read_text().splitlines()) for p in shards] == [2, 2, 1]
+    rows = [json.loads(line) for p in shards for line in p.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["0", "1", "2", "3", "4"] and text == sum(len(r["text"]) for r in rows)
     (datasets / "gitdocs" / "src" / "howto").mkdir()
     (datasets / "gitdocs" / "src" / "howto" / "a.txt").write_text("A short page.")
