@@ -28,13 +28,23 @@ TEXT_SUFFIXES = ("", ".txt", ".md", ".rst")  # Debian documentation read as text
 PIECE_CHARS = 3000  # long texts (gitdocs pages, Debian docs) are split into documents of about this size
 
 
-def _pieces(text: str) -> Iterator[str]:
-    """Paragraphs packed into pieces of about PIECE_CHARS characters (a longer paragraph is a piece of its own)."""
-    piece = ""
+def _paragraphs(text: str) -> Iterator[str]:
+    """Paragraphs, a longer one than PIECE_CHARS cut at line ends (a data table or a log is one long paragraph)."""
     for para in re.split(r"\n\s*\n", text):
-        para = para.strip()
-        if not para:
-            continue
+        part = ""
+        for line in para.strip().splitlines():
+            if part and len(part) + 1 + len(line) > PIECE_CHARS:
+                yield part
+                part = ""
+            part = f"{part}\n{line}" if part else line
+        if part:
+            yield part
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """Paragraphs packed into pieces of about PIECE_CHARS characters (a longer line is a piece of its own)."""
+    piece = ""
+    for para in _paragraphs(text):
         if piece and len(piece) + len(para) > PIECE_CHARS:
             yield piece
             piece = ""
@@ -61,7 +71,8 @@ def _files(root: Path, label: str, read: Callable[[Path], str | None]) -> Iterat
 def _debian_text(path: Path) -> str | None:
     plain = path.with_suffix("") if path.suffix == ".gz" else path  # a compressed file by its inner name
     html = plain.suffix == ".html" and not _sphinx_build(path.parent)  # Sphinx pages: read from `_sources`
-    if not (html or plain.suffix in TEXT_SUFFIXES or plain.name.split(".")[0].isupper()):  # README.Debian
+    stem = plain.name.split(".")[0]
+    if not (html or plain.suffix in TEXT_SUFFIXES or (stem.isalpha() and stem.isupper())):  # README.Debian, NEWS
         return None  # PostScript, images, Sphinx's HTML twin of a source: not prose a user indexes as text
     data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     if b"\0" in data[:4096]:

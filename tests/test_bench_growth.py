@@ -35,6 +35,8 @@ def sources(tmp_path):
     (debian / "other" / "copyright").write_text("Same licence text.")  # a duplicate: left out
     (debian / "other" / "logo.png").write_bytes(b"\x89PNG\0\0")
     (debian / "other" / "manual.ps.gz").write_bytes(gzip.compress(b"%!PS-Adobe-3.0 showpage"))  # not prose
+    (debian / "other" / "2XHE.pdb.gz").write_bytes(gzip.compress(b"ATOM 1 N MET A 1"))  # data named in capitals
+    (debian / "other" / "status.txt").write_text("\n".join(f"line {i} of a log without blank lines" for i in range(500)))
     (debian / "other" / "guide.html").write_text("<html><body><h1>Guide</h1><p>Set <b>listen</b> to a port.</p></body></html>")
     sphinx = debian / "lib" / "html"
     (sphinx / "_sources").mkdir(parents=True)
@@ -52,7 +54,9 @@ def test_the_corpus_takes_each_source_in_turn_and_splits_long_texts(sources):
     guide = [r for r in growth_corpus(datasets, 40, debian) if r["id"].startswith("gitdocs/")]
     assert len(guide) > 3 and all(len(r["text"]) <= 2 * PIECE_CHARS for r in guide)
     texts = [r["text"] for r in growth_corpus(datasets, 40, debian) if r["id"].startswith("debian/")]
-    assert texts.count("Same licence text.") == 1 and not any("PNG" in t or "PS-Adobe" in t for t in texts)
+    assert texts.count("Same licence text.") == 1 and not any("PNG" in t or "PS-Adobe" in t or "ATOM" in t for t in texts)
+    log = [t for t in texts if "of a log" in t]
+    assert len(log) > 3 and all(len(t) <= PIECE_CHARS for t in log)  # one long paragraph, cut at line ends
     assert any("First release" in t for t in texts)  # a compressed changelog is read
     assert any("Set listen to a port." in t and "<" not in t for t in texts)  # an HTML page is read as its text
     assert any("The source of the page." in t for t in texts) and not any("HTML twin" in t for t in texts)
