@@ -552,32 +552,59 @@ def _slim(idx: GraphIndex) -> GraphIndex:
 
 
 def _filled(con, idx: GraphIndex) -> GraphIndex:
-    """A `_slim` index made whole again from the snapshot `con` (KeyError when it lacks a row the index has)."""
+    """A `_slim` index made whole again from the snapshot `con` (KeyError when it lacks a row the index has).
+    Read through DuckDB's numpy results, not Arrow: importing Arrow (and what its conversions import) took longer
+    than the rest of a cached load."""
     ns = idx.namespace
-    chunk_vecs, _ = _vectors(con, ns, "chunk", idx.chunks.ids)
-    vecs = {kind: _fit_dim(_vectors(con, ns, kind, ids)[0], idx.dim) for kind, ids in
-            (("entity", idx.entities.ids), ("fact", idx.facts.ids), ("community", idx.communities.ids))}
+    fact_pos = {f: i for i, f in enumerate(idx.facts.ids)}
+    chunk_vecs = _stored_vectors(con, ns, "chunk", idx.chunks.ids, idx.chunks.pos)
+    vecs = {kind: _fit_dim(_stored_vectors(con, ns, kind, ids, pos), idx.dim) for kind, ids, pos in
+            (("entity", idx.entities.ids, idx.entities.pos), ("fact", idx.facts.ids, fact_pos),
+             ("community", idx.communities.ids, {c: i for i, c in enumerate(idx.communities.ids)}))}
     t32, columns32, _ = _transitions(idx.graph.adjacency)
     return replace(
-        idx, chunks=replace(idx.chunks, vecs=chunk_vecs,
-                            texts=_column_of(con, "SELECT chunk_id, text FROM chunks WHERE namespace = $ns", ns, idx.chunks.ids)),
+        idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=_texts(con, "chunks", "chunk_id", ns, idx.chunks.pos)),
         entities=replace(idx.entities, vecs=vecs["entity"]),
-        facts=replace(idx.facts, vecs=vecs["fact"],
-                      texts=_column_of(con, "SELECT fact_id, text FROM facts WHERE namespace = $ns", ns, idx.facts.ids)),
+        facts=replace(idx.facts, vecs=vecs["fact"], texts=_texts(con, "facts", "fact_id", ns, fact_pos)),
         communities=replace(idx.communities, vecs=vecs["community"]),
         graph=replace(idx.graph, transition32=t32, columns32=columns32, matvec32=parallel_matvec(t32)))
 
 
-def _column_of(con, sql: str, ns: str, ids: list[str]) -> list:
-    """The second column of `sql` (id, value) in the order of `ids`; KeyError when an id has no row."""
-    tbl = _table(con, sql, {"ns": ns})
-    rows = positions(ids, tbl.column(0))
-    keep = np.flatnonzero(rows >= 0)
-    take = np.full(len(ids), -1, dtype=np.int64)
-    take[rows[keep]] = keep
-    if len(ids) and take.min() < 0:
-        raise KeyError("the snapshot lacks rows of the cached index")
-    return tbl.column(1).take(take).to_pylist()
+def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]) -> Int8Rows:
+    """`_vectors` of the int8 form, as numpy arrays straight from DuckDB (a snapshot with float vectors, published
+    before the int8 form, goes through `_vectors`)."""
+    if not con.execute("SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() "
+                       "AND table_name = 'embeddings' AND column_name = 'scale'").fetchall():
+        return _vectors(con, ns, kind, ids)[0]
+    p = {"ns": ns, "kind": kind}
+    where = "FROM embeddings WHERE namespace = $ns AND kind = $kind"
+    # both in the table's order (DuckDB keeps insertion order where a query has no ORDER BY): sorting the
+    # vectors took as long as reading them
+    head = con.execute(f"SELECT item_id, scale, len(vector) AS dim {where}", p).fetchnumpy()
+    if not len(head["item_id"]):
+        return Int8Rows.zeros(len(ids), 0)
+    dim = int(head["dim"][0])
+    if not np.all(head["dim"] == dim):
+        return _vectors(con, ns, kind, ids)[0]
+    flat = con.execute(f"SELECT unnest(vector) AS v {where}", p).fetchnumpy()["v"]
+    rows = np.fromiter((pos.get(i, -1) for i in head["item_id"]), dtype=np.int64, count=len(head["item_id"]))
+    keep = rows >= 0
+    out = Int8Rows.zeros(len(ids), dim)
+    out.q[rows[keep]] = np.asarray(flat, dtype=np.int8).reshape(-1, dim)[keep]
+    out.scale[rows[keep]] = head["scale"][keep]
+    return out
+
+
+def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> list[str]:
+    """The `text` of `table`'s rows in the order `pos` gives their keys; KeyError when a key has no row."""
+    out: list = [None] * len(pos)
+    for k, text in con.execute(f"SELECT {key}, text FROM {table} WHERE namespace = ?", [ns]).fetchall():
+        i = pos.get(k)
+        if i is not None:
+            out[i] = text
+    if any(t is None for t in out):
+        raise KeyError(f"the snapshot lacks {table} of the cached index")
+    return out
 
 
 _HEADER = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then (offset, length) per buffer
