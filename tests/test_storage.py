@@ -115,6 +115,26 @@ def test_the_extraction_cache_is_compressed_and_still_reads_entries_written_befo
         cache.close()
 
 
+
+def test_a_new_extraction_cache_has_64_kib_pages_and_one_written_before_keeps_its_own(tmp_path):
+    """Compressed extractions overflow SQLite's 4 KiB pages, and each row's last overflow page was half empty."""
+    ex = Extraction(entities=[{"name": "Ada", "type": "PERSON", "description": "x"}], relations=[], facts=[])
+    cache = ExtractionCache(tmp_path / "new.sqlite")
+    cache.put_many({"k": ex})
+    cache.close()
+    with sqlite3.connect(str(tmp_path / "new.sqlite")) as con:
+        assert con.execute("PRAGMA page_size").fetchone()[0] == 65536
+    with sqlite3.connect(str(tmp_path / "old.sqlite")) as con:
+        con.execute("CREATE TABLE cache (key TEXT PRIMARY KEY, payload TEXT NOT NULL)")
+        con.execute("INSERT INTO cache VALUES ('k', ?)", [json.dumps(ex.__dict__)])
+    cache = ExtractionCache(tmp_path / "old.sqlite")
+    try:
+        assert cache.get("k") == ex
+    finally:
+        cache.close()
+    with sqlite3.connect(str(tmp_path / "old.sqlite")) as con:
+        assert con.execute("PRAGMA page_size").fetchone()[0] == 4096
+
 def test_relations_are_stored_with_the_pairs_of_one_sentence_together():
     """Every pair of a sentence carries that sentence as its description: stored side by side, DuckDB's
     dictionary compression keeps it once per segment instead of once per pair."""
