@@ -364,9 +364,9 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
 def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
     """The walk's column-stochastic transition (`transition_matrix`, to the same float32 values) by rows and by
     columns, and the weighted degrees. Made from the adjacency's arrays directly: the transpose of A scaled by
-    1 / degree per row is, in CSC form, A's own CSR structure, so only the by-rows form needs a conversion (a
-    tenth of the time of `transition_matrix` at 2.6M edges, which a cached index pays on every load). Where that
-    form has the adjacency's structure (a symmetric graph), the three share one copy of it."""
+    1 / degree per row is, in CSC form, A's own CSR structure, so only the by-rows form needs a conversion
+    (0.05-0.3 s at 2.6M edges against 0.6 s: a cached index pays it on every load). Where that form has the
+    adjacency's structure (a symmetric graph), the three share one copy of it."""
     a = adjacency if sp.isspmatrix_csr(adjacency) and adjacency.dtype == np.float64 \
         else sp.csr_matrix(adjacency, dtype=np.float64)
     a.sort_indices()  # (in place: the same matrix) the column form's indices are its rows'
@@ -485,7 +485,6 @@ def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
 def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> GraphIndex:
     """`base` with its walk's graph built with other `params` (another KNN threshold, say): every other part
     (chunks, vectors, facts, communities) is shared, so only the edges are read again."""
-
     from lazyhippo.stores.warehouse import connect
 
     t0 = time.perf_counter()
@@ -587,6 +586,8 @@ def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]
     if not np.all(head["dim"] == dim):
         return _vectors(con, ns, kind, ids)[0]
     flat = con.execute(f"SELECT unnest(vector) AS v {where}", p).fetchnumpy()["v"]
+    if len(flat) != len(head["item_id"]) * dim:
+        raise KeyError(f"the {kind} vectors changed while they were read")
     rows = np.fromiter((pos.get(i, -1) for i in head["item_id"]), dtype=np.int64, count=len(head["item_id"]))
     keep = rows >= 0
     out = Int8Rows.zeros(len(ids), dim)
