@@ -1,7 +1,11 @@
 -- Warehouse tables. Every row carries a namespace so one deployment holds several knowledge bases.
+-- Long text columns are stored with zstd (`USING COMPRESSION zstd`): DuckDB's own choice (dictionary, FSST) stored a
+-- document's sections uncompressed and shortened passages, sentences and merged descriptions by a third at best;
+-- zstd takes 18.2 -> 5.3 MB of documents and 32 MB in all off the warehouse at 10,000 documents. Tables written
+-- before are rewritten once on open (lazyhippo.stores.warehouse._migrate_compression).
 CREATE TABLE IF NOT EXISTS documents (
   namespace VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, source VARCHAR NOT NULL, title VARCHAR,
-  kind VARCHAR, content_hash VARCHAR NOT NULL, n_chars BIGINT, sections VARCHAR NOT NULL,
+  kind VARCHAR, content_hash VARCHAR NOT NULL, n_chars BIGINT, sections VARCHAR NOT NULL USING COMPRESSION zstd,
   PRIMARY KEY (namespace, doc_id));
 -- Documents removed by `lazyhippo delete`: skipped by later ingests while their content is unchanged.
 CREATE TABLE IF NOT EXISTS deleted_documents (
@@ -18,7 +22,7 @@ CREATE TABLE IF NOT EXISTS document_errors (
   PRIMARY KEY (namespace, source));
 CREATE TABLE IF NOT EXISTS chunks (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, doc_id VARCHAR NOT NULL, title VARCHAR,
-  position INTEGER NOT NULL, section VARCHAR, page INTEGER, text VARCHAR NOT NULL,
+  position INTEGER NOT NULL, section VARCHAR, page INTEGER, text VARCHAR NOT NULL USING COMPRESSION zstd,
   content_hash VARCHAR NOT NULL, n_tokens INTEGER NOT NULL,
   PRIMARY KEY (namespace, chunk_id));
 CREATE TABLE IF NOT EXISTS extracted_entities (
@@ -40,7 +44,7 @@ CREATE TABLE IF NOT EXISTS extraction_failures (
 -- Files written before keep theirs.
 CREATE TABLE IF NOT EXISTS entities (
   namespace VARCHAR NOT NULL, entity_id VARCHAR NOT NULL, name VARCHAR NOT NULL,
-  norm_name VARCHAR NOT NULL, type VARCHAR, description VARCHAR, mention_count BIGINT,
+  norm_name VARCHAR NOT NULL, type VARCHAR, description VARCHAR USING COMPRESSION zstd, mention_count BIGINT,
   degree BIGINT);
 CREATE TABLE IF NOT EXISTS relations (
   namespace VARCHAR NOT NULL, relation_id VARCHAR NOT NULL, source_id VARCHAR NOT NULL,
@@ -54,10 +58,10 @@ CREATE TABLE IF NOT EXISTS mentions (
   count BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS extracted_facts (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, fact_idx INTEGER NOT NULL,
-  text VARCHAR NOT NULL, names VARCHAR[] NOT NULL);
+  text VARCHAR NOT NULL USING COMPRESSION zstd, names VARCHAR[] NOT NULL);
 CREATE TABLE IF NOT EXISTS facts (
   namespace VARCHAR NOT NULL, fact_id VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL,
-  text VARCHAR NOT NULL, entity_ids VARCHAR[] NOT NULL);
+  text VARCHAR NOT NULL USING COMPRESSION zstd, entity_ids VARCHAR[] NOT NULL);
 -- Vectors in int8, a scale per vector (value = vector[i] * scale): a quarter of float32 on disk, cosines within
 -- about 0.003 (lazyhippo.stores.warehouse.quantize); files written before hold FLOAT[] (migrated on open).
 CREATE TABLE IF NOT EXISTS embeddings (

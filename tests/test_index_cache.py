@@ -3,7 +3,10 @@ and a snapshot published again (a re-index) is never answered from the old one."
 
 from __future__ import annotations
 
+import os
+import pickle
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +39,13 @@ def test_a_new_process_reads_the_cached_index_and_a_new_snapshot_replaces_it(tmp
     cached = load_index(settings)
     assert cached.stats["cached"]
     assert cached.chunks.ids == built.chunks.ids and cached.graph.node_ids == built.graph.node_ids
-    assert np.array_equal(cached.entities.vecs.q, built.entities.vecs.q)
-    assert np.array_equal(cached.entities.vecs.scale, built.entities.vecs.scale)
+    for part in ("chunks", "entities", "facts", "communities"):  # vectors read back from the snapshot
+        a, b = getattr(cached, part).vecs, getattr(built, part).vecs
+        assert np.array_equal(a.q, b.q) and np.array_equal(a.scale, b.scale), part
+    assert cached.chunks.texts == built.chunks.texts and cached.facts.texts == built.facts.texts
     assert (cached.graph.transition32 != built.graph.transition32).nnz == 0
+    assert (cached.graph.columns32 != built.graph.columns32).nnz == 0
+    assert np.array_equal(cached.graph.transition32.data, built.graph.transition32.data)
     assert {k: list(v) for k, v in cached.entities.name_index.items()} == \
            {k: list(v) for k, v in built.entities.name_index.items()}
     question = "Who succeeded Ada Fenwick as director of the Marlow Observatory?"
@@ -107,3 +114,54 @@ def test_the_cache_keeps_vectors_as_int8_and_one_copy_of_the_graph_structure(tmp
     g = idx.graph
     assert g.transition32.indices is g.adjacency.indices and g.columns32.indices is g.adjacency.indices
     assert (g.columns32 != g.transition32.tocsc()).nnz == 0  # the column form is still the transition's
+
+
+def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(tmp_path):
+    """Vectors and texts are the snapshot's rows and the transition follows from the adjacency: the file holds
+    neither, and a load reads or derives them again (a snapshot that lacks a row of the file rebuilds)."""
+    import duckdb
+
+    from lazyhippo.query.loader import _unpickled
+    from lazyhippo.stores.warehouse import snapshot_path
+
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
+    run_index(settings)
+    clear_cache()
+    built = load_index(settings)
+    (cache,) = _cache_files(settings)
+    slim = _unpickled(cache)
+    assert slim.chunks.vecs is None and slim.entities.vecs is None and slim.facts.vecs is None
+    assert slim.chunks.texts is None and slim.facts.texts is None
+    assert slim.graph.transition32 is None and slim.graph.columns32 is None
+    assert slim.chunks.ids == built.chunks.ids and slim.graph.adjacency.nnz == built.graph.adjacency.nnz
+    whole = pickle.dumps(replace(built, graph=replace(built.graph, matvec32=None)), protocol=5)
+    assert cache.stat().st_size < len(whole) - sum(len(t) for t in built.chunks.texts + built.facts.texts)
+
+    snapshot = snapshot_path(settings)
+    stat = snapshot.stat()
+    with duckdb.connect(str(snapshot)) as con:  # the snapshot loses a fact the cache names
+        con.execute("DELETE FROM facts WHERE fact_id = ?", [built.facts.ids[0]])
+    os.utime(snapshot, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    clear_cache()
+    assert not load_index(settings).stats.get("cached")
+
+
+def test_the_walks_transition_is_transition_matrix_to_the_bit():
+    """The transition derived from the adjacency's arrays equals `transition_matrix` in float32, by rows and by
+    columns, on an asymmetric matrix too."""
+    import scipy.sparse as sp
+
+    from lazyhippo.graph.ppr import transition_matrix
+    from lazyhippo.query.loader import _transitions
+
+    a = sp.random(200, 200, density=0.05, format="csr", random_state=3)
+    a.data[:] = np.random.default_rng(0).random(a.nnz) * 7
+    a[5] = 0  # a dangling node
+    a.eliminate_zeros()
+    m, dangling = transition_matrix(a)
+    rows, cols, degree = _transitions(a)
+    expected = m.astype(np.float32)
+    for got, want in ((rows, expected), (cols, expected.tocsc())):
+        assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+        assert np.array_equal(got.data, want.data)
+    assert np.array_equal(degree <= 0, dangling)

@@ -8,7 +8,9 @@ index is shared by concurrent queries without locks. The cache is per process an
 database file's path, namespace, modification time and the graph edge weights; a re-index changes
 the mtime and the next query reloads. A built index of a published snapshot is also kept on disk beside it
 (`published/.index-cache/`, one file per namespace, snapshot version and graph parameters), so a new process (each
-`lazyhippo query`) reads it in a fraction of the time building takes.
+`lazyhippo query`) reads it in a fraction of the time building takes; that file holds what building derives (the
+graph, BM25, the nearest-neighbour bounds, id maps), not what the snapshot stores (vectors, texts), which a load
+reads from the snapshot.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -34,7 +36,7 @@ import scipy.sparse as sp
 from lazyhippo.graph.algorithms import positions
 from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
-from lazyhippo.graph.ppr import parallel_matvec, transition_matrix
+from lazyhippo.graph.ppr import parallel_matvec
 from lazyhippo.query.nearest import CosineBound, Int8Rows
 from lazyhippo.query.text import norm_key, tokens
 from lazyhippo.settings import Settings
@@ -352,17 +354,33 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
         _table(con, "SELECT source_id, target_id, score::DOUBLE FROM knn_edges WHERE namespace = $ns", ns))]
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
-    transition, dangling = transition_matrix(adjacency)
-    t32 = transition.astype(np.float32)
-    columns32 = t32.tocsc()
-    for m in (t32, columns32):  # one structure for all three (written once to the disk cache)
-        if np.array_equal(m.indptr, adjacency.indptr) and np.array_equal(m.indices, adjacency.indices):
-            m.indptr, m.indices = adjacency.indptr, adjacency.indices
-    return Graph(adjacency=adjacency, dangling=dangling,
+    t32, columns32, degree = _transitions(adjacency)
+    return Graph(adjacency=adjacency, dangling=degree <= 0,
                  node_ids=list(entities.ids) + list(chunks.ids),
                  node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunks.ids)}}, params=params,
-                 transition32=t32, matvec32=parallel_matvec(t32), columns32=columns32,
-                 degree=np.asarray(adjacency.sum(axis=1)).ravel())
+                 transition32=t32, matvec32=parallel_matvec(t32), columns32=columns32, degree=degree)
+
+
+def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
+    """The walk's column-stochastic transition (`transition_matrix`, to the same float32 values) by rows and by
+    columns, and the weighted degrees. Made from the adjacency's arrays directly: the transpose of A scaled by
+    1 / degree per row is, in CSC form, A's own CSR structure, so only the by-rows form needs a conversion
+    (0.05-0.3 s at 2.6M edges against 0.6 s: a cached index pays it on every load). Where that form has the
+    adjacency's structure (a symmetric graph), the three share one copy of it."""
+    a = adjacency if sp.isspmatrix_csr(adjacency) and adjacency.dtype == np.float64 \
+        else sp.csr_matrix(adjacency, dtype=np.float64)
+    a.sort_indices()  # (in place: the same matrix) the column form's indices are its rows'
+    degree = np.asarray(a.sum(axis=1)).ravel()
+    inv = np.zeros_like(degree)
+    inv[degree > 0] = 1.0 / degree[degree > 0]
+    rows = np.repeat(np.arange(a.shape[0], dtype=a.indices.dtype), np.diff(a.indptr))
+    columns32 = sp.csc_matrix(((inv[rows] * a.data).astype(np.float32), a.indices, a.indptr), shape=a.shape[::-1])
+    t32 = columns32.tocsr()
+    t32.sort_indices()
+    for m in (t32, columns32):
+        if np.array_equal(m.indptr, a.indptr) and np.array_equal(m.indices, a.indices):
+            m.indptr, m.indices = a.indptr, a.indices
+    return t32, columns32, degree
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
@@ -454,11 +472,10 @@ def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
     from lazyhippo.stores.warehouse import connect, snapshot_path
 
     cache = _disk_cache(Path(db_path), settings.namespace, params) if Path(db_path) == snapshot_path(settings) else None
-    if cache is not None:
-        idx = _read_cached(cache)
+    with connect(settings, read_only=True) as con:
+        idx = _read_cached(cache, con) if cache is not None else None
         if idx is not None:
             return idx
-    with connect(settings, read_only=True) as con:
         idx = build_index(con, settings.namespace, db_path, params)
     if cache is not None:
         _write_cached(cache, idx)
@@ -468,8 +485,6 @@ def _build(settings: Settings, db_path: str, params: GraphParams) -> GraphIndex:
 def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> GraphIndex:
     """`base` with its walk's graph built with other `params` (another KNN threshold, say): every other part
     (chunks, vectors, facts, communities) is shared, so only the edges are read again."""
-    from dataclasses import replace
-
     from lazyhippo.stores.warehouse import connect
 
     t0 = time.perf_counter()
@@ -496,29 +511,101 @@ def _disk_cache(db_path: Path, namespace: str, params: GraphParams) -> Path:
     return db_path.parent / _CACHE_DIR / f"{namespace}-{version.hexdigest()[:20]}-{graph.hexdigest()[:8]}.pickle"
 
 
-def _read_cached(path: Path) -> GraphIndex | None:
+def _read_cached(path: Path, con) -> GraphIndex | None:
     """The cached index, or None when absent or unreadable (a cache written with another version of a library,
-    a truncated file): it is then built again. Its arrays are copy-on-write maps of the file, so only the pages a
-    query touches are read; the thread-pool product is made again (functions are not pickled). The file is as
-    trusted as the snapshot beside it: both are written only by the home's owner."""
-    from dataclasses import replace
-
+    a truncated file, rows the snapshot `con` no longer holds): it is then built again. Its arrays are
+    copy-on-write maps of the file, so only the pages a query touches are read; what the cache leaves out
+    (`_slim`) is read from the snapshot or derived again. The file is as trusted as the snapshot beside it: both
+    are written only by the home's owner."""
     t0 = time.perf_counter()
     try:
-        with open(path, "rb") as f:
-            data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
-        n_pickle, n_buffers = _HEADER.unpack_from(data)
-        spans = np.frombuffer(data, dtype=np.uint64, count=2 * n_buffers, offset=_HEADER.size).reshape(-1, 2)
-        start = _HEADER.size + spans.nbytes
-        idx = pickle.loads(data[start:start + n_pickle], buffers=[data[int(o):int(o) + int(n)] for o, n in spans])
+        idx = _unpickled(path)
+        if not isinstance(idx, GraphIndex):
+            return None
+        idx = _filled(con, idx)
     except Exception:  # noqa: BLE001 - absent or unreadable: built again
         return None
-    if not isinstance(idx, GraphIndex):
-        return None
     seconds = time.perf_counter() - t0
-    graph = replace(idx.graph, matvec32=parallel_matvec(idx.graph.transition32))
-    return replace(idx, graph=graph, loaded_at=time.time(), load_seconds=seconds,
+    return replace(idx, loaded_at=time.time(), load_seconds=seconds,
                    stats={**idx.stats, "load_seconds": round(seconds, 3), "cached": True})
+
+
+def _unpickled(path: Path):
+    """The object a cache file holds, its arrays mapped from the file."""
+    with open(path, "rb") as f:
+        data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+    n_pickle, n_buffers = _HEADER.unpack_from(data)
+    spans = np.frombuffer(data, dtype=np.uint64, count=2 * n_buffers, offset=_HEADER.size).reshape(-1, 2)
+    start = _HEADER.size + spans.nbytes
+    return pickle.loads(data[start:start + n_pickle], buffers=[data[int(o):int(o) + int(n)] for o, n in spans])
+
+
+def _slim(idx: GraphIndex) -> GraphIndex:
+    """What the disk cache holds: the index without what the snapshot beside it already stores compactly (the
+    int8 vectors, the passage and fact texts) or what is quick to derive (the walk's transition, from the
+    adjacency): at 10,000 documents 212 MB of cache held 78 MB of such vectors and texts and 21 MB of
+    transition values."""
+    return replace(idx, chunks=replace(idx.chunks, vecs=None, texts=None), entities=replace(idx.entities, vecs=None),
+                   facts=replace(idx.facts, vecs=None, texts=None), communities=replace(idx.communities, vecs=None),
+                   graph=replace(idx.graph, transition32=None, columns32=None, matvec32=None))
+
+
+def _filled(con, idx: GraphIndex) -> GraphIndex:
+    """A `_slim` index made whole again from the snapshot `con` (KeyError when it lacks a row the index has).
+    Read through DuckDB's numpy results, not Arrow: importing Arrow (and what its conversions import) took longer
+    than the rest of a cached load."""
+    ns = idx.namespace
+    fact_pos = {f: i for i, f in enumerate(idx.facts.ids)}
+    chunk_vecs = _stored_vectors(con, ns, "chunk", idx.chunks.ids, idx.chunks.pos)
+    vecs = {kind: _fit_dim(_stored_vectors(con, ns, kind, ids, pos), idx.dim) for kind, ids, pos in
+            (("entity", idx.entities.ids, idx.entities.pos), ("fact", idx.facts.ids, fact_pos),
+             ("community", idx.communities.ids, {c: i for i, c in enumerate(idx.communities.ids)}))}
+    t32, columns32, _ = _transitions(idx.graph.adjacency)
+    return replace(
+        idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=_texts(con, "chunks", "chunk_id", ns, idx.chunks.pos)),
+        entities=replace(idx.entities, vecs=vecs["entity"]),
+        facts=replace(idx.facts, vecs=vecs["fact"], texts=_texts(con, "facts", "fact_id", ns, fact_pos)),
+        communities=replace(idx.communities, vecs=vecs["community"]),
+        graph=replace(idx.graph, transition32=t32, columns32=columns32, matvec32=parallel_matvec(t32)))
+
+
+def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]) -> Int8Rows:
+    """`_vectors` of the int8 form, as numpy arrays straight from DuckDB (a snapshot with float vectors, published
+    before the int8 form, goes through `_vectors`)."""
+    if not con.execute("SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() "
+                       "AND table_name = 'embeddings' AND column_name = 'scale'").fetchall():
+        return _vectors(con, ns, kind, ids)[0]
+    p = {"ns": ns, "kind": kind}
+    where = "FROM embeddings WHERE namespace = $ns AND kind = $kind"
+    # both in the table's order (DuckDB keeps insertion order where a query has no ORDER BY): sorting the
+    # vectors took as long as reading them
+    head = con.execute(f"SELECT item_id, scale, len(vector) AS dim {where}", p).fetchnumpy()
+    if not len(head["item_id"]):
+        return Int8Rows.zeros(len(ids), 0)
+    dim = int(head["dim"][0])
+    if not np.all(head["dim"] == dim):
+        return _vectors(con, ns, kind, ids)[0]
+    flat = con.execute(f"SELECT unnest(vector) AS v {where}", p).fetchnumpy()["v"]
+    if len(flat) != len(head["item_id"]) * dim:
+        raise KeyError(f"the {kind} vectors changed while they were read")
+    rows = np.fromiter((pos.get(i, -1) for i in head["item_id"]), dtype=np.int64, count=len(head["item_id"]))
+    keep = rows >= 0
+    out = Int8Rows.zeros(len(ids), dim)
+    out.q[rows[keep]] = np.asarray(flat, dtype=np.int8).reshape(-1, dim)[keep]
+    out.scale[rows[keep]] = head["scale"][keep]
+    return out
+
+
+def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> list[str]:
+    """The `text` of `table`'s rows in the order `pos` gives their keys; KeyError when a key has no row."""
+    out: list = [None] * len(pos)
+    for k, text in con.execute(f"SELECT {key}, text FROM {table} WHERE namespace = ?", [ns]).fetchall():
+        i = pos.get(k)
+        if i is not None:
+            out[i] = text
+    if any(t is None for t in out):
+        raise KeyError(f"the snapshot lacks {table} of the cached index")
+    return out
 
 
 _HEADER = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then (offset, length) per buffer
@@ -528,11 +615,8 @@ _ALIGN = 64
 def _write_cached(path: Path, idx: GraphIndex) -> None:
     """Write atomically (the pickle with its arrays out of band, each aligned in the file for mapping), and drop
     the namespace's caches of other snapshot versions; a home that cannot be written (a read-only replica) goes without."""
-    from dataclasses import replace
-
     buffers: list[pickle.PickleBuffer] = []
-    stream = pickle.dumps(replace(idx, graph=replace(idx.graph, matvec32=None)), protocol=5,
-                          buffer_callback=buffers.append)
+    stream = pickle.dumps(_slim(idx), protocol=5, buffer_callback=buffers.append)
     raws = [b.raw() for b in buffers]
     offset = _HEADER.size + 16 * len(raws) + len(stream)
     spans = []

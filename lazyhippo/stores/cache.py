@@ -28,6 +28,9 @@ class JsonCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._con = sqlite3.connect(str(path), check_same_thread=False)
         self._lock = threading.Lock()
+        # 64 KiB pages for a new file (SQLite's default is 4 KiB): most payloads overflow a small page, and each
+        # row's last overflow page was half empty (10,000 documents: 38.5 -> 30.9 MB); a file keeps its page size
+        self._con.execute("PRAGMA page_size = 65536")
         self._con.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, payload TEXT NOT NULL)")
 
     def get_many(self, keys: Iterable[str]) -> dict[str, object]:
