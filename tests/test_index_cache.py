@@ -154,10 +154,10 @@ def test_the_walks_transition_is_transition_matrix_to_the_bit():
     from lazyhippo.graph.ppr import transition_matrix
     from lazyhippo.query.loader import _transitions
 
-    a = sp.random(200, 200, density=0.05, format="csr", random_state=3)
-    a.data[:] = np.random.default_rng(0).random(a.nnz) * 7
-    a[5] = 0  # a dangling node
-    a.eliminate_zeros()
+    a = sp.random(200, 200, density=0.05, format="lil", random_state=3)
+    a[5, :] = 0  # a dangling node
+    a = a.tocsr()
+    a.data[:] = np.random.default_rng(0).random(a.nnz) * 7 + 0.1
     m, dangling = transition_matrix(a)
     rows, cols, degree = _transitions(a)
     expected = m.astype(np.float32)
