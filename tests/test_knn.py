@@ -81,11 +81,12 @@ def test_stored_vectors_give_the_bits_of_the_float_matrix(monkeypatch):
     assert np.array_equal(np.asarray(stored), dense) and np.array_equal(stored.unit(np.array([7, 3])), dense[[7, 3]])
     full = knn_edges(ids, dense, 6, 0.6)
     assert knn_edges(ids, stored, 6, 0.6) == full
-    rows = list(range(0, 1500, 7))
+    rows = list(range(1499, 399, -1))  # two blocks of 1,024 sources, last first
     monkeypatch.setattr(algorithms, "ROW_BLOCK", 256)  # items in six blocks
-    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", 1000)  # 1500 items, 215 x 1500 pairs: exact by blocks
-    monkeypatch.setattr(algorithms, "approximate_index", lambda v: pytest.fail("no approximate index for few rows"))
-    assert knn_edges(ids, stored, 6, 0.6, rows) == [e for e in full if int(e.source[1:]) % 7 == 0]
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", 1400)  # 1,500 items, 1,100 x 1,500 pairs: exact by blocks
+    monkeypatch.setattr(algorithms, "approximate_index", lambda v: pytest.fail("no approximate index for these rows"))
+    assert knn_edges(ids, stored, 6, 0.6, rows) == sorted((e for e in full if int(e.source[1:]) >= 400),
+                                                          key=lambda e: (-int(e.source[1:]), e.rank))
     changed = set(ids[:40])
     previous = KnnBasis({i: (6, 0.9) for i in ids}, set())
     monkeypatch.setattr(algorithms, "ROW_BLOCK", 1 << 16)

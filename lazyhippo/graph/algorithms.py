@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -16,11 +17,11 @@ if TYPE_CHECKING:
 
 
 KNN_SLACK = 4  # candidates beyond the top k, so a near-tie at the k-th place is decided by the exact scores
-# Above this many entities the full search goes through an approximate index (HNSW over 8-bit codes): the exact
+# Above this many items the full search goes through an approximate index (HNSW over 8-bit codes): the exact
 # one compares every pair, 22 s for 92,143 entities on a quiet host and about 37 minutes for 900,000. An update
-# searches its stale lists exactly while (lists x entities) stays within the pairs of the largest exact search.
-KNN_EXACT_MAX = 150_000
-HNSW_M = 32              # links per node: 16 found 93% of the exact edges on real entity vectors, 32 found 97%
+# searches its stale lists exactly while (lists x items) stays within the pairs of the largest exact search.
+KNN_EXACT_MAX = 100_000
+HNSW_M = 32              # links per node: on real entity vectors 16 found 93% of the exact edges, 32 found 97%
 HNSW_EF_CONSTRUCTION = 40
 HNSW_EF_SEARCH = 64
 HNSW_CANDIDATES = 16     # proposals per item rescored exactly: the 8-bit codes misorder close neighbours
@@ -126,29 +127,25 @@ def knn_batches(vectors: Vectors, top_k: int, cutoff: float, rows: Sequence[int]
     if n < 2 or top_k <= 0:
         return
     rows = np.arange(n) if rows is None else np.asarray(list(rows), dtype=np.int64)
-    k = min(top_k + 1 + KNN_SLACK, n)
+    k, index, found = min(top_k + 1 + KNN_SLACK, n), None, None
     if n <= KNN_EXACT_MAX:
         x = np.ascontiguousarray(vectors, dtype=np.float32)
-        index = faiss.IndexFlatIP(x.shape[1])
+        index, take = faiss.IndexFlatIP(x.shape[1]), x.__getitem__
         index.add(x)
-        take = x.__getitem__
-        search = lambda start, q: index.search(q, k)[1]  # noqa: E731
-    elif len(rows) * n <= KNN_EXACT_MAX ** 2:
-        take = lambda i: unit_rows(vectors, i)  # noqa: E731
-        found = blocked_candidates(vectors, rows, k)
-        search = lambda start, q: found[start:start + len(q)]  # noqa: E731
     else:
-        take = lambda i: unit_rows(vectors, i)  # noqa: E731
-        index, k = approximate_index(vectors), min(max(HNSW_CANDIDATES, k), n)
-        search = lambda start, q: index.search(q, k)[1]  # noqa: E731
+        take = partial(unit_rows, vectors)
+        if len(rows) * n <= KNN_EXACT_MAX ** 2:
+            found = blocked_candidates(vectors, rows, k)
+        else:
+            index, k = approximate_index(vectors), min(max(HNSW_CANDIDATES, k), n)
     for start in range(0, len(rows), 1024):
         block = rows[start:start + 1024]
         q = take(block)
-        nbrs = search(start, np.ascontiguousarray(q))
+        nbrs = found[start:start + len(block)] if index is None else index.search(np.ascontiguousarray(q), k)[1]
         valid = (nbrs >= 0) & (nbrs != block[:, None])
         safe = np.where(valid, nbrs, 0)
-        found = take(safe.ravel()).reshape(*safe.shape, -1)
-        scores = (q.astype(np.float64)[:, None, :] * found.astype(np.float64)).sum(axis=2)
+        near = take(safe.ravel()).reshape(*safe.shape, -1)
+        scores = (q.astype(np.float64)[:, None, :] * near.astype(np.float64)).sum(axis=2)
         scores = np.where(valid, np.minimum(scores, 1.0), -np.inf)
         order = np.lexsort((safe, -scores), axis=1)  # best score first, ties to the lower index
         ranked = np.take_along_axis(scores, order, axis=1)[:, :top_k]
