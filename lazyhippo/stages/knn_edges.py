@@ -15,8 +15,8 @@ from lazyhippo.stores.warehouse import insert_rows, read_stored_vectors, replace
 
 def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> KnnResult:
     """On a store that searches in process, only the entities whose neighbour lists can have changed since the
-    recorded search are searched again (incremental.plan_knn). The vectors stay in their int8 form and the
-    edges go to the warehouse a block of entities at a time, so memory does not hold them whole."""
+    recorded search are searched again (incremental.plan_knn). The vectors stay in their int8 form, the edges are
+    held as index columns and go to the warehouse a block of entities at a time, after the search index is freed."""
     from lazyhippo.graph.algorithms import StoredVectors, knn_batches, knn_stale_sources
     from lazyhippo.stages.incremental import knn_inputs, plan_knn, write_inputs
 
@@ -30,22 +30,24 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
     if plan is not None:
         rows = knn_stale_sources(ids, vectors, k, cutoff, plan.changed, plan.previous)
         redo = [ids[i] for i in rows] + sorted(plan.changed)
-    names = pa.array(ids, pa.string())
+    if incremental:  # in process; edges as index columns (32 bytes an edge), the index gone before the writes
+        batches = list(knn_batches(vectors, k, cutoff, rows))
+        names = pa.array(ids, pa.string())
+        tables = (pa.table({"source_id": names.take(b.sources), "target_id": names.take(b.targets),
+                            "score": pa.array(b.scores, pa.float64()), "rank": pa.array(b.ranks, pa.int64())})
+                  for b in batches)
+    else:  # the store's own search (GDS, structural vectors) takes every vector at once
+        edges = store.knn(ns, ids, vectors, k, cutoff, settings.knn_structural)
+        tables = [pa.table({"source_id": pa.array([e.source for e in edges], pa.string()),
+                            "target_id": pa.array([e.target for e in edges], pa.string()),
+                            "score": pa.array([e.score for e in edges], pa.float64()),
+                            "rank": pa.array([e.rank for e in edges], pa.int64())})]
+    del vectors, codes, scales
     with transaction(con):
         replace_rows(con, "knn_edges", ns, None,
                      *(() if redo is None else ("AND source_id IN (SELECT unnest(?))", [redo])))
-        if incremental:
-            for b in knn_batches(vectors, k, cutoff, rows):
-                insert_rows(con, "knn_edges", with_namespace(pa.table({
-                    "source_id": names.take(b.sources), "target_id": names.take(b.targets),
-                    "score": pa.array(b.scores, pa.float64()), "rank": pa.array(b.ranks, pa.int64())}), ns))
-        else:  # the store's own search (GDS, structural vectors) takes every vector at once
-            edges = store.knn(ns, ids, vectors, k, cutoff, settings.knn_structural)
-            insert_rows(con, "knn_edges", with_namespace(pa.table({
-                "source_id": pa.array([e.source for e in edges], pa.string()),
-                "target_id": pa.array([e.target for e in edges], pa.string()),
-                "score": pa.array([e.score for e in edges], pa.float64()),
-                "rank": pa.array([e.rank for e in edges], pa.int64())}), ns) if edges else None)
+        for table in tables:
+            insert_rows(con, "knn_edges", with_namespace(table, ns))
         write_inputs(con, ns, "knn_edges", inputs if incremental else {})  # a heuristic or structural search: no basis
     n, low, mean = con.execute("SELECT count(*), coalesce(min(score), 0), coalesce(avg(score), 0) FROM knn_edges "
                                "WHERE namespace = ?", [ns]).fetchall()[0]
