@@ -23,13 +23,13 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
     ns, k, cutoff = settings.namespace, settings.knn_top_k, settings.knn_cutoff
     ids, codes, scales = read_stored_vectors(con, ns, "entity")
     vectors = StoredVectors(codes, scales)  # unit rows made on demand: cosines on every store alike
-    inputs = knn_inputs(con, ns, k, cutoff)
     incremental = store.exact_knn and settings.knn_structural == "off"  # structural vectors move with the graph
-    plan = plan_knn(con, ns, inputs) if incremental else None
+    plan = plan_knn(con, ns, knn_inputs(con, ns, k, cutoff)) if incremental else None
     rows = redo = None
     if plan is not None:
         rows = knn_stale_sources(ids, vectors, k, cutoff, plan.changed, plan.previous)
         redo = [ids[i] for i in rows] + sorted(plan.changed)
+    del plan  # it and the inputs hold strings for every entity: read again for the record after the search
     if incremental:  # in process; edges as index columns (32 bytes an edge), the index gone before the writes
         batches = list(knn_batches(vectors, k, cutoff, rows))
         names = pa.array(ids, pa.string())
@@ -48,7 +48,8 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
                      *(() if redo is None else ("AND source_id IN (SELECT unnest(?))", [redo])))
         for table in tables:
             insert_rows(con, "knn_edges", with_namespace(table, ns))
-        write_inputs(con, ns, "knn_edges", inputs if incremental else {})  # a heuristic or structural search: no basis
+        # a heuristic or structural search leaves no basis for an update
+        write_inputs(con, ns, "knn_edges", knn_inputs(con, ns, k, cutoff) if incremental else {})
     n, low, mean = con.execute("SELECT count(*), coalesce(min(score), 0), coalesce(avg(score), 0) FROM knn_edges "
                                "WHERE namespace = ?", [ns]).fetchall()[0]
     return KnnResult(edges=n, entities=len(ids), top_k=k, cutoff=cutoff, score_min=low, score_mean=mean,
