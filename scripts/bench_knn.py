@@ -45,7 +45,8 @@ def run(args) -> None:
         con.execute("DELETE FROM stage_inputs WHERE namespace = ? AND stage = 'knn_edges'", [args.namespace])
         t0, c0 = time.perf_counter(), time.process_time()
         out = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
-        _figures(t0, c0, entities=out.entities, edges=out.edges, searched=out.searched, top_k=out.top_k, cutoff=out.cutoff)
+        _figures(t0, c0, entities=out.entities, edges=out.edges, searched=out.searched, top_k=out.top_k,
+                 cutoff=out.cutoff)
         if args.edges:
             con.execute("COPY (SELECT source_id, target_id, score FROM knn_edges WHERE namespace = ?) TO "
                         f"'{args.edges}' (FORMAT parquet)", [args.namespace])
@@ -64,9 +65,9 @@ def update(args) -> None:
                                          "ORDER BY hash(item_id) LIMIT ?", [ns, 2 * args.change + args.add]).fetchall()]
         moved, donors = ids[:args.change], ids[args.change:]
         for a, b in zip(moved, donors):
-            con.execute("UPDATE embeddings SET vector = (SELECT vector FROM embeddings WHERE namespace = $ns AND kind = 'entity' "
-                        "AND item_id = $b), text_hash = 'moved' WHERE namespace = $ns AND kind = 'entity' AND item_id = $a",
-                        {"ns": ns, "a": a, "b": b})
+            con.execute("UPDATE embeddings SET vector = (SELECT vector FROM embeddings WHERE namespace = $ns "
+                        "AND kind = 'entity' AND item_id = $b), text_hash = 'moved' "
+                        "WHERE namespace = $ns AND kind = 'entity' AND item_id = $a", {"ns": ns, "a": a, "b": b})
         con.execute("INSERT INTO embeddings SELECT namespace, kind, item_id || '_new', model, vector, scale, 'new' "
                     "FROM embeddings WHERE namespace = ? AND kind = 'entity' AND item_id IN (SELECT unnest(?))",
                     [ns, donors[args.change:]])
@@ -82,7 +83,8 @@ def recall(args) -> None:
                   count(o.source_id) FILTER (e.score >= 0.9)
            FROM read_parquet(?) e LEFT JOIN read_parquet(?) o USING (source_id, target_id)"""
     n, found, n90, found90 = duckdb.connect().execute(q, [args.exact, args.other]).fetchall()[0]
-    print({"exact_edges": n, "found": round(found / n, 4), "exact_edges_0.90": n90, "found_0.90": round(found90 / n90, 4)})
+    print({"exact_edges": n, "found": round(found / n, 4), "exact_edges_0.90": n90,
+           "found_0.90": round(found90 / n90, 4)})
 
 
 def synth(args) -> None:
@@ -104,7 +106,8 @@ def synth(args) -> None:
                 names = pa.array([f"{i}_{c}" for i in ids[start:start + 65_536]])
                 con.register("_rows", pa.table({"item_id": names, "vector": vector, "scale": scale}))
                 con.execute("INSERT INTO embeddings (namespace, kind, item_id, model, vector, scale, text_hash) "
-                            "SELECT ?, 'entity', item_id, 'synthetic', vector, scale, item_id FROM _rows", [args.namespace])
+                            "SELECT ?, 'entity', item_id, 'synthetic', vector, scale, item_id FROM _rows",
+                            [args.namespace])
                 con.unregister("_rows")
         print(con.execute("SELECT count(*) FROM embeddings").fetchall())
 

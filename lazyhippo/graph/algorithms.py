@@ -1,4 +1,5 @@
-"""Graph algorithms for the embedded store: KNN (faiss, exact or HNSW by size), Leiden/Louvain (leidenalg/igraph), PageRank."""
+"""Graph algorithms for the embedded store: KNN (faiss, exact or HNSW by size), Leiden/Louvain (leidenalg/igraph),
+PageRank."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ class KnnBatch:
     ranks: np.ndarray    # int64, 1 = nearest
 
 
-def knn_batches(vectors: Vectors, top_k: int, cutoff: float, rows: Sequence[int] | None = None) -> Iterator[KnnBatch]:
+def knn_batches(vectors: Vectors, top_k: int, cutoff: float,
+                rows: Sequence[int] | None = None) -> Iterator[KnnBatch]:
     """Top-k cosine neighbours per item above `cutoff` (vectors are L2-normalized), a block of sources at a time;
     `rows`: the neighbours of these items only (indices), searched over every item all the same.
     Candidates come from an exact inner-product search up to KNN_EXACT_MAX items (or while rows x items stays
