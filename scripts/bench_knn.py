@@ -1,7 +1,8 @@
 """Time and memory of the `knn_edges` stage on a home's entity vectors, and the recall of one search against another.
 
     python scripts/bench_knn.py run HOME NAMESPACE [--exact-max N] [--edges OUT.parquet]   # a full search
-    python scripts/bench_knn.py update HOME NAMESPACE --change 30 --add 20                  # an update after it
+    python scripts/bench_knn.py update HOME NAMESPACE --change 30 --add 20                  # vectors moved and added
+    python scripts/bench_knn.py run HOME NAMESPACE --update                                 # the search after that
     python scripts/bench_knn.py recall EXACT.parquet OTHER.parquet                          # share of exact edges found
     python scripts/bench_knn.py synth HOME NAMESPACE OUT_HOME --copies 10 --noise 0.03      # tiled vectors (synthetic)
 
@@ -42,7 +43,8 @@ def run(args) -> None:
         algorithms.KNN_EXACT_MAX = args.exact_max
     settings = _settings(args.home, args.namespace)
     with connect(settings) as con:
-        con.execute("DELETE FROM stage_inputs WHERE namespace = ? AND stage = 'knn_edges'", [args.namespace])
+        if not args.update:  # without the recorded search, the stage searches every entity
+            con.execute("DELETE FROM stage_inputs WHERE namespace = ? AND stage = 'knn_edges'", [args.namespace])
         t0, c0 = time.perf_counter(), time.process_time()
         out = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
         _figures(t0, c0, entities=out.entities, edges=out.edges, searched=out.searched, top_k=out.top_k,
@@ -53,27 +55,25 @@ def run(args) -> None:
 
 
 def update(args) -> None:
-    """Moves `--change` entity vectors next to others and adds `--add` new ones near others, then runs the stage."""
-    from lazyhippo.index import run_stage
-    from lazyhippo.stores.graphs import EmbeddedGraphStore
+    """Gives `--change` entities the vector of another and adds `--add` copies of others (`run --update` next);
+    `--round`: which entities (another round, other ones)."""
     from lazyhippo.stores.warehouse import connect
 
     settings = _settings(args.home, args.namespace)
     with connect(settings) as con:
         ns = args.namespace
         ids = [r[0] for r in con.execute("SELECT item_id FROM embeddings WHERE namespace = ? AND kind = 'entity' "
-                                         "ORDER BY hash(item_id) LIMIT ?", [ns, 2 * args.change + args.add]).fetchall()]
+                                         "ORDER BY hash(item_id || ?) LIMIT ?",
+                                         [ns, args.round, 2 * args.change + args.add]).fetchall()]
         moved, donors = ids[:args.change], ids[args.change:]
         for a, b in zip(moved, donors):
             con.execute("UPDATE embeddings SET vector = (SELECT vector FROM embeddings WHERE namespace = $ns "
-                        "AND kind = 'entity' AND item_id = $b), text_hash = 'moved' "
-                        "WHERE namespace = $ns AND kind = 'entity' AND item_id = $a", {"ns": ns, "a": a, "b": b})
-        con.execute("INSERT INTO embeddings SELECT namespace, kind, item_id || '_new', model, vector, scale, 'new' "
-                    "FROM embeddings WHERE namespace = ? AND kind = 'entity' AND item_id IN (SELECT unnest(?))",
-                    [ns, donors[args.change:]])
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
-        _figures(t0, c0, entities=out.entities, edges=out.edges, searched=out.searched)
+                        "AND kind = 'entity' AND item_id = $b), text_hash = $tag "
+                        "WHERE namespace = $ns AND kind = 'entity' AND item_id = $a",
+                        {"ns": ns, "a": a, "b": b, "tag": f"moved{args.round}"})
+        con.execute("INSERT INTO embeddings SELECT namespace, kind, item_id || $tag, model, vector, scale, $tag "
+                    "FROM embeddings WHERE namespace = $ns AND kind = 'entity' AND item_id IN (SELECT unnest($ids))",
+                    {"ns": ns, "tag": f"_new{args.round}", "ids": donors[args.change:]})
 
 
 def recall(args) -> None:
@@ -121,8 +121,10 @@ def main() -> None:
         s.add_argument("namespace")
     sub.choices["run"].add_argument("--exact-max", type=int)
     sub.choices["run"].add_argument("--edges")
+    sub.choices["run"].add_argument("--update", action="store_true", help="keep the recorded search: an update")
     sub.choices["update"].add_argument("--change", type=int, default=30)
     sub.choices["update"].add_argument("--add", type=int, default=20)
+    sub.choices["update"].add_argument("--round", type=int, default=1)
     sub.choices["synth"].add_argument("out")
     sub.choices["synth"].add_argument("--copies", type=int, default=10)
     sub.choices["synth"].add_argument("--noise", type=float, default=0.03)
