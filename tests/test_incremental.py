@@ -107,6 +107,31 @@ def test_an_update_searches_few_entities_and_gives_the_edges_of_a_full_search(tm
     assert incremental == knn_table(settings) and incremental
 
 
+def test_an_update_above_the_exact_size_keeps_the_approximate_lists_it_cannot_change(tmp_path, monkeypatch):
+    """The stage with the approximate index (its size lowered to the sample corpus): a full search builds the
+    index from the stored vectors, an update searches only the stale lists, and the edges stay close to a
+    full approximate search."""
+    from lazyhippo.graph import algorithms
+
+    built = []
+    real = algorithms.approximate_index
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", 10)
+    monkeypatch.setattr(algorithms, "approximate_index", lambda v: built.append(len(v)) or real(v))
+    settings = Settings(home=tmp_path / "h", source=str(copy_corpus(tmp_path / "c")), knn_cutoff=0.5)
+    first = run_index(settings)["knn_edges"]
+    assert built == [first.entities] and first.edges > 0
+    path = tmp_path / "c" / "tomas_reyes.txt"
+    path.write_text(path.read_text() + "\nTomas Reyes later sailed with the Eastbridge Harbour Guild to Port Alder.\n")
+    update = run_index(settings)["knn_edges"]
+    assert 0 < update.searched < update.entities
+    incremental = knn_table(settings)
+    with connect(settings) as con:
+        con.execute("DELETE FROM stage_inputs WHERE namespace = ?", [settings.namespace])
+        full = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
+    assert full.searched == full.entities and built[-1] == full.entities
+    assert len(set(incremental) & set(knn_table(settings))) >= 0.95 * full.edges
+
+
 def test_recorded_inputs_rewrite_only_the_rows_that_changed(tmp_path):
     """write_inputs replaces a stage's record by its differences: unchanged rows stay where they were (their
     rowid), changed and new ones are written, gone ones deleted; other stages and namespaces are untouched."""

@@ -17,7 +17,7 @@ from lazyhippo.graph.algorithms import Communities, KnnEdge
 
 class GraphStore(Protocol):
     name: str
-    exact_knn: bool  # knn() is the exact search: an update may search only the entities it can change
+    exact_knn: bool  # knn() is the in-process search (graph.knn_batches): an update may search only what it can change
 
     def sync(self, con: duckdb.DuckDBPyConnection, namespace: str, asset: str) -> dict:
         """Push the warehouse rows the asset `asset` produced to the store; returns figures for metadata."""

@@ -468,6 +468,25 @@ def read_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str) -> t
     return ids, vector_matrix(tbl)
 
 
+def read_stored_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str,
+                        batch: int = 65_536) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Ids (in id order), int8 rows and scales of one kind of vector, read a batch at a time into arrays sized
+    up front: the table is never held whole as Arrow lists, nor as float32."""
+    import pyarrow as pa
+
+    n, dim = con.execute("SELECT count(*), coalesce(max(len(vector)), 0) FROM embeddings "
+                         "WHERE namespace = ? AND kind = ?", [namespace, kind]).fetchall()[0]
+    ids: list[str] = []
+    codes, scales = np.empty((n, dim), dtype=np.int8), np.empty(n, dtype=np.float32)
+    reader = con.sql(f"SELECT item_id, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = ? AND kind = ? "
+                     "ORDER BY item_id", params=[namespace, kind]).to_arrow_reader(batch)
+    for part in reader:
+        rows, scale = stored_rows(pa.Table.from_batches([part]))
+        codes[len(ids):len(ids) + len(rows)], scales[len(ids):len(ids) + len(rows)] = rows, scale
+        ids += part.column(0).to_pylist()
+    return ids, codes, scales
+
+
 # ---- index runs: one writer at a time, readers on the published snapshot ----
 
 def _now() -> str:

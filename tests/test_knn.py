@@ -1,0 +1,145 @@
+"""The KNN search above the exact search's size: an approximate index whose edges are rescored exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lazyhippo.graph import algorithms
+from lazyhippo.graph.algorithms import KnnBasis, StoredVectors, knn_edges, knn_stale_sources
+from lazyhippo.stores.warehouse import int8_rows
+
+
+def clustered(n: int, dim: int = 32, centres: int = 40, noise: float = 0.45, seed: int = 5) -> np.ndarray:
+    """Unit vectors around random centres: dense neighbourhoods above the cutoff, as entity names give."""
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=(centres, dim))
+    x = c[rng.integers(0, centres, n)] + noise * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def pairs(edges) -> set[tuple[str, str]]:
+    return {(e.source, e.target) for e in edges}
+
+
+@pytest.fixture
+def approximate(monkeypatch):
+    """Every search above 100 items goes through the approximate index; counts the indexes built."""
+    built = []
+    real = algorithms.approximate_index
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", 100)
+    monkeypatch.setattr(algorithms, "approximate_index", lambda v: built.append(len(v)) or real(v))
+    return built
+
+
+def test_approximate_search_finds_the_exact_edges_with_true_scores(approximate):
+    x = clustered(4000)
+    ids = [f"e{i:05d}" for i in range(len(x))]
+    top_k, cutoff = 5, 0.7
+    found = knn_edges(ids, x, top_k, cutoff)
+    assert approximate == [len(x)]  # the approximate index did the search
+    algorithms.KNN_EXACT_MAX = len(x)
+    exact = knn_edges(ids, x, top_k, cutoff)
+    assert approximate == [len(x)] and len(exact) > 10_000  # no index this time; lists are full above the cutoff
+    assert len(pairs(found) & pairs(exact)) >= 0.97 * len(exact)
+    pos = {n: i for i, n in enumerate(ids)}
+    by_source: dict[str, list] = {}
+    for e in found:
+        assert e.source != e.target and e.score >= cutoff
+        assert abs(e.score - float(x[pos[e.source]].astype(np.float64) @ x[pos[e.target]].astype(np.float64))) < 1e-12
+        by_source.setdefault(e.source, []).append(e)
+    for edges in by_source.values():
+        assert [e.rank for e in edges] == list(range(1, len(edges) + 1)) and len(edges) <= top_k
+        assert all(a.score >= b.score for a, b in zip(edges, edges[1:]))
+
+
+def test_approximate_search_is_the_same_whatever_the_threads(approximate):
+    import faiss
+
+    x = clustered(3000, seed=9)
+    ids = [f"e{i:05d}" for i in range(len(x))]
+    first = knn_edges(ids, x, 4, 0.6)
+    threads = faiss.omp_get_max_threads()
+    try:
+        faiss.omp_set_num_threads(1)
+        one = knn_edges(ids, x, 4, 0.6)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    assert first == one == knn_edges(ids, x, 4, 0.6) and len(approximate) == 3
+
+
+def test_stored_vectors_give_the_bits_of_the_float_matrix(monkeypatch):
+    """The stage keeps vectors in their int8 form and makes unit rows by blocks: the exact search, the
+    exact search by blocks of items and the stale lists come out as from the whole float32 matrix."""
+    from lazyhippo.models.embedders import normalize
+
+    rng = np.random.default_rng(2)
+    codes, scales = int8_rows(clustered(1500) * rng.uniform(0.5, 2.0, size=(1500, 1)).astype(np.float32))
+    stored = StoredVectors(codes, scales)
+    dense = normalize(codes.astype(np.float32) * scales[:, None])
+    ids = [f"e{i:05d}" for i in range(len(codes))]
+    assert np.array_equal(np.asarray(stored), dense) and np.array_equal(stored.unit(np.array([7, 3])), dense[[7, 3]])
+    full = knn_edges(ids, dense, 6, 0.6)
+    assert knn_edges(ids, stored, 6, 0.6) == full
+    rows = list(range(1499, 399, -1))  # two blocks of 1,024 sources, last first
+    monkeypatch.setattr(algorithms, "ROW_BLOCK", 256)  # items in six blocks
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", 1400)  # 1,500 items, 1,100 x 1,500 pairs: exact by blocks
+    monkeypatch.setattr(algorithms, "approximate_index", lambda v: pytest.fail("no approximate index for these rows"))
+    assert knn_edges(ids, stored, 6, 0.6, rows) == sorted((e for e in full if int(e.source[1:]) >= 400),
+                                                          key=lambda e: (-int(e.source[1:]), e.rank))
+    changed = set(ids[:40])
+    previous = KnnBasis({i: (6, 0.9) for i in ids}, set())
+    monkeypatch.setattr(algorithms, "ROW_BLOCK", 1 << 16)
+    whole = knn_stale_sources(ids, dense, 6, 0.6, changed, previous)
+    monkeypatch.setattr(algorithms, "ROW_BLOCK", 256)
+    assert knn_stale_sources(ids, stored, 6, 0.6, changed, previous) == whole and len(whole) > 40
+
+
+def test_small_inputs_keep_top_k_and_cutoff(approximate):
+    x = clustered(150, dim=16, centres=3)
+    ids = [f"e{i:03d}" for i in range(len(x))]
+    assert knn_edges(ids, x, 0, 0.0) == [] and knn_edges(ids[:1], x[:1], 3, 0.0) == []
+    edges = knn_edges(ids, x, 200, 0.95)  # more neighbours asked than items: the candidates bound the lists
+    assert approximate and edges and all(e.score >= 0.95 and e.source != e.target for e in edges)
+    assert len({(e.source, e.target) for e in edges}) == len(edges)
+
+
+@pytest.mark.parametrize("exact_max", [1000, 500])  # stale lists searched exactly by blocks; through the index
+def test_an_update_above_the_exact_size_searches_its_stale_lists_only(monkeypatch, exact_max):
+    """Above KNN_EXACT_MAX the lists an update leaves alone are those of the previous approximate search, the
+    stale ones are searched again (exactly while stale lists x items stays within KNN_EXACT_MAX squared, else
+    through the approximate index): the result is close to a full approximate search, and new and moved
+    items get their neighbours."""
+    from tests.test_incremental import as_rows, basis, unit
+
+    rng = np.random.default_rng(11)
+    x = clustered(3000, dim=48, centres=60, noise=0.5, seed=4)
+    ids = [f"e{i:05d}" for i in range(len(x))]
+    top_k, cutoff = 5, 0.6
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", exact_max)
+    before = knn_edges(ids, x, top_k, cutoff)
+    vec = {i: v for i, v in zip(ids, x) if i not in set(ids[10:20])}
+    changed = set(ids[100:110])
+    for i in changed:  # moved next to another item
+        vec[i] = unit((x[ids.index(i) + 1500] + 0.01 * rng.normal(size=48))[None])[0]
+    for n in range(10):  # new items near existing ones
+        vec[f"e{n:05d}x"] = unit((x[2000 + n] + 0.02 * rng.normal(size=48))[None])[0]
+    new_ids = sorted(vec)
+    new_x = np.stack([vec[i] for i in new_ids])
+    moved = changed | set(ids[10:20]) | {i for i in new_ids if i.endswith("x")}
+    stale = knn_stale_sources(new_ids, new_x, top_k, cutoff, moved, basis(ids, before, moved))
+    assert 20 < len(stale) < len(new_ids) // 4
+    built = []
+    real = algorithms.approximate_index
+    monkeypatch.setattr(algorithms, "approximate_index", lambda v: built.append(len(v)) or real(v))
+    redone = knn_edges(new_ids, new_x, top_k, cutoff, stale)
+    assert built == ([] if len(stale) * len(new_ids) <= exact_max ** 2 else [len(new_ids)])
+    assert built == ([] if exact_max == 1000 else [len(new_ids)])  # both ways are taken
+    kept = [e for e in before if e.source in set(new_ids) - {new_ids[i] for i in stale}]
+    incremental = as_rows(kept + redone)
+    full = as_rows(knn_edges(new_ids, new_x, top_k, cutoff))
+    assert len(set(incremental) & set(full)) >= 0.98 * len(full) and as_rows(before) != full
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", len(new_ids))
+    exact = knn_edges(new_ids, new_x, top_k, cutoff, [new_ids.index(i) for i in sorted(moved) if i in vec])
+    mine = {(e.source, e.target) for e in redone}
+    assert exact and len(mine & pairs(exact)) >= 0.95 * len(exact)  # the moved and new items' own lists
