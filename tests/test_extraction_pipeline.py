@@ -61,10 +61,11 @@ ENTITY_TEXTS = TEXTS + [
     "\n\n   \n",
     # where spaCy's rules bind: no entity across a sentence start nor starting on a whitespace token
     "Abd al- Rahman ibn Yusuf( c. 497 – 578) was the grandfather of the poet Zayd.",
-    "Hedwig of Thuringia( 31 October 1445 – 13 June 1511) was Princess- Abbess of Gandersheim from 1458 until her death.",
-    "Comparing commits\n$ git diff test            <1>\n$ git diff HEAD -- ./test  <2>\n$ git diff HEAD^ HEAD      <3>\n"
-    "<1> Compare with the tip of the \"test\" branch. <2> Compare the tip of the current branch with the file \"test\". "
-    "<3> Compare the version before the last commit and the last commit.",
+    "Hedwig of Thuringia( 31 October 1445 – 13 June 1511) was Princess- Abbess of Gandersheim from 1458 until her "
+    "death.",
+    "Comparing commits\n$ git diff test            <1>\n$ git diff HEAD -- ./test  <2>\n"
+    "$ git diff HEAD^ HEAD      <3>\n<1> Compare with the tip of the \"test\" branch. <2> Compare the tip of the "
+    "current branch with the file \"test\". <3> Compare the version before the last commit and the last commit.",
 ]
 
 
