@@ -93,3 +93,28 @@ def test_gds_levels_agree_with_embedded(algorithm, neo4j_store, namespaces):  # 
     g = graph.weighted_igraph(ids, edges)  # the modularity both stores report is igraph's
     for level in gds.hierarchy:
         assert g.modularity([level.membership[n] for n in ids], weights="weight") == pytest.approx(level.modularity, abs=1e-9)
+
+
+def test_leiden_levels_in_worker_processes_are_those_run_in_turn(monkeypatch):
+    """On a large graph the resolutions after the first run in worker processes, from scratch and from a previous
+    partition, with the partitions of the same runs in turn."""
+    from lazyhippo.models import extractors
+
+    ids, edges = _clustered_graph()
+    in_turn = graph.detect_communities(ids, edges, resolutions=RESOLUTIONS)
+    seeds = [[m % 5 for m in range(len(ids))]] * len(RESOLUTIONS)
+    seeded = graph.detect_communities(ids, edges, resolutions=RESOLUTIONS, initial=seeds)
+
+    here = []
+    leiden = graph._leiden
+
+    def counted(g, resolution, *args):
+        here.append(resolution)
+        return leiden(g, resolution, *args)
+
+    monkeypatch.setattr(graph, "PARALLEL_EDGES", 1)
+    monkeypatch.setattr(extractors, "extract_processes", lambda: 2)
+    monkeypatch.setattr(graph, "_leiden", counted)
+    assert graph.detect_communities(ids, edges, resolutions=RESOLUTIONS).hierarchy == in_turn.hierarchy
+    assert graph.detect_communities(ids, edges, resolutions=RESOLUTIONS, initial=seeds).hierarchy == seeded.hierarchy
+    assert here == [RESOLUTIONS[0]] * 2  # the first resolution here, the others in worker processes

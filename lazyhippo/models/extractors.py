@@ -132,7 +132,8 @@ PIPE_BATCH = 32
 def _spacy(model: str, noun_phrases: bool):
     """The model without its lemmatizer (and parser, without noun phrases), its layers on numpy's BLAS: the BLIS
     that thinc uses by default runs its generic kernel on this CPU (41 GFLOPS against OpenBLAS's 118 on the
-    tok2vec products), the same parses from a quarter less time. Its attribute ruler becomes `TokenRules`."""
+    tok2vec products), the same parses from a quarter less time. Its attribute ruler becomes `TokenRules`, its
+    named-entity recognizer `GreedyEntities`."""
     import spacy
     from spacy.language import Language
     from thinc.api import use_ops
@@ -140,12 +141,18 @@ def _spacy(model: str, noun_phrases: bool):
     if not Language.has_factory("lazyhippo_token_rules"):
         Language.factory("lazyhippo_token_rules", default_config={"patterns": []},
                          func=lambda nlp, name, patterns: TokenRules(nlp.vocab, patterns))
+    if not Language.has_factory("lazyhippo_entities"):
+        Language.factory("lazyhippo_entities", func=lambda nlp, name: GreedyEntities(nlp.get_pipe("spacy_ner")))
     disable = ["lemmatizer"] if noun_phrases else ["lemmatizer", "parser"]
     with use_ops("numpy", use_blis=False):
         nlp = spacy.load(model, disable=disable)
     if "attribute_ruler" in nlp.pipe_names:
         nlp.replace_pipe("attribute_ruler", "lazyhippo_token_rules",
                          config={"patterns": nlp.get_pipe("attribute_ruler").patterns})
+    if "ner" in nlp.pipe_names:  # in its place, holding spaCy's component
+        nlp.rename_pipe("ner", "spacy_ner")
+        nlp.add_pipe("lazyhippo_entities", name="ner", after="spacy_ner")
+        nlp.remove_pipe("spacy_ner")
     return nlp
 
 
@@ -214,6 +221,100 @@ class TokenRules:
             for doc, rows in zip(batch, np.split(table[:, self.written], np.cumsum(sizes)[:-1])):
                 doc.from_array([self.columns[c] for c in self.written], rows)
                 yield doc
+
+
+class GreedyEntities:
+    """spaCy's named-entity recognizer whose greedy decoding runs over a batch's states at once with numpy: the same
+    model, scores (the score product on the same BLIS call) and choices under the rules of spaCy's BILUO transitions
+    for documents without preset entities. spaCy's compiled loop takes and releases the GIL in every validity test
+    of every action in every state, more than half of the component's time. A batch it does not cover (preset
+    entities, a beam, another feature set) goes to spaCy's own component."""
+
+    def __init__(self, ner):
+        import numpy as np
+
+        self.ner = ner
+        names = [ner.moves.get_class_name(i) for i in range(ner.moves.n_moves)]
+        self.kind = np.array([n.partition("-")[0] for n in names])
+        self.label = np.array([ner.vocab.strings.add(n.partition("-")[2]) if "-" in n else 0 for n in names], np.uint64)
+        model = ner.model
+        lower = model.get_ref("lower")
+        self.covered = (set(self.kind) <= set("BILUO") and model.attrs["has_upper"] and lower.get_dim("nF") == 3
+                        and ner.cfg.get("beam_width", 1) == 1 and not ner.postprocesses)
+        self.unseen = np.array(sorted(model.attrs["unseen_classes"]), np.int64)
+
+    def __call__(self, doc):
+        return next(self.pipe([doc]))
+
+    def pipe(self, docs, batch_size: int = 128):
+        from spacy.tokens import Span as Entity
+        from spacy.util import minibatch
+
+        for batch in minibatch(docs, batch_size):
+            if not self.covered or any(d.has_annotation("ENT_IOB") for d in batch):
+                yield from self.ner.pipe(batch, batch_size=len(batch))
+                continue
+            for doc, ents in zip(batch, self._decode(batch)):  # as spaCy sets them: the other tokens outside
+                doc.set_ents([Entity(doc, start, end, label=label) for start, end, label in ents], default="outside")
+                yield doc
+
+    def _decode(self, docs) -> list[list[tuple[int, int, int]]]:
+        """(start, end, label) of each document's entities: every action moves one token on, so at step t each
+        unfinished state reads token t; an entity is open from a B action to its L, or is one U token."""
+        import blis.py
+        import numpy as np
+
+        lengths = np.array([len(d) for d in docs])
+        out: list[list[tuple[int, int, int]]] = [[] for _ in docs]
+        if not lengths.any():
+            return out
+        model = self.ner.model
+        lower, upper = model.get_ref("lower"), model.get_ref("upper")
+        cached = lower.predict(model.get_ref("tok2vec").predict(docs))  # (tokens + 1, 3, width, pieces): row 0 pads
+        features = cached.reshape(len(cached), 3, -1)
+        bias = lower.get_param("b").reshape(-1)
+        weights, scores_bias = upper.get_param("W"), upper.get_param("b")
+        width, pieces = lower.get_dim("nO"), lower.get_dim("nP")
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        space = np.concatenate([d.to_array("IS_SPACE") for d in docs if len(d)]).astype(bool)
+        starts = np.concatenate([d.to_array("SENT_START") for d in docs if len(d)]) == 1
+        n = len(docs)
+        is_open = np.zeros(n, bool)
+        open_label = np.zeros(n, np.uint64)
+        open_start = np.zeros(n, np.int64)
+        kind, label = self.kind, self.label
+        is_b, is_i, is_l, is_u, is_o = (kind == k for k in "BILUO")
+        labelled = label != 0
+        for t in range(lengths.max()):
+            act = np.flatnonzero(lengths > t)  # spaCy keeps the unfinished states in their order
+            token = offsets[act] + t
+            opened = is_open[act]
+            # the state's features: the next token, the open entity's first token, the token before the next
+            summed = features[token + 1, 0] + features[np.where(opened, offsets[act] + open_start[act] + 1, 0), 1]
+            summed = (summed + features[np.where(opened, token, 0), 2]) + bias
+            hidden = summed.reshape(len(act), width, pieces).max(axis=2)
+            scores = blis.py.gemm(hidden, weights, trans2=True, beta=0.0) + scores_bias
+            if len(self.unseen):
+                scores[:, self.unseen] = scores.min()
+            room = (lengths[act] - t >= 2)[:, None]  # a next token in the document
+            next_starts = np.zeros(len(act), bool)
+            next_starts[room[:, 0]] = starts[token[room[:, 0]] + 1]
+            free = (room & ~next_starts[:, None])
+            blank = space[token][:, None]
+            same = label[None, :] == open_label[act][:, None]
+            valid = np.where(opened[:, None],
+                             (is_i & free & same) | (is_l & same),
+                             (is_b & labelled & free & ~blank) | (is_u & labelled & ~blank) | is_o)
+            guess = np.where(valid, scores, -np.inf).argmax(axis=1)
+            moved, chosen = kind[guess], label[guess]
+            for i in np.flatnonzero(moved == "U"):
+                out[act[i]].append((t, t + 1, int(chosen[i])))
+            for i in np.flatnonzero(moved == "L"):
+                out[act[i]].append((int(open_start[act[i]]), t + 1, int(open_label[act[i]])))
+            began = act[moved == "B"]
+            is_open[began], open_label[began], open_start[began] = True, chosen[moved == "B"], t
+            is_open[act[moved == "L"]] = False
+        return out
 
 
 def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) -> list[Span]:
