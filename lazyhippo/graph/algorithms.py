@@ -380,9 +380,8 @@ def _leiden_of_arrays(n: int, pairs: np.ndarray, weights: np.ndarray, resolution
 
 
 def _leiden_runs(g, resolutions: Sequence[float], seed: int, starts: list) -> list[list[int]]:
-    """One Leiden run per resolution (each on one core); on a large graph with cores to spare, the first here
-    and each other one in a worker process at the same time. Each run is seeded on its own, so the partitions
-    are those of runs in turn."""
+    """One Leiden run per resolution; on a large graph, one worker process each while there are cores (Leiden
+    runs on one): each run is seeded on its own, so the partitions are those of runs in turn."""
     from lazyhippo.models.extractors import extract_processes
 
     if len(resolutions) < 2 or g.ecount() < PARALLEL_EDGES or extract_processes() < 2:
@@ -392,11 +391,9 @@ def _leiden_runs(g, resolutions: Sequence[float], seed: int, starts: list) -> li
     from itertools import repeat
 
     pairs, weights = np.asarray(g.get_edgelist(), dtype=np.int64), np.asarray(g.es["weight"], dtype=np.float64)
-    with ProcessPoolExecutor(len(resolutions) - 1, mp_context=multiprocessing.get_context("forkserver")) as pool:
-        others = pool.map(_leiden_of_arrays, repeat(g.vcount()), repeat(pairs), repeat(weights), resolutions[1:],
-                          repeat(seed), starts[1:])
-        first = _leiden(g, resolutions[0], seed, starts[0])
-        return [first, *others]
+    with ProcessPoolExecutor(len(resolutions), mp_context=multiprocessing.get_context("forkserver")) as pool:
+        return list(pool.map(_leiden_of_arrays, repeat(g.vcount()), repeat(pairs), repeat(weights), resolutions,
+                             repeat(seed), starts))
 
 
 def pagerank(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]], damping: float = 0.85,
