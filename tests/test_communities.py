@@ -93,23 +93,3 @@ def test_gds_levels_agree_with_embedded(algorithm, neo4j_store, namespaces):  # 
     g = graph.weighted_igraph(ids, edges)  # the modularity both stores report is igraph's
     for level in gds.hierarchy:
         assert g.modularity([level.membership[n] for n in ids], weights="weight") == pytest.approx(level.modularity, abs=1e-9)
-
-
-def test_leiden_levels_in_worker_processes_are_those_run_in_turn(monkeypatch):
-    """On a large graph each resolution runs in its own worker process, from scratch and from a previous
-    partition, with the partitions of the same runs in turn."""
-    from lazyhippo.models import extractors
-
-    ids, edges = _clustered_graph()
-    in_turn = graph.detect_communities(ids, edges, resolutions=RESOLUTIONS)
-    seeds = [[m % 5 for m in range(len(ids))]] * len(RESOLUTIONS)
-    seeded = graph.detect_communities(ids, edges, resolutions=RESOLUTIONS, initial=seeds)
-
-    def not_here(*args):
-        raise AssertionError("a resolution ran in the calling process")
-
-    monkeypatch.setattr(graph, "PARALLEL_EDGES", 1)
-    monkeypatch.setattr(extractors, "extract_processes", lambda: 2)
-    monkeypatch.setattr(graph, "_leiden", not_here)
-    assert graph.detect_communities(ids, edges, resolutions=RESOLUTIONS).hierarchy == in_turn.hierarchy
-    assert graph.detect_communities(ids, edges, resolutions=RESOLUTIONS, initial=seeds).hierarchy == seeded.hierarchy

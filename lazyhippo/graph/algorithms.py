@@ -349,8 +349,15 @@ def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, s
     g = weighted_igraph(node_ids, edges) if g is None else g
     ig.set_random_number_generator(random.Random(seed))
     if algorithm == "leiden":
-        starts = [initial[i] if initial is not None else None for i in range(len(resolutions))]
-        raw = _leiden_runs(g, resolutions, seed, starts)
+        import leidenalg
+
+        raw = []
+        for i, r in enumerate(resolutions):
+            start = initial[i] if initial is not None else None
+            extra = {"initial_membership": start, "n_iterations": 1} if start is not None else {}
+            part = leidenalg.find_partition(g, leidenalg.RBConfigurationVertexPartition, weights="weight",
+                                            resolution_parameter=r, seed=seed, **extra)
+            raw.append(list(part.membership))
         ran = 1
     elif algorithm == "louvain":
         passes = g.community_multilevel(weights="weight", return_levels=True) if g.ecount() else []
@@ -360,40 +367,6 @@ def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, s
         raise ValueError(f"unknown community algorithm {algorithm!r} (expected 'leiden' or 'louvain')")
     levels = hierarchy(node_ids, raw, lambda labels: g.modularity(labels, weights="weight") if g.ecount() else 0.0)
     return Communities(levels[-1].membership, levels[-1].modularity, ran, levels)
-
-
-PARALLEL_EDGES = 50_000  # a smaller graph runs its resolutions in turn: starting worker processes costs more
-
-
-def _leiden(g, resolution: float, seed: int, start: list[int] | None) -> list[int]:
-    import leidenalg
-
-    extra = {"initial_membership": start, "n_iterations": 1} if start is not None else {}
-    return list(leidenalg.find_partition(g, leidenalg.RBConfigurationVertexPartition, weights="weight",
-                                         resolution_parameter=resolution, seed=seed, **extra).membership)
-
-
-def _leiden_of_arrays(n: int, pairs: np.ndarray, weights: np.ndarray, resolution: float, seed: int,
-                      start: list[int] | None) -> list[int]:
-    """`_leiden` in a worker process, on the graph rebuilt from its edge arrays (the same edges in the same order)."""
-    return _leiden(weighted_igraph(range(n), MergedGraph(pairs, weights)), resolution, seed, start)
-
-
-def _leiden_runs(g, resolutions: Sequence[float], seed: int, starts: list) -> list[list[int]]:
-    """One Leiden run per resolution; on a large graph, one worker process each while there are cores (Leiden
-    runs on one): each run is seeded on its own, so the partitions are those of runs in turn."""
-    from lazyhippo.models.extractors import extract_processes
-
-    if len(resolutions) < 2 or g.ecount() < PARALLEL_EDGES or extract_processes() < 2:
-        return [_leiden(g, r, seed, s) for r, s in zip(resolutions, starts)]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from itertools import repeat
-
-    pairs, weights = np.asarray(g.get_edgelist(), dtype=np.int64), np.asarray(g.es["weight"], dtype=np.float64)
-    with ProcessPoolExecutor(len(resolutions), mp_context=multiprocessing.get_context("forkserver")) as pool:
-        return list(pool.map(_leiden_of_arrays, repeat(g.vcount()), repeat(pairs), repeat(weights), resolutions,
-                             repeat(seed), starts))
 
 
 def pagerank(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]], damping: float = 0.85,
