@@ -1016,6 +1016,56 @@ def bench_ui(home: Path = typer.Option(Path(".lazyhippo"), help="Index home whos
                                **{f"{page} median_s": p["median_s"] for page, p in result["pages"].items()}}, 3)))
 
 
+knn_bench = typer.Typer(no_args_is_help=True, help="The `knn_edges` stage alone on an indexed home's entity vectors: "
+                        "time, CPU and peak memory of a search, an update's search, and the recall of one search "
+                        "against another. `run` and `update` change the home: use a copy.")
+bench.add_typer(knn_bench, name="knn")
+KnnHome = typer.Argument(..., help="An indexed home (a copy: its knn_edges rows are replaced).")
+KnnNamespace = typer.Argument(..., help="The namespace whose entity vectors are searched.")
+
+
+@knn_bench.command("run")
+def bench_knn_run(home: Path = KnnHome, namespace: str = KnnNamespace,
+                  exact_max: Optional[int] = typer.Option(None, min=0, help="Entities up to which the search is exact "
+                                                          "for this run (0: always the approximate index)."),
+                  edges: Optional[Path] = typer.Option(None, help="Also write the edges to this Parquet file."),
+                  update: bool = typer.Option(False, help="Keep the recorded search: time an update's search.")) -> None:
+    """One search of the stage: wall and CPU seconds, the process's peak RSS, entities, edges, lists searched."""
+    from lazyhippo_dagster.bench_knn import run
+
+    print(json.dumps(run(home, namespace, exact_max, edges, update)))
+
+
+@knn_bench.command("update")
+def bench_knn_update(home: Path = KnnHome, namespace: str = KnnNamespace,
+                     change: int = typer.Option(30, min=0, help="Entities given another entity's vector."),
+                     add: int = typer.Option(20, min=0, help="Entities added as copies of others."),
+                     round_: int = typer.Option(1, "--round", help="Another round picks other entities.")) -> None:
+    """Move and add entity vectors, for `run --update` next."""
+    from lazyhippo_dagster.bench_knn import move_vectors
+
+    move_vectors(home, namespace, change, add, round_)
+
+
+@knn_bench.command("recall")
+def bench_knn_recall(exact: Path = typer.Argument(..., help="Edges of the exact search (`run --edges`)."),
+                     other: Path = typer.Argument(..., help="Edges of the search compared.")) -> None:
+    """The share of the exact search's edges another search found, all and from cosine 0.90 (those PPR walks)."""
+    from lazyhippo_dagster.bench_knn import recall
+
+    print(json.dumps(recall(exact, other)))
+
+
+@knn_bench.command("synth")
+def bench_knn_synth(home: Path = KnnHome, namespace: str = KnnNamespace,
+                    out: Path = typer.Argument(..., help="The synthetic home written (its embeddings only)."),
+                    copies: int = typer.Option(10, min=1), noise: float = typer.Option(0.03, min=0.0)) -> None:
+    """A synthetic home of `copies` noisy copies of every entity vector (labelled synthetic in its model column)."""
+    from lazyhippo_dagster.bench_knn import synth
+
+    console.print(f"{synth(home, namespace, out, copies, noise):,} vectors in {out}")
+
+
 def _rounded(result, digits: int = 2):
     """A bench result's floats rounded for display (the bench functions keep them exact for their ratios)."""
     if isinstance(result, dict):

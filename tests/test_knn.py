@@ -143,3 +143,28 @@ def test_an_update_above_the_exact_size_searches_its_stale_lists_only(monkeypatc
     exact = knn_edges(new_ids, new_x, top_k, cutoff, [new_ids.index(i) for i in sorted(moved) if i in vec])
     mine = {(e.source, e.target) for e in redone}
     assert exact and len(mine & pairs(exact)) >= 0.95 * len(exact)  # the moved and new items' own lists
+
+
+def test_bench_knn_times_a_search_on_a_copy_and_scores_an_approximate_one(sample_settings, tmp_path):
+    """`lazyhippo bench knn`: the exact search and the approximate one on copies of an indexed home, and the
+    share of the exact edges the approximate search found."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from lazyhippo_dagster.cli import app
+
+    ns = sample_settings.namespace
+    runs = {}
+    for name, extra in (("exact", []), ("approx", ["--exact-max", "0"])):
+        home = tmp_path / name
+        shutil.copytree(sample_settings.home, home, ignore=shutil.ignore_patterns("*.lock"))
+        out = CliRunner().invoke(app, ["bench", "knn", "run", str(home), ns, "--edges", str(tmp_path / f"{name}.parquet"), *extra])
+        assert out.exit_code == 0, out.output
+        runs[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert runs["exact"]["entities"] == runs["approx"]["entities"] > 0 and runs["exact"]["edges"] > 0
+    out = CliRunner().invoke(app, ["bench", "knn", "recall", str(tmp_path / "exact.parquet"), str(tmp_path / "approx.parquet")])
+    assert out.exit_code == 0, out.output
+    recall = json.loads(out.stdout.strip().splitlines()[-1])
+    assert recall["exact_edges"] == runs["exact"]["edges"] and 0.9 <= recall["found"] <= 1.0
