@@ -61,11 +61,13 @@ def _queries() -> Iterator[None]:
     after the check, so it is dropped when they are done instead of staying beside the run's later steps
     (exports, the snapshot): about 600 MB at 10,000 documents. A second check of the run builds it again."""
     from lazyhippo.query import clear_cache
+    from lazyhippo.stages.common import give_back_memory
 
     try:
         yield
     finally:
         clear_cache()
+        give_back_memory()
 
 
 def _params(*values) -> str:

@@ -37,7 +37,7 @@ from lazyhippo.models.extractors import (
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.chunks import Chunk, load_chunks
-from lazyhippo.stages.common import Progress, record_usage, resolve_llm, with_namespace
+from lazyhippo.stages.common import Progress, give_back_memory, record_usage, resolve_llm, with_namespace
 from lazyhippo.stages.results import ExtractionsResult
 from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import insert_rows, replace_rows, transaction
@@ -307,6 +307,7 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
             con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
                         "VALUES (?, ?, ?, ?, ?, ?)", [ns, run_id, u["operation"], u["model"], u["prompt_tokens"],
                                                       u["completion_tokens"]])
+    give_back_memory()
     n_chunks = sum(len(v.chunk_ids) for v in by_doc.values())
     # cached: chunks whose held extraction was reused, from a part, the local cache, or the warehouse itself
     return {"documents_extracted": len(held), "documents_removed": len(gone), "chunks": n_chunks,
