@@ -11,7 +11,7 @@ import duckdb
 
 from lazyhippo.settings import Settings
 from lazyhippo.stages.chunks import build_chunks
-from lazyhippo.stages.common import Progress, resolve_llm
+from lazyhippo.stages.common import Progress, give_back_memory, resolve_llm
 from lazyhippo.stages.communities import build_communities
 from lazyhippo.stages.community_summaries import build_community_summaries
 from lazyhippo.stages.documents import ingest_documents
@@ -61,6 +61,7 @@ def run_stage(asset: str, settings: Settings, con: duckdb.DuckDBPyConnection, st
     """One stage, then the graph store's sync of what it produced: the one place syncing happens, so a stage
     cannot leave the served graph stale. The sync's figures come back as `synced`."""
     result = _stages(settings, con, store, objects, progress, run_id, llm, extractor, only)[asset]()
+    give_back_memory()  # the next stage starts from the run's base, not from this stage's peak
     if asset == "documents":  # the home now holds the namespace: record how it is indexed
         record_namespace(settings)
     return replace(result, synced=store.sync(con, settings.namespace, asset))

@@ -5,7 +5,6 @@ query latency. The corpus is real text, mixed in the same proportions at every s
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import os
@@ -196,6 +195,7 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
     """Per size in turn; `on_size` gets the results so far after each size (a long run keeps what it measured)."""
     from lazyhippo.evaluate.bench import run_latency_bench
     from lazyhippo.query import clear_cache
+    from lazyhippo.stages.common import give_back_memory
     from lazyhippo.stores.warehouse import counts
     from lazyhippo_dagster.bench_index import _timed_index, step_spans
 
@@ -216,7 +216,7 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
         progress(f"{n} documents: local route latency")
         latency = run_latency_bench(settings, _questions(datasets, queries), ["local"], repeat=1)["local"]
         clear_cache()  # the next size's peak must not hold this size's query index
-        gc.collect()
+        give_back_memory()  # nor start from the heap this size freed
         disk = _parts(home)
         out.append({"documents": n, "text_mb": round(text_bytes / 1e6, 2), "seconds": timed["seconds"],
                     "mb_per_minute": round(text_bytes / 1e6 / timed["seconds"] * 60, 2),

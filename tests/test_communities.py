@@ -93,3 +93,51 @@ def test_gds_levels_agree_with_embedded(algorithm, neo4j_store, namespaces):  # 
     g = graph.weighted_igraph(ids, edges)  # the modularity both stores report is igraph's
     for level in gds.hierarchy:
         assert g.modularity([level.membership[n] for n in ids], weights="weight") == pytest.approx(level.modularity, abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def sample_index(tmp_path_factory):
+    from lazyhippo.index import run_index
+
+    settings = Settings(home=tmp_path_factory.mktemp("sample"), source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    return settings
+
+
+def test_the_entity_graph_arrives_merged_as_node_positions(sample_index):
+    """DuckDB maps the ends to node positions: Python gets integer pairs, never an id string per edge, and the
+    graph is the one merging the id-string edges gives, pair for pair and weight for weight (same bits)."""
+    from lazyhippo.stages.communities import entity_graph
+
+    with connect(sample_index) as con:
+        nodes, merged = entity_graph(con, sample_index.namespace)
+        edges = con.execute("SELECT source_id, target_id, weight::DOUBLE FROM relations UNION ALL "
+                            "SELECT source_id, target_id, score::DOUBLE FROM knn_edges ORDER BY 1, 2").fetchall()
+    assert isinstance(merged, graph.MergedGraph) and merged.pairs.dtype.kind == "i" and len(merged) > 50
+    expected = graph.merged_undirected(nodes, edges)
+    np.testing.assert_array_equal(merged.pairs, expected.pairs)
+    assert merged.weights.tobytes() == expected.weights.tobytes()
+    assert graph.merged_undirected(nodes, merged) is merged  # the stores take it as it is
+
+
+def test_summaries_read_only_each_communitys_hubs(sample_index, monkeypatch):
+    """A summary needs its community's MAX_HUBS hubs: DuckDB ranks the members and sends those (and ties with
+    the last), not every member of every level; the summaries are those of all the members."""
+    import lazyhippo.stages.community_summaries as cs
+    from lazyhippo.stages.summaries import MAX_HUBS, summarize_extractive
+    from lazyhippo.stores.warehouse import community_members
+
+    sent = []
+    monkeypatch.setattr(cs, "community_members", lambda *a, **k: sent.append(community_members(*a, **k)) or sent[-1])
+    ns = sample_index.namespace
+    with connect(sample_index) as con:
+        cs.build_community_summaries(sample_index, con)
+        stored = con.execute("SELECT community_id, title, summary, hub_entities FROM community_summaries "
+                             "WHERE namespace = ? ORDER BY community_id", [ns]).fetchall()
+        every = community_members(con, ns, "m.community_id, e.name, e.description, s.pagerank, e.degree")
+    members: dict[str, list[dict]] = {}
+    for c, name, desc, pr, deg in every:
+        members.setdefault(c, []).append({"name": name, "description": desc or "", "score": pr * 1000 + deg})
+    assert len(sent[0]) < len(every) and len(sent[0]) <= len(members) * MAX_HUBS + 5
+    assert stored == sorted((s.community_id, s.title, s.summary, s.hub_entities)
+                            for s in (summarize_extractive(c, ms) for c, ms in members.items()))

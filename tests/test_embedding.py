@@ -172,3 +172,36 @@ def test_embeddings_are_written_in_batches_with_the_vectors_of_one_call(tmp_path
     q, scale = quantize(embedder.embed([t for _, t in texts]))
     assert ids == [i for i, _ in texts]
     assert np.array_equal(stored, vector_matrix(pa.table({"vector": q, "scale": scale})))
+
+
+def test_embeddings_read_their_texts_one_batch_at_a_time(tmp_path, monkeypatch):
+    """The texts to embed are taken EMBED_BATCH at a time, each batch embedded and written before the next is
+    read: the stage never holds every chunk's text; a second run embeds nothing and a vanished item goes."""
+    from lazyhippo.settings import Settings
+    from lazyhippo.stages import embeddings as stage
+    from lazyhippo.stores.warehouse import connect, read_vectors
+
+    embedder = get_embedder("static-minilm", "")
+    pulled: list[int] = []
+    calls: list[tuple[int, int]] = []
+
+    def items(n=10):
+        for i in range(n):
+            pulled.append(i)
+            yield f"e{i:03d}", f"entity number {i}"
+
+    class Spy:
+        name = embedder.name
+
+        def embed(self, batch):
+            calls.append((len(batch), len(pulled)))
+            return embedder.embed(batch)
+
+    monkeypatch.setattr(stage, "EMBED_BATCH", 4)
+    s = Settings(home=tmp_path)
+    with connect(s) as con:
+        assert stage._embed_missing(con, s, "entity", items(), Spy()) == 10
+        assert calls == [(4, 4), (4, 8), (2, 10)]  # when a batch is embedded, only its texts were read
+        calls.clear()
+        assert stage._embed_missing(con, s, "entity", items(9), Spy()) == 0 and not calls
+        assert read_vectors(con, s.namespace, "entity")[0] == [f"e{i:03d}" for i in range(9)]

@@ -159,6 +159,9 @@ class DictStore:
         self.objects[key] = data
         return "md5"
 
+    def put_file(self, key: str, path) -> str:
+        return self.put(key, path.read_bytes())
+
     def get(self, key: str) -> bytes:
         if key not in self.objects:
             raise FileNotFoundError(key)
@@ -184,6 +187,33 @@ def test_exports_read_back_and_match_duckdb(sample_settings):
             offline_empty = table == "community_reports"  # reports need an LLM; offline the table is empty
             assert exported.num_rows == expected.num_rows and (expected.num_rows > 0 or offline_empty), table
             assert exported.to_pylist() == expected.to_pylist(), table
+
+
+def test_exports_reach_the_store_as_files_never_as_one_bytes_object(sample_settings, tmp_path):
+    """An exported table goes to the object store from its temporary file, read in pieces (at 100,000 documents
+    a table's Parquet is hundreds of MB); the object is the one `put` of its bytes gives, and putting the same
+    file again rewrites nothing."""
+    import hashlib
+
+    from lazyhippo.stages.exports import export_parquet
+
+    class FilesOnly(LocalObjectStore):
+        def put(self, key: str, data: bytes) -> str:
+            assert not key.endswith(".parquet"), f"{key} went to the store as one bytes object"
+            return super().put(key, data)
+
+    store = FilesOnly(tmp_path / "objects")
+    with connect(sample_settings, read_only=True) as con:
+        out = export_parquet(sample_settings, con, store, "r1")
+    for entry in out.objects.values():
+        data = store.get(entry["key"])
+        assert entry["md5"] == hashlib.md5(data).hexdigest() and entry["bytes"] == len(data)
+        assert LocalObjectStore(tmp_path / "other").put(entry["key"], data) == entry["md5"]
+    path = tmp_path / "objects" / out.objects["relations"]["key"]
+    copy = shutil.copy(path, tmp_path / "relations.parquet")
+    written = path.stat().st_mtime_ns
+    assert store.put_file(out.objects["relations"]["key"], Path(copy)) == out.objects["relations"]["md5"]
+    assert path.stat().st_mtime_ns == written  # unchanged: no rewrite
 
 
 def test_exports_rewrite_only_the_tables_whose_rows_changed(sample_settings, tmp_path):
@@ -351,3 +381,22 @@ def test_warehouse_connections_take_their_memory_cap_and_threads_from_the_enviro
     with pytest.raises(ValueError, match="LAZYHIPPO_DUCKDB_MEMORY 'lots'"):
         with connect(s):
             pass
+
+
+def test_documents_are_staged_in_duckdb_a_batch_at_a_time(tmp_path, monkeypatch):
+    """The documents stage reads the source and stages it DOCUMENT_BATCH documents at a time (the corpus's text
+    is never held whole), and stores the documents the source holds."""
+    import lazyhippo.stages.documents as stage
+
+    monkeypatch.setattr(stage, "DOCUMENT_BATCH", 2)
+    staged: list[int] = []
+    insert = stage.insert_rows
+    monkeypatch.setattr(stage, "insert_rows", lambda con, table, rows: staged.append(rows.num_rows) or insert(con, table, rows))
+    settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
+    docs, _ = read_source(SAMPLE_CORPUS, settings.max_file_bytes)
+    with connect(settings) as con:
+        out = stage.ingest_documents(settings, con)
+        rows = con.execute("SELECT doc_id, content_hash, n_chars FROM documents").fetchall()
+    assert max(staged) == 2 and sum(staged) == len(docs) > 3
+    assert out.documents == len(docs) == len(rows) and out.changed == len(docs)
+    assert sorted(rows) == sorted((d.doc_id, d.content_hash, len(d.text)) for d in docs)

@@ -70,6 +70,18 @@ def test_checks_pass_on_the_sample_index(sample_settings):
     assert ctx.metadata["over_budget_contexts"].value == 0
 
 
+def test_a_query_check_drops_the_query_index_it_built(sample_settings):
+    """The index a check's queries build is of the run's own graph: it does not stay beside the run's later
+    steps."""
+    from lazyhippo.query import loader
+
+    res = LazyhippoResource(home=str(sample_settings.home), source=str(SAMPLE_CORPUS))
+    for check in (context_quality_check, theme_coverage_check, retrieval_quality_check):
+        loader.clear_cache()
+        assert evaluate(check, res) is not None, check.name  # it evaluated: its queries ran on a query index
+        assert not loader._CACHE, check.name
+
+
 def test_checks_fail_on_a_corpus_built_to_violate_them(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(SAMPLE_CORPUS, src)

@@ -313,3 +313,45 @@ def test_step_outputs_in_minio_go_with_a_successful_run_and_stay_with_a_failed_o
         assert again.success
     assert outputs(failed.run_id) == kept  # until the bucket's expiry rule (set by `lazyhippo cluster up`)
     minio_store.delete_prefix(f"dagster/{failed.run_id}/")
+
+
+def test_collecting_holds_a_bounded_group_of_extractions_and_no_chunk_text(tmp_path, monkeypatch, library_index):
+    """The collecting step decodes and inserts the extractions of about STORE_BATCH chunks at a time, and knows
+    the corpus's chunks by ids and hashes only: none of their texts is read."""
+    import lazyhippo.stages.extractions as ex
+
+    settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
+    objects = LocalObjectStore(tmp_path / "shared")
+    batches, _ = planned(settings, objects, "r")
+    stats = [extract_batch(settings, objects, b.keys) for b in batches]
+    with connect(settings) as con:
+        sizes = dict(con.execute("SELECT doc_id, count(*) FROM chunks GROUP BY doc_id").fetchall())
+    groups: list[int] = []
+    insert = ex._insert_extractions
+    monkeypatch.setattr(ex, "STORE_BATCH", 2)
+    monkeypatch.setattr(ex, "_insert_extractions", lambda con, ns, results, failures: groups.append(len(results))
+                        or insert(con, ns, results, failures))
+    monkeypatch.setattr(ex, "load_chunks", lambda *a, **k: pytest.fail("the collecting step read the chunks' texts"))
+    with connect(settings) as con:
+        collect_parts(settings, con, objects, batches, stats)
+    assert sum(groups) == sum(sizes.values()) and len(groups) > 2
+    assert max(groups) <= 2 - 1 + max(sizes.values())  # a group closes once it holds STORE_BATCH chunks
+    assert extracted(settings) == extracted(library_index)
+
+
+def test_rows_inserted_in_one_transaction_are_not_held_until_it_commits(tmp_path):
+    """DuckDB keeps a registered Arrow table alive until the transaction commits; `insert_rows` hands it a reader
+    of batches instead, so a loop of inserts in one transaction holds one table's rows at a time."""
+    import pyarrow as pa
+
+    from lazyhippo.stores.warehouse import insert_rows, transaction
+
+    settings = Settings(home=tmp_path / "h")
+    n = 20_000
+    with connect(settings) as con, transaction(con):
+        before = pa.total_allocated_bytes()
+        for i in range(4):
+            insert_rows(con, "extraction_failures", pa.table({
+                "namespace": ["default"] * n, "chunk_id": [f"c{i}-{j}" for j in range(n)], "reason": ["x" * 100] * n}))
+            assert pa.total_allocated_bytes() - before < n * 50  # not one table's 2 MB of reasons, let alone four
+        assert con.execute("SELECT count(*) FROM extraction_failures").fetchone()[0] == 4 * n

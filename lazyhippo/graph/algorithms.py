@@ -298,14 +298,22 @@ class MergedGraph:
         return len(self.weights)
 
 
-def merged_undirected(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]]) -> MergedGraph:
+def merged_undirected(node_ids: list[str], edges: "MergedGraph | Edges | Iterable[tuple[str, str, float]]") -> MergedGraph:
     """The graph both stores run their algorithms on: undirected, self-loops and unknown ends dropped,
-    parallel edges' weights summed."""
+    parallel edges' weights summed (a MergedGraph is that already)."""
+    if isinstance(edges, MergedGraph):
+        return edges
     e = Edges.of(edges)
-    a, b = positions(node_ids, e.sources), positions(node_ids, e.targets)
+    return merge_positions(len(node_ids), positions(node_ids, e.sources), positions(node_ids, e.targets), e.weights)
+
+
+def merge_positions(n_nodes: int, a: np.ndarray, b: np.ndarray, weights: np.ndarray) -> MergedGraph:
+    """Edges given by node positions (-1: unknown) merged undirected: self-loops and unknown ends dropped,
+    parallel edges' weights summed in the order given."""
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     keep = (a >= 0) & (b >= 0) & (a != b)
-    lo, hi, w = np.minimum(a, b)[keep], np.maximum(a, b)[keep], np.asarray(e.weights, dtype=np.float64)[keep]
-    n = max(len(node_ids), 1)
+    lo, hi, w = np.minimum(a, b)[keep], np.maximum(a, b)[keep], np.asarray(weights, dtype=np.float64)[keep]
+    n = max(n_nodes, 1)
     keys, slot = np.unique(lo * n + hi, return_inverse=True)
     sums = np.bincount(slot, weights=w, minlength=len(keys))
     return MergedGraph(np.stack([keys // n, keys % n], axis=1), sums)
@@ -334,7 +342,7 @@ def weighted_igraph(node_ids: list[str], edges: "Edges | MergedGraph | Iterable[
     return g
 
 
-def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]],
+def detect_communities(node_ids: list[str], edges: "MergedGraph | Edges | Iterable[tuple[str, str, float]]",
                        algorithm: str = "leiden", seed: int = 42, initial: Sequence[list[int] | None] | None = None,
                        g=None, resolutions: Sequence[float] = (1.0,)) -> Communities:
     """Every node gets a community (isolated nodes are singletons); seeded so re-runs agree. Levels coarse to
@@ -369,8 +377,8 @@ def detect_communities(node_ids: list[str], edges: Edges | Iterable[tuple[str, s
     return Communities(levels[-1].membership, levels[-1].modularity, ran, levels)
 
 
-def pagerank(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]], damping: float = 0.85,
-             merged: MergedGraph | None = None) -> dict[str, float]:
+def pagerank(node_ids: list[str], edges: "MergedGraph | Edges | Iterable[tuple[str, str, float]]",
+             damping: float = 0.85) -> dict[str, float]:
     """Power iteration on the merged graph (scipy, one thread), dangling mass spread evenly: the same bits on
     every run. igraph's PRPACK sums in parallel and its last digits change from run to run, which reorders
     near-tied hubs, and with them community titles and summaries, between two indexes of the same corpus."""
@@ -378,7 +386,7 @@ def pagerank(node_ids: list[str], edges: Edges | Iterable[tuple[str, str, float]
 
     from lazyhippo.graph.ppr import personalized_pagerank, transition_matrix
 
-    merged = merged_undirected(node_ids, edges) if merged is None else merged
+    merged = merged_undirected(node_ids, edges)
     n = len(node_ids)
     if not n:
         return {}

@@ -7,6 +7,7 @@ import json
 import logging
 from dataclasses import dataclass
 from itertools import groupby
+from typing import Sequence
 
 import duckdb
 import pyarrow as pa
@@ -171,8 +172,10 @@ def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: froze
                         capped_documents=len(capped))
 
 
-def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str) -> list[Chunk]:
+def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str, doc_ids: Sequence[str] | None = None) -> list[Chunk]:
+    """The namespace's chunks (of `doc_ids` only, when given) by document and position."""
     cols = list(Chunk.__dataclass_fields__)
-    rows = con.execute(f"SELECT {', '.join(cols)} FROM chunks WHERE namespace = ? ORDER BY doc_id, position",
-                       [namespace]).fetchall()
+    where, params = ("AND doc_id IN (SELECT unnest(?))", [list(doc_ids)]) if doc_ids is not None else ("", [])
+    rows = con.execute(f"SELECT {', '.join(cols)} FROM chunks WHERE namespace = ? {where} ORDER BY doc_id, position",
+                       [namespace, *params]).fetchall()
     return [Chunk(*r) for r in rows]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 from typing import Callable
 
 import duckdb
@@ -32,3 +34,14 @@ def record_usage(con: duckdb.DuckDBPyConnection, namespace: str, run_id: str | N
                     "VALUES (?, ?, ?, ?, ?, ?)", [namespace, run_id, r["operation"], r["model"], r["prompt_tokens"],
                                                   r["completion_tokens"]])
     return rows
+
+
+def give_back_memory() -> None:
+    """Return the heap a finished stage freed to the system: glibc keeps freed pages for reuse, so the next step
+    would start from the last one's peak (after the context check's query index at 10,000 documents, 517 MB
+    resident instead of 325 MB). Elsewhere than glibc, only the collection."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

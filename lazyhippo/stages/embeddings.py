@@ -3,6 +3,9 @@ with the same model."""
 
 from __future__ import annotations
 
+from itertools import chain, islice
+from typing import Iterable, Iterator
+
 import duckdb
 import pyarrow as pa
 
@@ -10,52 +13,74 @@ from lazyhippo.models.embedders import embedding_model_name, get_embedder
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.results import EmbeddingsResult
-from lazyhippo.stores.warehouse import quantize, transaction
+from lazyhippo.stores.warehouse import count, insert_rows, quantize, transaction
 
 
 EMBED_BATCH = 4096  # texts per embed call: the tokenizer's output and the vectors of one batch at a time
 
 
-def _embed_missing(con, settings: Settings, kind: str, items: list[tuple[str, str]], embedder) -> int:
+def _embed_missing(con, settings: Settings, kind: str, items: Iterable[tuple[str, str]], embedder) -> int:
     """Embed items whose stored vector came from another model or another text (keyed by the text's hash, so a
-    changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind, the vectors
-    embedded and written EMBED_BATCH texts at a time (a text's vector does not depend on its batch)."""
+    changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind; `items` are
+    taken EMBED_BATCH at a time, each batch's missing texts embedded and written before the next is read (a
+    text's vector does not depend on its batch), so no more than one batch of texts is held."""
     ns = settings.namespace
-    have = {i: (m, h) for i, m, h in con.execute(
-        "SELECT item_id, model, text_hash FROM embeddings WHERE namespace = ? AND kind = ?", [ns, kind]).fetchall()}
-    hashes = {i: sha(t, 32) for i, t in items}
-    todo = [(i, t) for i, t in items if have.get(i) != (embedder.name, hashes[i])]
-    stale = [i for i in have if i not in hashes] + [i for i, _ in todo if i in have]
+    seen: set[str] = set()
+    embedded = 0
     with transaction(con):
-        if stale:
-            con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
-                        [ns, kind, stale])
-        for start in range(0, len(todo), EMBED_BATCH):
-            batch = todo[start:start + EMBED_BATCH]
-            _append_vectors(con, ns, kind, [i for i, _ in batch], embedder.embed([t for _, t in batch]), embedder.name,
-                            [hashes[i] for i, _ in batch])
-    return len(todo)
+        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND model <> ?", [ns, kind, embedder.name])
+        have = dict(con.execute("SELECT item_id, text_hash FROM embeddings WHERE namespace = ? AND kind = ?",
+                                [ns, kind]).fetchall())  # of this model: the others were just dropped
+        for batch in _batches(items, EMBED_BATCH):
+            seen.update(i for i, _ in batch)
+            todo = [(i, t, h) for i, t in batch if have.get(i, "") != (h := sha(t, 32))]
+            if not todo:
+                continue
+            _delete(con, ns, kind, [i for i, _, _ in todo if i in have])
+            _append_vectors(con, ns, kind, [i for i, _, _ in todo], embedder.embed([t for _, t, _ in todo]),
+                            embedder.name, [h for _, _, h in todo])
+            embedded += len(todo)
+        _delete(con, ns, kind, [i for i in have if i not in seen])
+    return embedded
+
+
+def _batches(items: Iterable, n: int) -> Iterator[list]:
+    it = iter(items)
+    while batch := list(islice(it, n)):
+        yield batch
+
+
+def _delete(con, ns: str, kind: str, ids: list[str]) -> None:
+    if ids:
+        con.execute("DELETE FROM embeddings WHERE namespace = ? AND kind = ? AND item_id IN (SELECT unnest(?))",
+                    [ns, kind, ids])
 
 
 def _append_vectors(con, ns, kind, ids, vectors, model, text_hashes):
     quantized, scale = quantize(vectors)
-    table = pa.table({"namespace": [ns] * len(ids), "kind": [kind] * len(ids), "item_id": ids,
-                      "model": [model] * len(ids), "text_hash": text_hashes, "vector": quantized, "scale": scale})
-    con.register("_vecs", table)
+    insert_rows(con, "embeddings", pa.table({"namespace": [ns] * len(ids), "kind": [kind] * len(ids), "item_id": ids,
+                                             "model": [model] * len(ids), "text_hash": text_hashes,
+                                             "vector": quantized, "scale": scale}))
+
+
+def _rows(con: duckdb.DuckDBPyConnection, sql: str, ns: str) -> Iterator[tuple[str, str]]:
+    """The query's rows EMBED_BATCH at a time, through a cursor of their own (the writes between two batches
+    go through `con`)."""
+    cur = con.cursor()
     try:
-        con.execute("INSERT INTO embeddings BY NAME SELECT * FROM _vecs")
+        cur.execute(sql, [ns])
+        yield from chain.from_iterable(iter(lambda: cur.fetchmany(EMBED_BATCH), []))
     finally:
-        con.unregister("_vecs")
+        cur.close()
 
 
 def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> EmbeddingsResult:
     ns = settings.namespace
     embedder = get_embedder(settings.embedder, settings.embedding_model)
-    chunks = con.execute("SELECT chunk_id, title || E'\\n' || text FROM chunks WHERE namespace = ?", [ns]).fetchall()
-    entities = con.execute("SELECT entity_id, name FROM entities WHERE namespace = ?", [ns]).fetchall()
-    facts = con.execute("SELECT fact_id, text FROM facts WHERE namespace = ?", [ns]).fetchall()
-    done = {kind: _embed_missing(con, settings, kind, items, by)
-            for kind, items, by in (("chunk", chunks, embedder.passages), ("entity", entities, embedder),
-                                    ("fact", facts, embedder))}
-    return EmbeddingsResult(model=embedding_model_name(settings.embedder, settings.embedding_model), chunks=len(chunks), entities=len(entities), facts=len(facts),
-                            newly_embedded=sum(done.values()))
+    kinds = (("chunk", "SELECT chunk_id, title || E'\\n' || text FROM chunks WHERE namespace = ?", embedder.passages),
+             ("entity", "SELECT entity_id, name FROM entities WHERE namespace = ?", embedder),
+             ("fact", "SELECT fact_id, text FROM facts WHERE namespace = ?", embedder))
+    done = sum(_embed_missing(con, settings, kind, _rows(con, sql, ns), by) for kind, sql, by in kinds)
+    return EmbeddingsResult(model=embedding_model_name(settings.embedder, settings.embedding_model),
+                            chunks=count(con, "chunks", ns), entities=count(con, "entities", ns),
+                            facts=count(con, "facts", ns), newly_embedded=done)

@@ -201,20 +201,18 @@ def export_query(table: str) -> str:
     return f"SELECT * FROM {table} WHERE namespace = ? ORDER BY {order}"
 
 
-def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> tuple[int, bytes]:
-    """The namespace's rows of `table`, sorted (equal rows, the same object), as zstd Parquet written batch by
-    batch through a temporary file: memory holds one batch and the compressed object, never the whole table."""
+def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str, path: Path) -> int:
+    """The namespace's rows of `table`, sorted (equal rows, the same object), written to `path` as zstd Parquet
+    batch by batch: memory holds one batch, never the whole table nor its compressed object."""
     import pyarrow.parquet as pq
 
     reader = con.sql(export_query(table), params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
     rows = 0
-    with tempfile.TemporaryDirectory(prefix="lazyhippo-export-") as tmp:
-        path = Path(tmp) / f"{table}.parquet"
-        with pq.ParquetWriter(path, reader.schema, **PARQUET_ZSTD) as writer:
-            for batch in reader:
-                writer.write_batch(batch)
-                rows += batch.num_rows
-        return rows, path.read_bytes()
+    with pq.ParquetWriter(path, reader.schema, **PARQUET_ZSTD) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    return rows
 
 
 def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: ObjectStore, run_id: str = "manual") -> ExportsResult:
@@ -232,10 +230,12 @@ def export_parquet(settings: Settings, con: duckdb.DuckDBPyConnection, store: Ob
         if latest.get(table, {}).get("fingerprint") == fingerprint:
             manifest[table] = latest[table]
             continue
-        rows, data = _sorted_parquet(con, table, ns)
         key = f"{ns}/tables/{table}.parquet"
-        manifest[table] = {"key": key, "rows": rows, "bytes": len(data), "md5": store.put(key, data),
-                           "fingerprint": fingerprint}
+        with tempfile.TemporaryDirectory(prefix="lazyhippo-export-") as tmp:
+            path = Path(tmp) / f"{table}.parquet"
+            rows = _sorted_parquet(con, table, ns, path)
+            manifest[table] = {"key": key, "rows": rows, "bytes": path.stat().st_size, "md5": store.put_file(key, path),
+                               "fingerprint": fingerprint}
         written.append(table)
     body = json.dumps(manifest, indent=1, sort_keys=True).encode()
     store.put(f"{ns}/runs/{run_id}/manifest.json", body)

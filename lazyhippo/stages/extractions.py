@@ -17,7 +17,8 @@ import io
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from itertools import chain, groupby
+from typing import NamedTuple, Sequence
 
 import duckdb
 import polars as pl
@@ -36,7 +37,7 @@ from lazyhippo.models.extractors import (
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.chunks import Chunk, load_chunks
-from lazyhippo.stages.common import Progress, record_usage, resolve_llm, with_namespace
+from lazyhippo.stages.common import Progress, give_back_memory, record_usage, resolve_llm, with_namespace
 from lazyhippo.stages.results import ExtractionsResult
 from lazyhippo.stores.objects import ObjectStore
 from lazyhippo.stores.warehouse import insert_rows, replace_rows, transaction
@@ -67,8 +68,38 @@ def part_key(namespace: str, doc_id: str) -> str:
     return f"{namespace}/parts/extractions/{doc_id}.parquet"
 
 
-def signature(chunks: list[Chunk], extractor: Extractor) -> str:
+def signature(chunks: Sequence[Chunk | ChunkKey], extractor: Extractor) -> str:
     return sha("|".join(sorted(ExtractionCache.key(c, extractor) for c in chunks)), 24)
+
+
+class ChunkKey(NamedTuple):
+    """What a chunk's extraction depends on (ExtractionCache.key reads these), without its text."""
+    chunk_id: str
+    title: str
+    section: str | None
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class DocChunks:
+    signature: str                # of the document's chunks and the extractor
+    chunk_ids: tuple[str, ...]    # by position
+
+
+KEY_ROWS = 10_000  # chunk rows read at a time for the signatures
+
+
+def documents_chunks(con: duckdb.DuckDBPyConnection, ns: str, extractor: Extractor) -> dict[str, DocChunks]:
+    """Per document (in doc_id order): its chunks' signature and ids, read KEY_ROWS rows at a time without the
+    texts, so planning and collecting hold ids and hashes for the corpus, never its text."""
+    cur = con.execute("SELECT doc_id, chunk_id, title, section, content_hash FROM chunks WHERE namespace = ? "
+                      "ORDER BY doc_id, position", [ns])
+    rows = chain.from_iterable(iter(lambda: cur.fetchmany(KEY_ROWS), []))
+    out = {}
+    for doc_id, group in groupby(rows, key=lambda r: r[0]):
+        keys = [ChunkKey(*r[1:]) for r in group]
+        out[doc_id] = DocChunks(signature(keys, extractor), tuple(k.chunk_id for k in keys))
+    return out
 
 
 def _parquet(frame: pl.DataFrame, metadata: dict[str, str] | None = None) -> bytes:
@@ -84,38 +115,36 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
     is missing or stale; each batch is written as objects of about `batch_chunks` chunks, at least one."""
     ns = settings.namespace
     extractor = extractor or _extractor(settings)
-    by_doc: dict[str, list[Chunk]] = defaultdict(list)
-    for c in load_chunks(con, ns):
-        by_doc[c.doc_id].append(c)
+    docs = documents_chunks(con, ns, extractor)
     held = dict(con.execute("SELECT doc_id, signature FROM extraction_parts WHERE namespace = ?", [ns]).fetchall())
-    todo = [d for d in sorted(by_doc) if (only is None or d in only) and held.get(d) != signature(by_doc[d], extractor)]
+    todo = [d for d in sorted(docs) if (only is None or d in only) and held.get(d) != docs[d].signature]
     prefix = part_key(ns, "")[:-len(".parquet")]
     stored = {k[len(prefix):-len(".parquet")] for k in objects.list(prefix)} if todo else set()
-    total = sum(len(by_doc[d]) for d in todo)
+    total = sum(len(docs[d].chunk_ids) for d in todo)
     n = max(1, min(batches, total // batch_chunks))
     groups: list[list[str]] = [[] for _ in range(n)]
     seen = 0
     for doc_id in todo:  # where a document starts in the run's chunks decides its batch: even to one document
         groups[seen * n // total].append(doc_id)
-        seen += len(by_doc[doc_id])
+        seen += len(docs[doc_id].chunk_ids)
     planned = []
     for group in filter(None, groups):
         name = f"b{len(planned):05d}"
         keys, current, size = [], [], 0
         for doc_id in group:
             current.append(doc_id)
-            size += len(by_doc[doc_id])
+            size += len(docs[doc_id].chunk_ids)
             if size >= batch_chunks or doc_id == group[-1]:
                 key = f"{ns}/work/{run_id}/{name}-{len(keys):05d}.parquet"
                 # the types from every row: a section or page may first appear after the first hundred chunks
                 # with the documents that hold a part (a run that died after extracting them): only those are read
-                frame = pl.DataFrame([c for d in current for c in by_doc[d]], infer_schema_length=None)
+                frame = pl.DataFrame(load_chunks(con, ns, current), infer_schema_length=None)
                 objects.put(key, _parquet(frame, {STORED_PARTS: json.dumps([d for d in current if d in stored])}))
                 keys.append(key)
                 current, size = [], 0
         planned.append(Batch(tuple(keys), name, tuple(group)))
-    return planned, {"documents": len(by_doc), "documents_to_extract": len(todo), "batches": len(planned),
-                     "documents_unchanged": len(by_doc) - len(todo)}
+    return planned, {"documents": len(docs), "documents_to_extract": len(todo), "batches": len(planned),
+                     "documents_unchanged": len(docs) - len(todo)}
 
 
 Part = tuple[str, dict[str, Extraction], dict[str, str]]  # (signature, results by chunk, failures by chunk)
@@ -223,9 +252,7 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
     ns = settings.namespace
     release_workers()  # every batch has run: the graph stages after this need the workers' memory
     extractor = _extractor(settings)
-    by_doc: dict[str, list[Chunk]] = defaultdict(list)
-    for c in load_chunks(con, ns):
-        by_doc[c.doc_id].append(c)
+    by_doc = documents_chunks(con, ns, extractor)
     located = {d: key for s in stats if s for key, doc_ids in s.get("bundles", ()) for d in doc_ids}
     # a bundle's documents side by side, so each bundle is read once; a document in none is read alone
     docs = sorted({d for b in batches for d in b.doc_ids if d in by_doc}, key=lambda d: (located.get(d, ""), d))
@@ -235,11 +262,12 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
             groups.append([])
             size = 0
         groups[-1].append(doc_id)
-        size += len(by_doc[doc_id])
+        size += len(by_doc[doc_id].chunk_ids)
     held = []
     written: Counter = Counter()
     bundle_key, bundle = None, {}
     with transaction(con):
+        _clear_extractions(con, ns, [c for d in docs for c in by_doc[d].chunk_ids])
         for group in groups:
             results: dict[str, Extraction] = {}
             failures: dict[str, str] = {}
@@ -248,13 +276,14 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
                     bundle_key, bundle = located[doc_id], _read_bundle(objects, located[doc_id])
                 data = bundle.get(doc_id) or _get(objects, part_key(ns, doc_id))
                 part = _decode_part(data) if data else None
-                if part is None or part[0].removeprefix(RETRY) != signature(by_doc[doc_id], extractor):
+                if part is None or part[0].removeprefix(RETRY) != by_doc[doc_id].signature:
                     raise RuntimeError(f"extraction part of document {doc_id} is missing or stale in {objects.uri}: "
                                        "a batch step failed; run the index again (finished parts are kept)")
                 results.update(part[1])
                 failures.update(part[2])
                 held.append((ns, doc_id, part[0]))
-            written.update(store_extractions(con, ns, results, failures, [c.chunk_id for d in group for c in by_doc[d]]))
+            written.update(_insert_extractions(con, ns, results, failures))
+        _drop_orphan_extractions(con, ns)
         gone = [r[0] for r in con.execute("SELECT doc_id FROM extraction_parts WHERE namespace = ? AND doc_id NOT IN "
                                           "(SELECT doc_id FROM chunks WHERE namespace = ?)", [ns, ns]).fetchall()]
         con.execute("DELETE FROM extraction_parts WHERE namespace = ? AND doc_id IN (SELECT unnest(?))",
@@ -278,11 +307,12 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
             con.execute("INSERT INTO token_usage (namespace, run_id, stage, model, prompt_tokens, completion_tokens) "
                         "VALUES (?, ?, ?, ?, ?, ?)", [ns, run_id, u["operation"], u["model"], u["prompt_tokens"],
                                                       u["completion_tokens"]])
-    n_chunks = sum(len(v) for v in by_doc.values())
+    give_back_memory()
+    n_chunks = sum(len(v.chunk_ids) for v in by_doc.values())
     # cached: chunks whose held extraction was reused, from a part, the local cache, or the warehouse itself
     return {"documents_extracted": len(held), "documents_removed": len(gone), "chunks": n_chunks,
             "cached": n_chunks - totals["computed"] - totals["failed"], "computed": totals["computed"], "failed": totals["failed"],
-            "parts_kept": totals["parts_kept"], "extractor": f"{extractor.name}:{extractor.model}", **written}
+            "parts_kept": totals["parts_kept"], "extractor": f"{extractor.name}:{extractor.model}", **_figures(written)}
 
 
 def make_extractor(settings: Settings, llm=None):
@@ -308,7 +338,7 @@ EXTRACTION_SCHEMAS = {
 }
 
 
-STORE_BATCH = 2000  # chunks whose rows are built and inserted at a time: the rows never all sit in memory at once
+STORE_BATCH = 500  # chunks whose rows are built and inserted at a time: the rows never all sit in memory at once
 
 
 def _extraction_rows(results: dict[str, Extraction]) -> dict[str, list[dict]]:
@@ -321,28 +351,47 @@ def _extraction_rows(results: dict[str, Extraction]) -> dict[str, list[dict]]:
     return rows
 
 
-def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
-                      failures: dict[str, str], scope: list[str] | None = None) -> dict:
-    """Write the extracted_* rows of `results` (chunk_id -> extraction): the namespace's rows, or only those of
-    the chunks in `scope`; rows of chunks no longer in `chunks` go either way. One transaction, rows built and
-    inserted STORE_BATCH chunks at a time."""
+def _clear_extractions(con: duckdb.DuckDBPyConnection, ns: str, scope: list[str] | None) -> None:
+    """Delete the extracted_* rows of the chunks in `scope` (of the namespace, when None)."""
     where, params = ("AND chunk_id IN (SELECT unnest(?))", [scope]) if scope is not None else ("", [])
+    for table in EXTRACTION_SCHEMAS:
+        replace_rows(con, table, ns, None, where, params)
+
+
+def _insert_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+                        failures: dict[str, str]) -> Counter:
+    """Append the extracted_* rows of `results` and `failures`, built and inserted STORE_BATCH chunks at a time."""
     written: Counter = Counter()
     ids = list(results)
-    with transaction(con):
-        for table in EXTRACTION_SCHEMAS:
-            replace_rows(con, table, ns, None, where, params)
-        for i in range(0, len(ids), STORE_BATCH):
-            for table, rows in _extraction_rows({c: results[c] for c in ids[i:i + STORE_BATCH]}).items():
-                written[table] += insert_rows(con, table, with_namespace(
-                    pa.Table.from_pylist(rows, EXTRACTION_SCHEMAS[table]), ns))
-        insert_rows(con, "extraction_failures", with_namespace(pa.Table.from_pylist(
-            [{"chunk_id": c, "reason": r} for c, r in failures.items()], EXTRACTION_SCHEMAS["extraction_failures"]), ns))
-        for table in EXTRACTION_SCHEMAS:
-            con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
-                        "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
+    for i in range(0, len(ids), STORE_BATCH):
+        for table, rows in _extraction_rows({c: results[c] for c in ids[i:i + STORE_BATCH]}).items():
+            written[table] += insert_rows(con, table, with_namespace(
+                pa.Table.from_pylist(rows, EXTRACTION_SCHEMAS[table]), ns))
+    insert_rows(con, "extraction_failures", with_namespace(pa.Table.from_pylist(
+        [{"chunk_id": c, "reason": r} for c, r in failures.items()], EXTRACTION_SCHEMAS["extraction_failures"]), ns))
+    return written
+
+
+def _drop_orphan_extractions(con: duckdb.DuckDBPyConnection, ns: str) -> None:
+    """Rows of chunks no longer in `chunks` go."""
+    for table in EXTRACTION_SCHEMAS:
+        con.execute(f"DELETE FROM {table} WHERE namespace = ? AND chunk_id NOT IN "
+                    "(SELECT chunk_id FROM chunks WHERE namespace = ?)", [ns, ns])
+
+
+def _figures(written: Counter) -> dict:
     return {"raw_entities": written["extracted_entities"], "raw_relations": written["extracted_relations"],
             "facts": written["extracted_facts"]}
+
+
+def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+                      failures: dict[str, str]) -> dict:
+    """Write the namespace's extracted_* rows from `results` (chunk_id -> extraction), in one transaction."""
+    with transaction(con):
+        _clear_extractions(con, ns, None)
+        written = _insert_extractions(con, ns, results, failures)
+        _drop_orphan_extractions(con, ns)
+    return _figures(written)
 
 
 def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extractor=None,

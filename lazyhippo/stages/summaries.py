@@ -23,7 +23,10 @@ def _sentences(description: str) -> list[str]:
     return [s.strip() for s in (description or "").split(" | ") if s.strip()]
 
 
-def summarize_extractive(community_id: str, members: list[dict], max_hubs: int = 5,
+MAX_HUBS = 5  # hub entities a community's extractive summary names
+
+
+def summarize_extractive(community_id: str, members: list[dict], max_hubs: int = MAX_HUBS,
                          max_chars: int = 900) -> CommunitySummary:
     """members: dicts with name, description, score (hub strength). Hubs first, their descriptions after."""
     hubs = sorted(members, key=lambda m: (-m["score"], m["name"]))[:max_hubs]

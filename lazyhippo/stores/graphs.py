@@ -48,14 +48,6 @@ class EmbeddedGraphStore:
     name = "embedded"
     exact_knn = True
 
-    def __init__(self) -> None:
-        self._built: tuple | None = None  # (node_ids, edges, merged): communities and PageRank share one merge
-
-    def _merged(self, node_ids, edges):
-        if self._built is None or self._built[0] is not node_ids or self._built[1] is not edges:
-            self._built = (node_ids, edges, graph.merged_undirected(node_ids, edges))
-        return self._built[2]
-
     def sync(self, con, namespace, asset):
         return {}
 
@@ -65,11 +57,11 @@ class EmbeddedGraphStore:
         return graph.knn_edges(ids, vectors, top_k, cutoff)
 
     def communities(self, namespace, node_ids, edges, algorithm, initial=None, resolutions=(1.0,)):
-        g = graph.weighted_igraph(node_ids, self._merged(node_ids, edges))
+        g = graph.weighted_igraph(node_ids, edges)
         return graph.detect_communities(node_ids, edges, algorithm, initial=initial, g=g, resolutions=resolutions)
 
     def pagerank(self, namespace, node_ids, edges):
-        return graph.pagerank(node_ids, edges, merged=self._merged(node_ids, edges))
+        return graph.pagerank(node_ids, edges)
 
     def ppr_backend(self, namespace):
         return None

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+from pathlib import Path
 
-from lazyhippo.stores.objects import ObjectStoreError
+from lazyhippo.stores.objects import ObjectStoreError, file_md5
 
 _SINGLE_PART_MAX = 5 * 1024 ** 3           # S3's largest single PUT
 
@@ -108,14 +109,19 @@ class MinioObjectStore:
         return etag == md5 or meta.get("x-amz-meta-md5") == md5
 
     def put(self, key: str, data: bytes) -> str:
+        return self._put(key, hashlib.md5(data).hexdigest(), len(data), lambda: io.BytesIO(data))
+
+    def put_file(self, key: str, path: Path) -> str:
+        return self._put(key, file_md5(path), path.stat().st_size, lambda: open(path, "rb"))
+
+    def _put(self, key: str, md5: str, size: int, reader) -> str:
         self.ensure_bucket("writing", key)
-        md5 = hashlib.md5(data).hexdigest()
         try:
-            if self._same(self._stat(key), md5, len(data)):
+            if self._same(self._stat(key), md5, size):
                 return md5  # unchanged: no rewrite
-            part = min(max(len(data), 5 * 1024 * 1024), _SINGLE_PART_MAX)
-            written = self.client.put_object(self.bucket, key, io.BytesIO(data), len(data), part_size=part,
-                                             metadata={"md5": md5})
+            part = min(max(size, 5 * 1024 * 1024), _SINGLE_PART_MAX)
+            with reader() as body:
+                written = self.client.put_object(self.bucket, key, body, size, part_size=part, metadata={"md5": md5})
             if (written.etag or "").strip('"') == md5:  # a single-part upload's etag is its md5: nothing to ask
                 return md5
             stat = self._stat(key)
@@ -123,10 +129,10 @@ class MinioObjectStore:
             raise self._error(exc, "writing", key) from exc
         if stat is None:
             raise ObjectStoreError(f"MinIO at {self._url}: s3://{self.bucket}/{key} missing right after the write")
-        if stat.size != len(data):
+        if stat.size != size:
             raise ObjectStoreError(f"MinIO at {self._url}: short write for s3://{self.bucket}/{key}: "
-                                   f"{stat.size} != {len(data)} bytes")
-        if not self._same(stat, md5, len(data)):
+                                   f"{stat.size} != {size} bytes")
+        if not self._same(stat, md5, size):
             raise ObjectStoreError(f"MinIO at {self._url}: etag {stat.etag} of s3://{self.bucket}/{key} "
                                    f"does not match the md5 {md5} of the data")
         return md5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Protocol
 
@@ -10,6 +11,10 @@ from typing import Protocol
 class ObjectStore(Protocol):
     def put(self, key: str, data: bytes) -> str:
         """Store `data` under `key` idempotently; return its content md5 (verified after the write)."""
+        ...
+
+    def put_file(self, key: str, path: Path) -> str:
+        """`put` of the file at `path`, read in pieces: a large object never sits in memory whole."""
         ...
 
     def get(self, key: str) -> bytes:
@@ -28,6 +33,17 @@ class ObjectStoreError(RuntimeError):
     pass
 
 
+PIECE = 8 * 1024 * 1024  # bytes of a file read at a time
+
+
+def file_md5(path: Path) -> str:
+    md5 = hashlib.md5()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(PIECE), b""):
+            md5.update(piece)
+    return md5.hexdigest()
+
+
 class LocalObjectStore:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -43,16 +59,21 @@ class LocalObjectStore:
         return path
 
     def put(self, key: str, data: bytes) -> str:
+        return self._put(key, hashlib.md5(data).hexdigest(), len(data), lambda tmp: tmp.write_bytes(data))
+
+    def put_file(self, key: str, path: Path) -> str:
+        return self._put(key, file_md5(path), path.stat().st_size, lambda tmp: shutil.copyfile(path, tmp))
+
+    def _put(self, key: str, md5: str, size: int, write) -> str:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        md5 = hashlib.md5(data).hexdigest()
-        if path.exists() and hashlib.md5(path.read_bytes()).hexdigest() == md5:
+        if path.exists() and path.stat().st_size == size and file_md5(path) == md5:
             return md5  # unchanged: no rewrite
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
+        write(tmp)
         tmp.replace(path)
-        if path.stat().st_size != len(data):
-            raise ObjectStoreError(f"short write for {key}: {path.stat().st_size} != {len(data)} bytes")
+        if path.stat().st_size != size:
+            raise ObjectStoreError(f"short write for {key}: {path.stat().st_size} != {size} bytes")
         return md5
 
     def get(self, key: str) -> bytes:
