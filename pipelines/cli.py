@@ -1066,6 +1066,23 @@ def bench_knn_synth(home: Path = KnnHome, namespace: str = KnnNamespace,
     console.print(f"{synth(home, namespace, out, copies, noise):,} vectors in {out}")
 
 
+@bench.command("memory")
+def bench_memory(home: Path = typer.Argument(..., help="An indexed home (a copy: the stages rewrite its tables)."),
+                 namespace: str = typer.Option("default", help="The namespace whose stages run.")) -> None:
+    """Peak resident memory of each index stage, run one after another in this process on an indexed home as an
+    index run runs them: resident MB before, peak (with the extraction workers), after, and seconds."""
+    import polars as pl
+
+    from lazyhippo_dagster.bench_memory import stage_memory
+
+    if not (home / "warehouse.duckdb").is_file():
+        console.print(f"[red]error:[/red] HOME {home}: no index here (warehouse.duckdb missing)")
+        raise typer.Exit(2)
+    rows = stage_memory(home, namespace, progress=lambda r: console.print(
+        f"[bold]{r['step']}[/bold]: peak {r['peak MB']:,} MB, {r['seconds']} s"))
+    _print_frame(pl.DataFrame(rows), f"index stages on {home} ({namespace}); load average {os.getloadavg()[0]:.1f}")
+
+
 def _rounded(result, digits: int = 2):
     """A bench result's floats rounded for display (the bench functions keep them exact for their ratios)."""
     if isinstance(result, dict):

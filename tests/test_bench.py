@@ -430,3 +430,18 @@ def test_bench_index_stages_times_every_stage_of_one_library_index(tmp_path):
     assert (tmp_path / "w" / "home" / "published").is_dir()
     missing = CliRunner().invoke(app, ["bench", "index", "--stages", "--corpus", str(tmp_path / "nope.jsonl")])
     assert missing.exit_code == 2 and "nope.jsonl does not exist" in " ".join(missing.output.split())
+
+
+def test_bench_memory_runs_every_stage_on_a_copy_and_leaves_its_answers(sample_settings, tmp_path):
+    """`lazyhippo bench memory`: every step measured in turn on a copy of an indexed home, which still answers."""
+    import shutil
+
+    from lazyhippo_dagster.bench_memory import stage_memory
+
+    home = tmp_path / "copy"
+    shutil.copytree(sample_settings.home, home, ignore=shutil.ignore_patterns("*.lock"))
+    rows = stage_memory(home, sample_settings.namespace)
+    assert [r["step"] for r in rows][:2] == ["documents", "extraction batches"] and rows[-1]["step"] == "publishing"
+    assert all(r["peak MB"] >= min(r["before MB"], r["after MB"]) > 0 for r in rows)
+    out = CliRunner().invoke(app, ["bench", "memory", str(tmp_path / "nowhere")])
+    assert out.exit_code == 2 and "warehouse.duckdb missing" in out.output

@@ -1,8 +1,8 @@
-"""Peak resident memory of the index stages, run one after another in this process on an indexed home, as an
-index run runs them (docs/benchmarks.md, "Memory flat in corpus size"). Run it on a copy: the stages rewrite
-the home's tables (the same rows for the same code).
+"""`lazyhippo bench memory`: peak resident memory of the index stages, run one after another in this process on an
+indexed home, as an index run runs them (docs/benchmarks.md, "Memory flat in corpus size"). Run it on a copy:
+the stages rewrite the home's tables (the same rows for the same code).
 
-    python scripts/stage_memory.py HOME [NAMESPACE]
+    lazyhippo bench memory HOME [--namespace NAMESPACE]
 
 Per step: this process's resident MB before it, its peak while it ran (with its children: the extraction
 workers) and after it, and its seconds. The steps: documents; planning and extracting the batches (from the
@@ -14,10 +14,10 @@ publishing.
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from lazyhippo.evaluate.quality import probe_questions
 from lazyhippo.index import run_stage
@@ -35,7 +35,9 @@ def resident_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 1e6
 
 
-def main(home: Path, namespace: str) -> None:
+def stage_memory(home: Path, namespace: str, progress: Callable[[dict], None] = lambda _: None) -> list[dict]:
+    """Per step: resident MB before it, the peak of this process and its children while it ran, after it, and its
+    seconds; each row also goes to `progress` as it is measured."""
     settings = namespace_settings(home, namespace)
     store, objects, ns = EmbeddedGraphStore(), LocalObjectStore(settings.export_dir), settings.namespace
     run: dict = {}
@@ -84,15 +86,14 @@ def main(home: Path, namespace: str) -> None:
         "exports": warehouse(exports),
         "publishing": lambda: publish(settings),
     }
-    print(f"{'step':28s} {'before':>7s} {'peak':>7s} {'after':>7s} {'seconds':>8s}")
+    rows = []
     for name, step in steps.items():
         before = resident_mb()
         with TreeRss(every=0.05) as rss:
             t0 = time.perf_counter()
             step()
             seconds = time.perf_counter() - t0
-        print(f"{name:28s} {before:7.0f} {rss.peak / 1e6:7.0f} {resident_mb():7.0f} {seconds:8.1f}", flush=True)
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "default")
+        rows.append({"step": name, "before MB": round(before), "peak MB": round(rss.peak / 1e6),
+                     "after MB": round(resident_mb()), "seconds": round(seconds, 1)})
+        progress(rows[-1])
+    return rows
