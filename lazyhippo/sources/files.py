@@ -227,17 +227,26 @@ def iter_files(source: Path) -> list[Path]:
     return scan_source(source)[0]
 
 
-def read_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> tuple[list[Document], list[ReadError]]:
+def iter_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> Iterator[Document | ReadError]:
+    """The documents and read errors of `source`, file by file as they are read: a caller that consumes them
+    as they come holds one file's documents at a time, whatever the size of the source. A document id read
+    twice comes twice (the last one wins)."""
     source = source.resolve()
     root = source.parent if source.is_file() else source
     files, skipped = scan_source(source)
-    docs: dict[str, Document] = {}
-    errors: list[ReadError] = list(skipped)
+    yield from skipped
     with cpu_budget(limits):
         for path in files:
-            for item in read_path(path, root, max_bytes, limits):
-                if isinstance(item, ReadError):
-                    errors.append(item)
-                else:
-                    docs[item.doc_id] = item
+            yield from read_path(path, root, max_bytes, limits)
+
+
+def read_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> tuple[list[Document], list[ReadError]]:
+    """Every document of `source` at once (the last of a repeated id, in its first place), and the read errors."""
+    docs: dict[str, Document] = {}
+    errors: list[ReadError] = []
+    for item in iter_source(source, max_bytes, limits):
+        if isinstance(item, ReadError):
+            errors.append(item)
+        else:
+            docs[item.doc_id] = item
     return list(docs.values()), errors

@@ -16,7 +16,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.sources.files import MARKUP_KINDS, Document, Section, sha
 from lazyhippo.sources.markup import PATH_SEP
 from lazyhippo.stages.common import with_namespace
-from lazyhippo.stages.documents import load_documents
+from lazyhippo.stages.documents import iter_documents
 from lazyhippo.stages.results import ChunksResult
 from lazyhippo.stores.warehouse import replace_rows, transaction
 
@@ -143,31 +143,42 @@ def chunk_document(doc: Document, size: int = 256, overlap: int = 32,
 
 def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: frozenset[str] | None = None) -> ChunksResult:
     """Chunk the documents (of `only`, when given) that are new or changed since their chunks were made (recorded
-    in stage_inputs); the other documents keep their rows, and chunks of documents gone are dropped."""
-    from lazyhippo.stages.incremental import read_inputs, write_inputs
+    in stage_inputs); the other documents keep their rows, and chunks of documents gone are dropped. Documents
+    are read and their chunks written a batch at a time, in one transaction."""
+    from lazyhippo.stages.incremental import write_inputs
 
     ns = settings.namespace
-    docs = load_documents(con, ns)
-    inputs = {d.doc_id: sha(json.dumps([d.source, d.title, d.kind, d.content_hash, [s.__dict__ for s in d.sections],
-                                        settings.chunk_size, settings.chunk_overlap]), 32) for d in docs}
-    before = read_inputs(con, ns, "chunks")
-    chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ?", [ns]).fetchall()}
-    todo = [d for d in docs if (only is None or d.doc_id in only)
-            and (before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked)]
-    per_document = [chunk_document(d, settings.chunk_size, settings.chunk_overlap) for d in todo]
-    capped = [d.source for d, cs in zip(todo, per_document) if len(cs) >= MAX_CHUNKS_PER_DOCUMENT]
+    ids: list[pa.Array] = []
+    fingerprints: list[pa.Array] = []
+    rechunked, capped = 0, []
+    with transaction(con):
+        for docs in iter_documents(con, ns):
+            low, high = docs[0].doc_id, docs[-1].doc_id
+            inputs = {d.doc_id: sha(json.dumps([d.source, d.title, d.kind, d.content_hash, [s.__dict__ for s in d.sections],
+                                                settings.chunk_size, settings.chunk_overlap]), 32) for d in docs}
+            before = dict(con.execute("SELECT item_id, fingerprint FROM stage_inputs WHERE namespace = ? AND stage = 'chunks' "
+                                      "AND item_id BETWEEN ? AND ?", [ns, low, high]).fetchall())
+            chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ? AND doc_id BETWEEN ? AND ?",
+                                                 [ns, low, high]).fetchall()}
+            todo = [d for d in docs if (only is None or d.doc_id in only)
+                    and (before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked)]
+            per_document = [chunk_document(d, settings.chunk_size, settings.chunk_overlap) for d in todo]
+            capped += [d.source for d, cs in zip(todo, per_document) if len(cs) >= MAX_CHUNKS_PER_DOCUMENT]
+            rows = [c.__dict__ for cs in per_document for c in cs]
+            replace_rows(con, "chunks", ns, with_namespace(pa.Table.from_pylist(rows), ns) if rows else None,
+                         "AND doc_id IN (SELECT unnest(?))", [[d.doc_id for d in todo]])
+            rechunked += len(todo)
+            ids.append(pa.array(list(inputs), pa.string()))
+            fingerprints.append(pa.array(list(inputs.values()), pa.string()))
+        con.execute("DELETE FROM chunks WHERE namespace = ? AND doc_id NOT IN (SELECT doc_id FROM documents WHERE namespace = ?)",
+                    [ns, ns])
+        write_inputs(con, ns, "chunks", pa.table({"item_id": pa.chunked_array(ids, pa.string()),
+                                                  "fingerprint": pa.chunked_array(fingerprints, pa.string())}))
     if capped:
         log.warning("%d document(s) cut at %d chunks each: %s", len(capped), MAX_CHUNKS_PER_DOCUMENT, ", ".join(capped[:5]))
-    chunks = [c for cs in per_document for c in cs]
-    table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
-    with transaction(con):
-        replace_rows(con, "chunks", ns, with_namespace(table, ns) if table else None,
-                     "AND (doc_id IN (SELECT unnest(?)) OR doc_id NOT IN (SELECT doc_id FROM documents WHERE namespace = ?))",
-                     [[d.doc_id for d in todo], ns])
-        write_inputs(con, ns, "chunks", inputs)
     n, total, most = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0), coalesce(max(n_tokens), 0) FROM chunks "
                                  "WHERE namespace = ?", [ns]).fetchall()[0]
-    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=len(todo),
+    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=rechunked,
                         capped_documents=len(capped))
 
 
