@@ -1,9 +1,9 @@
 """The `documents` asset: read the source (all of it, or some files) into the documents table, skipping
 documents deleted earlier with unchanged content and reporting what cannot be read.
 
-Memory stays flat in the size of the source: files are read one at a time and their documents go in batches
-to a staging table of the connection; which documents are kept, changed or removed is then decided in SQL over
-ids and content hashes, and the namespace's rows are replaced in one transaction (a failed run changes nothing).
+Memory stays flat in the size of the source: files are read one at a time and their documents written in
+batches, only those new or changed; which indexed documents are kept or removed is decided in SQL over ids and
+content hashes. It all happens in one transaction, so a failed run changes nothing.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.results import DocumentsResult
 from lazyhippo.stores.warehouse import replace_rows, transaction
 
-# a batch of documents read or loaded at once: whichever bound comes first
+# a batch of documents read or loaded at once: at most this many, of about this many characters
 BATCH_DOCUMENTS = 1000
 BATCH_CHARS = 8_000_000
 _COLUMNS = ("doc_id", "source", "title", "kind", "content_hash", "n_chars", "sections")
 _SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("title", pa.string()), ("kind", pa.string()),
                      ("content_hash", pa.string()), ("n_chars", pa.int64()), ("sections", pa.string())])
-_STAGED = "lh_read_documents"  # a temporary table: it lives and dies with the connection
+# temporary tables of the connection: ids and hashes of the documents indexed before the run and of those read
+_TEMP = ("lh_indexed", "lh_read", "lh_document_plan")
 
 
 def read_namespace_source(settings: Settings) -> Iterator[Document | ReadError]:
@@ -39,35 +40,34 @@ def read_namespace_source(settings: Settings) -> Iterator[Document | ReadError]:
 def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: frozenset[str] | None = None) -> DocumentsResult:
     """Read the source; unreadable files are reported and skipped, and their earlier version is kept. With
     `only` (a run over some document partitions) or in mode "add", the other documents keep their rows as they are.
-    An empty source is an error, raised before anything is written, so a wrong or emptied path cannot wipe the
-    namespace."""
+    An empty source is an error that rolls the run back, so a wrong or emptied path cannot wipe the namespace."""
     from lazyhippo.stages.incremental import write_inputs
 
     ns = settings.namespace
+    p = {"ns": ns, "all": only is None, "add": settings.mode == "add"}
+    con.register("lh_only", pa.table({"doc_id": pa.array(sorted(only or ()), pa.string())}))
     try:
-        read, errors = _stage_source(con, read_namespace_source(settings))
-        if not read and not errors:
-            raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
-                             "(removing every document of a namespace is an explicit delete)")
-        con.register("lh_failed_files", pa.table({"file": pa.array(sorted({e.file for e in errors}), pa.string())}))
-        con.register("lh_only", pa.table({"doc_id": pa.array(sorted(only or ()), pa.string())}))
         with transaction(con):
-            counts = _replace(con, {"ns": ns, "all": only is None, "add": settings.mode == "add"})
+            con.execute("CREATE OR REPLACE TEMP TABLE lh_indexed AS SELECT doc_id, content_hash, source, title, kind, n_chars, "
+                        "md5(sections) AS body FROM documents WHERE namespace = $ns", {"ns": ns})
+            con.execute("CREATE OR REPLACE TEMP TABLE lh_read (doc_id VARCHAR PRIMARY KEY, content_hash VARCHAR, "
+                        "skipped BOOLEAN, wanted BOOLEAN)")
+            errors = _write_source(con, p, read_namespace_source(settings))
+            if not con.execute("SELECT count(*) FROM lh_read").fetchall()[0][0] and not errors:
+                raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
+                                 "(removing every document of a namespace is an explicit delete)")
+            counts = _remove_unread(con, p, {e.file for e in errors})
             write_inputs(con, ns, "documents", {"source": str(settings.source)})  # what `drop_vanished` may compare with
             err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
             replace_rows(con, "document_errors", ns, with_namespace(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
     finally:
-        for view in ("lh_failed_files", "lh_only"):
-            con.unregister(view)
-        con.execute(f"DROP TABLE IF EXISTS temp.{_STAGED}; DROP TABLE IF EXISTS temp.lh_document_plan")
+        con.unregister("lh_only")
+        con.execute("; ".join(f"DROP TABLE IF EXISTS temp.{t}" for t in _TEMP))
     return DocumentsResult(errors=errors, **counts)
 
 
-def _stage_source(con: duckdb.DuckDBPyConnection, items: Iterator[Document | ReadError]) -> tuple[int, list[ReadError]]:
-    """Write the documents `items` yields to the staging table in bounded batches (a repeated id: the last one
-    read wins); the number of distinct documents, and the read errors."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {_STAGED} (doc_id VARCHAR PRIMARY KEY, source VARCHAR, title VARCHAR, "
-                "kind VARCHAR, content_hash VARCHAR, n_chars BIGINT, sections VARCHAR)")
+def _write_source(con: duckdb.DuckDBPyConnection, p: dict, items: Iterator[Document | ReadError]) -> list[ReadError]:
+    """Write the documents `items` yields in bounded batches; the read errors."""
     errors: list[ReadError] = []
     batch: dict[str, dict] = {}
     chars = 0
@@ -80,61 +80,64 @@ def _stage_source(con: duckdb.DuckDBPyConnection, items: Iterator[Document | Rea
                               "content_hash": item.content_hash, "n_chars": len(item.text), "sections": sections}
         chars += len(sections)
         if len(batch) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
-            _stage(con, batch)
+            _write_batch(con, p, batch)
             batch, chars = {}, 0
-    _stage(con, batch)
-    return con.execute(f"SELECT count(*) FROM {_STAGED}").fetchall()[0][0], errors
+    _write_batch(con, p, batch)
+    return errors
 
 
-def _stage(con: duckdb.DuckDBPyConnection, batch: dict[str, dict]) -> None:
+def _write_batch(con: duckdb.DuckDBPyConnection, p: dict, batch: dict[str, dict]) -> None:
+    """Write the documents of `batch` that are new or changed. One deleted earlier with the same content is
+    skipped; the others are wanted (with `only`, those in it). An id read again in this run replaces what its
+    earlier reading wrote (the last one wins)."""
     if not batch:
         return
-    con.register("lh_batch", pa.Table.from_pylist(list(batch.values()), _SCHEMA))
-    try:
-        con.execute(f"INSERT OR REPLACE INTO {_STAGED} SELECT * FROM lh_batch")
-    finally:
-        con.unregister("lh_batch")
-
-
-def _replace(con: duckdb.DuckDBPyConnection, p: dict) -> dict[str, int]:
-    """Decide from ids and content hashes what becomes of each staged and each indexed document, then replace
-    the namespace's rows: only rows that differ are deleted and written. Call inside a transaction.
-
-    A staged document deleted earlier with the same content is skipped; the others are wanted (with `only`, those
-    in it). An indexed document not wanted is kept when outside `only`, in mode "add", or when it came from a file
-    that failed (the file itself, or a JSONL row `file#id`: matched by prefix, so a ':' or '#' in a file name
-    cannot detach a document from its file); else it is removed."""
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE lh_document_plan AS
-        WITH r AS (SELECT doc_id, content_hash, source, title, kind, n_chars, md5(sections) AS body FROM {_STAGED}),
-             d AS (SELECT doc_id, content_hash, source, title, kind, n_chars, md5(sections) AS body
-                   FROM documents WHERE namespace = $ns),
-             j AS (SELECT coalesce(r.doc_id, d.doc_id) AS doc_id, r.doc_id IS NOT NULL AS staged,
-                          d.doc_id IS NOT NULL AS indexed, d.source AS old_source,
-                          r.content_hash IS DISTINCT FROM d.content_hash AS new_content,
-                          (r.content_hash, r.source, r.title, r.kind, r.n_chars, r.body)
-                            IS NOT DISTINCT FROM (d.content_hash, d.source, d.title, d.kind, d.n_chars, d.body) AS same_row,
-                          coalesce(r.content_hash = x.content_hash, false) AS skipped,
-                          coalesce(r.doc_id, d.doc_id) IN (SELECT doc_id FROM lh_only) AS in_only
-                   FROM r FULL JOIN d ON d.doc_id = r.doc_id
-                   LEFT JOIN (SELECT doc_id, content_hash FROM deleted_documents WHERE namespace = $ns) x
-                     ON x.doc_id = r.doc_id),
-             w AS (SELECT *, staged AND NOT skipped AND ($all OR in_only) AS wanted FROM j)
-        SELECT doc_id, indexed, skipped, wanted, wanted AND new_content AS changed, wanted AND indexed AND same_row AS same_row,
-               indexed AND NOT wanted AND ((NOT $all AND NOT in_only) OR $add OR old_source IN (SELECT file FROM lh_failed_files)
-                   OR EXISTS (SELECT 1 FROM lh_failed_files f WHERE starts_with(old_source, f.file || '#'))) AS kept
-        FROM w""", p)
-    ns = p["ns"]
-    con.execute("DELETE FROM deleted_documents WHERE namespace = ? AND doc_id NOT IN "
-                "(SELECT doc_id FROM lh_document_plan WHERE skipped)", [ns])
-    con.execute("DELETE FROM documents WHERE namespace = ? AND doc_id IN "
-                "(SELECT doc_id FROM lh_document_plan WHERE indexed AND NOT kept AND NOT same_row)", [ns])
+    # both read by their variable names (DuckDB's replacement scan): a view registered inside the transaction
+    # would keep every batch alive until it ends
+    lh_batch = pa.Table.from_pylist(list(batch.values()), _SCHEMA)  # noqa: F841
+    lh_plan = con.sql("""
+        SELECT doc_id, content_hash, skipped, again, NOT skipped AND in_only AS wanted, same_row FROM (
+            SELECT b.doc_id, b.content_hash, coalesce(b.content_hash = x.content_hash, false) AS skipped,
+                   r.doc_id IS NOT NULL AS again, $all OR b.doc_id IN (SELECT doc_id FROM lh_only) AS in_only,
+                   r.doc_id IS NULL AND i.doc_id IS NOT NULL
+                     AND (b.content_hash, b.source, b.title, b.kind, b.n_chars, md5(b.sections))
+                         IS NOT DISTINCT FROM (i.content_hash, i.source, i.title, i.kind, i.n_chars, i.body) AS same_row
+            FROM lh_batch b
+            LEFT JOIN lh_read r ON r.doc_id = b.doc_id
+            LEFT JOIN lh_indexed i ON i.doc_id = b.doc_id
+            LEFT JOIN (SELECT doc_id, content_hash FROM deleted_documents WHERE namespace = $ns) x ON x.doc_id = b.doc_id)""",
+                      params={k: p[k] for k in ("ns", "all")}).to_arrow_table()  # noqa: F841
+    con.execute("DELETE FROM documents WHERE namespace = ? AND doc_id IN (SELECT doc_id FROM lh_plan "
+                "WHERE (wanted AND NOT same_row) OR (again AND skipped))", [p["ns"]])
     cols = ", ".join(_COLUMNS)
-    con.execute(f"INSERT INTO documents (namespace, {cols}) SELECT ?, {cols} FROM {_STAGED} WHERE doc_id IN "
-                "(SELECT doc_id FROM lh_document_plan WHERE wanted AND NOT same_row)", [ns])
-    documents, changed, removed, kept, skipped = con.execute(
-        "SELECT count(*) FILTER (wanted OR kept), count(*) FILTER (changed), count(*) FILTER (indexed AND NOT wanted AND NOT kept), "
-        "count(*) FILTER (kept), count(*) FILTER (skipped) FROM lh_document_plan").fetchall()[0]
-    return {"documents": documents, "changed": changed, "removed": removed, "kept_after_error": kept,
+    con.execute(f"INSERT INTO documents (namespace, {cols}) SELECT ?, {cols} FROM lh_batch "
+                "WHERE doc_id IN (SELECT doc_id FROM lh_plan WHERE wanted AND NOT same_row)", [p["ns"]])
+    con.execute("INSERT OR REPLACE INTO lh_read SELECT doc_id, content_hash, skipped, wanted FROM lh_plan")
+
+
+def _remove_unread(con: duckdb.DuckDBPyConnection, p: dict, failed_files: set[str]) -> dict[str, int]:
+    """Once the whole source is written: remove the indexed documents neither read again nor kept, and forget
+    the deletions whose document changed or vanished (it comes back when its content changes or it reappears).
+    An indexed document not wanted is kept when outside `only`, in mode "add", or when it came from a file that
+    failed (the file itself, or a JSONL row `file#id`: matched by prefix, so a ':' or '#' in a file name cannot
+    detach a document from its file). The counts of the DocumentsResult."""
+    lh_failed_files = pa.table({"file": pa.array(sorted(failed_files), pa.string())})  # noqa: F841 (read by name)
+    con.execute("""CREATE OR REPLACE TEMP TABLE lh_document_plan AS
+        SELECT doc_id, wanted, NOT wanted AND ((NOT $all AND doc_id NOT IN (SELECT doc_id FROM lh_only)) OR $add
+                   OR source IN (SELECT file FROM lh_failed_files)
+                   OR EXISTS (SELECT 1 FROM lh_failed_files f WHERE starts_with(source, f.file || '#'))) AS kept
+        FROM (SELECT i.doc_id, i.source, coalesce(r.wanted, false) AS wanted FROM lh_indexed i LEFT JOIN lh_read r USING (doc_id))""",
+                {k: p[k] for k in ("all", "add")})
+    ns = p["ns"]
+    con.execute("DELETE FROM documents WHERE namespace = ? AND doc_id IN "
+                "(SELECT doc_id FROM lh_document_plan WHERE NOT wanted AND NOT kept)", [ns])
+    con.execute("DELETE FROM deleted_documents WHERE namespace = ? AND doc_id NOT IN (SELECT doc_id FROM lh_read WHERE skipped)", [ns])
+    (wanted, changed, skipped), = con.execute(
+        "SELECT count(*) FILTER (r.wanted), count(*) FILTER (r.wanted AND r.content_hash IS DISTINCT FROM i.content_hash), "
+        "count(*) FILTER (r.skipped) FROM lh_read r LEFT JOIN lh_indexed i USING (doc_id)").fetchall()
+    (kept, removed), = con.execute("SELECT count(*) FILTER (kept), count(*) FILTER (NOT wanted AND NOT kept) "
+                                   "FROM lh_document_plan").fetchall()
+    return {"documents": wanted + kept, "changed": changed, "removed": removed, "kept_after_error": kept,
             "skipped_deleted": skipped}
 
 
@@ -142,10 +145,12 @@ def iter_documents(con: duckdb.DuckDBPyConnection, namespace: str) -> Iterator[l
     """The namespace's documents in id order, in batches of at most BATCH_DOCUMENTS documents and BATCH_CHARS
     characters before the last one: one batch in memory at a time. Each batch is one query over a range of ids,
     so the caller may write on `con` between batches."""
+    # each document weighs its characters, at least BATCH_CHARS / BATCH_DOCUMENTS: a batch is the documents whose
+    # running weight before them falls in one multiple of BATCH_CHARS
     ranges = con.execute("""
         SELECT min(doc_id), max(doc_id) FROM (
-            SELECT doc_id, (row_number() OVER w - 1) // $n + (sum(coalesce(n_chars, 0)) OVER w - coalesce(n_chars, 0)) // $c AS batch
-            FROM documents WHERE namespace = $ns WINDOW w AS (ORDER BY doc_id))
+            SELECT doc_id, (sum(weight) OVER (ORDER BY doc_id) - weight) // $c AS batch
+            FROM (SELECT doc_id, greatest(coalesce(n_chars, 0), $c // $n) AS weight FROM documents WHERE namespace = $ns))
         GROUP BY batch ORDER BY 1""", {"ns": namespace, "n": BATCH_DOCUMENTS, "c": BATCH_CHARS}).fetchall()
     for low, high in ranges:
         rows = con.execute("SELECT doc_id, source, title, kind, content_hash, sections FROM documents "

@@ -210,12 +210,11 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table | Non
     """Append `rows` (columns by name) to `table`."""
     if rows is None or rows.num_rows == 0:
         return 0
-    con.register("_incoming", rows)
-    try:
-        cols = ", ".join(rows.column_names)
-        con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _incoming")
-    finally:
-        con.unregister("_incoming")
+    # read by its variable name (DuckDB's replacement scan): a registered view would keep every batch inserted
+    # inside one transaction alive until it ends
+    lh_incoming = rows  # noqa: F841
+    cols = ", ".join(rows.column_names)
+    con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM lh_incoming")
     return rows.num_rows
 
 
