@@ -44,25 +44,22 @@ def ingest_documents(settings: Settings, con: duckdb.DuckDBPyConnection, only: f
     from lazyhippo.stages.incremental import write_inputs
 
     ns = settings.namespace
-    p = {"ns": ns, "all": only is None, "add": settings.mode == "add"}
-    con.register("lh_only", pa.table({"doc_id": pa.array(sorted(only or ()), pa.string())}))
-    try:
-        with transaction(con):
-            con.execute("CREATE OR REPLACE TEMP TABLE lh_indexed AS SELECT doc_id, content_hash, source, title, kind, n_chars, "
-                        "md5(sections) AS body FROM documents WHERE namespace = $ns", {"ns": ns})
-            con.execute("CREATE OR REPLACE TEMP TABLE lh_read (doc_id VARCHAR PRIMARY KEY, content_hash VARCHAR, "
-                        "skipped BOOLEAN, wanted BOOLEAN)")
-            errors = _write_source(con, p, read_namespace_source(settings))
-            if not con.execute("SELECT count(*) FROM lh_read").fetchall()[0][0] and not errors:
-                raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
-                                 "(removing every document of a namespace is an explicit delete)")
-            counts = _remove_unread(con, p, {e.file for e in errors})
-            write_inputs(con, ns, "documents", {"source": str(settings.source)})  # what `drop_vanished` may compare with
-            err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
-            replace_rows(con, "document_errors", ns, with_namespace(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
-    finally:
-        con.unregister("lh_only")
-        con.execute("; ".join(f"DROP TABLE IF EXISTS temp.{t}" for t in _TEMP))
+    p = {"ns": ns, "all": only is None, "add": settings.mode == "add",
+         "only": pa.table({"doc_id": pa.array(sorted(only or ()), pa.string())})}
+    with transaction(con):  # the temporary tables go with it: dropped at its end, or rolled back
+        con.execute("CREATE OR REPLACE TEMP TABLE lh_indexed AS SELECT doc_id, content_hash, source, title, kind, n_chars, "
+                    "md5(sections) AS body FROM documents WHERE namespace = $ns", {"ns": ns})
+        con.execute("CREATE OR REPLACE TEMP TABLE lh_read (doc_id VARCHAR PRIMARY KEY, content_hash VARCHAR, "
+                    "skipped BOOLEAN, wanted BOOLEAN)")
+        errors = _write_source(con, p, read_namespace_source(settings))
+        if not con.execute("SELECT count(*) FROM lh_read").fetchall()[0][0] and not errors:
+            raise ValueError(f"source {settings.source} holds no readable file: nothing indexed and nothing removed "
+                             "(removing every document of a namespace is an explicit delete)")
+        counts = _remove_unread(con, p, {e.file for e in errors})
+        write_inputs(con, ns, "documents", {"source": str(settings.source)})  # what `drop_vanished` may compare with
+        err_rows = [{"source": e.source, "reason": e.reason} for e in errors]
+        replace_rows(con, "document_errors", ns, with_namespace(pa.Table.from_pylist(err_rows), ns) if err_rows else None)
+        con.execute("; ".join(f"DROP TABLE temp.{t}" for t in _TEMP))
     return DocumentsResult(errors=errors, **counts)
 
 
@@ -92,9 +89,10 @@ def _write_batch(con: duckdb.DuckDBPyConnection, p: dict, batch: dict[str, dict]
     earlier reading wrote (the last one wins)."""
     if not batch:
         return
-    # both read by their variable names (DuckDB's replacement scan): a view registered inside the transaction
-    # would keep every batch alive until it ends
+    # read by their variable names (DuckDB's replacement scan): a view registered inside the transaction would
+    # keep every batch alive until it ends
     lh_batch = pa.Table.from_pylist(list(batch.values()), _SCHEMA)  # noqa: F841
+    lh_only = p["only"]  # noqa: F841
     lh_plan = con.sql("""
         SELECT doc_id, content_hash, skipped, again, NOT skipped AND in_only AS wanted, same_row FROM (
             SELECT b.doc_id, b.content_hash, coalesce(b.content_hash = x.content_hash, false) AS skipped,
@@ -121,7 +119,9 @@ def _remove_unread(con: duckdb.DuckDBPyConnection, p: dict, failed_files: set[st
     An indexed document not wanted is kept when outside `only`, in mode "add", or when it came from a file that
     failed (the file itself, or a JSONL row `file#id`: matched by prefix, so a ':' or '#' in a file name cannot
     detach a document from its file). The counts of the DocumentsResult."""
-    lh_failed_files = pa.table({"file": pa.array(sorted(failed_files), pa.string())})  # noqa: F841 (read by name)
+    # read by their variable names (DuckDB's replacement scan)
+    lh_failed_files = pa.table({"file": pa.array(sorted(failed_files), pa.string())})  # noqa: F841
+    lh_only = p["only"]  # noqa: F841
     con.execute("""CREATE OR REPLACE TEMP TABLE lh_document_plan AS
         SELECT doc_id, wanted, NOT wanted AND ((NOT $all AND doc_id NOT IN (SELECT doc_id FROM lh_only)) OR $add
                    OR source IN (SELECT file FROM lh_failed_files)
