@@ -1,9 +1,10 @@
 """The `documents` asset: read the source (all of it, or some files) into the documents table, skipping
 documents deleted earlier with unchanged content and reporting what cannot be read.
 
-Memory stays flat in the size of the source: files are read one at a time and their documents written in
-batches, only those new or changed; which indexed documents are kept or removed is decided in SQL over ids and
-content hashes. It all happens in one transaction, so a failed run changes nothing.
+The stage holds one batch of documents at a time, whatever the size of the source: files are read one at a time
+and their documents written in batches, only those new or changed; which indexed documents are kept or removed
+is decided in SQL over ids and content hashes. It all happens in one transaction, so a failed run changes
+nothing (until it commits, DuckDB keeps the rows written within its memory cap, spilling past it).
 """
 
 from __future__ import annotations
