@@ -381,22 +381,3 @@ def test_warehouse_connections_take_their_memory_cap_and_threads_from_the_enviro
     with pytest.raises(ValueError, match="LAZYHIPPO_DUCKDB_MEMORY 'lots'"):
         with connect(s):
             pass
-
-
-def test_documents_are_staged_in_duckdb_a_batch_at_a_time(tmp_path, monkeypatch):
-    """The documents stage reads the source and stages it DOCUMENT_BATCH documents at a time (the corpus's text
-    is never held whole), and stores the documents the source holds."""
-    import lazyhippo.stages.documents as stage
-
-    monkeypatch.setattr(stage, "DOCUMENT_BATCH", 2)
-    staged: list[int] = []
-    insert = stage.insert_rows
-    monkeypatch.setattr(stage, "insert_rows", lambda con, table, rows: staged.append(rows.num_rows) or insert(con, table, rows))
-    settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
-    docs, _ = read_source(SAMPLE_CORPUS, settings.max_file_bytes)
-    with connect(settings) as con:
-        out = stage.ingest_documents(settings, con)
-        rows = con.execute("SELECT doc_id, content_hash, n_chars FROM documents").fetchall()
-    assert max(staged) == 2 and sum(staged) == len(docs) > 3
-    assert out.documents == len(docs) == len(rows) and out.changed == len(docs)
-    assert sorted(rows) == sorted((d.doc_id, d.content_hash, len(d.text)) for d in docs)

@@ -228,8 +228,9 @@ def iter_files(source: Path) -> list[Path]:
 
 
 def iter_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> Iterator[Document | ReadError]:
-    """The source's documents and read errors one at a time, file by file (a document id read twice comes twice:
-    the later one counts)."""
+    """The documents and read errors of `source`, file by file as they are read: a caller that consumes them
+    as they come holds one file's documents at a time, whatever the size of the source. A document id read
+    twice comes twice (the last one wins)."""
     source = source.resolve()
     root = source.parent if source.is_file() else source
     files, skipped = scan_source(source)
@@ -240,6 +241,7 @@ def iter_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS
 
 
 def read_source(source: Path, max_bytes: int, limits: ParseLimits = PARSE_LIMITS) -> tuple[list[Document], list[ReadError]]:
+    """Every document of `source` at once (the last of a repeated id, in its first place), and the read errors."""
     docs: dict[str, Document] = {}
     errors: list[ReadError] = []
     for item in iter_source(source, max_bytes, limits):

@@ -17,7 +17,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.sources.files import MARKUP_KINDS, Document, Section, sha
 from lazyhippo.sources.markup import PATH_SEP
 from lazyhippo.stages.common import with_namespace
-from lazyhippo.stages.documents import load_documents
+from lazyhippo.stages.documents import iter_documents
 from lazyhippo.stages.results import ChunksResult
 from lazyhippo.stores.warehouse import replace_rows, transaction
 
@@ -144,32 +144,52 @@ def chunk_document(doc: Document, size: int = 256, overlap: int = 32,
 
 def build_chunks(settings: Settings, con: duckdb.DuckDBPyConnection, only: frozenset[str] | None = None) -> ChunksResult:
     """Chunk the documents (of `only`, when given) that are new or changed since their chunks were made (recorded
-    in stage_inputs); the other documents keep their rows, and chunks of documents gone are dropped."""
-    from lazyhippo.stages.incremental import read_inputs, write_inputs
+    in stage_inputs); the other documents keep their rows, and chunks of documents gone are dropped. Documents
+    are read and their chunks written a batch at a time, in one transaction."""
+    from lazyhippo.stages.incremental import write_inputs
 
     ns = settings.namespace
-    docs = load_documents(con, ns)
+    inputs: list[pa.Table] = []
+    rechunked, capped = 0, []
+    with transaction(con):
+        for docs in iter_documents(con, ns):
+            fingerprints, todo = _chunk_batch(settings, con, docs, only)
+            inputs.append(fingerprints)
+            rechunked += len(todo)
+            capped += [source for source, n in todo if n >= MAX_CHUNKS_PER_DOCUMENT]
+        con.execute("DELETE FROM chunks WHERE namespace = ? AND doc_id NOT IN (SELECT doc_id FROM documents WHERE namespace = ?)",
+                    [ns, ns])
+        write_inputs(con, ns, "chunks", pa.concat_tables(inputs) if inputs else {})
+    if capped:
+        log.warning("%d document(s) cut at %d chunks each: %s", len(capped), MAX_CHUNKS_PER_DOCUMENT, ", ".join(capped[:5]))
+    n, total, most = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0), coalesce(max(n_tokens), 0) FROM chunks "
+                                 "WHERE namespace = ?", [ns]).fetchall()[0]
+    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=rechunked,
+                        capped_documents=len(capped))
+
+
+def _chunk_batch(settings: Settings, con: duckdb.DuckDBPyConnection, docs: list[Document],
+                 only: frozenset[str] | None) -> tuple[pa.Table, list[tuple[str, int]]]:
+    """Rechunk the documents of a batch (consecutive ids) whose inputs changed since their chunks were made; the
+    batch's input fingerprints, and (source, number of chunks) of each document chunked."""
+    ns = settings.namespace
     inputs = {d.doc_id: sha(json.dumps([d.source, d.title, d.kind, d.content_hash, [s.__dict__ for s in d.sections],
                                         settings.chunk_size, settings.chunk_overlap]), 32) for d in docs}
-    before = read_inputs(con, ns, "chunks")
-    chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ?", [ns]).fetchall()}
+    span = [ns, docs[0].doc_id, docs[-1].doc_id]
+    before = dict(con.execute("SELECT item_id, fingerprint FROM stage_inputs WHERE namespace = ? AND stage = 'chunks' "
+                              "AND item_id BETWEEN ? AND ?", span).fetchall())
+    chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ? AND doc_id BETWEEN ? AND ?",
+                                         span).fetchall()}
     todo = [d for d in docs if (only is None or d.doc_id in only)
             and (before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked)]
     per_document = [chunk_document(d, settings.chunk_size, settings.chunk_overlap) for d in todo]
-    capped = [d.source for d, cs in zip(todo, per_document) if len(cs) >= MAX_CHUNKS_PER_DOCUMENT]
-    if capped:
-        log.warning("%d document(s) cut at %d chunks each: %s", len(capped), MAX_CHUNKS_PER_DOCUMENT, ", ".join(capped[:5]))
-    chunks = [c for cs in per_document for c in cs]
-    table = pa.Table.from_pylist([c.__dict__ for c in chunks]) if chunks else None
-    with transaction(con):
-        replace_rows(con, "chunks", ns, with_namespace(table, ns) if table else None,
-                     "AND (doc_id IN (SELECT unnest(?)) OR doc_id NOT IN (SELECT doc_id FROM documents WHERE namespace = ?))",
-                     [[d.doc_id for d in todo], ns])
-        write_inputs(con, ns, "chunks", inputs)
-    n, total, most = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0), coalesce(max(n_tokens), 0) FROM chunks "
-                                 "WHERE namespace = ?", [ns]).fetchall()[0]
-    return ChunksResult(chunks=n, tokens_total=int(total), tokens_max=int(most), rechunked_documents=len(todo),
-                        capped_documents=len(capped))
+    if todo:
+        rows = [c.__dict__ for cs in per_document for c in cs]
+        replace_rows(con, "chunks", ns, with_namespace(pa.Table.from_pylist(rows), ns) if rows else None,
+                     "AND doc_id IN (SELECT unnest(?))", [[d.doc_id for d in todo]])
+    fingerprints = pa.table({"item_id": pa.array(list(inputs), pa.string()),
+                             "fingerprint": pa.array(list(inputs.values()), pa.string())})
+    return fingerprints, [(d.source, len(cs)) for d, cs in zip(todo, per_document)]
 
 
 def load_chunks(con: duckdb.DuckDBPyConnection, namespace: str, doc_ids: Sequence[str] | None = None) -> list[Chunk]:

@@ -25,10 +25,12 @@ def read_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str) -> d
                             [namespace, stage]).fetchall())
 
 
-def write_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str, inputs: dict[str, str]) -> None:
-    """Replace the stage's recorded inputs (call inside the transaction that writes its output). Only the rows
-    that differ are deleted and inserted: after a small update, a few rows of 37k are written, not all."""
-    rows = pa.table({"item_id": pa.array(list(inputs), pa.string()), "fingerprint": pa.array(list(inputs.values()), pa.string())})
+def write_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str, inputs: dict[str, str] | pa.Table) -> None:
+    """Replace the stage's recorded inputs (call inside the transaction that writes its output), given as a dict
+    or a table (item_id, fingerprint). Only the rows that differ are deleted and inserted: after a small update,
+    a few rows of 37k are written, not all."""
+    rows = inputs if isinstance(inputs, pa.Table) else pa.table(
+        {"item_id": pa.array(list(inputs), pa.string()), "fingerprint": pa.array(list(inputs.values()), pa.string())})
     recorded = "SELECT item_id, fingerprint FROM stage_inputs WHERE namespace = $ns AND stage = $stage"
     p = {"ns": namespace, "stage": stage}
     con.register("_inputs", rows)
