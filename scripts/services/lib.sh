@@ -111,7 +111,8 @@ show_log_tail() {
 wait_ready() {
     local name=$1 pid_file=$2 pattern=$3 logfile=$4 ready=$5 where=$6 deadline=$((SECONDS + TIMEOUT)) why
     while :; do
-        if ! pid_alive "$pid_file" "$pattern" >/dev/null; then
+        if ! pid_alive "$pid_file" "$pattern" >/dev/null && ! { sleep 1; pid_alive "$pid_file" "$pattern" >/dev/null; }; then
+            # looked at twice: while the launcher execs the service, its command line can read empty
             why="process exited during startup"
         elif "$ready"; then
             log "$name: ready ($where)"
