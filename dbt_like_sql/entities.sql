@@ -13,16 +13,24 @@ forms AS (
     SELECT norm_name, name, count(*) AS n FROM raw GROUP BY norm_name, name
 ),
 names AS (
-    SELECT norm_name, first(name ORDER BY n DESC, name) AS name FROM forms GROUP BY norm_name
+    SELECT norm_name, arg_min(name, (-n, name)) AS name FROM forms GROUP BY norm_name
 ),
-agg AS (
+types AS (  -- the most frequent type, ties to the first in order
+    SELECT norm_name, arg_min(type, (-n, type)) AS type FROM (
+        SELECT norm_name, type, count(*) AS n FROM raw WHERE type IS NOT NULL GROUP BY norm_name, type) GROUP BY norm_name
+),
+descriptions AS (  -- the first three distinct descriptions in order
+    SELECT norm_name, array_to_string(min(description, 3), ' | ') AS description FROM (
+        SELECT DISTINCT norm_name, description FROM raw) GROUP BY norm_name
+),
+agg AS (  -- (aggregates that keep one value per name: an ordered aggregate holds all of a group's rows, unspilled)
     SELECT
         norm_name,
-        CASE WHEN bool_or(type = 'TITLE') THEN 'TITLE' ELSE mode(type ORDER BY type) END AS type,
-        array_to_string(list_slice(list(DISTINCT description ORDER BY description), 1, 3), ' | ') AS description,
+        CASE WHEN bool_or(raw.type = 'TITLE') THEN 'TITLE' ELSE any_value(types.type) END AS type,
+        any_value(descriptions.description) AS description,
         count(*) AS mention_count
-    FROM raw GROUP BY norm_name
-    HAVING NOT (bool_and(type = 'CONCEPT') AND count(DISTINCT chunk_id) < 2)
+    FROM raw LEFT JOIN types USING (norm_name) JOIN descriptions USING (norm_name) GROUP BY norm_name
+    HAVING NOT (bool_and(raw.type = 'CONCEPT') AND count(DISTINCT chunk_id) < 2)
 ),
 pairs AS (
     SELECT DISTINCT a.norm_name AS a, b.norm_name AS b

@@ -17,11 +17,11 @@ SELECT
     'r_' || substr(sha256(least(s, t) || '|' || greatest(s, t)), 1, 16) AS relation_id,
     least(s, t) AS source_id,
     greatest(s, t) AS target_id,
-    first(description ORDER BY weight DESC, description) AS description,
+    arg_min(description, (-weight, description)) AS description,  -- not first(... ORDER BY): that holds every row
     sum(weight) AS weight,
     count(DISTINCT chunk_id) AS n_chunks,
-    first(type ORDER BY type = 'RELATED_TO', weight DESC, type) AS type,
-    first(s < t OR type = 'RELATED_TO' ORDER BY type = 'RELATED_TO', weight DESC, type) AS forward
+    arg_min(type, (type = 'RELATED_TO', -weight, type)) AS type,
+    arg_min(s < t OR type = 'RELATED_TO', (type = 'RELATED_TO', -weight, type, NOT (s < t))) AS forward
 FROM raw
 WHERE s IN (SELECT entity_id FROM kept) AND t IN (SELECT entity_id FROM kept)
 GROUP BY least(s, t), greatest(s, t)
