@@ -23,24 +23,27 @@ descriptions AS (  -- the first three distinct descriptions in order
     SELECT norm_name, array_to_string(min(description, 3), ' | ') AS description FROM (
         SELECT DISTINCT norm_name, description FROM raw) GROUP BY norm_name
 ),
+spread AS (  -- chunks per name (not count(DISTINCT): it holds a set per group, unspilled)
+    SELECT norm_name, count(*) AS n_chunks FROM (SELECT DISTINCT norm_name, chunk_id FROM raw) GROUP BY norm_name
+),
 agg AS (  -- (aggregates that keep one value per name: an ordered aggregate holds all of a group's rows, unspilled)
     SELECT
         norm_name,
         CASE WHEN bool_or(raw.type = 'TITLE') THEN 'TITLE' ELSE any_value(types.type) END AS type,
         any_value(descriptions.description) AS description,
         count(*) AS mention_count
-    FROM raw LEFT JOIN types USING (norm_name) JOIN descriptions USING (norm_name) GROUP BY norm_name
-    HAVING NOT (bool_and(raw.type = 'CONCEPT') AND count(DISTINCT chunk_id) < 2)
+    FROM raw LEFT JOIN types USING (norm_name) JOIN descriptions USING (norm_name) JOIN spread USING (norm_name)
+    GROUP BY norm_name
+    HAVING NOT (bool_and(raw.type = 'CONCEPT') AND any_value(spread.n_chunks) < 2)
 ),
-pairs AS (
-    SELECT DISTINCT a.norm_name AS a, b.norm_name AS b
+pairs AS (  -- each pair of two kept names once, lower name first: one distinct over the pairs, no set per name
+    SELECT DISTINCT least(a.norm_name, b.norm_name) AS lo, greatest(a.norm_name, b.norm_name) AS hi
     FROM lh_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
+    WHERE a.norm_name <> b.norm_name
+      AND a.norm_name IN (SELECT norm_name FROM agg) AND b.norm_name IN (SELECT norm_name FROM agg)
 ),
 deg AS (
-    SELECT norm_name, count(DISTINCT other) AS degree FROM (
-        SELECT a AS norm_name, b AS other FROM pairs UNION ALL SELECT b, a FROM pairs
-    ) p
-    WHERE p.norm_name <> p.other AND p.other IN (SELECT norm_name FROM agg)
+    SELECT norm_name, count(*) AS degree FROM (SELECT lo AS norm_name FROM pairs UNION ALL SELECT hi FROM pairs)
     GROUP BY norm_name
 )
 SELECT
