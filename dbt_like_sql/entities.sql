@@ -4,44 +4,78 @@
 -- Every model reads `lh_names` (each extracted name with its normalized key and entity id, built once per run)
 -- and the extracted rows in scope, `lh_entities`, `lh_relations` and `lh_facts`: the namespace's rows, or after a
 -- small update those that name an entity the update touched (lazyhippo/stages/entities.py).
-WITH raw AS (
+-- Millions of names: every aggregate keeps a number or one short value per name (an ordered aggregate, a set or
+-- a text per group stays in memory, where sorts and joins spill to disk), and the temporary tables before the
+-- model's SELECT keep each statement to one join on texts.
+CREATE OR REPLACE TEMP VIEW lh_raw AS
     SELECT k.norm_name, x.name, x.type, x.description, x.chunk_id
     FROM lh_entities x JOIN lh_names k ON k.name = x.name
-    WHERE x.namespace = $namespace AND k.norm_name <> ''
-),
-forms AS (
-    SELECT norm_name, name, count(*) AS n FROM raw GROUP BY norm_name, name
-),
-names AS (
-    SELECT norm_name, first(name ORDER BY n DESC, name) AS name FROM forms GROUP BY norm_name
-),
-agg AS (
-    SELECT
-        norm_name,
-        CASE WHEN bool_or(type = 'TITLE') THEN 'TITLE' ELSE mode(type ORDER BY type) END AS type,
-        array_to_string(list_slice(list(DISTINCT description ORDER BY description), 1, 3), ' | ') AS description,
-        count(*) AS mention_count
-    FROM raw GROUP BY norm_name
-    HAVING NOT (bool_and(type = 'CONCEPT') AND count(DISTINCT chunk_id) < 2)
-),
-pairs AS (
-    SELECT DISTINCT a.norm_name AS a, b.norm_name AS b
-    FROM lh_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
-),
-deg AS (
-    SELECT norm_name, count(DISTINCT other) AS degree FROM (
-        SELECT a AS norm_name, b AS other FROM pairs UNION ALL SELECT b, a FROM pairs
-    ) p
-    WHERE p.norm_name <> p.other AND p.other IN (SELECT norm_name FROM agg)
-    GROUP BY norm_name
-)
+    WHERE k.norm_name <> '';
+
+CREATE OR REPLACE TEMP TABLE lh_kept AS  -- each kept name, its surface form, type and mention count
+    WITH forms AS (
+        SELECT norm_name, name, count(*) AS n FROM lh_raw GROUP BY norm_name, name
+    ),
+    names AS (
+        SELECT norm_name, arg_min(name, (-n, name)) AS name FROM forms GROUP BY norm_name
+    ),
+    types AS (  -- the most frequent type, ties to the first in order
+        SELECT norm_name, arg_min(type, (-n, type)) AS type FROM (
+            SELECT norm_name, type, count(*) AS n FROM lh_raw WHERE type IS NOT NULL GROUP BY norm_name, type)
+        GROUP BY norm_name
+    ),
+    spread AS (  -- chunks per name
+        SELECT norm_name, count(*) AS n_chunks FROM (SELECT DISTINCT norm_name, chunk_id FROM lh_raw) GROUP BY norm_name
+    ),
+    agg AS (
+        SELECT norm_name, bool_or(type = 'TITLE') AS title, bool_and(type = 'CONCEPT') AS concept,
+               count(*) AS mention_count
+        FROM lh_raw GROUP BY norm_name
+    )
+    SELECT 'e_' || substr(sha256(agg.norm_name), 1, 16) AS entity_id, agg.norm_name, names.name, CASE WHEN agg.title THEN 'TITLE' ELSE types.type END AS type, agg.mention_count
+    FROM agg JOIN spread USING (norm_name) JOIN names USING (norm_name) LEFT JOIN types USING (norm_name)
+    WHERE NOT (agg.concept AND spread.n_chunks < 2);
+
+CREATE OR REPLACE TEMP TABLE lh_pairs AS  -- each pair of kept entities related in a chunk once, lower id first
+    SELECT DISTINCT least(source_id, target_id) AS lo, greatest(source_id, target_id) AS hi FROM lh_relations
+    WHERE source_id IN (SELECT entity_id FROM lh_kept) AND target_id IN (SELECT entity_id FROM lh_kept);
+
+CREATE OR REPLACE TEMP TABLE lh_degrees AS  -- kept names with their number of kept neighbours
+    SELECT k.*, coalesce(d.degree, 0) AS degree FROM lh_kept k LEFT JOIN (
+        SELECT entity_id, count(*) AS degree FROM (SELECT lo AS entity_id FROM lh_pairs UNION ALL SELECT hi FROM lh_pairs)
+        GROUP BY entity_id) d USING (entity_id);
+DROP TABLE lh_pairs;
+
+CREATE OR REPLACE TEMP TABLE lh_texts AS  -- each distinct description with its place in text order
+    SELECT description, row_number() OVER (ORDER BY description) AS r
+    FROM (SELECT DISTINCT description FROM lh_raw WHERE description IS NOT NULL);
+
+CREATE OR REPLACE TEMP TABLE lh_first AS  -- a kept name's first description, with the places of its first three
+    SELECT f.norm_name, f.rs, t.description FROM (
+        SELECT norm_name, min(r, 3) AS rs FROM (
+            SELECT DISTINCT norm_name, r FROM lh_raw JOIN lh_texts USING (description)
+            WHERE norm_name IN (SELECT norm_name FROM lh_kept))
+        GROUP BY norm_name) f
+    JOIN lh_texts t ON t.r = f.rs[1];
+
+CREATE OR REPLACE TEMP TABLE lh_second AS
+    SELECT f.norm_name, f.rs, concat_ws(' | ', f.description, t.description) AS description
+    FROM lh_first f LEFT JOIN lh_texts t ON t.r = f.rs[2];
+DROP TABLE lh_first;
+
+CREATE OR REPLACE TEMP TABLE lh_described AS
+    SELECT f.norm_name, concat_ws(' | ', f.description, t.description) AS description
+    FROM lh_second f LEFT JOIN lh_texts t ON t.r = f.rs[3];
+DROP TABLE lh_second;
+DROP TABLE lh_texts;
+
 SELECT
     $namespace AS namespace,
-    'e_' || substr(sha256(agg.norm_name), 1, 16) AS entity_id,
-    names.name,
-    agg.norm_name,
-    agg.type,
-    agg.description,
-    agg.mention_count,
-    coalesce(deg.degree, 0) AS degree
-FROM agg JOIN names USING (norm_name) LEFT JOIN deg USING (norm_name)
+    k.entity_id,
+    k.name,
+    k.norm_name,
+    k.type,
+    d.description,
+    k.mention_count,
+    k.degree
+FROM lh_degrees k LEFT JOIN lh_described d USING (norm_name)

@@ -4,11 +4,12 @@ WITH named AS (
     FROM lh_facts WHERE namespace = $namespace
 ),
 linked AS (
-    SELECT n.chunk_id, n.fact_idx, list(DISTINCT e.entity_id ORDER BY e.entity_id) AS entity_ids
-    FROM named n JOIN lh_names k ON k.name = n.name
-    JOIN entities e ON e.namespace = $namespace AND e.entity_id = k.entity_id
-    WHERE k.norm_name <> ''
-    GROUP BY n.chunk_id, n.fact_idx
+    SELECT chunk_id, fact_idx, list_sort(list(entity_id)) AS entity_ids FROM (
+        SELECT DISTINCT n.chunk_id, n.fact_idx, e.entity_id
+        FROM named n JOIN lh_names k ON k.name = n.name
+        JOIN entities e ON e.namespace = $namespace AND e.entity_id = k.entity_id
+        WHERE k.norm_name <> '')
+    GROUP BY chunk_id, fact_idx
 )
 SELECT
     $namespace AS namespace,

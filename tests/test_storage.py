@@ -153,6 +153,8 @@ def test_relations_are_stored_with_the_pairs_of_one_sentence_together():
                 "description VARCHAR, weight DOUBLE, type VARCHAR)")
     order = np.random.default_rng(3).permutation(len(rows))  # extracted in any order: the model groups by pair
     con.executemany("INSERT INTO lh_relations VALUES (?, ?, ?, ?, ?, NULL)", [rows[i] for i in order])
+    con.execute("CREATE OR REPLACE TEMP TABLE lh_relations AS SELECT r.*, a.entity_id AS source_id, b.entity_id AS target_id "
+                "FROM lh_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target")
     assert run_sql_model(con, "relations", "ns") == len(rows)
     stored = [r[0] for r in con.execute("SELECT description FROM relations ORDER BY rowid").fetchall()]
     assert sum(a != b for a, b in zip(stored, stored[1:])) == sentences - 1

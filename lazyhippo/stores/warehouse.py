@@ -285,9 +285,8 @@ def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: s
 
 MODEL_KEYS = {"entities": ("entity_id",), "relations": ("relation_id",), "mentions": ("chunk_id", "entity_id"),
               "facts": ("fact_id",)}
-# the order a model's new rows are stored in: a relation's description is the sentence it was read from, shared by
-# every pair of that sentence, and DuckDB's dictionary compression only sees repeats within a segment, so rows in
-# the model's (arbitrary) group order stored each sentence again and again (relations were 3.7x larger)
+# the order exports write a model's rows in: relations by description, the order relations.sql stores them in
+# (a sentence once per segment)
 MODEL_ORDER = {"relations": "description"}
 
 
@@ -316,7 +315,7 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
         raise ValueError("chunk_relations: a cap on relations per chunk needs every pair, not those of some names")
     some = f"AND (r.source IN (SELECT name FROM {names}) OR r.target IN (SELECT name FROM {names}))" if names else ""
     raw = f"""SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
-                     least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
+                     a.entity_id AS source_id, b.entity_id AS target_id, least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
               FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
               WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
     kept = f"SELECT * FROM ({raw})" if not per_chunk else f"""
@@ -334,7 +333,7 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
         QUALIFY row_number() OVER (PARTITION BY chunk_id
                                    ORDER BY strength DESC, weight DESC, lo, hi, source, target) <= $cap"""
     con.execute(f"CREATE OR REPLACE TEMP TABLE lh_relations AS "
-                f"SELECT chunk_id, source, target, description, weight, type FROM ({kept})",
+                f"SELECT chunk_id, source, target, source_id, target_id, description, weight, type FROM ({kept})",
                 {"ns": namespace, **({"cap": per_chunk} if per_chunk else {})})
     return con.execute("SELECT count(*) FROM lh_relations").fetchall()[0][0]
 
@@ -356,28 +355,42 @@ def drop_temp(con: duckdb.DuckDBPyConnection, name: str) -> None:
         con.execute(f"DROP {'VIEW' if kind[0][0] == 'VIEW' else 'TABLE'} temp.{name}")
 
 
+def _temp_names(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = 'temp'")
+            .fetchall()}
+
+
 def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str, scope: str | None = None) -> int:
-    """Materialize `dbt_like_sql/<model>.sql` (package data) (a SELECT over $namespace) into the table of that name.
+    """Materialize `dbt_like_sql/<model>.sql` (package data) into the table of that name: the statements that build
+    its temporary tables, then its SELECT over $namespace, whose rows go to the temporary table `lh_model`.
     Only rows that differ are deleted and inserted: an update that touches a few entities writes a few rows.
     `scope` (a condition on the table's rows) narrows the rows the model replaces to those the update's inputs
-    can change: the model, given only those inputs, computes exactly them.
-    (The new rows go through Arrow: DuckDB 2.0 loses a large temporary table's rows filled inside a transaction.)"""
-    sql = (SQL_DIR / f"{model}.sql").read_text()
+    can change: the model, given only those inputs, computes exactly them. Temporary tables spill to disk, and
+    are filled before the transaction (DuckDB 2.0 loses a large temporary table's rows filled inside one)."""
+    *setup, select = [s.query for s in con.extract_statements((SQL_DIR / f"{model}.sql").read_text())]
     cols = ", ".join(c[0] for c in con.execute(f"DESCRIBE {model}").fetchall())
     key = MODEL_KEYS[model]
     old = f"SELECT {cols} FROM {model} WHERE namespace = $namespace" + (f" AND ({scope})" if scope else "")
     p = {"namespace": namespace}
-    with transaction(con):
-        new = con.sql(f"SELECT {cols} FROM ({sql})", params=p).to_arrow_table()
-        con.register("lh_model", new)
-        try:
-            con.execute(f"DELETE FROM {model} t USING (SELECT {', '.join(key)} FROM ({old} EXCEPT SELECT * FROM lh_model)) d "
-                        f"WHERE t.namespace = $namespace AND {' AND '.join(f't.{k} = d.{k}' for k in key)}", p)
-            order = f" ORDER BY {MODEL_ORDER[model]}" if model in MODEL_ORDER else ""
-            con.execute(f"INSERT INTO {model} ({cols}) SELECT * FROM (SELECT * FROM lh_model EXCEPT {old}){order}", p)
-        finally:
-            con.unregister("lh_model")
-    return new.num_rows
+    before = _temp_names(con)
+    try:
+        for statement in setup:
+            con.execute(statement, p if "$namespace" in statement else None)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE lh_model AS SELECT {cols} FROM ({select})", p)
+        # rows compared by key and a hash of the whole row: an anti join on narrow columns, where EXCEPT hashes
+        # every column of both sides (millions of descriptions)
+        keys = ", ".join(key)
+        hashed = f"SELECT {keys}, hash({cols}) AS lh_row FROM"
+        with transaction(con):
+            con.execute(f"DELETE FROM {model} t USING (SELECT {keys} FROM ({hashed} ({old})) ANTI JOIN ({hashed} lh_model) "
+                        f"USING ({keys}, lh_row)) d WHERE t.namespace = $namespace AND "
+                        f"{' AND '.join(f't.{k} = d.{k}' for k in key)}", p)
+            con.execute(f"INSERT INTO {model} ({cols}) SELECT {cols} FROM (SELECT *, hash({cols}) AS lh_row FROM lh_model) "
+                        f"ANTI JOIN ({hashed} ({old})) USING ({keys}, lh_row)", p)  # in the model's order
+        return con.execute("SELECT count(*) FROM lh_model").fetchall()[0][0]
+    finally:
+        for name in _temp_names(con) - before:
+            drop_temp(con, name)
 
 
 def refresh_degree(con: duckdb.DuckDBPyConnection, namespace: str, entity_ids: list[str] | None = None) -> None:
