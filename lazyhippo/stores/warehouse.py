@@ -363,10 +363,11 @@ def _temp_names(con: duckdb.DuckDBPyConnection) -> set[str]:
 def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str, scope: str | None = None) -> int:
     """Materialize `dbt_like_sql/<model>.sql` (package data) into the table of that name: the statements that build
     its temporary tables, then its SELECT over $namespace, whose rows go to the temporary table `lh_model`.
-    Only rows that differ are deleted and inserted: an update that touches a few entities writes a few rows.
     `scope` (a condition on the table's rows) narrows the rows the model replaces to those the update's inputs
-    can change: the model, given only those inputs, computes exactly them. Temporary tables spill to disk, and
-    are filled before the transaction (DuckDB 2.0 loses a large temporary table's rows filled inside one)."""
+    can change (the model, given only those inputs, computes exactly them), and of those only the rows that
+    differ are deleted and inserted: an update that touches a few entities writes a few rows. Without a scope
+    the namespace's rows are replaced. Temporary tables spill to disk, and are filled before the transaction
+    (DuckDB 2.0 loses a large temporary table's rows filled inside one)."""
     *setup, select = [s.query for s in con.extract_statements((SQL_DIR / f"{model}.sql").read_text())]
     cols = ", ".join(c[0] for c in con.execute(f"DESCRIBE {model}").fetchall())
     key = MODEL_KEYS[model]
@@ -377,16 +378,18 @@ def run_sql_model(con: duckdb.DuckDBPyConnection, model: str, namespace: str, sc
         for statement in setup:
             con.execute(statement, p if "$namespace" in statement else None)
         con.execute(f"CREATE OR REPLACE TEMP TABLE lh_model AS SELECT {cols} FROM ({select})", p)
-        # rows compared by key and a hash of the whole row: an anti join on narrow columns, where EXCEPT hashes
-        # every column of both sides (millions of descriptions)
-        keys = ", ".join(key)
-        hashed = f"SELECT {keys}, hash({cols}) AS lh_row FROM"
         with transaction(con):
-            con.execute(f"DELETE FROM {model} t USING (SELECT {keys} FROM ({hashed} ({old})) ANTI JOIN ({hashed} lh_model) "
-                        f"USING ({keys}, lh_row)) d WHERE t.namespace = $namespace AND "
-                        f"{' AND '.join(f't.{k} = d.{k}' for k in key)}", p)
-            con.execute(f"INSERT INTO {model} ({cols}) SELECT {cols} FROM (SELECT *, hash({cols}) AS lh_row FROM lh_model) "
-                        f"ANTI JOIN ({hashed} ({old})) USING ({keys}, lh_row)", p)  # in the model's order
+            if scope is None:  # every row replaced: a diff of millions of rows would not fit DuckDB's memory cap
+                con.execute(f"DELETE FROM {model} WHERE namespace = $namespace", p)
+                con.execute(f"INSERT INTO {model} ({cols}) SELECT {cols} FROM lh_model")
+            else:  # rows compared by key and a hash of the row: an anti join on narrow columns
+                keys = ", ".join(key)
+                hashed = f"SELECT {keys}, hash({cols}) AS lh_row FROM"
+                con.execute(f"DELETE FROM {model} t USING (SELECT {keys} FROM ({hashed} ({old})) ANTI JOIN "
+                            f"({hashed} lh_model) USING ({keys}, lh_row)) d WHERE t.namespace = $namespace AND "
+                            f"{' AND '.join(f't.{k} = d.{k}' for k in key)}", p)
+                con.execute(f"INSERT INTO {model} ({cols}) SELECT {cols} FROM (SELECT *, hash({cols}) AS lh_row "
+                            f"FROM lh_model) ANTI JOIN ({hashed} ({old})) USING ({keys}, lh_row)", p)
         return con.execute("SELECT count(*) FROM lh_model").fetchall()[0][0]
     finally:
         for name in _temp_names(con) - before:
