@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import duckdb
+import polars as pl
 
 from lazyhippo.settings import Settings
 from lazyhippo.sql import SQL_DIR
@@ -73,18 +74,26 @@ def _chunk_hashes(con: duckdb.DuckDBPyConnection, ns: str) -> dict[str, str]:
         GROUP BY chunk_id""", {"ns": ns}).fetchall())
 
 
-def _chunk_entities(con: duckdb.DuckDBPyConnection, ns: str, chunks: list[str] | None) -> dict[str, list[str]]:
-    """Chunk id -> the entity ids its extracted rows name (reads `lh_names`), for `chunks` (None: all)."""
+def _chunk_entities(con: duckdb.DuckDBPyConnection, ns: str, chunks: list[str] | None) -> dict[str, str]:
+    """Chunk id -> the entity ids its extracted rows name, sorted and joined by spaces (reads `lh_names`), for
+    `chunks` (None: all). Sorted pairs grouped here: a list per chunk in SQL is held in memory, a sort spills;
+    one string per chunk, not a list of them (hundreds of thousands of chunks)."""
     where = "" if chunks is None else "WHERE x.chunk_id IN (SELECT unnest($chunks::VARCHAR[]))"
-    rows = con.execute(f"""
-        SELECT x.chunk_id, list(DISTINCT k.entity_id ORDER BY k.entity_id)
+    reader = con.sql(f"""
+        SELECT DISTINCT x.chunk_id, k.entity_id
         FROM ({_CHUNK_NAMES}) x JOIN lh_names k ON k.name = x.name AND k.norm_name <> '' {where}
-        GROUP BY x.chunk_id""", {"ns": ns, **({} if chunks is None else {"chunks": chunks})}).fetchall()
-    return dict(rows)
+        ORDER BY x.chunk_id, k.entity_id""", params={"ns": ns, **({} if chunks is None else {"chunks": chunks})}
+                     ).to_arrow_reader(100_000)
+    named: dict[str, str] = {}
+    for batch in reader:
+        for chunk, ids in pl.from_arrow(batch).group_by("chunk_id", maintain_order=True).agg(
+                pl.col("entity_id").str.join(" ")).iter_rows():
+            named[chunk] = f"{named[chunk]} {ids}" if chunk in named else ids  # a chunk across two batches
+    return named
 
 
-def _fingerprint(row_hash: str, entity_ids: list[str]) -> str:
-    return f"{row_hash} {' '.join(entity_ids)}"
+def _fingerprint(row_hash: str, entity_ids: str) -> str:
+    return f"{row_hash} {entity_ids}"
 
 
 def plan_scope(con: duckdb.DuckDBPyConnection, ns: str, params: str,
@@ -98,9 +107,9 @@ def plan_scope(con: duckdb.DuckDBPyConnection, ns: str, params: str,
     gone = sorted(c for c, (h, _) in recorded.items() if hashes.get(c) != h)
     new = sorted(c for c, h in hashes.items() if c not in recorded or recorded[c][0] != h)
     named = _chunk_entities(con, ns, new)
-    ids = {e for c in gone for e in recorded[c][1].split()} | {e for c in new for e in named.get(c, [])}
+    ids = {e for c in gone for e in recorded[c][1].split()} | {e for c in new for e in named.get(c, "").split()}
     inputs = {c: f"{h} {ids_}" for c, (h, ids_) in recorded.items() if c not in set(gone)}
-    inputs.update({c: _fingerprint(hashes[c], named.get(c, [])) for c in new})
+    inputs.update({c: _fingerprint(hashes[c], named.get(c, "")) for c in new})
     return Scope(sorted(ids), gone, new), {**inputs, PARAMS: params}
 
 
@@ -170,7 +179,7 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
             run_sql_model(con, m, ns)
         merged = apply_merges(con, ns)  # recorded entity merges, folded in again
         named = _chunk_entities(con, ns, None)
-        inputs = {**{c: _fingerprint(h, named.get(c, [])) for c, h in hashes.items()}, PARAMS: params}
+        inputs = {**{c: _fingerprint(h, named.get(c, "")) for c, h in hashes.items()}, PARAMS: params}
     elif scope.entity_ids or scope.gone_chunks:
         _update_scope(con, ns, scope)
     with transaction(con):
