@@ -37,6 +37,7 @@ from lazyhippo.stores.warehouse import (
 )
 
 MODELS = ("entities", "relations", "mentions", "facts")
+BUCKET_CHUNKS = 25_000
 STAGE = "entities"
 
 # every name a chunk's extracted rows use, with the chunk: what an entity's rows depend on
@@ -76,19 +77,26 @@ def _chunk_hashes(con: duckdb.DuckDBPyConnection, ns: str) -> dict[str, str]:
 
 def _chunk_entities(con: duckdb.DuckDBPyConnection, ns: str, chunks: list[str] | None) -> dict[str, str]:
     """Chunk id -> the entity ids its extracted rows name, sorted and joined by spaces (reads `lh_names`), for
-    `chunks` (None: all). Sorted pairs grouped here: a list per chunk in SQL is held in memory, a sort spills;
-    one string per chunk, not a list of them (hundreds of thousands of chunks)."""
-    where = "" if chunks is None else "WHERE x.chunk_id IN (SELECT unnest($chunks::VARCHAR[]))"
-    reader = con.sql(f"""
-        SELECT DISTINCT x.chunk_id, k.entity_id
-        FROM ({_CHUNK_NAMES}) x JOIN lh_names k ON k.name = x.name AND k.norm_name <> '' {where}
-        ORDER BY x.chunk_id, k.entity_id""", params={"ns": ns, **({} if chunks is None else {"chunks": chunks})}
-                     ).to_arrow_reader(100_000)
+    `chunks` (None: all). Pairs sorted in SQL and grouped here, BUCKET_CHUNKS chunks a query: a list per chunk
+    in SQL is held in memory, and all pairs of 100,000 documents did not sort within DuckDB's cap; one string
+    per chunk, not a list of them."""
+    if chunks is None:
+        n = con.execute("SELECT count(*) FROM chunks WHERE namespace = ?", [ns]).fetchall()[0][0]
+        where, params, buckets = "", {}, max(1, -(-n // BUCKET_CHUNKS))
+    else:
+        where, params, buckets = "AND x.chunk_id IN (SELECT unnest($chunks::VARCHAR[]))", {"chunks": chunks}, 1
     named: dict[str, str] = {}
-    for batch in reader:
-        for chunk, ids in pl.from_arrow(batch).group_by("chunk_id", maintain_order=True).agg(
-                pl.col("entity_id").str.join(" ")).iter_rows():
-            named[chunk] = f"{named[chunk]} {ids}" if chunk in named else ids  # a chunk across two batches
+    for bucket in range(buckets):
+        reader = con.sql(f"""
+            SELECT DISTINCT x.chunk_id, k.entity_id
+            FROM ({_CHUNK_NAMES}) x JOIN lh_names k ON k.name = x.name AND k.norm_name <> ''
+            WHERE hash(x.chunk_id) % $buckets = $bucket {where}
+            ORDER BY x.chunk_id, k.entity_id""", params={"ns": ns, "buckets": buckets, "bucket": bucket, **params}
+                         ).to_arrow_reader(100_000)
+        for batch in reader:
+            for chunk, ids in pl.from_arrow(batch).group_by("chunk_id", maintain_order=True).agg(
+                    pl.col("entity_id").str.join(" ")).iter_rows():
+                named[chunk] = f"{named[chunk]} {ids}" if chunk in named else ids  # a chunk across two batches
     return named
 
 
