@@ -325,6 +325,41 @@ def test_namespaces_are_isolated(tmp_path):
     assert LocalObjectStore(a.export_dir).list("a/") and LocalObjectStore(a.export_dir).list("b/")
 
 
+def test_the_graph_models_fit_a_duckdb_memory_cap_smaller_than_their_texts(tmp_path, monkeypatch):
+    """At 100,000 documents the entity model's descriptions (1.1 GB) did not fit DuckDB's 512 MB cap: ordered
+    aggregates and texts kept per group stay in memory. Here 36 MB of descriptions against a 64 MB cap, which the
+    single-SELECT models ran out of."""
+    import random
+
+    import pyarrow as pa
+
+    from lazyhippo.stores.warehouse import chunk_relations, extraction_inputs, name_keys, replace_rows, run_sql_model
+
+    monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "64MB")
+    rng = random.Random(1)
+    ents, rels = [], []
+    for c in range(40_000):
+        sentence = " ".join(f"w{rng.randrange(5000)}" for _ in range(30))
+        names = [f"Name {rng.randrange(100_000)}" for _ in range(6)]
+        ents += [{"namespace": "default", "chunk_id": f"c{c}", "name": n, "type": "PERSON", "description": sentence}
+                 for n in names]
+        rels += [{"namespace": "default", "chunk_id": f"c{c}", "source": a, "target": b, "description": sentence,
+                  "weight": 1.0} for i, a in enumerate(names) for b in names[i + 1:] if a != b]
+    with connect(Settings(home=tmp_path)) as con:
+        replace_rows(con, "extracted_entities", "default", pa.Table.from_pylist(ents))
+        replace_rows(con, "extracted_relations", "default", pa.Table.from_pylist(rels))
+        name_keys(con, "default")
+        chunk_relations(con, "default", 0)
+        extraction_inputs(con, "default")
+        entities = run_sql_model(con, "entities", "default")
+        relations = run_sql_model(con, "relations", "default")
+        most = con.execute("SELECT max(len(string_split(description, ' | '))) FROM entities").fetchall()[0][0]
+        pairs = con.execute("SELECT count(DISTINCT (least(source_id, target_id), greatest(source_id, target_id))) "
+                            "FROM lh_relations").fetchall()[0][0]
+    assert entities == len({e["name"] for e in ents}) and most == 3
+    assert relations == pairs
+
+
 def test_the_relations_model_joins_on_equalities_only(tmp_path):
     """An inequality between the two name lookups (`s <> t`) let DuckDB join every name with every other first
     (18 GB at 1,000 documents); the pairs lh_relations holds are of two distinct entities already."""

@@ -37,7 +37,7 @@ from lazyhippo.stores.warehouse import (
 )
 
 MODELS = ("entities", "relations", "mentions", "facts")
-BUCKET_CHUNKS = 25_000
+BUCKET_CHUNKS = 25_000  # chunks whose named entities one query sorts (_chunk_entities)
 STAGE = "entities"
 
 # every name a chunk's extracted rows use, with the chunk: what an entity's rows depend on

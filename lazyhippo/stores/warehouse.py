@@ -315,7 +315,8 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
         raise ValueError("chunk_relations: a cap on relations per chunk needs every pair, not those of some names")
     some = f"AND (r.source IN (SELECT name FROM {names}) OR r.target IN (SELECT name FROM {names}))" if names else ""
     raw = f"""SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
-                     a.entity_id AS source_id, b.entity_id AS target_id, least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
+                     a.entity_id AS source_id, b.entity_id AS target_id,
+                     least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
               FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
               WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
     kept = f"SELECT * FROM ({raw})" if not per_chunk else f"""
