@@ -32,7 +32,8 @@ CREATE OR REPLACE TEMP TABLE lh_kept AS  -- each kept name, its surface form, ty
                count(*) AS mention_count
         FROM lh_raw GROUP BY norm_name
     )
-    SELECT 'e_' || substr(sha256(agg.norm_name), 1, 16) AS entity_id, agg.norm_name, names.name, CASE WHEN agg.title THEN 'TITLE' ELSE types.type END AS type, agg.mention_count
+    SELECT 'e_' || substr(sha256(agg.norm_name), 1, 16) AS entity_id, agg.norm_name, names.name,
+           CASE WHEN agg.title THEN 'TITLE' ELSE types.type END AS type, agg.mention_count
     FROM agg JOIN spread USING (norm_name) JOIN names USING (norm_name) LEFT JOIN types USING (norm_name)
     WHERE NOT (agg.concept AND spread.n_chunks < 2);
 
@@ -42,7 +43,8 @@ CREATE OR REPLACE TEMP TABLE lh_pairs AS  -- each pair of kept entities related 
 
 CREATE OR REPLACE TEMP TABLE lh_degrees AS  -- kept names with their number of kept neighbours
     SELECT k.*, coalesce(d.degree, 0) AS degree FROM lh_kept k LEFT JOIN (
-        SELECT entity_id, count(*) AS degree FROM (SELECT lo AS entity_id FROM lh_pairs UNION ALL SELECT hi FROM lh_pairs)
+        SELECT entity_id, count(*) AS degree
+        FROM (SELECT lo AS entity_id FROM lh_pairs UNION ALL SELECT hi FROM lh_pairs)
         GROUP BY entity_id) d USING (entity_id);
 DROP TABLE lh_pairs;
 
