@@ -1,5 +1,5 @@
-"""Graph algorithms for the embedded store: KNN (faiss, exact or HNSW by size), Leiden/Louvain (leidenalg/igraph),
-PageRank."""
+"""Graph algorithms for the embedded store: KNN (faiss, exact or HNSW by size), Leiden/Louvain (igraph's C
+implementations), PageRank."""
 
 from __future__ import annotations
 
@@ -319,6 +319,40 @@ def merge_positions(n_nodes: int, a: np.ndarray, b: np.ndarray, weights: np.ndar
     return MergedGraph(np.stack([keys // n, keys % n], axis=1), sums)
 
 
+def merge_sorted(batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], capacity: int) -> MergedGraph:
+    """Undirected edges already given as (smaller, larger) positions, ordered by pair, in batches of columns
+    (at most `capacity` rows in all; no self-loops): parallel edges' weights summed in the order given, as
+    merge_positions sums them. The pairs keep their integer width (int32 for DuckDB's INTEGER: half of int64's
+    memory) and fill arrays sized once, so the graph is never held twice; a pair's rows that a batch ends in
+    the middle of wait for the next batch, so every sum takes its terms in one pass."""
+    pairs, weights, m = None, np.empty(capacity, dtype=np.float64), 0
+    tail = None
+    for lo, hi, w in batches:
+        if tail is not None:
+            lo, hi, w = (np.concatenate([t, x]) for t, x in zip(tail, (lo, hi, w)))
+        if not len(lo):
+            continue
+        if pairs is None:
+            pairs = np.empty((capacity, 2), dtype=np.result_type(lo.dtype, hi.dtype))
+        first = np.ones(len(lo), dtype=bool)
+        first[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+        last = int(np.flatnonzero(first)[-1])  # the batch's last pair may go on in the next batch
+        slot = np.cumsum(first[:last]) - 1
+        sums = np.bincount(slot, weights=w[:last]) if last else np.empty(0)
+        starts = np.flatnonzero(first[:last])
+        pairs[m:m + len(sums), 0], pairs[m:m + len(sums), 1] = lo[starts], hi[starts]
+        weights[m:m + len(sums)] = sums
+        m += len(sums)
+        tail = (lo[last:], hi[last:], w[last:])
+    if tail is not None and len(tail[0]):
+        pairs[m] = tail[0][0], tail[1][0]
+        weights[m] = np.bincount(np.zeros(len(tail[2]), dtype=np.int64), weights=tail[2])[0]
+        m += 1
+    if pairs is None:
+        return MergedGraph(np.empty((0, 2), dtype=np.int64), np.empty(0))
+    return MergedGraph(pairs[:m], weights[:m])
+
+
 def renumbered_by_size(membership: list[int]) -> list[int]:
     """Community labels renumbered largest first (ties: first seen), so ids read naturally and are
     stable for equal input whichever store computed them."""
@@ -331,49 +365,54 @@ def renumbered_by_size(membership: list[int]) -> list[int]:
     return [order[m] for m in membership]
 
 
-def weighted_igraph(node_ids: list[str], edges: "Edges | MergedGraph | Iterable[tuple[str, str, float]]"):
-    """The merged graph as igraph (for community detection and modularity)."""
+def _igraph(n: int, merged: MergedGraph):
+    """The merged graph as igraph without attributes: the algorithms take its weights as an array (an edge
+    attribute is a Python list, a float object per edge: 500 MB at 15 million edges)."""
     import igraph as ig
 
-    merged = edges if isinstance(edges, MergedGraph) else merged_undirected(node_ids, edges)
-    g = ig.Graph(n=len(node_ids), directed=False)
+    g = ig.Graph(n=n, directed=False)
     g.add_edges(merged.pairs)  # an index array goes in whole: ~4x faster than a list of 300k pairs
+    return g
+
+
+def weighted_igraph(node_ids: list[str], edges: "Edges | MergedGraph | Iterable[tuple[str, str, float]]"):
+    """The merged graph as igraph with its weights as the edge attribute `weight` (for checks beside igraph)."""
+    merged = merged_undirected(node_ids, edges)
+    g = _igraph(len(node_ids), merged)
     g.es["weight"] = merged.weights.tolist()
     return g
 
 
 def detect_communities(node_ids: list[str], edges: "MergedGraph | Edges | Iterable[tuple[str, str, float]]",
                        algorithm: str = "leiden", seed: int = 42, initial: Sequence[list[int] | None] | None = None,
-                       g=None, resolutions: Sequence[float] = (1.0,)) -> Communities:
+                       resolutions: Sequence[float] = (1.0,)) -> Communities:
     """Every node gets a community (isolated nodes are singletons); seeded so re-runs agree. Levels coarse to
-    fine: Leiden runs once per resolution (RB configuration, 1.0 = modularity) and the runs are nested; Louvain
-    keeps its last `len(resolutions)` aggregation passes (GDS Louvain has no resolution, so both stores do the
-    same). `initial`: starting partitions, one per level coarse to fine (Leiden; None: that level from scratch),
-    each refined in one iteration instead of built from scratch in two; `g`: the graph from weighted_igraph when
-    the caller already built it."""
+    fine: Leiden runs once per resolution (igraph's C Leiden on modularity, the configuration model at
+    resolution r: 1.0 = modularity) and the runs are nested; Louvain keeps its last `len(resolutions)`
+    aggregation passes (GDS Louvain has no resolution, so both stores do the same). `initial`: starting
+    partitions, one per level coarse to fine (Leiden; None: that level from scratch), each refined in one
+    iteration instead of built from scratch in two."""
     import igraph as ig
 
     resolutions = check_resolutions(resolutions)
-    g = weighted_igraph(node_ids, edges) if g is None else g
+    merged = merged_undirected(node_ids, edges)
+    g = _igraph(len(node_ids), merged)
     ig.set_random_number_generator(random.Random(seed))
     if algorithm == "leiden":
-        import leidenalg
-
         raw = []
         for i, r in enumerate(resolutions):
             start = initial[i] if initial is not None else None
-            extra = {"initial_membership": start, "n_iterations": 1} if start is not None else {}
-            part = leidenalg.find_partition(g, leidenalg.RBConfigurationVertexPartition, weights="weight",
-                                            resolution_parameter=r, seed=seed, **extra)
+            extra = {"initial_membership": start, "n_iterations": 1} if start is not None else {"n_iterations": 2}
+            part = g.community_leiden(objective_function="modularity", weights=merged.weights, resolution=r, **extra)
             raw.append(list(part.membership))
         ran = 1
     elif algorithm == "louvain":
-        passes = g.community_multilevel(weights="weight", return_levels=True) if g.ecount() else []
+        passes = g.community_multilevel(weights=merged.weights, return_levels=True) if g.ecount() else []
         raw = [list(p.membership) for p in reversed(passes[-len(resolutions):])] or [list(range(len(node_ids)))]
         ran = max(len(passes), 1)
     else:
         raise ValueError(f"unknown community algorithm {algorithm!r} (expected 'leiden' or 'louvain')")
-    levels = hierarchy(node_ids, raw, lambda labels: g.modularity(labels, weights="weight") if g.ecount() else 0.0)
+    levels = hierarchy(node_ids, raw, lambda labels: g.modularity(labels, weights=merged.weights) if g.ecount() else 0.0)
     return Communities(levels[-1].membership, levels[-1].modularity, ran, levels)
 
 
@@ -382,17 +421,33 @@ def pagerank(node_ids: list[str], edges: "MergedGraph | Edges | Iterable[tuple[s
     """Power iteration on the merged graph (scipy, one thread), dangling mass spread evenly: the same bits on
     every run. igraph's PRPACK sums in parallel and its last digits change from run to run, which reorders
     near-tied hubs, and with them community titles and summaries, between two indexes of the same corpus."""
-    import scipy.sparse as sp
-
-    from lazyhippo.graph.ppr import personalized_pagerank, transition_matrix
+    from lazyhippo.graph.ppr import personalized_pagerank
 
     merged = merged_undirected(node_ids, edges)
     n = len(node_ids)
     if not n:
         return {}
-    a, b = merged.pairs[:, 0], merged.pairs[:, 1]
-    adjacency = sp.csr_matrix((np.concatenate([merged.weights, merged.weights]), (np.concatenate([a, b]), np.concatenate([b, a]))),
-                              shape=(n, n))
-    transition, dangling = transition_matrix(adjacency)
-    scores = personalized_pagerank(transition, np.ones(n), damping, tol=1e-13, max_iter=1000, dangling=dangling).scores
+    adjacency = symmetric_csr(n, merged)
+    out_w = np.asarray(adjacency.sum(axis=1)).ravel()
+    dangling = out_w <= 0
+    inv = np.zeros_like(out_w)
+    inv[~dangling] = 1.0 / out_w[~dangling]
+    # column-stochastic transition (ppr.transition_matrix): M[i, j] = A[j, i] / w_j, and A is symmetric, so M is
+    # A's own layout with each entry scaled by its column's 1 / w_j: the same bits, its index arrays shared
+    adjacency.data *= inv[adjacency.indices]
+    scores = personalized_pagerank(adjacency, np.ones(n), damping, tol=1e-13, max_iter=1000, dangling=dangling).scores
     return dict(zip(node_ids, scores.tolist()))
+
+
+def symmetric_csr(n: int, merged: MergedGraph):
+    """Both directions of the merged graph as one canonical CSR matrix (sorted indices, one entry per pair),
+    built from the (smaller, larger) pairs in key order: they already are the upper triangle's rows, so no
+    COO triplets of both directions (three arrays of 2m entries) are sorted."""
+    import scipy.sparse as sp
+
+    index = np.int32 if n < 2**31 and len(merged) < 2**30 else np.int64
+    rows, cols = merged.pairs[:, 0], merged.pairs[:, 1].astype(index)
+    indptr = np.zeros(n + 1, dtype=index)
+    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+    upper = sp.csr_matrix((merged.weights, cols, indptr), shape=(n, n))
+    return (upper + upper.T).tocsr()

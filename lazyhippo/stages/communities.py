@@ -8,7 +8,7 @@ from collections import Counter
 import duckdb
 import pyarrow as pa
 
-from lazyhippo.graph.algorithms import CommunityLevel, MergedGraph, merge_positions
+from lazyhippo.graph.algorithms import CommunityLevel, MergedGraph, merge_sorted
 from lazyhippo.settings import Settings
 from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.results import CommunitiesResult
@@ -18,18 +18,27 @@ from lazyhippo.stores.warehouse import community_members, replace_rows, transact
 
 def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], MergedGraph]:
     """Entities and the graph communities and PageRank run on (relations and KNN edges, merged undirected).
-    DuckDB turns the ids into node positions (under its memory cap), so Python receives two integer columns
-    and a weight per edge instead of 1.7M pairs of id strings (at 10,000 documents); the edges come in id
-    order, so parallel edges' weights are summed in the order they always were."""
+    DuckDB turns the ids into node positions and orders each edge's ends (under its memory cap), and sends the
+    edges by pair in batches as int32 columns, which merge_sorted sums into arrays sized once: Python never
+    holds the edge rows whole (16 million at 100,000 documents). Within a pair the rows come in the order of
+    their (source, target) positions, so parallel edges' weights are summed in the order they always were."""
     nodes = con.sql("SELECT entity_id FROM entities WHERE namespace = $ns ORDER BY entity_id",
                     params={"ns": namespace}).to_arrow_table().column(0).to_pylist()
-    cols = con.sql("""
-        WITH n AS (SELECT entity_id, row_number() OVER (ORDER BY entity_id) - 1 AS i FROM entities WHERE namespace = $ns),
+    rows = con.execute("SELECT (SELECT count(*) FROM relations WHERE namespace = $ns) "
+                       "+ (SELECT count(*) FROM knn_edges WHERE namespace = $ns)", {"ns": namespace}).fetchall()[0][0]
+    reader = con.sql("""
+        WITH n AS (SELECT entity_id, (row_number() OVER (ORDER BY entity_id) - 1)::INTEGER AS i
+                   FROM entities WHERE namespace = $ns),
              e AS (SELECT source_id, target_id, weight::DOUBLE AS w FROM relations WHERE namespace = $ns
                    UNION ALL SELECT source_id, target_id, score::DOUBLE FROM knn_edges WHERE namespace = $ns)
-        SELECT a.i AS a, b.i AS b, e.w FROM e JOIN n a ON a.entity_id = e.source_id JOIN n b ON b.entity_id = e.target_id
-        ORDER BY a.i, b.i""", params={"ns": namespace}).fetchnumpy()
-    return nodes, merge_positions(len(nodes), cols["a"], cols["b"], cols["w"])
+        SELECT least(a.i, b.i) AS lo, greatest(a.i, b.i) AS hi, e.w
+        FROM e JOIN n a ON a.entity_id = e.source_id JOIN n b ON b.entity_id = e.target_id
+        WHERE a.i <> b.i ORDER BY lo, hi, a.i, e.w""", params={"ns": namespace}).to_arrow_reader(EDGE_BATCH)
+    batches = ((b.column(0).to_numpy(), b.column(1).to_numpy(), b.column(2).to_numpy()) for b in reader)
+    return nodes, merge_sorted(batches, rows)
+
+
+EDGE_BATCH = 1_000_000  # edge rows per Arrow batch from DuckDB: 16 MB
 
 
 def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> CommunitiesResult:

@@ -57,8 +57,7 @@ class EmbeddedGraphStore:
         return graph.knn_edges(ids, vectors, top_k, cutoff)
 
     def communities(self, namespace, node_ids, edges, algorithm, initial=None, resolutions=(1.0,)):
-        g = graph.weighted_igraph(node_ids, edges)
-        return graph.detect_communities(node_ids, edges, algorithm, initial=initial, g=g, resolutions=resolutions)
+        return graph.detect_communities(node_ids, edges, algorithm, initial=initial, resolutions=resolutions)
 
     def pagerank(self, namespace, node_ids, edges):
         return graph.pagerank(node_ids, edges)
