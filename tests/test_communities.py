@@ -237,3 +237,24 @@ def test_pagerank_is_the_transition_matrix_power_iteration_to_the_bit():
     expected = personalized_pagerank(transition, np.ones(n + 5), 0.85, tol=1e-13, max_iter=1000, dangling=dangling).scores
     scores = graph.pagerank(ids + [f"z{i}" for i in range(5)], merged)
     assert np.array(list(scores.values())).tobytes() == expected.tobytes()
+
+
+def test_the_previous_partition_is_read_a_level_at_a_time(sample_index, monkeypatch):
+    """A seeded run reads the stored members one level at a time (all levels' rows at once were 1 GB of
+    Python tuples at 100,000 documents) and starts each level from that level's previous partition."""
+    import lazyhippo.stages.communities as stage
+    from lazyhippo.stages.incremental import seed_membership
+    from lazyhippo.stores.warehouse import community_members
+
+    sent = []
+    monkeypatch.setattr(stage, "community_members", lambda *a, **k: sent.append(community_members(*a, **k)) or sent[-1])
+    ns = sample_index.namespace
+    with connect(sample_index) as con:
+        nodes = [e for (e,) in con.execute("SELECT entity_id FROM entities WHERE namespace = ? ORDER BY entity_id",
+                                           [ns]).fetchall()]
+        seeds = stage._seeds(con, ns, nodes, 3)
+        every = community_members(con, ns, "m.level, m.entity_id, m.community_id", "m.level")
+        assert stage._seeds(con, ns, nodes, 2) is None  # another number of levels: from scratch
+    assert len(sent) == 3 and all(len(rows) == len(nodes) for rows in sent)
+    assert seeds == [seed_membership(nodes, {e: c for lv, e, c in every if lv == level}) for level in range(3)]
+    assert all(seeds)

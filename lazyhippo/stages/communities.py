@@ -69,16 +69,23 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
 
 def _seeds(con: duckdb.DuckDBPyConnection, ns: str, nodes: list[str], n_levels: int) -> list[list[int] | None] | None:
     """The previous partition of every level as a start for the same level (incremental.seed_membership), or
-    None when there is none to start from (first run, another number of levels, too much changed)."""
+    None when there is none to start from (first run, another number of levels, too much changed). A level's
+    members are read at a time: every level's (level, community, entity) rows at once were 1 GB of Python
+    tuples at 100,000 documents."""
     from lazyhippo.stages.incremental import seed_membership
 
-    previous: dict[int, dict[str, str]] = {}
-    for level, community, entity in community_members(con, ns, "m.level, m.community_id, m.entity_id", "m.level"):
-        previous.setdefault(level, {})[entity] = community
-    if sorted(previous) != list(range(n_levels)):
+    levels = [lv for (lv,) in con.execute("SELECT DISTINCT level FROM communities WHERE namespace = ? ORDER BY level",
+                                          [ns]).fetchall()]
+    if levels != list(range(n_levels)):
         return None
-    seeds = [seed_membership(nodes, previous[level]) for level in range(n_levels)]
-    return seeds if all(s is not None for s in seeds) else None
+    seeds = []
+    for level in levels:
+        seed = seed_membership(nodes, dict(community_members(con, ns, "m.entity_id, m.community_id", "m.entity_id",
+                                                             where=f"m.level = {level}")))
+        if seed is None:
+            return None
+        seeds.append(seed)
+    return seeds
 
 
 COMMUNITY_COLUMNS = pa.schema([("community_id", pa.string()), ("level", pa.int32()), ("size", pa.int64()),

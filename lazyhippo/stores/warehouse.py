@@ -264,11 +264,12 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table | Non
 
 
 def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: str = "m.community_id, m.entity_id",
-                      order: str = "m.community_id, e.name", qualify: str = "") -> list[tuple]:
+                      order: str = "m.community_id, e.name", qualify: str = "", where: str = "") -> list[tuple]:
     """Every (community, entity) pair at every level: an entity belongs to its finest community
     (entity_scores) and to each ancestor of it (communities.parent_id). `columns` select from m (community_id,
-    entity_id, level) joined to e (entities) and s (entity_scores, the finest level); `qualify`, a window
-    condition on them, keeps some rows only (DuckDB filters them: the whole graph's rows never reach Python)."""
+    entity_id, level) joined to e (entities) and s (entity_scores, the finest level); `where`, a condition on
+    them, and `qualify`, a window condition, keep some rows only (DuckDB filters them: the whole graph's rows
+    never reach Python)."""
     return con.execute(f"""
         WITH RECURSIVE m(community_id, entity_id, level) AS (
             SELECT s.community_id, s.entity_id, c.level FROM entity_scores s
@@ -279,6 +280,7 @@ def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: s
         SELECT {columns} FROM m
         JOIN entities e ON e.namespace = $ns AND e.entity_id = m.entity_id
         JOIN entity_scores s ON s.namespace = $ns AND s.entity_id = m.entity_id
+        {f"WHERE {where}" if where else ""}
         {f"QUALIFY {qualify}" if qualify else ""}
         ORDER BY {order}""", {"ns": namespace}).fetchall()
 
