@@ -258,3 +258,24 @@ def test_the_previous_partition_is_read_a_level_at_a_time(sample_index, monkeypa
     assert len(sent) == 3 and all(len(rows) == len(nodes) for rows in sent)
     assert seeds == [seed_membership(nodes, {e: c for lv, e, c in every if lv == level}) for level in range(3)]
     assert all(seeds)
+
+
+def test_the_entity_graph_sums_both_directions_and_counts_a_relation_without_weight_as_one():
+    """Relations and KNN edges in either direction merge into one undirected pair; a relation whose weight is
+    NULL counts 1.0 (as on the Neo4j store), self-loops and ends that are not entities drop out."""
+    import duckdb
+
+    from lazyhippo.stages.communities import entity_graph
+    from lazyhippo.sql import SQL_DIR
+
+    con = duckdb.connect()
+    con.execute((SQL_DIR / "schema.sql").read_text())
+    con.execute("INSERT INTO entities (namespace, entity_id, name, norm_name) VALUES "
+                "('n', 'a', 'A', 'a'), ('n', 'b', 'B', 'b'), ('n', 'c', 'C', 'c'), ('other', 'z', 'Z', 'z')")
+    con.execute("INSERT INTO relations (namespace, relation_id, source_id, target_id, weight) VALUES "
+                "('n', 'r1', 'a', 'b', NULL), ('n', 'r2', 'c', 'b', 2.0), ('n', 'r3', 'a', 'a', 5.0), "
+                "('n', 'r4', 'a', 'x', 1.0), ('other', 'r5', 'z', 'z', 1.0)")
+    con.execute("INSERT INTO knn_edges VALUES ('n', 'b', 'a', 0.5, 1), ('n', 'c', 'b', 0.25, 1)")
+    nodes, merged = entity_graph(con, "n")
+    assert nodes == ["a", "b", "c"]
+    assert merged.pairs.tolist() == [[0, 1], [1, 2]] and merged.weights.tolist() == [1.5, 2.25]

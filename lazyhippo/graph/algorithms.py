@@ -291,7 +291,7 @@ class Edges:
 @dataclass(frozen=True)
 class MergedGraph:
     """Undirected edges as (smaller, larger) node index pairs in key order, with their summed weights."""
-    pairs: np.ndarray    # (m, 2) int64
+    pairs: np.ndarray    # (m, 2) integers (int32 as read from the warehouse, else int64)
     weights: np.ndarray  # (m,) float64
 
     def __len__(self) -> int:

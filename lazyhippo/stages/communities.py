@@ -21,7 +21,8 @@ def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[s
     DuckDB turns the ids into node positions and orders each edge's ends (under its memory cap), and sends the
     edges by pair in batches as int32 columns, which merge_sorted sums into arrays sized once: Python never
     holds the edge rows whole (16 million at 100,000 documents). Within a pair the rows come in the order of
-    their (source, target) positions, so parallel edges' weights are summed in the order they always were."""
+    their (source, target) positions, so parallel edges' weights are summed in the order they always were.
+    A relation without a weight counts 1.0, as on the Neo4j store."""
     nodes = con.sql("SELECT entity_id FROM entities WHERE namespace = $ns ORDER BY entity_id",
                     params={"ns": namespace}).to_arrow_table().column(0).to_pylist()
     rows = con.execute("SELECT (SELECT count(*) FROM relations WHERE namespace = $ns) "
@@ -29,7 +30,7 @@ def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[s
     reader = con.sql("""
         WITH n AS (SELECT entity_id, (row_number() OVER (ORDER BY entity_id) - 1)::INTEGER AS i
                    FROM entities WHERE namespace = $ns),
-             e AS (SELECT source_id, target_id, weight::DOUBLE AS w FROM relations WHERE namespace = $ns
+             e AS (SELECT source_id, target_id, coalesce(weight, 1.0)::DOUBLE AS w FROM relations WHERE namespace = $ns
                    UNION ALL SELECT source_id, target_id, score::DOUBLE FROM knn_edges WHERE namespace = $ns)
         SELECT least(a.i, b.i) AS lo, greatest(a.i, b.i) AS hi, e.w
         FROM e JOIN n a ON a.entity_id = e.source_id JOIN n b ON b.entity_id = e.target_id
