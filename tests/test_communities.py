@@ -200,7 +200,8 @@ def test_leiden_levels_are_the_same_on_every_run_and_keep_the_planted_groups():
     assert graph.detect_communities(ids, edges, "leiden", resolutions=RESOLUTIONS) == first
     g = graph.weighted_igraph(ids, edges)
     for level in first.hierarchy:
-        assert g.modularity([level.membership[n] for n in ids], weights="weight") == pytest.approx(level.modularity, abs=1e-12)
+        labels = [level.membership[n] for n in ids]
+        assert g.modularity(labels, weights="weight") == pytest.approx(level.modularity, abs=1e-12)
     community = {}
     for i, n in enumerate(ids):  # no planted group is split
         assert community.setdefault(i // 8, first.membership[n]) == first.membership[n]
@@ -231,10 +232,12 @@ def test_pagerank_is_the_transition_matrix_power_iteration_to_the_bit():
     merged, n = _merged_graph(m=20_000), 2000
     ids = [f"e{i:04d}" for i in range(n)]
     a, b = merged.pairs[:, 0], merged.pairs[:, 1]
-    adjacency = sp.csr_matrix((np.concatenate([merged.weights, merged.weights]), (np.concatenate([a, b]), np.concatenate([b, a]))),
+    both = (np.concatenate([a, b]), np.concatenate([b, a]))
+    adjacency = sp.csr_matrix((np.concatenate([merged.weights, merged.weights]), both),
                               shape=(n + 5, n + 5))  # five isolated nodes: dangling
     transition, dangling = transition_matrix(adjacency)
-    expected = personalized_pagerank(transition, np.ones(n + 5), 0.85, tol=1e-13, max_iter=1000, dangling=dangling).scores
+    expected = personalized_pagerank(transition, np.ones(n + 5), 0.85, tol=1e-13, max_iter=1000,
+                                     dangling=dangling).scores
     scores = graph.pagerank(ids + [f"z{i}" for i in range(5)], merged)
     assert np.array(list(scores.values())).tobytes() == expected.tobytes()
 

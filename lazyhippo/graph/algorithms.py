@@ -412,7 +412,8 @@ def detect_communities(node_ids: list[str], edges: "MergedGraph | Edges | Iterab
         ran = max(len(passes), 1)
     else:
         raise ValueError(f"unknown community algorithm {algorithm!r} (expected 'leiden' or 'louvain')")
-    levels = hierarchy(node_ids, raw, lambda labels: g.modularity(labels, weights=merged.weights) if g.ecount() else 0.0)
+    levels = hierarchy(node_ids, raw,
+                       lambda labels: g.modularity(labels, weights=merged.weights) if g.ecount() else 0.0)
     return Communities(levels[-1].membership, levels[-1].modularity, ran, levels)
 
 
