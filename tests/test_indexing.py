@@ -191,7 +191,7 @@ def test_exports_read_back_and_match_duckdb(sample_settings):
 
 def test_exported_parquet_gathers_batches_into_row_groups_of_bounded_bytes(sample_settings, monkeypatch):
     """A row group per batch restarted each column's dictionary every 50,000 rows (relations at 100,000
-    documents 303 MB, 285 MB in groups of 64 MB); a group still holds at most ROW_GROUP_BYTES of batches."""
+    documents 303 MB, 290 MB in groups of 32 MB); a group still holds at most ROW_GROUP_BYTES of batches."""
     from lazyhippo.stages import exports
 
     monkeypatch.setattr(exports, "EXPORT_BATCH_ROWS", 20)

@@ -31,8 +31,9 @@ EXPORTABLE = ("documents", "chunks", "entities", "relations", "mentions", "facts
 DEFAULT_TABLES = ("entities", "relations", "chunks")
 EXPORT_BATCH_ROWS = 50_000  # rows of a table read at once while the exports asset writes it
 # rows of a Parquet row group: up to this many bytes of batches are gathered first (a row group per batch kept
-# each column chunk's dictionary and zstd window to 50,000 rows: relations at 100,000 documents 303 -> 285 MB)
-ROW_GROUP_BYTES = 64 << 20
+# each column chunk's dictionary and zstd window to 50,000 rows: relations at 100,000 documents 303 -> 290 MB;
+# 64 MB groups, 285 MB for twice the memory)
+ROW_GROUP_BYTES = 32 << 20
 XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, minus the header
 
 
