@@ -31,7 +31,6 @@ DROP TABLE lh_kept_relations;
 
 SELECT
     $namespace AS namespace,
-    'r_' || substr(sha256(p.lo || '|' || p.hi), 1, 16) AS relation_id,
     p.lo AS source_id,
     p.hi AS target_id,
     x.description,     -- the heaviest description, ties to the first in text order

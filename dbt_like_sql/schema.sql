@@ -46,9 +46,12 @@ CREATE TABLE IF NOT EXISTS entities (
   namespace VARCHAR NOT NULL, entity_id VARCHAR NOT NULL, name VARCHAR NOT NULL,
   norm_name VARCHAR NOT NULL, type VARCHAR, description VARCHAR USING COMPRESSION zstd, mention_count BIGINT,
   degree BIGINT);
+-- relation_id is derived from the pair (source_id < target_id) when read, not stored: random hex of 13.7 M relations
+-- took 139 MB, 5% of the warehouse at 100,000 documents. Tables written before store it (rewritten once on open).
 CREATE TABLE IF NOT EXISTS relations (
-  namespace VARCHAR NOT NULL, relation_id VARCHAR NOT NULL, source_id VARCHAR NOT NULL,
-  target_id VARCHAR NOT NULL, description VARCHAR, weight DOUBLE, n_chunks BIGINT);
+  namespace VARCHAR NOT NULL,
+  relation_id VARCHAR GENERATED ALWAYS AS ('r_' || substr(sha256(source_id || '|' || target_id), 1, 16)) VIRTUAL,
+  source_id VARCHAR NOT NULL, target_id VARCHAR NOT NULL, description VARCHAR, weight DOUBLE, n_chunks BIGINT);
 -- a relation's type (upper snake case; RELATED_TO when the extraction gave none) and whether it reads from
 -- source_id to target_id (the pair is stored in id order, the type in the order the passage states it)
 ALTER TABLE relations ADD COLUMN IF NOT EXISTS type VARCHAR DEFAULT 'RELATED_TO';

@@ -42,7 +42,7 @@ def build_graph(con, ns: str) -> None:
                                               "description": f"{e} is a thing", "mention_count": 1, "degree": 1}
                                              for e in ENTITIES], ns))
     replace_rows(con, "mentions", ns, _table([{"chunk_id": c, "entity_id": e, "count": 1} for c, e in MENTIONS], ns))
-    replace_rows(con, "relations", ns, _table([{"relation_id": f"r_{a}_{b}", "source_id": a, "target_id": b,
+    replace_rows(con, "relations", ns, _table([{"source_id": a, "target_id": b,
                                                "description": "related", "weight": 1.0, "n_chunks": 1}
                                               for a, b in RELATIONS], ns))
     replace_rows(con, "knn_edges", ns, _table([{"source_id": a, "target_id": b, "score": s, "rank": 1}
@@ -105,8 +105,8 @@ class Graph:
             self.sql("DELETE FROM community_summaries WHERE namespace = ? AND community_id = 'k_1'") if emb \
                 else self.cypher("MATCH (c:Community {namespace: $ns, id: 'k_1'}) REMOVE c.summary")
         elif what == "no_orphan_edges":  # a relation to something that is no entity
-            self.sql("INSERT INTO relations (namespace, relation_id, source_id, target_id, description, weight, n_chunks) "
-                     "VALUES (?, 'r_ghost', 'e1', 'e_ghost', 'x', 1.0, 1)") if emb else self.cypher(
+            self.sql("INSERT INTO relations (namespace, source_id, target_id, description, weight, n_chunks) "
+                     "VALUES (?, 'e1', 'e_ghost', 'x', 1.0, 1)") if emb else self.cypher(
                 "MATCH (a:Entity {namespace: $ns, id: 'e1'}) MERGE (g:Document {namespace: $ns, id: 'e_ghost'}) "
                 "MERGE (a)-[:RELATED_TO {namespace: $ns, id: 'r_ghost'}]->(g)")
         else:

@@ -189,6 +189,24 @@ def test_exports_read_back_and_match_duckdb(sample_settings):
             assert exported.to_pylist() == expected.to_pylist(), table
 
 
+def test_exported_parquet_gathers_batches_into_row_groups_of_bounded_bytes(sample_settings, monkeypatch):
+    """A row group per batch restarted each column's dictionary every 50,000 rows (relations at 100,000
+    documents 303 MB, 290 MB in groups of 32 MB); a group still holds at most ROW_GROUP_BYTES of batches."""
+    from lazyhippo.stages import exports
+
+    monkeypatch.setattr(exports, "EXPORT_BATCH_ROWS", 20)
+    with connect(sample_settings, read_only=True) as con:
+        expected = con.sql(exports.export_query("relations"), params=["default"]).to_arrow_table()
+        assert expected.num_rows > 60
+        for group_bytes, groups in ((64 << 20, 1), (1, -(-expected.num_rows // 20))):
+            monkeypatch.setattr(exports, "ROW_GROUP_BYTES", group_bytes)
+            store = DictStore()
+            exports.export_parquet(sample_settings, con, store, "r1")
+            data = pq.ParquetFile(io.BytesIO(store.get("default/tables/relations.parquet")))
+            assert data.metadata.num_row_groups == groups
+            assert data.read().to_pylist() == expected.to_pylist()
+
+
 def test_exports_reach_the_store_as_files_never_as_one_bytes_object(sample_settings, tmp_path):
     """An exported table goes to the object store from its temporary file, read in pieces (at 100,000 documents
     a table's Parquet is hundreds of MB); the object is the one `put` of its bytes gives, and putting the same

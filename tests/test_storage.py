@@ -222,3 +222,61 @@ def test_a_warehouse_written_before_stores_its_text_with_zstd_once_on_open_with_
     with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
         assert con.execute("SELECT count(*) FROM documents").fetchone()[0] == 50
     assert "zstd" not in caplog.text  # once
+
+
+def _relation_id_stored(con) -> bool:
+    return not con.execute("SELECT is_generated FROM duckdb_columns() WHERE database_name = current_database() "
+                           "AND table_name = 'relations' AND column_name = 'relation_id'").fetchone()[0]
+
+
+def test_a_relation_id_is_derived_from_its_pair_when_read_in_the_work_file_and_in_a_snapshot(tmp_path):
+    """Random hex ids of 13.7 M relations took 139 MB of the warehouse at 100,000 documents: they are computed
+    from the pair instead, the same ids as before (queries, exports and Neo4j read them)."""
+    first = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(first)
+    other = first.with_(namespace="other")
+    run_index(other)  # two namespaces: the snapshot is a copy, not the work file
+    expected = "'r_' || substr(sha256(least(source_id, target_id) || '|' || greatest(source_id, target_id)), 1, 16)"
+    with connect(other) as con:
+        assert not _relation_id_stored(con)
+        n, same = con.execute(f"SELECT count(*), count(*) FILTER (WHERE relation_id = {expected}) FROM relations").fetchone()
+        assert n > 0 and same == n
+    snap = duckdb.connect(str(snapshot_path(other)), read_only=True)
+    try:
+        assert not _relation_id_stored(snap)
+        n, same = snap.execute(f"SELECT count(*), count(*) FILTER (WHERE relation_id = {expected}) FROM relations").fetchone()
+        assert n > 0 and same == n
+    finally:
+        snap.close()
+
+
+def test_mentions_are_stored_in_chunk_order_so_each_chunk_id_is_kept_once_per_run_of_rows(tmp_path):
+    """In the order of their aggregation a chunk's mentions were scattered: mentions at 100,000 documents 89 MB,
+    60 MB in chunk order."""
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    with connect(settings) as con:
+        stored = con.execute("SELECT chunk_id, entity_id FROM mentions ORDER BY rowid").fetchall()
+    assert len(stored) > 50 and stored == sorted(stored)
+
+
+def test_a_warehouse_that_stored_relation_ids_derives_them_once_on_open_with_the_same_rows(tmp_path, caplog):
+    settings = Settings(home=tmp_path / "old")
+    settings.home.mkdir()
+    old = duckdb.connect(str(settings.db_path))
+    old.execute("CREATE TABLE relations (namespace VARCHAR NOT NULL, relation_id VARCHAR NOT NULL, source_id VARCHAR "
+                "NOT NULL, target_id VARCHAR NOT NULL, description VARCHAR, weight DOUBLE, n_chunks BIGINT, "
+                "type VARCHAR DEFAULT 'RELATED_TO', forward BOOLEAN DEFAULT true)")
+    pairs = [(f"e_{i:016x}", f"e_{i + 1:016x}") for i in range(40)]
+    old.executemany("INSERT INTO relations VALUES ('default', 'r_' || substr(sha256(? || '|' || ?), 1, 16), ?, ?, "
+                    "'d', 1.0, 1, 'USES', false)", [(a, b, a, b) for a, b in pairs])
+    before = sorted(old.execute("SELECT * FROM relations").fetchall())
+    old.close()
+    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
+        assert not _relation_id_stored(con)
+        assert sorted(con.execute("SELECT * FROM relations").fetchall()) == before
+    assert "relations" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
+        assert con.execute("SELECT count(*) FROM relations").fetchone()[0] == 40
+    assert "relations" not in caplog.text  # once

@@ -29,7 +29,11 @@ PARQUET_ZSTD = {"compression": "zstd", "compression_level": 3}
 EXPORTABLE = ("documents", "chunks", "entities", "relations", "mentions", "facts", "knn_edges", "entity_scores",
               "communities", "community_summaries")
 DEFAULT_TABLES = ("entities", "relations", "chunks")
-EXPORT_BATCH_ROWS = 50_000  # rows of a table held at once while the exports asset writes it
+EXPORT_BATCH_ROWS = 50_000  # rows of a table read at once while the exports asset writes it
+# rows of a Parquet row group: up to this many bytes of batches are gathered first (a row group per batch kept
+# each column chunk's dictionary and zstd window to 50,000 rows: relations at 100,000 documents 303 -> 290 MB;
+# 64 MB groups, 285 MB for twice the memory)
+ROW_GROUP_BYTES = 32 << 20
 XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, minus the header
 
 
@@ -203,15 +207,25 @@ def export_query(table: str) -> str:
 
 def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str, path: Path) -> int:
     """The namespace's rows of `table`, sorted (equal rows, the same object), written to `path` as zstd Parquet
-    batch by batch: memory holds one batch, never the whole table nor its compressed object."""
+    a row group at a time: memory holds one group (ROW_GROUP_BYTES of batches), never the whole table nor its
+    compressed object."""
     import pyarrow.parquet as pq
 
     reader = con.sql(export_query(table), params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
-    rows = 0
+    rows, group = 0, []
     with pq.ParquetWriter(path, reader.schema, **PARQUET_ZSTD) as writer:
+        def flush() -> None:
+            part = pa.Table.from_batches(group, reader.schema)
+            writer.write_table(part, row_group_size=max(part.num_rows, 1))
+            group.clear()
+
         for batch in reader:
-            writer.write_batch(batch)
+            group.append(batch)
             rows += batch.num_rows
+            if sum(b.nbytes for b in group) >= ROW_GROUP_BYTES:
+                flush()
+        if group:
+            flush()
     return rows
 
 

@@ -112,8 +112,7 @@ def _fold(con: duckdb.DuckDBPyConnection, ns: str, source_ids: list[str], target
         WITH m AS (SELECT {mapped.format(col='source_id')} AS a, {mapped.format(col='target_id')} AS b,
                           description, weight, n_chunks, type, forward  -- the type reads a -> b
                    FROM relations WHERE namespace = $ns)
-        SELECT $ns AS namespace, 'r_' || substr(sha256(least(a, b) || '|' || greatest(a, b)), 1, 16) AS relation_id,
-               least(a, b) AS source_id, greatest(a, b) AS target_id,
+        SELECT $ns AS namespace, least(a, b) AS source_id, greatest(a, b) AS target_id,
                CASE WHEN count(*) = 1 THEN first(description)
                     ELSE string_agg(DISTINCT description, ' | ' ORDER BY description) END AS description,
                sum(weight) AS weight, sum(n_chunks) AS n_chunks,
