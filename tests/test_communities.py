@@ -275,9 +275,9 @@ def test_the_entity_graph_sums_both_directions_and_counts_a_relation_without_wei
     con.execute((SQL_DIR / "schema.sql").read_text())
     con.execute("INSERT INTO entities (namespace, entity_id, name, norm_name) VALUES "
                 "('n', 'a', 'A', 'a'), ('n', 'b', 'B', 'b'), ('n', 'c', 'C', 'c'), ('other', 'z', 'Z', 'z')")
-    con.execute("INSERT INTO relations (namespace, relation_id, source_id, target_id, weight) VALUES "
-                "('n', 'r1', 'a', 'b', NULL), ('n', 'r2', 'c', 'b', 2.0), ('n', 'r3', 'a', 'a', 5.0), "
-                "('n', 'r4', 'a', 'x', 1.0), ('other', 'r5', 'z', 'z', 1.0)")
+    con.execute("INSERT INTO relations (namespace, source_id, target_id, weight) VALUES "
+                "('n', 'a', 'b', NULL), ('n', 'c', 'b', 2.0), ('n', 'a', 'a', 5.0), "
+                "('n', 'a', 'x', 1.0), ('other', 'z', 'z', 1.0)")
     con.execute("INSERT INTO knn_edges VALUES ('n', 'b', 'a', 0.5, 1), ('n', 'c', 'b', 0.25, 1)")
     nodes, merged = entity_graph(con, "n")
     assert nodes == ["a", "b", "c"]
