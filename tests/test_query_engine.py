@@ -788,6 +788,59 @@ def test_ppr_reading_only_the_seed_columns_gives_the_same_scores_to_the_bit():
         assert cols.iterations == full.iterations and np.array_equal(cols.scores, full.scores)
 
 
+def test_forward_push_gives_the_power_iterations_scores_within_its_eps_per_edge():
+    from lazyhippo.graph.ppr import pushed_pagerank
+
+    rng = np.random.default_rng(5)
+    n = 600
+    a = sp.random(n, n, density=0.01, random_state=rng, dtype=np.float64)
+    a = (a + a.T).tolil()
+    a[:, 9] = 0.0
+    a[9, :] = 0.0  # a dangling node
+    m, dangling = transition_matrix(a.tocsr())
+    columns = m.astype(np.float32).tocsc()
+    edges = np.diff(columns.indptr)
+    for seeds in ([3], [3, 9, 11], list(range(0, n, 13))):
+        seed = np.zeros(n)
+        seed[seeds] = rng.random(len(seeds)) + 0.1
+        exact = personalized_pagerank(m, seed, damping=0.5, tol=1e-12, max_iter=1000, dangling=dangling).scores
+        for eps in (1e-4, 1e-6):
+            pushed = pushed_pagerank(columns, seed, damping=0.5, eps=eps, dangling=dangling)
+            assert abs(pushed.scores.sum() - 1.0) < 1e-9 and (pushed.scores >= 0).all()
+            # every node is short of at most its unpushed mass, which is under eps per edge, then the sum is
+            # renormalized by what was left unpushed
+            short = exact * (1.0 - pushed.residual) - pushed.scores * (1.0 - pushed.residual)
+            assert (short < eps * np.maximum(edges, 1) + 1e-7).all() and pushed.residual < 0.5
+        close = pushed_pagerank(columns, seed, damping=0.5, eps=1e-9, dangling=dangling).scores
+        np.testing.assert_allclose(close, exact, atol=1e-5)  # float32 transition
+        assert np.array_equal(np.argsort(-close)[:10], np.argsort(-exact)[:10])
+    with pytest.raises(ValueError):
+        pushed_pagerank(columns, seed, damping=1.0)
+
+
+def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions_arrays(monkeypatch):
+    from types import SimpleNamespace
+
+    from lazyhippo.graph import ppr
+
+    rng = np.random.default_rng(6)
+    a = sp.random(800, 800, density=0.02, random_state=rng, dtype=np.float64)
+    m, dangling = transition_matrix((a + a.T).tocsr())
+    m32 = m.astype(np.float32)
+    mv = ppr.parallel_matvec(m32, threads=2, min_nnz=100)
+    graph = SimpleNamespace(transition32=m32, columns32=m32.tocsc(), dangling=dangling, matvec32=mv)
+    seed = np.zeros(800)
+    seed[[1, 2]] = 1.0
+    walk = ppr.EmbeddedPPR().run(SimpleNamespace(graph=graph), seed, 0.5, 1e-6, 100)
+    assert np.array_equal(walk, personalized_pagerank(m32, seed, 0.5, 1e-6, 100, dangling=dangling,
+                                                      matvec=mv, columns=graph.columns32).scores)
+    monkeypatch.setattr(ppr, "PUSH_MIN_EDGES", 100)
+    pushed = ppr.EmbeddedPPR().run(SimpleNamespace(graph=graph), seed, 0.5, 1e-6, 100)
+    assert not np.array_equal(pushed, walk) and np.abs(pushed - walk).sum() < 1e-3
+    assert len(mv.blocks) == 2 and all(np.shares_memory(b.data, m32.data) and np.shares_memory(b.indices, m32.indices)
+                                       for b in mv.blocks)  # views: no second copy of the graph
+
+
 def test_top_indices_picks_as_a_full_partition_ties_included():
     from lazyhippo.query.types import top_indices
 

@@ -65,21 +65,35 @@ class CosineBound:
     error: np.ndarray  # (n,) norm of the difference between each row's projection and its int8 form
 
     @classmethod
-    def of(cls, vecs: np.ndarray, k: int) -> "CosineBound":
+    def of(cls, vecs: "np.ndarray | Int8Rows", k: int) -> "CosineBound":
         """The bound of `vecs` on their `k` leading axes: the more axes, the more read at load and per query,
         the tighter the bound and the fewer rows read in full. The projections are kept in int8 (a quarter of
-        float32); the error that leaves is bounded as the left-out part is, and added to it."""
+        float32); the error that leaves is bounded as the left-out part is, and added to it. Computed by blocks
+        of rows, never all of them in float32 at once (a million int8 rows would take 1 GB so)."""
         from lazyhippo.stores.warehouse import int8_rows
 
-        vecs = np.asarray(vecs, dtype=np.float32)
-        k = min(k, vecs.shape[1])
-        _, eig = np.linalg.eigh((vecs.T @ vecs).astype(np.float64))  # ascending eigenvalues
+        n, dim = vecs.shape
+        k = min(k, dim)
+        blocks = [(a, min(a + Int8Rows.BLOCK, n)) for a in range(0, n, Int8Rows.BLOCK)]
+
+        def rows(a: int, b: int) -> np.ndarray:
+            return vecs[a:b] if isinstance(vecs, Int8Rows) else np.asarray(vecs[a:b], dtype=np.float32)
+
+        gram = np.zeros((dim, dim))
+        for a, b in blocks:
+            block = rows(a, b)
+            gram += block.T @ block
+        _, eig = np.linalg.eigh(gram)  # ascending eigenvalues
         axes = np.ascontiguousarray(eig[:, ::-1][:, :k], dtype=np.float32)
-        head = vecs @ axes
-        rest = np.sqrt(np.maximum(np.einsum("ij,ij->i", vecs, vecs, dtype=np.float64) -
-                                  np.einsum("ij,ij->i", head, head, dtype=np.float64), 0.0))
-        stored = Int8Rows(*int8_rows(head))
-        return cls(axes, stored, rest, np.linalg.norm(head.astype(np.float64) - stored.dense(), axis=1))
+        stored, rest, error = Int8Rows.zeros(n, k), np.zeros(n), np.zeros(n)
+        for a, b in blocks:
+            block = rows(a, b)
+            head = block @ axes
+            rest[a:b] = np.sqrt(np.maximum(np.einsum("ij,ij->i", block, block, dtype=np.float64) -
+                                           np.einsum("ij,ij->i", head, head, dtype=np.float64), 0.0))
+            stored.q[a:b], stored.scale[a:b] = int8_rows(head)
+            error[a:b] = np.linalg.norm(head.astype(np.float64) - stored[a:b], axis=1)
+        return cls(axes, stored, rest, error)
 
     def _bounds(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's product with `query` over the axes, and how far its full product can be from that."""
