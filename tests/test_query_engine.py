@@ -904,6 +904,39 @@ def test_cosine_bound_ranks_the_best_k_as_the_full_product():
     assert bounded > 0.5 * 40 * 3000
 
 
+def test_large_matrices_are_searched_by_their_nearest_clusters_and_small_ones_in_full(monkeypatch):
+    from lazyhippo.query import nearest
+    from lazyhippo.query.types import top_indices
+
+    rng = np.random.default_rng(7)
+    centers = rng.normal(size=(40, 32))
+    vecs = centers[rng.integers(40, size=6000)] + rng.normal(scale=0.3, size=(6000, 32))
+    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+    assert nearest.CosineBound.of(vecs, 8).clusters is None  # below the size: the exact bound, as before
+    monkeypatch.setattr(nearest, "APPROX_MIN_ROWS", 5000)
+    bound = nearest.CosineBound.of(vecs, 8)
+    clusters = bound.clusters
+    assert len(clusters.centroids) == 77 and np.array_equal(np.sort(clusters.order), np.arange(6000))
+    found, read = 0, 0
+    for trial in range(40):
+        q = vecs[rng.integers(6000)] + rng.normal(scale=0.1, size=32).astype(np.float32)
+        q /= np.linalg.norm(q)
+        full = vecs @ q
+        near = bound.candidates(q, 0.8)
+        read += len(near)
+        found += int(np.argmax(full) in set(near))
+        plus = (0.5 * rng.random(6000) * (rng.random(6000) < 0.01)).astype(np.float32) if trial % 2 else None
+        exact = rng.choice(6000, 5, replace=False)
+        out = bound.top(vecs, q, 6, plus, exact)
+        scored = np.isfinite(out)
+        want = full + plus if plus is not None else full
+        assert np.allclose(out[scored], want[scored], atol=1e-6) and scored[exact].all()
+        if plus is not None:  # the best by the added scores are read too
+            assert scored[top_indices(plus, 24)].all()
+        assert len(set(top_indices(out, 6)) & set(top_indices(want, 6))) >= 4
+    assert found >= 38 and read < 0.3 * 40 * 6000  # the best row nearly always, a fraction of the rows read
+
+
 def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):
     idx = load_index(qsettings)
     calls = []
