@@ -64,15 +64,16 @@ APPROX_MIN_ROWS = 250_000  # matrices this large are searched by their clusters 
 @dataclass(frozen=True)
 class Clusters:
     """An inverted file: the rows grouped by the nearest of ~sqrt(n) k-means centroids, so a query reads the
-    rows of the clusters nearest it (`PROBE_SHARE` of them) instead of them all. Approximate: a row in a cluster
+    rows of the clusters nearest it (`ROW_SHARE` of the rows; clusters are uneven, so counted in rows) instead of
+    them all. Approximate: a row in a cluster
     not probed is missed. Kept as one permutation of the rows and the clusters' offsets in it, not a copy."""
 
     centroids: np.ndarray  # (c, dim) float32
     order: np.ndarray      # row indices, cluster by cluster (int32)
     starts: np.ndarray     # (c + 1,) where each cluster's rows begin in `order`
 
-    PROBE_SHARE = 1 / 8    # of the clusters read per query (at least `MIN_PROBE`)
-    MIN_PROBE = 8
+    ROW_SHARE = 1 / 16     # of the rows a query reads: those of its nearest clusters, up to this many
+    MIN_PROBE = 8          # clusters read at least
 
     @classmethod
     def of(cls, vecs: "np.ndarray | Int8Rows", rows: Callable[[int, int], np.ndarray]) -> "Clusters":
@@ -93,9 +94,10 @@ class Clusters:
 
     def rows(self, query: np.ndarray) -> np.ndarray:
         """Ascending indices of the rows of the clusters nearest `query`."""
-        probe = min(len(self.centroids), max(self.MIN_PROBE, int(len(self.centroids) * self.PROBE_SHARE)))
-        near = np.argpartition(-(self.centroids @ query), probe - 1)[:probe]
-        return np.sort(np.concatenate([self.order[self.starts[c]:self.starts[c + 1]] for c in near]))
+        near = np.argsort(-(self.centroids @ query), kind="stable")
+        sizes = np.cumsum(np.diff(self.starts)[near])
+        probe = max(self.MIN_PROBE, int(np.searchsorted(sizes, self.ROW_SHARE * self.starts[-1])) + 1)
+        return np.sort(np.concatenate([self.order[self.starts[c]:self.starts[c + 1]] for c in near[:probe]]))
 
 
 def rows_at(vecs: "np.ndarray | Int8Rows", rows) -> np.ndarray:
