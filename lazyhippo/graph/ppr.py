@@ -219,7 +219,7 @@ class EmbeddedPPR:
     """The walk on the index's precomputed float32 transition (the default); float32 halves the memory traffic
     of the product, results are renormalized in float64. A power iteration, whose every step reads the whole
     graph, up to `PUSH_MIN_EDGES`; above, forward push, whose cost follows the mass (100,000 documents, 38M
-    edges: 7x faster, the same 10 best passages on 20 questions; docs/benchmarks.md)."""
+    edges: 5x faster, the same 10 best passages on 20 questions; docs/benchmarks.md)."""
 
     name = "embedded"
 
