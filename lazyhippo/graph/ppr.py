@@ -144,8 +144,7 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
         if touched is None:
             active = np.flatnonzero(r >= floor)
         else:
-            touched = np.unique(touched)
-            active = touched[r[touched] >= floor[touched]]
+            active = np.unique(touched[r[touched] >= floor[touched]])  # the few above the floor, then unique
     p /= max(p.sum(), 1e-300)
     return PPRResult(p, rounds, float(r.sum()))
 
