@@ -133,7 +133,18 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
     assert slim.chunks.vecs is None and slim.entities.vecs is None and slim.facts.vecs is None
     assert slim.chunks.texts is None and slim.facts.texts is None
     assert slim.graph.transition32 is None and slim.graph.columns32 is None
+    # no matrix twice: the facts by entity are the transpose of the entities by fact, the passages' community
+    # coverage a product of the mentions; and the graph's node ids and positions are the parts' own
+    assert slim.facts.by_entity is None and slim.communities.coverage is None
+    assert slim.graph.node_ids.entities is slim.entities.ids and slim.graph.node_pos.chunks is slim.chunks.pos
     assert slim.chunks.ids == built.chunks.ids and slim.graph.adjacency.nnz == built.graph.adjacency.nnz
+    clear_cache()
+    cached = load_index(settings)
+    assert cached.stats["cached"] and (cached.facts.by_entity != built.facts.by_entity).nnz == 0
+    assert np.array_equal(cached.communities.coverage, built.communities.coverage)
+    assert dict(cached.graph.node_pos) == {**built.entities.pos, **{c: built.n_entities + i for i, c in
+                                                                     enumerate(built.chunks.ids)}}
+    assert list(cached.graph.node_ids) == built.entities.ids + built.chunks.ids
     whole = pickle.dumps(replace(built, graph=replace(built.graph, matvec32=None)), protocol=5)
     assert cache.stat().st_size < len(whole) - sum(len(t) for t in built.chunks.texts + built.facts.texts)
 

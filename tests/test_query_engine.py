@@ -788,6 +788,59 @@ def test_ppr_reading_only_the_seed_columns_gives_the_same_scores_to_the_bit():
         assert cols.iterations == full.iterations and np.array_equal(cols.scores, full.scores)
 
 
+def test_forward_push_gives_the_power_iterations_scores_within_its_eps_per_edge():
+    from lazyhippo.graph.ppr import pushed_pagerank
+
+    rng = np.random.default_rng(5)
+    n = 600
+    a = sp.random(n, n, density=0.01, random_state=rng, dtype=np.float64)
+    a = (a + a.T).tolil()
+    a[:, 9] = 0.0
+    a[9, :] = 0.0  # a dangling node
+    m, dangling = transition_matrix(a.tocsr())
+    columns = m.astype(np.float32).tocsc()
+    edges = np.diff(columns.indptr)
+    for seeds in ([3], [3, 9, 11], list(range(0, n, 13))):
+        seed = np.zeros(n)
+        seed[seeds] = rng.random(len(seeds)) + 0.1
+        exact = personalized_pagerank(m, seed, damping=0.5, tol=1e-12, max_iter=1000, dangling=dangling).scores
+        for eps in (1e-4, 1e-6):
+            pushed = pushed_pagerank(columns, seed, damping=0.5, eps=eps, dangling=dangling)
+            assert abs(pushed.scores.sum() - 1.0) < 1e-9 and (pushed.scores >= 0).all()
+            # every node is short of at most its unpushed mass, which is under eps per edge, then the sum is
+            # renormalized by what was left unpushed
+            short = exact * (1.0 - pushed.residual) - pushed.scores * (1.0 - pushed.residual)
+            assert (short < eps * np.maximum(edges, 1) + 1e-7).all() and pushed.residual < 0.5
+        close = pushed_pagerank(columns, seed, damping=0.5, eps=1e-9, dangling=dangling).scores
+        np.testing.assert_allclose(close, exact, atol=1e-5)  # float32 transition
+        assert np.array_equal(np.argsort(-close)[:10], np.argsort(-exact)[:10])
+    with pytest.raises(ValueError):
+        pushed_pagerank(columns, seed, damping=1.0)
+
+
+def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions_arrays(monkeypatch):
+    from types import SimpleNamespace
+
+    from lazyhippo.graph import ppr
+
+    rng = np.random.default_rng(6)
+    a = sp.random(800, 800, density=0.02, random_state=rng, dtype=np.float64)
+    m, dangling = transition_matrix((a + a.T).tocsr())
+    m32 = m.astype(np.float32)
+    mv = ppr.parallel_matvec(m32, threads=2, min_nnz=100)
+    graph = SimpleNamespace(transition32=m32, columns32=m32.tocsc(), dangling=dangling, matvec32=mv)
+    seed = np.zeros(800)
+    seed[[1, 2]] = 1.0
+    walk = ppr.EmbeddedPPR().run(SimpleNamespace(graph=graph), seed, 0.5, 1e-6, 100)
+    assert np.array_equal(walk, personalized_pagerank(m32, seed, 0.5, 1e-6, 100, dangling=dangling,
+                                                      matvec=mv, columns=graph.columns32).scores)
+    monkeypatch.setattr(ppr, "PUSH_MIN_EDGES", 100)
+    pushed = ppr.EmbeddedPPR().run(SimpleNamespace(graph=graph), seed, 0.5, 1e-6, 100)
+    assert not np.array_equal(pushed, walk) and np.abs(pushed - walk).sum() < 1e-3
+    assert len(mv.blocks) == 2 and all(np.shares_memory(b.data, m32.data) and np.shares_memory(b.indices, m32.indices)
+                                       for b in mv.blocks)  # views: no second copy of the graph
+
+
 def test_top_indices_picks_as_a_full_partition_ties_included():
     from lazyhippo.query.types import top_indices
 
@@ -849,6 +902,39 @@ def test_cosine_bound_ranks_the_best_k_as_the_full_product():
         assert np.allclose(out[exact], full[exact], rtol=0, atol=1e-6) and (out >= full - 1e-6).all()
         bounded += int((out > full + 1e-4).sum())  # rows left at their bound, never read in full
     assert bounded > 0.5 * 40 * 3000
+
+
+def test_large_matrices_are_searched_by_their_nearest_clusters_and_small_ones_in_full(monkeypatch):
+    from lazyhippo.query import nearest
+    from lazyhippo.query.types import top_indices
+
+    rng = np.random.default_rng(7)
+    centers = rng.normal(size=(40, 32))
+    vecs = centers[rng.integers(40, size=6000)] + rng.normal(scale=0.3, size=(6000, 32))
+    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+    assert nearest.CosineBound.of(vecs, 8).clusters is None  # below the size: the exact bound, as before
+    monkeypatch.setattr(nearest, "APPROX_MIN_ROWS", 5000)
+    bound = nearest.CosineBound.of(vecs, 8)
+    clusters = bound.clusters
+    assert len(clusters.centroids) == 77 and np.array_equal(np.sort(clusters.order), np.arange(6000))
+    found, read = 0, 0
+    for trial in range(40):
+        q = vecs[rng.integers(6000)] + rng.normal(scale=0.1, size=32).astype(np.float32)
+        q /= np.linalg.norm(q)
+        full = vecs @ q
+        near = bound.candidates(q, 0.8)
+        read += len(near)
+        found += int(np.argmax(full) in set(near))
+        plus = (0.5 * rng.random(6000) * (rng.random(6000) < 0.01)).astype(np.float32) if trial % 2 else None
+        exact = rng.choice(6000, 5, replace=False)
+        out = bound.top(vecs, q, 6, plus, exact)
+        scored = np.isfinite(out)
+        want = full + plus if plus is not None else full
+        assert np.allclose(out[scored], want[scored], atol=1e-6) and scored[exact].all()
+        if plus is not None:  # the best by the added scores are read too
+            assert scored[top_indices(plus, 24)].all()
+        assert len(set(top_indices(out, 6)) & set(top_indices(want, 6))) >= 4
+    assert found >= 36 and read < 0.2 * 40 * 6000  # the best row nearly always, a fraction of the rows read
 
 
 def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):

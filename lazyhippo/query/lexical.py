@@ -8,8 +8,9 @@ and so catches a bm25s version that builds otherwise), in a fifth of the time on
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import chain
 
 import bm25s
 import numpy as np
@@ -26,12 +27,14 @@ class TokenIds:
     vocab: dict[str, int]
 
     @classmethod
-    def of(cls, texts: list[list[str]]) -> "TokenIds":
+    def of(cls, texts: Iterable[list[str]]) -> "TokenIds":
+        """Read one text's tokens at a time: a million facts' token lists, all held at once, took 2.5 GB."""
         vocab: dict[str, int] = {}
-        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        flat = np.fromiter((vocab.setdefault(t, len(vocab)) for t in chain.from_iterable(texts)), dtype=np.int64,
-                           count=int(lengths.sum()))
-        return cls((flat, lengths), vocab)
+        flat, lengths = array("q"), array("q")
+        for toks in texts:
+            lengths.append(len(toks))
+            flat.extend([vocab.setdefault(t, len(vocab)) for t in toks])
+        return cls((np.frombuffer(flat, dtype=np.int64), np.frombuffer(lengths, dtype=np.int64)), vocab)
 
 
 class FlatBM25(bm25s.BM25):
@@ -71,7 +74,7 @@ class Lexical:
         if not docs:
             return cls(None, {}, 0)
         retriever = FlatBM25()
-        retriever.index(TokenIds.of([tokens(d) or [""] for d in docs]), show_progress=False)
+        retriever.index(TokenIds.of(tokens(d) or [""] for d in docs), show_progress=False)
         return cls(retriever, dict(retriever.vocab_dict), len(docs))
 
     def scores(self, keywords: list[str]) -> np.ndarray:

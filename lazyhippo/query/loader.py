@@ -25,6 +25,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
@@ -122,8 +123,8 @@ class Graph:
 
     adjacency: sp.csr_matrix
     dangling: np.ndarray
-    node_ids: list[str]
-    node_pos: dict[str, int]
+    node_ids: "NodeIds"
+    node_pos: "NodePositions"
     params: GraphParams
     transition32: sp.csr_matrix       # column-stochastic, float32: half the memory traffic of float64
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
@@ -162,12 +163,53 @@ class GraphIndex:
 
     # the node surface a PPR backend needs (Neo4j maps its scores back through these)
     @property
-    def node_ids(self) -> list[str]:
+    def node_ids(self) -> "NodeIds":
         return self.graph.node_ids
 
     @property
-    def node_pos(self) -> dict[str, int]:
+    def node_pos(self) -> "NodePositions":
         return self.graph.node_pos
+
+
+@dataclass(frozen=True, eq=False)
+class NodeIds(Sequence):
+    """The graph's node ids, the entities' then the chunks', read through the parts' own lists: a list of them
+    all was a million more pointers in memory and 25 MB of the disk cache at 100,000 documents."""
+
+    entities: list[str]
+    chunks: list[str]
+
+    def __len__(self) -> int:
+        return len(self.entities) + len(self.chunks)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n_e = len(self.entities)
+        i = i + len(self) if i < 0 else i
+        return self.entities[i] if i < n_e else self.chunks[i - n_e]
+
+    def __eq__(self, other) -> bool:
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+
+@dataclass(frozen=True, eq=False)
+class NodePositions(Mapping):
+    """Node id -> node index, read through the entities' and chunks' own maps (a dict of every node was 100 MB
+    at 100,000 documents)."""
+
+    entities: dict[str, int]
+    chunks: dict[str, int]
+
+    def __getitem__(self, key: str) -> int:
+        c = self.chunks.get(key)
+        return self.entities[key] if c is None else len(self.entities) + c
+
+    def __iter__(self):
+        return chain(self.entities, self.chunks)
+
+    def __len__(self) -> int:
+        return len(self.entities) + len(self.chunks)
 
     @property
     def graph_params(self) -> GraphParams:
@@ -274,7 +316,7 @@ def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim:
     return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=vecs,
                     df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank,
                     # a link needs a cosine of 0.8: on 64 of 256 axes a phrase reads ~5 of 2Wiki's 37k in full
-                    near=CosineBound.of(vecs.dense(), 64))
+                    near=CosineBound.of(vecs, 64))
 
 
 def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Mentions:
@@ -296,30 +338,34 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
     return Mentions(counts=counts, title_entity=title_entity, title_base_entity=title_base_entity)
 
 
-def _facts(con, ns: dict, chunks: Chunks, entity_pos: dict[str, int], dim: int) -> Facts:
+def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Facts:
+    """Columns in Arrow, entity lists flattened: no loop over a million facts and their entity lists."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from lazyhippo.query.lexical import Lexical
 
-    chunk_pos = chunks.pos
-    fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns).to_pydict()
-    ids, chunk, texts, f_rows, f_cols = [], [], [], [], []
-    for fid, c, text, ents in zip(fa["fact_id"], fa["chunk_id"], fa["text"], fa["entity_ids"]):
-        if c not in chunk_pos:
-            continue
-        row = len(ids)
-        ids.append(fid); chunk.append(chunk_pos[c]); texts.append(text)
-        for e in set(ents or []):
-            if e in entity_pos:
-                f_rows.append(row); f_cols.append(entity_pos[e])
-    entities = sp.csr_matrix((np.ones(len(f_rows), dtype=np.float32), (f_rows, f_cols)), shape=(len(ids), len(entity_pos)))
+    fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns)
+    chunk = positions(chunks.ids, fa.column("chunk_id"))
+    fa = fa.filter(pa.array(chunk >= 0))
+    chunk = chunk[chunk >= 0]
+    ids, texts = fa.column("fact_id").to_pylist(), fa.column("text").to_pylist()
+    named = fa.column("entity_ids").combine_chunks()
+    cols = positions(entity_ids, pc.list_flatten(named))
+    rows = pc.list_parent_indices(named).to_numpy().astype(np.int64)
+    keep = cols >= 0
+    entities = sp.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (rows[keep], cols[keep])),
+                             shape=(len(ids), len(entity_ids)))
+    entities.sum_duplicates()
+    entities.data[:] = 1.0  # an entity named twice in a fact counts once
     vecs, _ = _vectors(con, ns["ns"], "fact", ids)
     vecs = _fit_dim(vecs, dim)
-    return Facts(ids=ids, chunk=np.asarray(chunk, dtype=np.int64), texts=texts, entities=entities,
-                 by_entity=entities.T.tocsr(), vecs=vecs,
+    return Facts(ids=ids, chunk=chunk, texts=texts, entities=entities, by_entity=entities.T.tocsr(), vecs=vecs,
                  # ranking the best 6 of close scores takes a tighter bound than a threshold: on 128 axes a
                  # question reads ~130 of 2Wiki's 21k in full (1.1 against 1.9 ms)
-                 near=CosineBound.of(vecs.dense(), 128),
+                 near=CosineBound.of(vecs, 128),
                  # words by the passage title too: a sentence that opens "She ..." still matches its subject's name
-                 lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk, texts)]))
+                 lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk.tolist(), texts)]))
 
 
 def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matrix, dim: int) -> Communities:
@@ -335,30 +381,46 @@ def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matri
     for c, e in community_members(con, ns["ns"]):  # every level: an entity is in its community and their ancestors
         if e in entity_pos and c in cpos:
             members[cpos[c]].append(entity_pos[e])
-    rows = [e for m in members for e in m]
-    cols = [ci for ci, m in enumerate(members) for _ in m]
-    e2c = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(entity_pos), len(ids)))
-    coverage = np.asarray(((counts > 0).astype(np.float32) @ e2c).todense())
+    members = [np.asarray(m, dtype=np.int64) for m in members]
     return Communities(ids=ids, titles=cs["title"], summaries=cs["summary"], hubs=[list(h or []) for h in cs["hub_entities"]],
-                       vecs=_fit_dim(vecs, dim), members=[np.asarray(m, dtype=np.int64) for m in members],
+                       vecs=_fit_dim(vecs, dim), members=members,
                        tokens=[set(tokens(f"{t} {s} {' '.join(h or [])}")) for t, s, h in
                                zip(cs["title"], cs["summary"], cs["hub_entities"])],
-                       coverage=coverage, levels=np.asarray(cs["level"], dtype=np.int64))
+                       coverage=_coverage(counts, members), levels=np.asarray(cs["level"], dtype=np.int64))
+
+
+def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> np.ndarray:
+    """(n_chunks, n_communities): how many of each community's entities each chunk mentions."""
+    rows = np.concatenate(members) if members else np.zeros(0, dtype=np.int64)
+    cols = np.repeat(np.arange(len(members)), [len(m) for m in members])
+    e2c = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(counts.shape[1], len(members)))
+    return np.asarray(((counts > 0).astype(np.float32) @ e2c).todense())
 
 
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
     n_e, n_p = len(entities.ids), len(chunks.ids)
     entity_pos = entities.pos
-    edges = [EntityEdges.of(entities.ids, *(t.column(i) for i in range(3))) for t in (
-        _table(con, "SELECT source_id, target_id, weight::DOUBLE FROM relations WHERE namespace = $ns", ns),
-        _table(con, "SELECT source_id, target_id, score::DOUBLE FROM knn_edges WHERE namespace = $ns", ns))]
+    edges = [_entity_edges(con, ns, table, weight) for table, weight in (("relations", "weight"), ("knn_edges", "score"))]
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
     t32, columns32, degree = _transitions(adjacency)
     return Graph(adjacency=adjacency, dangling=degree <= 0,
-                 node_ids=list(entities.ids) + list(chunks.ids),
-                 node_pos={**entity_pos, **{c: n_e + i for i, c in enumerate(chunks.ids)}}, params=params,
+                 node_ids=NodeIds(entities.ids, chunks.ids), node_pos=NodePositions(entity_pos, chunks.pos), params=params,
                  transition32=t32, matvec32=parallel_matvec(t32), columns32=columns32, degree=degree)
+
+
+def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
+    """The edges of `table` over entity positions (the rank of the id, as `entities.ids` is ordered), joined in
+    DuckDB: 13.7M relations read as two columns of ids took 3 GB of Arrow strings to look up. In the table's own
+    order, as `passage_adjacency` sums duplicates in the order it meets them; edges to no entity are left out."""
+    rows = con.execute(f"""
+        WITH e AS (SELECT entity_id, row_number() OVER (ORDER BY entity_id) - 1 AS pos
+                   FROM entities WHERE namespace = $ns)
+        SELECT s.pos AS source, t.pos AS target, coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
+        FROM {table} r JOIN e s ON s.entity_id = r.source_id JOIN e t ON t.entity_id = r.target_id
+        WHERE r.namespace = $ns ORDER BY r.rowid""", ns).fetchnumpy()
+    return EntityEdges(*(np.asarray(rows[c], dtype=d) for c, d in
+                         (("source", np.int64), ("target", np.int64), ("weight", np.float64))))
 
 
 def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
@@ -396,7 +458,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     scores = _table(con, "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = $ns", ns).to_pydict()
     entities = _entities(con, ns, en, counts, scores, dim)
     mentions = _mentions(counts, chunks, entities)
-    facts = _facts(con, ns, chunks, entity_pos, dim)
+    facts = _facts(con, ns, chunks, en["entity_id"], dim)
     communities = _communities(con, ns, entity_pos, counts, dim)
     graph = _graph(con, ns, params, chunks, entities, mentions)
     seconds = time.perf_counter() - t0
@@ -544,9 +606,11 @@ def _slim(idx: GraphIndex) -> GraphIndex:
     """What the disk cache holds: the index without what the snapshot beside it already stores compactly (the
     int8 vectors, the passage and fact texts) or what is quick to derive (the walk's transition, from the
     adjacency): at 10,000 documents 212 MB of cache held 78 MB of such vectors and texts and 21 MB of
-    transition values."""
+    transition values; at 100,000, 1,566 MB held 49 MB of facts by entity (a transpose) and 110 MB of passages'
+    community coverage (a product of the mentions)."""
     return replace(idx, chunks=replace(idx.chunks, vecs=None, texts=None), entities=replace(idx.entities, vecs=None),
-                   facts=replace(idx.facts, vecs=None, texts=None), communities=replace(idx.communities, vecs=None),
+                   facts=replace(idx.facts, vecs=None, texts=None, by_entity=None),
+                   communities=replace(idx.communities, vecs=None, coverage=None),
                    graph=replace(idx.graph, transition32=None, columns32=None, matvec32=None))
 
 
@@ -564,8 +628,10 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
     return replace(
         idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=_texts(con, "chunks", "chunk_id", ns, idx.chunks.pos)),
         entities=replace(idx.entities, vecs=vecs["entity"]),
-        facts=replace(idx.facts, vecs=vecs["fact"], texts=_texts(con, "facts", "fact_id", ns, fact_pos)),
-        communities=replace(idx.communities, vecs=vecs["community"]),
+        facts=replace(idx.facts, vecs=vecs["fact"], texts=_texts(con, "facts", "fact_id", ns, fact_pos),
+                      by_entity=idx.facts.entities.T.tocsr()),
+        communities=replace(idx.communities, vecs=vecs["community"],
+                            coverage=_coverage(idx.mentions.counts, idx.communities.members)),
         graph=replace(idx.graph, transition32=t32, columns32=columns32, matvec32=parallel_matvec(t32)))
 
 

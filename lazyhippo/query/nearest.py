@@ -12,6 +12,7 @@ or rank are the ones a full product gives.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -57,29 +58,93 @@ class Int8Rows:
         return out
 
 
+APPROX_MIN_ROWS = 250_000  # matrices this large are searched by their clusters (100,000 documents: 1.1M facts)
+
+
+@dataclass(frozen=True)
+class Clusters:
+    """An inverted file: the rows grouped by the nearest of ~sqrt(n) k-means centroids, so a query reads the
+    rows of the clusters nearest it (`ROW_SHARE` of the rows; clusters are uneven, so counted in rows) instead of
+    them all. Approximate: a row in a cluster
+    not probed is missed. Kept as one permutation of the rows and the clusters' offsets in it, not a copy."""
+
+    centroids: np.ndarray  # (c, dim) float32
+    order: np.ndarray      # row indices, cluster by cluster (int32)
+    starts: np.ndarray     # (c + 1,) where each cluster's rows begin in `order`
+
+    ROW_SHARE = 1 / 16     # of the rows a query reads: those of its nearest clusters, up to this many
+    MIN_PROBE = 8          # clusters read at least
+
+    @classmethod
+    def of(cls, vecs: "np.ndarray | Int8Rows", rows: Callable[[int, int], np.ndarray]) -> "Clusters":
+        """k-means (faiss, fixed seed) on a sample of 64 rows per centroid, then every row to its nearest."""
+        import faiss
+
+        n, dim = vecs.shape
+        c = max(1, int(np.sqrt(n)))
+        sample = np.unique(np.linspace(0, n - 1, min(n, 64 * c)).astype(np.int64))
+        kmeans = faiss.Kmeans(dim, c, niter=10, seed=1234, spherical=True, max_points_per_centroid=64)
+        kmeans.train(np.ascontiguousarray(rows_at(vecs, sample)))
+        label = np.empty(n, dtype=np.int64)
+        for a in range(0, n, Int8Rows.BLOCK):
+            label[a:a + Int8Rows.BLOCK] = np.argmax(rows(a, min(a + Int8Rows.BLOCK, n)) @ kmeans.centroids.T, axis=1)
+        order = np.argsort(label, kind="stable").astype(np.int32)
+        starts = np.concatenate([[0], np.cumsum(np.bincount(label, minlength=c))])
+        return cls(np.ascontiguousarray(kmeans.centroids, dtype=np.float32), order, starts)
+
+    def rows(self, query: np.ndarray) -> np.ndarray:
+        """Ascending indices of the rows of the clusters nearest `query`."""
+        near = np.argsort(-(self.centroids @ query), kind="stable")
+        sizes = np.cumsum(np.diff(self.starts)[near])
+        probe = max(self.MIN_PROBE, int(np.searchsorted(sizes, self.ROW_SHARE * self.starts[-1])) + 1)
+        return np.sort(np.concatenate([self.order[self.starts[c]:self.starts[c + 1]] for c in near[:probe]]))
+
+
+def rows_at(vecs: "np.ndarray | Int8Rows", rows) -> np.ndarray:
+    return vecs[rows] if isinstance(vecs, Int8Rows) else np.asarray(vecs[rows], dtype=np.float32)
+
+
 @dataclass(frozen=True)
 class CosineBound:
     axes: np.ndarray   # (dim, k) the matrix's leading principal axes (uncentered), orthonormal columns
     head: Int8Rows     # (n, k) each row projected on them, in int8 with a scale per row
     rest: np.ndarray   # (n,) norm of each row outside the projection
     error: np.ndarray  # (n,) norm of the difference between each row's projection and its int8 form
+    clusters: Clusters | None = None  # from `APPROX_MIN_ROWS` rows: searched by clusters, the bound unused
 
     @classmethod
-    def of(cls, vecs: np.ndarray, k: int) -> "CosineBound":
+    def of(cls, vecs: "np.ndarray | Int8Rows", k: int) -> "CosineBound":
         """The bound of `vecs` on their `k` leading axes: the more axes, the more read at load and per query,
         the tighter the bound and the fewer rows read in full. The projections are kept in int8 (a quarter of
-        float32); the error that leaves is bounded as the left-out part is, and added to it."""
+        float32); the error that leaves is bounded as the left-out part is, and added to it. Computed by blocks
+        of rows, never all of them in float32 at once (a million int8 rows would take 1 GB so)."""
         from lazyhippo.stores.warehouse import int8_rows
 
-        vecs = np.asarray(vecs, dtype=np.float32)
-        k = min(k, vecs.shape[1])
-        _, eig = np.linalg.eigh((vecs.T @ vecs).astype(np.float64))  # ascending eigenvalues
+        n, dim = vecs.shape
+        k = min(k, dim)
+        blocks = [(a, min(a + Int8Rows.BLOCK, n)) for a in range(0, n, Int8Rows.BLOCK)]
+
+        def rows(a: int, b: int) -> np.ndarray:
+            return rows_at(vecs, slice(a, b))
+
+        if n >= APPROX_MIN_ROWS:
+            return cls(np.zeros((dim, 0), dtype=np.float32), Int8Rows.zeros(0, 0), np.zeros(0), np.zeros(0),
+                       Clusters.of(vecs, rows))
+        gram = np.zeros((dim, dim))
+        for a, b in blocks:
+            block = rows(a, b)
+            gram += block.T @ block
+        _, eig = np.linalg.eigh(gram)  # ascending eigenvalues
         axes = np.ascontiguousarray(eig[:, ::-1][:, :k], dtype=np.float32)
-        head = vecs @ axes
-        rest = np.sqrt(np.maximum(np.einsum("ij,ij->i", vecs, vecs, dtype=np.float64) -
-                                  np.einsum("ij,ij->i", head, head, dtype=np.float64), 0.0))
-        stored = Int8Rows(*int8_rows(head))
-        return cls(axes, stored, rest, np.linalg.norm(head.astype(np.float64) - stored.dense(), axis=1))
+        stored, rest, error = Int8Rows.zeros(n, k), np.zeros(n), np.zeros(n)
+        for a, b in blocks:
+            block = rows(a, b)
+            head = block @ axes
+            rest[a:b] = np.sqrt(np.maximum(np.einsum("ij,ij->i", block, block, dtype=np.float64) -
+                                           np.einsum("ij,ij->i", head, head, dtype=np.float64), 0.0))
+            stored.q[a:b], stored.scale[a:b] = int8_rows(head)
+            error[a:b] = np.linalg.norm(head.astype(np.float64) - stored[a:b], axis=1)
+        return cls(axes, stored, rest, error)
 
     def _bounds(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's product with `query` over the axes, and how far its full product can be from that."""
@@ -90,7 +155,10 @@ class CosineBound:
         return self.head @ qh, self.rest * q_rest + self.error * np.sqrt(qh_norm2) + MARGIN
 
     def candidates(self, query: np.ndarray, threshold: float) -> np.ndarray:
-        """Ascending indices of every row whose product with `query` may be `threshold` or more."""
+        """Ascending indices of every row whose product with `query` may be `threshold` or more (by clusters:
+        the rows near it)."""
+        if self.clusters is not None:
+            return self.clusters.rows(np.asarray(query, dtype=np.float32))
         near, slack = self._bounds(np.asarray(query, dtype=np.float32))
         return np.flatnonzero(near + slack >= threshold)
 
@@ -103,6 +171,8 @@ class CosineBound:
         n = len(vecs)
         if not 0 < k < n:
             return vecs @ query + plus if plus is not None else vecs @ query
+        if self.clusters is not None:
+            return self._clustered(vecs, query, k, plus, exact)
         near, slack = self._bounds(query)
         if plus is not None:
             near += plus
@@ -114,6 +184,26 @@ class CosineBound:
         if 4 * len(rows) > n:
             return vecs @ query + plus if plus is not None else vecs @ query
         out = (near + slack).astype(np.float32)
+        part = vecs[rows] @ query
+        out[rows] = part + plus[rows] if plus is not None else part
+        return out
+
+    def _clustered(self, vecs, query: np.ndarray, k: int, plus: np.ndarray | None, exact: np.ndarray | None
+                   ) -> np.ndarray:
+        """`top` by clusters: the full score at the rows of the clusters near `query`, the `exact` rows and the
+        best 4k of `plus`; -inf at the others."""
+        from lazyhippo.query.types import top_indices
+
+        parts = [self.clusters.rows(query)]
+        if exact is not None:
+            parts.append(np.asarray(exact, dtype=np.int64))
+        if plus is not None:
+            parts.append(top_indices(plus, 4 * k))
+        read = np.zeros(len(vecs), dtype=bool)  # a mask, not np.unique: tens of thousands of rows hash slowly
+        for part in parts:
+            read[part] = True
+        rows = np.flatnonzero(read)
+        out = np.full(len(vecs), -np.inf, dtype=np.float32)
         part = vecs[rows] @ query
         out[rows] = part + plus[rows] if plus is not None else part
         return out
