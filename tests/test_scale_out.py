@@ -191,7 +191,7 @@ def test_batches_stay_few_and_even_and_a_step_holds_one_object_of_its_batch_at_a
     assert abs(per_batch[0] - per_batch[1]) <= max(sizes.values())  # even, to one document
     seen = CountingExtractor()
     calls = []
-    seen.extract = lambda chunks: calls.append(len(chunks)) or CountingExtractor.extract(seen, chunks)
+    seen.extract_json = lambda chunks: calls.append(len(chunks)) or CountingExtractor.extract_json(seen, chunks)
     stats = [extract_batch(settings, objects, b.keys, seen) for b in batches]
     assert len(calls) == sum(len(b.keys) for b in batches) and max(calls) < max(per_batch)
     assert max(calls) <= 2 - 1 + max(sizes.values())  # an object closes once it holds batch_chunks
@@ -360,7 +360,7 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
     """The rows DuckDB unnests from the extractions' JSON are the Python values, row for row and in order: text
     beyond the basic plane, quotes and escapes, floats that JSON round-trips, a relation with and without a type,
     empty lists, a failed chunk."""
-    from lazyhippo.models.extractors import Extraction
+    from lazyhippo.models.extractors import Extraction, encode
     from lazyhippo.stages.extractions import _figures, _insert_extractions
 
     odd = 'Zoë "quoted" \\ back\tslash 𝔘 😀 — ✓'
@@ -376,7 +376,8 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
     }
     settings = Settings(home=tmp_path / "h")
     with connect(settings) as con:
-        figures = _figures(_insert_extractions(con, "default", results, {"c4": "ValueError: bad"}))
+        figures = _figures(_insert_extractions(con, "default", {c: encode(ex) for c, ex in results.items()},
+                                               {"c4": "ValueError: bad"}))
         got = {t: con.execute(f"SELECT * EXCLUDE (namespace) FROM {t} ORDER BY rowid").fetchall()
                for t in ("extracted_entities", "extracted_relations", "extracted_facts", "extraction_failures")}
     assert got["extracted_entities"] == [(c, e["name"], e["type"], e["description"])

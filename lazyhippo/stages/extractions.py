@@ -25,13 +25,11 @@ import polars as pl
 import pyarrow as pa
 
 from lazyhippo.models.extractors import (
-    Extraction,
     ExtractionCache,
     Extractor,
     LlmExtractor,
     NlpExtractor,
     extract_chunks,
-    payload,
     release_workers,
 )
 from lazyhippo.settings import Settings
@@ -240,8 +238,7 @@ def _extract_object(settings: Settings, objects: ObjectStore, key: str, extracto
     written = []
     for doc_id in {c.doc_id: None for c in todo}:
         rows = {"chunk_id": [c.chunk_id for c in by_doc[doc_id]],
-                "extraction": [json.dumps(payload(run.results[c.chunk_id])) if c.chunk_id in run.results else None
-                               for c in by_doc[doc_id]],
+                "extraction": [run.results.get(c.chunk_id) for c in by_doc[doc_id]],
                 "failure": [run.failures.get(c.chunk_id) for c in by_doc[doc_id]]}
         sig = signature(by_doc[doc_id], extractor)
         failed = any(rows["failure"])  # held as such, but planned again next run: failures are retried
@@ -391,11 +388,12 @@ def _clear_extractions(con: duckdb.DuckDBPyConnection, ns: str, scope: list[str]
         replace_rows(con, table, ns, None, where, params)
 
 
-def _insert_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+def _insert_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, str],
                         failures: dict[str, str]) -> Counter:
-    """Append the extracted_* rows of `results` and `failures`, STORE_BATCH chunks at a time."""
+    """Append the extracted_* rows of `results` (chunk_id -> the extraction's JSON) and `failures`, STORE_BATCH
+    chunks at a time."""
     written: Counter = Counter()
-    items = [(cid, json.dumps(payload(ex)), None) for cid, ex in results.items()]
+    items = [(cid, text, None) for cid, text in results.items()]
     items += [(cid, None, reason) for cid, reason in failures.items()]
     for i in range(0, len(items), STORE_BATCH):
         written.update(_insert_parts(con, ns, pl.DataFrame(items[i:i + STORE_BATCH], PART_SCHEMA, orient="row")))
@@ -414,9 +412,10 @@ def _figures(written: Counter) -> dict:
             "facts": written["extracted_facts"]}
 
 
-def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, str],
                       failures: dict[str, str]) -> dict:
-    """Write the namespace's extracted_* rows from `results` (chunk_id -> extraction), in one transaction."""
+    """Write the namespace's extracted_* rows from `results` (chunk_id -> the extraction's JSON), in one
+    transaction."""
     with transaction(con):
         _clear_extractions(con, ns, None)
         written = _insert_extractions(con, ns, results, failures)
