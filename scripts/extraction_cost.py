@@ -3,9 +3,10 @@ same code): every document of the namespace planned, extracted in this process (
 collected, with the wall and CPU seconds of each; then the extracted tables compared with a reference home's,
 row for row (EXCEPT ALL both ways) and in order.
 
-    python scripts/extraction_cost.py COPY_OF_HOME REFERENCE_HOME [--namespace bench] [--fresh]
+    python scripts/extraction_cost.py COPY_OF_HOME REFERENCE_HOME [--namespace bench] [--fresh] [--documents N]
 
---fresh deletes the copy's extraction cache first (every chunk extracted again), else the cache answers.
+--fresh deletes the copy's extraction cache first (every chunk extracted again), else the cache answers;
+--documents N plans only the first N documents (by id).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> None:
     ap.add_argument("reference", type=Path)
     ap.add_argument("--namespace", default="bench")
     ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--documents", type=int)
     args = ap.parse_args()
     settings = namespace_settings(args.home, args.namespace)
     if args.fresh:
@@ -49,7 +51,10 @@ def main() -> None:
     objects, ns = LocalObjectStore(settings.export_dir), settings.namespace
     with connect(settings) as con:
         con.execute("DELETE FROM extraction_parts WHERE namespace = ?", [ns])  # every document planned again
-        batches, _ = timed("plan", lambda: plan_batches(settings, con, objects, "cost"))
+        docs = [r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ? ORDER BY 1",
+                                          [ns]).fetchall()]
+        only = frozenset(docs[:args.documents]) if args.documents else None
+        batches, _ = timed("plan", lambda: plan_batches(settings, con, objects, "cost", only=only))
     stats = timed("extract", lambda: [{**extract_batch(settings, objects, b.keys), "batch": b} for b in batches])
     with connect(settings) as con:
         timed("collect", lambda: collect_parts(settings, con, objects, batches, stats))
