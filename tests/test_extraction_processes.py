@@ -70,12 +70,12 @@ def test_the_next_batch_is_extracted_while_one_is_cached_and_batches_are_even(tm
     events: list = []
 
     class Cache(ExtractionCache):
-        def put_many(self, items):
+        def put_texts(self, items):
             import time
 
             time.sleep(0.1)  # a slow write: the next batch has started meanwhile
             events.append(("cache", len(items)))
-            super().put_many(items)
+            super().put_texts(items)
 
     cache = Cache(tmp_path / "c.sqlite")
     chunks = _chunks(300)

@@ -191,7 +191,7 @@ def test_batches_stay_few_and_even_and_a_step_holds_one_object_of_its_batch_at_a
     assert abs(per_batch[0] - per_batch[1]) <= max(sizes.values())  # even, to one document
     seen = CountingExtractor()
     calls = []
-    seen.extract = lambda chunks: calls.append(len(chunks)) or CountingExtractor.extract(seen, chunks)
+    seen.extract_json = lambda chunks: calls.append(len(chunks)) or CountingExtractor.extract_json(seen, chunks)
     stats = [extract_batch(settings, objects, b.keys, seen) for b in batches]
     assert len(calls) == sum(len(b.keys) for b in batches) and max(calls) < max(per_batch)
     assert max(calls) <= 2 - 1 + max(sizes.values())  # an object closes once it holds batch_chunks
@@ -327,10 +327,9 @@ def test_collecting_holds_a_bounded_group_of_extractions_and_no_chunk_text(tmp_p
     with connect(settings) as con:
         sizes = dict(con.execute("SELECT doc_id, count(*) FROM chunks GROUP BY doc_id").fetchall())
     groups: list[int] = []
-    insert = ex._insert_extractions
+    insert = ex._insert_parts
     monkeypatch.setattr(ex, "STORE_BATCH", 2)
-    monkeypatch.setattr(ex, "_insert_extractions", lambda con, ns, results, failures: groups.append(len(results))
-                        or insert(con, ns, results, failures))
+    monkeypatch.setattr(ex, "_insert_parts", lambda con, ns, rows: groups.append(len(rows)) or insert(con, ns, rows))
     monkeypatch.setattr(ex, "load_chunks", lambda *a, **k: pytest.fail("the collecting step read the chunks' texts"))
     with connect(settings) as con:
         collect_parts(settings, con, objects, batches, stats)
@@ -355,3 +354,37 @@ def test_rows_inserted_in_one_transaction_are_not_held_until_it_commits(tmp_path
                 "namespace": ["default"] * n, "chunk_id": [f"c{i}-{j}" for j in range(n)], "reason": ["x" * 100] * n}))
             assert pa.total_allocated_bytes() - before < n * 50  # not one table's 2 MB of reasons, let alone four
         assert con.execute("SELECT count(*) FROM extraction_failures").fetchone()[0] == 4 * n
+
+
+def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
+    """The rows DuckDB unnests from the extractions' JSON are the Python values, row for row and in order: text
+    beyond the basic plane, quotes and escapes, floats that JSON round-trips, a relation with and without a type,
+    empty lists, a failed chunk."""
+    from lazyhippo.models.extractors import Extraction, encode
+    from lazyhippo.stages.extractions import _figures, _insert_extractions
+
+    odd = 'Zoë "quoted" \\ back\tslash 𝔘 😀 — ✓'
+    results = {
+        "c1": Extraction(entities=[{"name": odd, "type": "PERSON", "description": odd * 40},
+                                   {"name": "B", "type": None, "description": ""}],
+                         relations=[{"source": odd, "target": "B", "description": "d", "weight": 0.1 + 0.2},
+                                    {"source": "B", "target": odd, "description": "", "weight": 2.5,
+                                     "type": "PART_OF"}],
+                         facts=[{"text": "one", "names": [odd, "B"]}, {"text": "two", "names": []}]),
+        "c2": Extraction(),
+        "c3": Extraction(entities=[{"name": "C", "type": "ORG", "description": "x"}], facts=[{"text": "t", "names": ["C"]}]),
+    }
+    settings = Settings(home=tmp_path / "h")
+    with connect(settings) as con:
+        figures = _figures(_insert_extractions(con, "default", {c: encode(ex) for c, ex in results.items()},
+                                               {"c4": "ValueError: bad"}))
+        got = {t: con.execute(f"SELECT * EXCLUDE (namespace) FROM {t} ORDER BY rowid").fetchall()
+               for t in ("extracted_entities", "extracted_relations", "extracted_facts", "extraction_failures")}
+    assert got["extracted_entities"] == [(c, e["name"], e["type"], e["description"])
+                                         for c, ex in results.items() for e in ex.entities]
+    assert got["extracted_relations"] == [(c, r["source"], r["target"], r["description"], r["weight"], r.get("type"))
+                                          for c, ex in results.items() for r in ex.relations]
+    assert got["extracted_facts"] == [(c, i, f["text"], f["names"])
+                                      for c, ex in results.items() for i, f in enumerate(ex.facts)]
+    assert got["extraction_failures"] == [("c4", "ValueError: bad")]
+    assert figures == {"raw_entities": 3, "raw_relations": 2, "facts": 3}

@@ -7,6 +7,7 @@ unchanged text calls nothing and a deleted document's entities can be rebuilt fr
 from __future__ import annotations
 
 import atexit
+import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -21,7 +22,7 @@ from lazyhippo.models.tokens import sentences as split_sentences
 from lazyhippo.settings import environment
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.chunks import Chunk
-from lazyhippo.stores.cache import JsonCache
+from lazyhippo.stores.cache import JsonCache, dumps
 
 SKIP_NER = {"CARDINAL", "ORDINAL", "QUANTITY", "PERCENT", "MONEY", "TIME", "DATE"}
 _PRONOUNS = {"he", "she", "it", "they", "we", "i", "you", "him", "her", "them", "his", "its", "their",
@@ -53,6 +54,9 @@ class Extractor(Protocol):
     prompt_version: str
 
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]: ...
+
+    # optional: `extract_json(chunks) -> list[str | Exception]`, the extractions as JSON (`encode`), which
+    # `extract_chunks` then asks for instead
 
 
 _EDGES = " \t\n'\"“”‘’.,;:[]#*"
@@ -334,11 +338,12 @@ def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) 
 
 
 @one_blas_thread  # one process per core: OpenBLAS's own threads would fight the other process for it
-def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str, str | None]]) -> list[Extraction]:
-    """(title, text, section) -> extractions: named entities, noun phrases and technical names, assigned to
-    sentences by offset."""
+def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str, str | None]]) -> list[str]:
+    """(title, text, section) -> extractions as JSON (`encode`): named entities, noun phrases and technical names,
+    assigned to sentences by offset. JSON, because a worker's text crosses to the run's process for a tenth of
+    the objects' pickling, and goes to the cache and the parts as it is."""
     nlp = _spacy(model, noun_phrases)
-    out: list[Extraction] = []
+    out: list[str] = []
     for (title, text, section), doc in zip(items, nlp.pipe((t for _, t, _ in items), batch_size=PIPE_BATCH)):
         sentences = [(sent_text, []) for sent_text in split_sentences(text)]
         spans = [(s.text, s.label, s.start) for s in sorted(_spans(doc, text, title, section, noun_phrases),
@@ -353,7 +358,7 @@ def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str,
             idx = max((i for i, b in enumerate(bounds) if b <= start), default=0)
             if sentences:
                 sentences[idx][1].append((span, label))
-        out.append(_sentence_graph(title, sentences))
+        out.append(encode(_sentence_graph(title, sentences)))
     return out
 
 
@@ -413,6 +418,10 @@ class NlpExtractor:
         return extract_processes() > 1
 
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
+        return [Extraction(**json.loads(x)) for x in self.extract_json(chunks)]
+
+    def extract_json(self, chunks: Sequence[Chunk]) -> list[str | Exception]:
+        """`extract`'s extractions as JSON (`encode`), as the workers hand them over."""
         items = [(c.title, c.text, c.section) for c in chunks]
         processes = extract_processes()
         started = bool(_POOL)  # once the workers hold the model, any batch is worth splitting
@@ -536,9 +545,21 @@ def payload(extraction: Extraction) -> dict:
     return dict(vars(extraction))
 
 
+def encode(extraction: Extraction) -> str:
+    """The extraction as the JSON text the cache, the parts and the extracted_* tables' loading read."""
+    return dumps(payload(extraction))
+
+
+def _extract_json(extractor: Extractor, chunks: Sequence[Chunk]) -> list[str | Exception]:
+    """The extractor's results as JSON: its own (`extract_json`) where it has them, else its extractions encoded."""
+    if hasattr(extractor, "extract_json"):
+        return extractor.extract_json(chunks)
+    return [r if isinstance(r, Exception) else encode(r) for r in extractor.extract(chunks)]
+
+
 @dataclass
 class ExtractionRun:
-    results: dict[str, Extraction]  # chunk_id -> extraction
+    results: dict[str, str]  # chunk_id -> the extraction's JSON (`encode`)
     failures: dict[str, str]        # chunk_id -> reason
     cached: int
     computed: int
@@ -553,22 +574,22 @@ def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: Extract
 
     batch = getattr(extractor, "batch", batch)
     keys = {c.chunk_id: ExtractionCache.key(c, extractor) for c in chunks}
-    hits = cache.get_many(keys.values())
+    hits = cache.get_texts(keys.values())
     results = {cid: hits[k] for cid, k in keys.items() if k in hits}
     todo = [c for c in chunks if c.chunk_id not in results]
     failures: dict[str, str] = {}
     size = -(-len(todo) // -(-len(todo) // batch)) if todo else batch  # even batches: no small last one
     parts = [todo[i:i + size] for i in range(0, len(todo), size)]
     ahead = ThreadPoolExecutor(1) if getattr(extractor, "prefetch", False) and len(parts) > 1 else None
-    pending = ahead.submit(extractor.extract, parts[0]) if ahead else None
+    pending = ahead.submit(_extract_json, extractor, parts[0]) if ahead else None
     done = 0
     try:
         for n, part in enumerate(parts):
             if ahead:
                 extracted = pending.result()
-                pending = ahead.submit(extractor.extract, parts[n + 1]) if n + 1 < len(parts) else None
+                pending = ahead.submit(_extract_json, extractor, parts[n + 1]) if n + 1 < len(parts) else None
             else:
-                extracted = extractor.extract(part)
+                extracted = _extract_json(extractor, part)
             fresh = {}
             fatal = None
             for chunk, res in zip(part, extracted):
@@ -579,7 +600,7 @@ def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: Extract
                 else:
                     results[chunk.chunk_id] = res
                     fresh[keys[chunk.chunk_id]] = res
-            cache.put_many(fresh)
+            cache.put_texts(fresh)
             if fatal is not None:
                 raise fatal
             done += len(part)

@@ -25,26 +25,27 @@ import polars as pl
 import pyarrow as pa
 
 from lazyhippo.models.extractors import (
-    Extraction,
     ExtractionCache,
     Extractor,
     LlmExtractor,
     NlpExtractor,
     extract_chunks,
-    payload,
     release_workers,
 )
 from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.chunks import Chunk, load_chunks
-from lazyhippo.stages.common import Progress, give_back_memory, record_usage, resolve_llm, with_namespace
+from lazyhippo.stages.common import Progress, give_back_memory, record_usage, resolve_llm
 from lazyhippo.stages.results import ExtractionsResult
 from lazyhippo.stores.objects import ObjectStore
-from lazyhippo.stores.warehouse import insert_rows, replace_rows, transaction
+from lazyhippo.stores.warehouse import replace_rows, transaction
 
 RETRY = "retry:"
 STORED_PARTS = "stored_parts"  # batch object metadata: its documents that held a part when it was planned
 PART_SCHEMA = {"chunk_id": pl.String, "extraction": pl.String, "failure": pl.String}
+# a bundle: the parts of one object's documents as one table, so collecting decodes and inserts them in bulk
+BUNDLE_SCHEMA = {"doc_id": pl.String, "signature": pl.String, **PART_SCHEMA}
+IO_THREADS = 8  # object-store calls at a time: each waits on the disk or the network, not on a core
 
 
 BATCHES = 12  # most batch steps a run fans out to: even work for 1, 2, 3, 4 or 6 workers
@@ -147,26 +148,14 @@ def plan_batches(settings: Settings, con: duckdb.DuckDBPyConnection, objects: Ob
                      "documents_unchanged": len(docs) - len(todo)}
 
 
-Part = tuple[str, dict[str, Extraction], dict[str, str]]  # (signature, results by chunk, failures by chunk)
-
-
-def _decode_part(data: bytes) -> Part | None:
+def _decode_part(data: bytes, doc_id: str) -> pl.DataFrame | None:
+    """A document's part as bundle rows (BUNDLE_SCHEMA), or None when it cannot be read."""
     try:
-        frame = pl.read_parquet(data)
+        frame = pl.read_parquet(data, columns=list(PART_SCHEMA))
         sig = pl.read_parquet_metadata(data).get("signature", "")
     except Exception:  # noqa: BLE001 - a torn part is simply extracted again
         return None
-    done = frame.filter(pl.col("extraction").is_not_null())
-    results = {cid: Extraction(**json.loads(ex)) for cid, ex in done.select("chunk_id", "extraction").iter_rows()}
-    failures = dict(frame.filter(pl.col("extraction").is_null()).select("chunk_id", "failure").iter_rows())
-    return sig, results, failures
-
-
-def _part_signature(data: bytes) -> str | None:
-    try:
-        return pl.read_parquet_metadata(data).get("signature", "")
-    except Exception:  # noqa: BLE001 - a torn part is simply extracted again
-        return None
+    return frame.select(pl.lit(doc_id).alias("doc_id"), pl.lit(sig).alias("signature"), *PART_SCHEMA)
 
 
 def _get(objects: ObjectStore, key: str) -> bytes | None:
@@ -180,9 +169,23 @@ def _bundle_key(key: str) -> str:
     return key.removesuffix(".parquet") + ".parts.parquet"
 
 
-def _read_bundle(objects: ObjectStore, key: str) -> dict[str, bytes]:
+def _read_bundle(objects: ObjectStore, key: str) -> dict[str, pl.DataFrame]:
+    """A bundle's rows by document; a bundle of another layout (a step output of another version) holds none,
+    so its documents' parts are read one by one."""
     data = _get(objects, key)
-    return dict(pl.read_parquet(data).iter_rows()) if data else {}
+    frame = pl.read_parquet(data) if data else None
+    if frame is None or list(frame.schema) != list(BUNDLE_SCHEMA):
+        return {}
+    return {doc_id: rows for (doc_id,), rows in frame.partition_by("doc_id", as_dict=True, maintain_order=True).items()}
+
+
+def _each(call, items) -> None:
+    """`call` on every item, IO_THREADS at a time: one by one, 10,000 deletes of small files took 35 s here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        for _ in pool.map(call, items):
+            pass
 
 
 def extract_batch(settings: Settings, objects: ObjectStore, keys: Sequence[str],
@@ -199,11 +202,10 @@ def extract_batch(settings: Settings, objects: ObjectStore, keys: Sequence[str],
     cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")  # a local accelerator; parts are shared
     try:
         for key in keys:
-            figures, parts = _extract_object(settings, objects, key, extractor, cache)
+            figures, bundle = _extract_object(settings, objects, key, extractor, cache)
             totals.update(figures)
-            objects.put(_bundle_key(key), _parquet(pl.DataFrame({"doc_id": list(parts), "part": list(parts.values())},
-                                                                {"doc_id": pl.String, "part": pl.Binary})))
-            bundles.append([_bundle_key(key), list(parts)])
+            objects.put(_bundle_key(key), _parquet(bundle))
+            bundles.append([_bundle_key(key), bundle["doc_id"].unique(maintain_order=True).to_list()])
     finally:
         cache.close()
     usage = llm.meter.since(before) if llm is not None else []  # recorded by collect_parts, with the warehouse
@@ -212,8 +214,9 @@ def extract_batch(settings: Settings, objects: ObjectStore, keys: Sequence[str],
 
 
 def _extract_object(settings: Settings, objects: ObjectStore, key: str, extractor: Extractor,
-                    cache: ExtractionCache) -> tuple[dict, dict[str, bytes]]:
-    """One object of a batch: its figures and its documents' parts (doc_id -> compressed Parquet bytes)."""
+                    cache: ExtractionCache) -> tuple[dict, pl.DataFrame]:
+    """One object of a batch: its figures and its documents' bundle rows (BUNDLE_SCHEMA); each document's
+    part is written to the object store as well."""
     ns = settings.namespace
     data = objects.get(key)
     chunks = [Chunk(**r) for r in pl.read_parquet(data).iter_rows(named=True)]
@@ -222,26 +225,31 @@ def _extract_object(settings: Settings, objects: ObjectStore, key: str, extracto
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in chunks:
         by_doc[c.doc_id].append(c)
-    todo, parts = [], {}
+    todo, frames = [], []
     for doc_id, doc_chunks in by_doc.items():
         part = _get(objects, part_key(ns, doc_id)) if stored is None or doc_id in stored else None
-        if part and _part_signature(part) == signature(doc_chunks, extractor):
-            parts[doc_id] = part
+        held = _decode_part(part, doc_id) if part else None
+        if held is not None and held["signature"][0] == signature(doc_chunks, extractor):
+            frames.append(held)
         else:
             todo += doc_chunks
-    kept = len(parts)
+    kept = len(frames)
     run = extract_chunks(todo, extractor, cache)
-    for doc_id in {c.doc_id for c in todo}:
-        rows = [{"chunk_id": c.chunk_id,
-                 "extraction": json.dumps(payload(run.results[c.chunk_id])) if c.chunk_id in run.results else None,
-                 "failure": run.failures.get(c.chunk_id)} for c in by_doc[doc_id]]
+    written = []
+    for doc_id in {c.doc_id: None for c in todo}:
+        rows = {"chunk_id": [c.chunk_id for c in by_doc[doc_id]],
+                "extraction": [run.results.get(c.chunk_id) for c in by_doc[doc_id]],
+                "failure": [run.failures.get(c.chunk_id) for c in by_doc[doc_id]]}
         sig = signature(by_doc[doc_id], extractor)
-        failed = any(r["failure"] for r in rows)  # held as such, but planned again next run: failures are retried
+        failed = any(rows["failure"])  # held as such, but planned again next run: failures are retried
         sig = RETRY + sig if failed else sig
-        parts[doc_id] = _parquet(pl.DataFrame(rows, PART_SCHEMA), {"signature": sig})
-        objects.put(part_key(ns, doc_id), parts[doc_id])
+        frame = pl.DataFrame(rows, PART_SCHEMA)
+        written.append((part_key(ns, doc_id), _parquet(frame, {"signature": sig})))
+        frames.append(frame.select(pl.lit(doc_id).alias("doc_id"), pl.lit(sig).alias("signature"), *PART_SCHEMA))
+    _each(lambda item: objects.put(*item), written)
+    bundle = pl.concat(frames) if frames else pl.DataFrame(schema=BUNDLE_SCHEMA)
     return {"documents": len(by_doc), "parts_kept": kept, "chunks": len(chunks), "cached": run.cached,
-            "computed": run.computed, "failed": len(run.failures)}, parts
+            "computed": run.computed, "failed": len(run.failures)}, bundle
 
 
 def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, batches: list[Batch],
@@ -256,33 +264,30 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
     located = {d: key for s in stats if s for key, doc_ids in s.get("bundles", ()) for d in doc_ids}
     # a bundle's documents side by side, so each bundle is read once; a document in none is read alone
     docs = sorted({d for b in batches for d in b.doc_ids if d in by_doc}, key=lambda d: (located.get(d, ""), d))
-    groups, size = [[]], 0  # documents of about STORE_BATCH chunks: only one group's extractions are decoded at a time
-    for doc_id in docs:
-        if size >= STORE_BATCH:
-            groups.append([])
-            size = 0
-        groups[-1].append(doc_id)
-        size += len(by_doc[doc_id].chunk_ids)
     held = []
     written: Counter = Counter()
+    pending: list[pl.DataFrame] = []  # documents' rows of about STORE_BATCH chunks: inserted together
+    size = 0
     bundle_key, bundle = None, {}
     with transaction(con):
         _clear_extractions(con, ns, [c for d in docs for c in by_doc[d].chunk_ids])
-        for group in groups:
-            results: dict[str, Extraction] = {}
-            failures: dict[str, str] = {}
-            for doc_id in group:
-                if located.get(doc_id, bundle_key) != bundle_key:
-                    bundle_key, bundle = located[doc_id], _read_bundle(objects, located[doc_id])
-                data = bundle.get(doc_id) or _get(objects, part_key(ns, doc_id))
-                part = _decode_part(data) if data else None
-                if part is None or part[0].removeprefix(RETRY) != by_doc[doc_id].signature:
-                    raise RuntimeError(f"extraction part of document {doc_id} is missing or stale in {objects.uri}: "
-                                       "a batch step failed; run the index again (finished parts are kept)")
-                results.update(part[1])
-                failures.update(part[2])
-                held.append((ns, doc_id, part[0]))
-            written.update(_insert_extractions(con, ns, results, failures))
+        for doc_id in docs:
+            if located.get(doc_id, bundle_key) != bundle_key:
+                bundle_key, bundle = located[doc_id], _read_bundle(objects, located[doc_id])
+            rows = bundle.pop(doc_id, None)
+            if rows is None:
+                data = _get(objects, part_key(ns, doc_id))
+                rows = _decode_part(data, doc_id) if data else None
+            sig = rows["signature"][0] if rows is not None and len(rows) else None
+            if sig is None or sig.removeprefix(RETRY) != by_doc[doc_id].signature:
+                raise RuntimeError(f"extraction part of document {doc_id} is missing or stale in {objects.uri}: "
+                                   "a batch step failed; run the index again (finished parts are kept)")
+            held.append((ns, doc_id, sig))
+            pending.append(rows)
+            size += len(rows)
+            if size >= STORE_BATCH or doc_id == docs[-1]:
+                written.update(_insert_parts(con, ns, pl.concat(pending)))
+                pending, size = [], 0
         _drop_orphan_extractions(con, ns)
         gone = [r[0] for r in con.execute("SELECT doc_id FROM extraction_parts WHERE namespace = ? AND doc_id NOT IN "
                                           "(SELECT doc_id FROM chunks WHERE namespace = ?)", [ns, ns]).fetchall()]
@@ -295,10 +300,8 @@ def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: O
     prefix = part_key(ns, "")[:-len(".parquet")]
     loaded = {r[0] for r in con.execute("SELECT doc_id FROM extraction_parts WHERE namespace = ?", [ns]).fetchall()}
     stored = {k[len(prefix):-len(".parquet")] for k in objects.list(prefix)}
-    for doc_id in sorted(stored & (loaded | set(gone))):
-        objects.delete(part_key(ns, doc_id))
-    for key in [k for b in batches for k in b.keys] + [k for s in stats if s for k, _ in s.get("bundles", ())]:
-        objects.delete(key)
+    _each(objects.delete, [part_key(ns, doc_id) for doc_id in sorted(stored & (loaded | set(gone)))]
+          + [k for b in batches for k in b.keys] + [k for s in stats if s for k, _ in s.get("bundles", ())])
     totals = Counter()
     for s in stats:
         totals.update({k: v for k, v in s.items() if isinstance(v, int)})
@@ -338,17 +341,44 @@ EXTRACTION_SCHEMAS = {
 }
 
 
-STORE_BATCH = 500  # chunks whose rows are built and inserted at a time: the rows never all sit in memory at once
+STORE_BATCH = 500  # chunks whose rows are inserted at a time: the rows never all sit in memory at once
+
+# per table: the list of an extraction's JSON its rows come from, that list's structure (DuckDB's JSON structure
+# notation) and the table's columns from it (`e` is one element, `i` its position)
+_FROM_JSON = {
+    "extracted_entities": ("entities", '[{"name": "VARCHAR", "type": "VARCHAR", "description": "VARCHAR"}]',
+                           "e.name, e.type, e.description"),
+    "extracted_relations": ("relations", '[{"source": "VARCHAR", "target": "VARCHAR", "description": "VARCHAR", '
+                                         '"weight": "DOUBLE", "type": "VARCHAR"}]',
+                            "e.source, e.target, e.description, e.weight, e.type"),
+    "extracted_facts": ("facts", '[{"text": "VARCHAR", "names": ["VARCHAR"]}]', "i, e.text, e.names"),
+}
 
 
-def _extraction_rows(results: dict[str, Extraction]) -> dict[str, list[dict]]:
-    rows: dict[str, list[dict]] = {"extracted_entities": [], "extracted_relations": [], "extracted_facts": []}
-    for cid, ex in results.items():
-        rows["extracted_entities"] += [{"chunk_id": cid, **e} for e in ex.entities]
-        rows["extracted_relations"] += [{"chunk_id": cid, **r} for r in ex.relations]
-        rows["extracted_facts"] += [{"chunk_id": cid, "fact_idx": i, "text": f["text"], "names": f["names"]}
-                                    for i, f in enumerate(ex.facts)]
-    return rows
+def _insert_parts(con: duckdb.DuckDBPyConnection, ns: str, rows: pl.DataFrame) -> Counter:
+    """Append the extracted_* and extraction_failures rows of bundle rows (chunk_id, extraction JSON, failure):
+    DuckDB parses the JSON and unnests its lists, in the order of the rows and of each list; no Python object per
+    entity or relation (building them took most of the collecting step)."""
+    table = rows.select("chunk_id", "extraction", "failure").with_row_index("row").to_arrow()
+    written: Counter = Counter()
+
+    def insert(name: str, sql: str) -> None:
+        # a fresh reader per statement: DuckDB holds a registered Arrow table until the transaction commits
+        con.register("_incoming", pa.RecordBatchReader.from_batches(table.schema, iter(table.to_batches())))
+        try:
+            written[name] += con.execute(sql, [ns]).fetchall()[0][0]
+        finally:
+            con.unregister("_incoming")
+
+    for name, (key, structure, columns) in _FROM_JSON.items():
+        target = ", ".join(EXTRACTION_SCHEMAS[name].names)
+        insert(name, f"INSERT INTO {name} (namespace, {target}) SELECT ?, chunk_id, {columns} FROM ("
+                     f"SELECT row, chunk_id, unnest(range(len(x)))::INTEGER AS i, unnest(x) AS e FROM ("
+                     f"SELECT row, chunk_id, from_json(extraction, '{{\"{key}\": {structure}}}').{key} AS x "
+                     "FROM _incoming WHERE extraction IS NOT NULL)) ORDER BY row, i")
+    insert("extraction_failures", "INSERT INTO extraction_failures (namespace, chunk_id, reason) "
+                                  "SELECT ?, chunk_id, failure FROM _incoming WHERE extraction IS NULL ORDER BY row")
+    return written
 
 
 def _clear_extractions(con: duckdb.DuckDBPyConnection, ns: str, scope: list[str] | None) -> None:
@@ -358,17 +388,15 @@ def _clear_extractions(con: duckdb.DuckDBPyConnection, ns: str, scope: list[str]
         replace_rows(con, table, ns, None, where, params)
 
 
-def _insert_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+def _insert_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, str],
                         failures: dict[str, str]) -> Counter:
-    """Append the extracted_* rows of `results` and `failures`, built and inserted STORE_BATCH chunks at a time."""
+    """Append the extracted_* rows of `results` (chunk_id -> the extraction's JSON) and `failures`, STORE_BATCH
+    chunks at a time."""
     written: Counter = Counter()
-    ids = list(results)
-    for i in range(0, len(ids), STORE_BATCH):
-        for table, rows in _extraction_rows({c: results[c] for c in ids[i:i + STORE_BATCH]}).items():
-            written[table] += insert_rows(con, table, with_namespace(
-                pa.Table.from_pylist(rows, EXTRACTION_SCHEMAS[table]), ns))
-    insert_rows(con, "extraction_failures", with_namespace(pa.Table.from_pylist(
-        [{"chunk_id": c, "reason": r} for c, r in failures.items()], EXTRACTION_SCHEMAS["extraction_failures"]), ns))
+    items = [(cid, text, None) for cid, text in results.items()]
+    items += [(cid, None, reason) for cid, reason in failures.items()]
+    for i in range(0, len(items), STORE_BATCH):
+        written.update(_insert_parts(con, ns, pl.DataFrame(items[i:i + STORE_BATCH], PART_SCHEMA, orient="row")))
     return written
 
 
@@ -384,9 +412,10 @@ def _figures(written: Counter) -> dict:
             "facts": written["extracted_facts"]}
 
 
-def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, Extraction],
+def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, str],
                       failures: dict[str, str]) -> dict:
-    """Write the namespace's extracted_* rows from `results` (chunk_id -> extraction), in one transaction."""
+    """Write the namespace's extracted_* rows from `results` (chunk_id -> the extraction's JSON), in one
+    transaction."""
     with transaction(con):
         _clear_extractions(con, ns, None)
         written = _insert_extractions(con, ns, results, failures)

@@ -10,14 +10,19 @@ from pathlib import Path
 from typing import Iterable
 
 
-def _encode(value: object) -> bytes:
+def _compress(text: str) -> bytes:
     # an extraction repeats its sentences in entities, relations and facts: compressed it is ~8x smaller
-    return zlib.compress(json.dumps(value, separators=(",", ":")).encode(), 6)
+    return zlib.compress(text.encode(), 6)
 
 
-def _decode(payload: bytes | str) -> object:
+def _text(payload: bytes | str) -> str:
     """A BLOB is compressed JSON; TEXT is a payload written before compression (still read, never rewritten)."""
-    return json.loads(zlib.decompress(payload) if isinstance(payload, bytes) else payload)
+    return zlib.decompress(payload).decode() if isinstance(payload, bytes) else payload
+
+
+def dumps(value: object) -> str:
+    """The JSON text a payload is stored as."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 class JsonCache:
@@ -33,24 +38,32 @@ class JsonCache:
         self._con.execute("PRAGMA page_size = 65536")
         self._con.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, payload TEXT NOT NULL)")
 
-    def get_many(self, keys: Iterable[str]) -> dict[str, object]:
+    def get_texts(self, keys: Iterable[str]) -> dict[str, str]:
+        """The JSON texts held for `keys`, not parsed: a caller that passes them on as JSON spares the round trip."""
         keys = list(keys)
-        found: dict[str, object] = {}
+        found: dict[str, str] = {}
         with self._lock:
             for i in range(0, len(keys), 500):
                 part = keys[i:i + 500]
                 rows = self._con.execute(f"SELECT key, payload FROM cache WHERE key IN ({','.join('?' * len(part))})", part)
-                found.update({k: _decode(p) for k, p in rows})
+                found.update({k: _text(p) for k, p in rows})
         return found
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, object]:
+        return {k: json.loads(v) for k, v in self.get_texts(keys).items()}
 
     def get(self, key: str):
         return self.get_many([key]).get(key)
 
-    def put_many(self, items: dict[str, object]) -> None:
+    def put_texts(self, items: dict[str, str]) -> None:
+        """Store JSON texts as they are (`dumps` of a payload)."""
         with self._lock:
             self._con.executemany("INSERT OR REPLACE INTO cache VALUES (?, ?)",
-                                  [(k, _encode(v)) for k, v in items.items()])
+                                  [(k, _compress(v)) for k, v in items.items()])
             self._con.commit()
+
+    def put_many(self, items: dict[str, object]) -> None:
+        self.put_texts({k: dumps(v) for k, v in items.items()})
 
     def put(self, key: str, value: object) -> None:
         self.put_many({key: value})
