@@ -45,7 +45,8 @@ def _files(settings: Settings, config=None, top_k: int = 8) -> list[str]:
 
 def _bm25_files(settings: Settings, top_k: int = 8) -> list[str]:
     from lazyhippo.models.embedders import get_embedder
-    from lazyhippo.query.types import PreparedQuery, top_indices
+    from lazyhippo.query.nearest import top_indices
+    from lazyhippo.query.types import PreparedQuery
 
     idx = load_index(settings)
     scores = PreparedQuery(idx, QUESTION, get_embedder(settings.embedder, settings.embedding_model)).bm25

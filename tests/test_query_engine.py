@@ -842,7 +842,7 @@ def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions
 
 
 def test_top_indices_picks_as_a_full_partition_ties_included():
-    from lazyhippo.query.types import top_indices
+    from lazyhippo.query.nearest import top_indices
 
     def full(scores, k):
         part = np.argpartition(-scores, k - 1)[:k]
@@ -884,7 +884,7 @@ def test_cosine_bound_reads_in_full_every_row_that_can_reach_the_threshold():
 
 def test_cosine_bound_ranks_the_best_k_as_the_full_product():
     from lazyhippo.query.nearest import CosineBound
-    from lazyhippo.query.types import top_indices
+    from lazyhippo.query.nearest import top_indices
 
     rng = np.random.default_rng(6)
     vecs = rng.normal(size=(3000, 48)) * np.geomspace(4.0, 0.05, 48)
@@ -906,7 +906,7 @@ def test_cosine_bound_ranks_the_best_k_as_the_full_product():
 
 def test_large_matrices_are_searched_by_their_nearest_clusters_and_small_ones_in_full(monkeypatch):
     from lazyhippo.query import nearest
-    from lazyhippo.query.types import top_indices
+    from lazyhippo.query.nearest import top_indices
 
     rng = np.random.default_rng(7)
     centers = rng.normal(size=(40, 32))

@@ -244,7 +244,8 @@ def retrieval_rankers(settings: Settings, routes: Sequence[str], k: int, ppr=Non
     from lazyhippo.models.embedders import get_embedder
     from lazyhippo.query import search
     from lazyhippo.query.loader import load_index
-    from lazyhippo.query.types import PreparedQuery, top_indices
+    from lazyhippo.query.nearest import top_indices
+    from lazyhippo.query.types import PreparedQuery
 
     idx = load_index(settings)
     embedder = get_embedder(settings.embedder, settings.embedding_model)

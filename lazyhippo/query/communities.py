@@ -15,7 +15,8 @@ import numpy as np
 from lazyhippo.query.config import GlobalParams
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.text import norm_key, sentences, tokens
-from lazyhippo.query.types import PreparedQuery, ScoredChunk, top_indices
+from lazyhippo.query.nearest import top_indices
+from lazyhippo.query.types import PreparedQuery, ScoredChunk
 
 
 @dataclass

@@ -19,7 +19,8 @@ from lazyhippo.graph.ppr import PPRBackend, get_ppr_backend
 from lazyhippo.query.config import ChunkSelectionParams, LocalParams
 from lazyhippo.query.loader import GraphIndex
 from lazyhippo.query.text import STOPWORDS
-from lazyhippo.query.types import PreparedQuery, ScoredChunk, hub_entities, top_indices
+from lazyhippo.query.nearest import top_indices
+from lazyhippo.query.types import PreparedQuery, ScoredChunk, hub_entities
 
 FactFilter = Callable[[list[str]], "list[int] | None"]  # fact texts -> positions kept, None: keep the offline choice
 

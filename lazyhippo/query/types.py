@@ -106,27 +106,3 @@ def chunk_entities(idx: GraphIndex, chunk_id: str, limit: int = 10) -> list[str]
     return [idx.entities.names[row.indices[i]] for i in order]
 
 
-def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest scores, best first (stable for ties)."""
-    if k <= 0 or scores.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    k = min(k, scores.size)
-    part = _largest(scores, k)
-    return part[np.lexsort((part, -scores[part]))]
-
-
-def _largest(scores: np.ndarray, k: int) -> np.ndarray:
-    """`np.argpartition(-scores, k - 1)[:k]`, searched among the scores at least the k-th largest of every 16th
-    one when k is small: a partition of a few hundred instead of all (37k entities: 0.04 against 0.36 ms). When
-    a tie at the k-th place leaves the choice of the tied to the partition, the full one chooses, as before."""
-    if 32 * k <= scores.size:
-        sample = scores[::16]
-        floor = np.partition(sample, sample.size - k)[sample.size - k]
-        rows = np.flatnonzero(scores >= floor)  # every score of the k largest, and no NaN
-        if rows.size >= k:
-            sub = scores[rows]
-            pick = np.argpartition(-sub, k - 1)[:k]
-            kth = sub[pick].min()
-            if np.count_nonzero(sub == kth) == np.count_nonzero(sub[pick] == kth):
-                return rows[pick]
-    return np.argpartition(-scores, k - 1)[:k]
