@@ -218,12 +218,12 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
         clear_cache()  # the next size's peak must not hold this size's query index
         give_back_memory()  # nor start from the heap this size freed
         disk = _parts(home)
-        out.append({"documents": n, "text_mb": round(text_bytes / 1e6, 2), "seconds": timed["seconds"],
+        out.append({"documents": n, "text_mb": round(text_bytes / 1e6, 2), "seconds": round(timed["seconds"], 1),
                     "mb_per_minute": round(text_bytes / 1e6 / timed["seconds"] * 60, 2),
                     "peak_rss_mb": round(rss.peak / 1e6), "home_mb": round(disk["total"] / 1e6, 1),
                     "home_ratio": round(disk["total"] / text_bytes, 1),
                     "home_parts_mb": {k: round(v / 1e6, 1) for k, v in disk.items() if k != "total"},
-                    "rows": counts(settings), "local_p50_ms": latency["p50_ms"], "local_p95_ms": latency["p95_ms"],
+                    "rows": counts(settings), "local_p50_ms": round(latency["p50_ms"], 1), "local_p95_ms": round(latency["p95_ms"], 1),
                     "load_start": [round(x, 1) for x in load], "load_end": [round(x, 1) for x in os.getloadavg()],
                     "peak_rss_processes": rss.by_role(), "peak_rss_steps_mb": _step_peaks(rss, spans)})
         if on_size is not None:
@@ -245,7 +245,11 @@ def growth_table(results: list[dict]) -> pl.DataFrame:
     figures = {"text MB": "text_mb", "seconds": "seconds", "MB of text a minute": "mb_per_minute",
                "peak RSS MB (process tree)": "peak_rss_mb", "home MB": "home_mb", "home / text": "home_ratio",
                "local p50 ms": "local_p50_ms", "local p95 ms": "local_p95_ms"}
-    rows = [{"figure": name, **{f"{r['documents']} docs": float(r[key]) for r in results}} for name, key in figures.items()]
+    rows = [{"figure": name, **{f"{r['documents']} docs": round(float(r[key]), 1) for r in results}}
+            for name, key in figures.items()]
+    # how loaded the machine was: the 1-minute load average when the size started and when it ended
+    rows += [{"figure": f"load average at {when}", **{f"{r['documents']} docs": float(r[f"load_{when}"][0]) for r in results}}
+             for when in ("start", "end")]
     parts = results[0]["home_parts_mb"] if results else {}
     rows += [{"figure": f"  {part} MB", **{f"{r['documents']} docs": float(r["home_parts_mb"][part]) for r in results}}
              for part in parts]

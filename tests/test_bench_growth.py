@@ -148,3 +148,16 @@ def test_each_size_records_its_runs_in_its_own_home(tmp_path, monkeypatch):
     with own_instance(tmp_path / "large") as second:
         assert second.root_directory == str((tmp_path / "large" / "dagster").resolve())
     assert os.environ["DAGSTER_HOME"] == str(tmp_path / "elsewhere")  # later runs of the process are not moved
+
+
+def test_the_growth_table_rounds_its_figures_and_says_how_loaded_the_machine_was():
+    from lazyhippo_dagster.bench_growth import growth_table
+
+    result = {"documents": 10, "text_mb": 0.01, "seconds": 150.7627715540002, "mb_per_minute": 4.51,
+              "peak_rss_mb": 1300, "home_mb": 3.2, "home_ratio": 29.1, "local_p50_ms": 20.5265,
+              "local_p95_ms": 25.310000000000002, "home_parts_mb": {"warehouse": 1.5},
+              "load_start": [0.3, 1.0, 1.1], "load_end": [2.5, 1.4, 1.2]}
+    table = {row["figure"]: row["10 docs"] for row in growth_table([result]).to_dicts()}
+    assert table["seconds"] == 150.8 and table["local p95 ms"] == 25.3 and table["local p50 ms"] == 20.5
+    assert table["load average at start"] == 0.3 and table["load average at end"] == 2.5
+    assert table["  warehouse MB"] == 1.5
