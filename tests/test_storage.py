@@ -295,7 +295,7 @@ def _differing_rows(con, table: str, other: str) -> int:
 
 def test_staging_stores_each_sentence_once_and_descriptions_refer_to_the_facts(sample_settings):
     """Every pair of names in a sentence carried the sentence as its description, and every name the first
-    sentence naming it: 17 of the staging tables' 52 MB at 10,000 documents. They refer to the chunk's fact."""
+    sentence naming it (the staging tables 44.0 -> 30.1 MB at 10,000 documents): they refer to the chunk's fact."""
     with connect(sample_settings) as con:
         n_rel, text_rel = con.execute("SELECT count(*), count(description) FROM extracted_relations").fetchone()
         n_ent, text_ent = con.execute("SELECT count(*), count(description) FROM extracted_entities").fetchone()
@@ -351,5 +351,6 @@ def test_a_warehouse_that_stored_descriptions_as_text_refers_to_facts_once_on_op
     assert "descriptions" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
-        assert con.execute("SELECT count(*) FROM extracted_relations").fetchone()[0] == len(staged["extracted_relations"])
+        n = con.execute("SELECT count(*) FROM extracted_relations").fetchone()[0]
+    assert n == len(staged["extracted_relations"])
     assert "descriptions" not in caplog.text  # once

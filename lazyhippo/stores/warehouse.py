@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -182,21 +183,23 @@ DESCRIBED = ("extracted_entities", "extracted_relations")  # staging tables whos
 MIGRATION_CHUNKS = 25_000  # chunks whose rows one statement of _migrate_descriptions rewrites
 
 
-def described(table: str, namespace: str = "$ns") -> str:
-    """A query of `table` (extracted_entities or extracted_relations) rows of the namespace `namespace` (a SQL
-    expression) with every description as text: a reference to one of the chunk's facts read back from it."""
+def described(table: str) -> str:
+    """A query of the rows of `table` (extracted_entities or extracted_relations) of the namespace `$ns` with every
+    description as text: a reference to one of the chunk's facts read back from it."""
     cols = ", ".join(f"x.{c}" for c in _schema_columns(table) if c not in ("description", "fact_idx"))
     return f"""SELECT {cols}, CASE WHEN x.fact_idx IS NULL THEN x.description
                                  ELSE left(f.text, {DESCRIPTION_HEAD}) END AS description
                FROM {table} x LEFT JOIN extracted_facts f
                ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
-               WHERE x.namespace = {namespace}"""
+               WHERE x.namespace = $ns"""
 
 
-def _schema_columns(table: str) -> list[str]:
+@lru_cache(maxsize=None)
+def _schema_columns(table: str) -> tuple[str, ...]:
+    """The stored columns of `table` as schema.sql declares it."""
     with duckdb.connect() as con:
         con.execute(_schema_tables()[table])
-        return stored_columns(con, table)
+        return tuple(stored_columns(con, table))
 
 
 def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -210,7 +213,8 @@ def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     stale = [t for t in DESCRIBED if t not in have]
     if not stale:
         return
-    log.warning("%s: rewriting %s to store descriptions as references to their sentences: once", path, ", ".join(stale))
+    log.warning("%s: rewriting %s to store descriptions as references to their sentences: once", path,
+                ", ".join(stale))
     con.execute("SET enable_progress_bar = false")
     n = con.execute("SELECT count(DISTINCT chunk_id) FROM extracted_facts").fetchall()[0][0]
     buckets = max(1, -(-n // MIGRATION_CHUNKS))
