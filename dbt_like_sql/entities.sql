@@ -68,18 +68,20 @@ CREATE OR REPLACE TEMP TABLE lh_literal_ranks AS  -- a text description's place
 DROP TABLE lh_entity_facts;
 DROP TABLE lh_entity_literals;
 
-CREATE OR REPLACE TEMP TABLE lh_first AS  -- a kept name's first description, with the places of its first three
-    SELECT f.norm_name, f.rs, t.description FROM (
-        SELECT norm_name, min(r, 3) AS rs FROM (
-            SELECT DISTINCT x.norm_name, coalesce(f.r, l.r) AS r
-            FROM lh_raw x LEFT JOIN lh_fact_ranks f ON f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
-            LEFT JOIN lh_literal_ranks l ON x.fact_idx IS NULL AND l.description = x.description
-            WHERE x.norm_name IN (SELECT norm_name FROM lh_kept)
-              AND (x.fact_idx IS NOT NULL OR x.description IS NOT NULL))
-        GROUP BY norm_name) f
-    JOIN lh_texts t ON t.r = f.rs[1];
+CREATE OR REPLACE TEMP TABLE lh_name_ranks AS  -- the places of each kept name's descriptions
+    SELECT DISTINCT x.norm_name, f.r FROM lh_raw x JOIN lh_fact_ranks f USING (chunk_id, fact_idx)
+    WHERE x.norm_name IN (SELECT norm_name FROM lh_kept);
+INSERT INTO lh_name_ranks
+    SELECT DISTINCT x.norm_name, l.r FROM lh_raw x JOIN lh_literal_ranks l USING (description)
+    WHERE x.fact_idx IS NULL AND x.norm_name IN (SELECT norm_name FROM lh_kept);
 DROP TABLE lh_fact_ranks;
 DROP TABLE lh_literal_ranks;
+
+CREATE OR REPLACE TEMP TABLE lh_first AS  -- a kept name's first description, with the places of its first three
+    SELECT f.norm_name, f.rs, t.description FROM (
+        SELECT norm_name, min(r, 3) AS rs FROM (SELECT DISTINCT norm_name, r FROM lh_name_ranks) GROUP BY norm_name) f
+    JOIN lh_texts t ON t.r = f.rs[1];
+DROP TABLE lh_name_ranks;
 
 CREATE OR REPLACE TEMP TABLE lh_second AS
     SELECT f.norm_name, f.rs, concat_ws(' | ', f.description, t.description) AS description
