@@ -3,12 +3,13 @@
 -- (type CONCEPT only) seen in a single chunk are pruned: they link nothing and would dominate the graph.
 -- Every model reads `lh_names` (each extracted name with its normalized key and entity id, built once per run)
 -- and the extracted rows in scope, `lh_entities`, `lh_relations` and `lh_facts`: the namespace's rows, or after a
--- small update those that name an entity the update touched (lazyhippo/stages/entities.py).
+-- small update those that name an entity the update touched (lazyhippo/stages/entities.py); and `lh_sentences`,
+-- every fact of the namespace, whose starts are most descriptions (schema.sql).
 -- Millions of names: every aggregate keeps a number or one short value per name (an ordered aggregate, a set or
 -- a text per group stays in memory, where sorts and joins spill to disk), and the temporary tables before the
 -- model's SELECT keep each statement to one join on texts.
-CREATE OR REPLACE TEMP VIEW lh_raw AS
-    SELECT k.norm_name, x.name, x.type, x.description, x.chunk_id
+CREATE OR REPLACE TEMP VIEW lh_raw AS  -- a description: a fact of the chunk (`fact_idx`) or text (schema.sql)
+    SELECT k.norm_name, x.name, x.type, x.fact_idx, x.description, x.chunk_id
     FROM lh_entities x JOIN lh_names k ON k.name = x.name
     WHERE k.norm_name <> '';
 
@@ -48,17 +49,39 @@ CREATE OR REPLACE TEMP TABLE lh_degrees AS  -- kept names with their number of k
         GROUP BY entity_id) d USING (entity_id);
 DROP TABLE lh_pairs;
 
+CREATE OR REPLACE TEMP TABLE lh_entity_facts AS  -- the facts descriptions refer to, with their description
+    SELECT s.chunk_id, s.fact_idx, left(s.text, 300) AS description
+    FROM lh_sentences s JOIN (SELECT DISTINCT chunk_id, fact_idx FROM lh_entities WHERE fact_idx IS NOT NULL) u
+    USING (chunk_id, fact_idx);
+
+CREATE OR REPLACE TEMP TABLE lh_entity_literals AS  -- the descriptions stored as text
+    SELECT DISTINCT description FROM lh_entities WHERE fact_idx IS NULL AND description IS NOT NULL;
+
 CREATE OR REPLACE TEMP TABLE lh_texts AS  -- each distinct description with its place in text order
     SELECT description, row_number() OVER (ORDER BY description) AS r
-    FROM (SELECT DISTINCT description FROM lh_raw WHERE description IS NOT NULL);
+    FROM (SELECT description FROM lh_entity_facts UNION SELECT description FROM lh_entity_literals);
+
+CREATE OR REPLACE TEMP TABLE lh_fact_ranks AS  -- a referred fact's place
+    SELECT f.chunk_id, f.fact_idx, x.r FROM lh_entity_facts f JOIN lh_texts x USING (description);
+CREATE OR REPLACE TEMP TABLE lh_literal_ranks AS  -- a text description's place
+    SELECT x.description, x.r FROM lh_texts x SEMI JOIN lh_entity_literals l USING (description);
+DROP TABLE lh_entity_facts;
+DROP TABLE lh_entity_literals;
+
+CREATE OR REPLACE TEMP TABLE lh_name_ranks AS  -- the places of each kept name's descriptions
+    SELECT DISTINCT x.norm_name, f.r FROM lh_raw x JOIN lh_fact_ranks f USING (chunk_id, fact_idx)
+    WHERE x.norm_name IN (SELECT norm_name FROM lh_kept);
+INSERT INTO lh_name_ranks
+    SELECT DISTINCT x.norm_name, l.r FROM lh_raw x JOIN lh_literal_ranks l USING (description)
+    WHERE x.fact_idx IS NULL AND x.norm_name IN (SELECT norm_name FROM lh_kept);
+DROP TABLE lh_fact_ranks;
+DROP TABLE lh_literal_ranks;
 
 CREATE OR REPLACE TEMP TABLE lh_first AS  -- a kept name's first description, with the places of its first three
     SELECT f.norm_name, f.rs, t.description FROM (
-        SELECT norm_name, min(r, 3) AS rs FROM (
-            SELECT DISTINCT norm_name, r FROM lh_raw JOIN lh_texts USING (description)
-            WHERE norm_name IN (SELECT norm_name FROM lh_kept))
-        GROUP BY norm_name) f
+        SELECT norm_name, min(r, 3) AS rs FROM (SELECT DISTINCT norm_name, r FROM lh_name_ranks) GROUP BY norm_name) f
     JOIN lh_texts t ON t.r = f.rs[1];
+DROP TABLE lh_name_ranks;
 
 CREATE OR REPLACE TEMP TABLE lh_second AS
     SELECT f.norm_name, f.rs, concat_ws(' | ', f.description, t.description) AS description

@@ -4,21 +4,41 @@
 -- `lh_relations` (the extracted pairs each chunk keeps, with the entity ids of both ends: warehouse.chunk_relations),
 -- which holds pairs of two distinct entities only.
 -- Millions of pairs: descriptions are ranked in text order and aggregated as numbers, and each statement joins
--- once (see entities.sql). Rows come in description order: a relation's description is the sentence it was read
--- from, shared by every pair of that sentence, and DuckDB's dictionary compression only sees repeats within a
--- segment (in group order each sentence was stored again and again: relations were 3.7x larger). The pairs are
--- sorted by description rank before the descriptions join them, while the rows are narrow.
+-- once on texts (see entities.sql). A pair's description is mostly a reference to one of its chunk's facts
+-- (`fact_idx`, schema.sql): the pairs join the places of the facts they refer to by chunk and index, not by text.
+-- Rows come in description order: a relation's description is the sentence it was read from, shared by every pair
+-- of that sentence, and DuckDB's dictionary compression only sees repeats within a segment (in group order each
+-- sentence was stored again and again: relations were 3.7x larger). The pairs are sorted by description rank
+-- before the descriptions join them, while the rows are narrow.
+CREATE OR REPLACE TEMP TABLE lh_relation_facts AS  -- the facts descriptions refer to, with their description
+    SELECT s.chunk_id, s.fact_idx, left(s.text, 300) AS description
+    FROM lh_sentences s JOIN (SELECT DISTINCT chunk_id, fact_idx FROM lh_relations WHERE fact_idx IS NOT NULL) u
+    USING (chunk_id, fact_idx);
+
+CREATE OR REPLACE TEMP TABLE lh_relation_literals AS  -- the descriptions stored as text
+    SELECT DISTINCT description FROM lh_relations WHERE fact_idx IS NULL AND description IS NOT NULL;
+
 CREATE OR REPLACE TEMP TABLE lh_relation_texts AS  -- each distinct description with its place in text order
     SELECT description, row_number() OVER (ORDER BY description) AS r
-    FROM (SELECT DISTINCT description FROM lh_relations WHERE description IS NOT NULL);
+    FROM (SELECT description FROM lh_relation_facts UNION SELECT description FROM lh_relation_literals);
+
+CREATE OR REPLACE TEMP TABLE lh_relation_fact_ranks AS  -- a referred fact's place
+    SELECT f.chunk_id, f.fact_idx, x.r FROM lh_relation_facts f JOIN lh_relation_texts x USING (description);
+CREATE OR REPLACE TEMP TABLE lh_relation_literal_ranks AS  -- a text description's place
+    SELECT x.description, x.r FROM lh_relation_texts x SEMI JOIN lh_relation_literals l USING (description);
+DROP TABLE lh_relation_facts;
+DROP TABLE lh_relation_literals;
 
 CREATE OR REPLACE TEMP TABLE lh_kept_relations AS  -- the extracted pairs of two kept entities
     SELECT r.source_id AS s, r.target_id AS t, least(r.source_id, r.target_id) AS lo,
            greatest(r.source_id, r.target_id) AS hi, r.chunk_id, r.weight, coalesce(r.type, 'RELATED_TO') AS type,
-           x.r
-    FROM lh_relations r LEFT JOIN lh_relation_texts x USING (description)
+           coalesce(f.r, x.r) AS r
+    FROM lh_relations r LEFT JOIN lh_relation_fact_ranks f ON f.chunk_id = r.chunk_id AND f.fact_idx = r.fact_idx
+    LEFT JOIN lh_relation_literal_ranks x ON r.fact_idx IS NULL AND x.description = r.description
     WHERE r.source_id IN (SELECT entity_id FROM entities WHERE namespace = $namespace)
       AND r.target_id IN (SELECT entity_id FROM entities WHERE namespace = $namespace);
+DROP TABLE lh_relation_fact_ranks;
+DROP TABLE lh_relation_literal_ranks;
 
 CREATE OR REPLACE TEMP TABLE lh_pair_rows AS  -- per pair and chunk, then per pair: n_chunks without a set per pair
     SELECT lo, hi, min(d) AS d, sum(weight) AS weight, count(*) AS n_chunks, min(f) AS f FROM (

@@ -346,7 +346,8 @@ def test_namespaces_are_isolated(tmp_path):
 def test_the_graph_models_fit_a_duckdb_memory_cap_smaller_than_their_texts(tmp_path, monkeypatch):
     """At 100,000 documents the entity model's descriptions (1.1 GB) did not fit DuckDB's 512 MB cap: ordered
     aggregates and texts kept per group stay in memory. Here 36 MB of descriptions against a 64 MB cap, which the
-    single-SELECT models ran out of."""
+    single-SELECT models ran out of. Half the chunks' descriptions are stored as text, half refer to the chunk's
+    fact (as the staging load stores a sentence)."""
     import random
 
     import pyarrow as pa
@@ -355,15 +356,17 @@ def test_the_graph_models_fit_a_duckdb_memory_cap_smaller_than_their_texts(tmp_p
 
     monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "64MB")
     rng = random.Random(1)
-    ents, rels = [], []
+    ents, rels, facts = [], [], []
     for c in range(40_000):
         sentence = " ".join(f"w{rng.randrange(5000)}" for _ in range(30))
         names = [f"Name {rng.randrange(100_000)}" for _ in range(6)]
-        ents += [{"namespace": "default", "chunk_id": f"c{c}", "name": n, "type": "PERSON", "description": sentence}
-                 for n in names]
-        rels += [{"namespace": "default", "chunk_id": f"c{c}", "source": a, "target": b, "description": sentence,
-                  "weight": 1.0} for i, a in enumerate(names) for b in names[i + 1:] if a != b]
+        ref = {"description": None, "fact_idx": 0} if c % 2 else {"description": sentence, "fact_idx": None}
+        facts.append({"namespace": "default", "chunk_id": f"c{c}", "fact_idx": 0, "text": sentence, "names": names})
+        ents += [{"namespace": "default", "chunk_id": f"c{c}", "name": n, "type": "PERSON", **ref} for n in names]
+        rels += [{"namespace": "default", "chunk_id": f"c{c}", "source": a, "target": b, **ref, "weight": 1.0}
+                 for i, a in enumerate(names) for b in names[i + 1:] if a != b]
     with connect(Settings(home=tmp_path)) as con:
+        replace_rows(con, "extracted_facts", "default", pa.Table.from_pylist(facts))
         replace_rows(con, "extracted_entities", "default", pa.Table.from_pylist(ents))
         replace_rows(con, "extracted_relations", "default", pa.Table.from_pylist(rels))
         name_keys(con, "default")
@@ -374,8 +377,10 @@ def test_the_graph_models_fit_a_duckdb_memory_cap_smaller_than_their_texts(tmp_p
         most = con.execute("SELECT max(len(string_split(description, ' | '))) FROM entities").fetchall()[0][0]
         pairs = con.execute("SELECT count(DISTINCT (least(source_id, target_id), greatest(source_id, target_id))) "
                             "FROM lh_relations").fetchall()[0][0]
+        unknown = con.execute("SELECT count(*) FROM relations WHERE description IS NULL OR description NOT IN "
+                              "(SELECT text FROM extracted_facts)").fetchall()[0][0]
     assert entities == len({e["name"] for e in ents}) and most == 3
-    assert relations == pairs
+    assert relations == pairs and unknown == 0
 
 
 def test_the_relations_model_joins_on_equalities_only(tmp_path):

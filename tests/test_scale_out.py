@@ -359,20 +359,26 @@ def test_rows_inserted_in_one_transaction_are_not_held_until_it_commits(tmp_path
 def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
     """The rows DuckDB unnests from the extractions' JSON are the Python values, row for row and in order: text
     beyond the basic plane, quotes and escapes, floats that JSON round-trips, a relation with and without a type,
-    empty lists, a failed chunk."""
+    empty lists, a failed chunk. A description that is the start of one of its chunk's facts (the first such fact)
+    is stored as the fact's index, any other as text, and both read back as the extraction gave them."""
     from lazyhippo.models.extractors import Extraction, encode
     from lazyhippo.stages.extractions import _figures, _insert_extractions
+    from lazyhippo.stores.warehouse import described
 
     odd = 'Zoë "quoted" \\ back\tslash 𝔘 😀 — ✓'
     results = {
-        "c1": Extraction(entities=[{"name": odd, "type": "PERSON", "description": odd * 40},
-                                   {"name": "B", "type": None, "description": ""}],
+        "c1": Extraction(entities=[{"name": odd, "type": "PERSON", "description": (odd * 40)[:300]},
+                                   {"name": "B", "type": None, "description": ""},
+                                   {"name": "D", "type": "ORG", "description": "two"}],
                          relations=[{"source": odd, "target": "B", "description": "d", "weight": 0.1 + 0.2},
                                     {"source": "B", "target": odd, "description": "", "weight": 2.5,
-                                     "type": "PART_OF"}],
-                         facts=[{"text": "one", "names": [odd, "B"]}, {"text": "two", "names": []}]),
+                                     "type": "PART_OF"},
+                                    {"source": "B", "target": "D", "description": "one", "weight": 1.0}],
+                         facts=[{"text": "one", "names": [odd, "B"]}, {"text": "two", "names": []},
+                                {"text": "two", "names": ["D"]}, {"text": odd * 40, "names": [odd]}]),
         "c2": Extraction(),
-        "c3": Extraction(entities=[{"name": "C", "type": "ORG", "description": "x"}], facts=[{"text": "t", "names": ["C"]}]),
+        "c3": Extraction(entities=[{"name": "C", "type": "ORG", "description": "one"}],
+                         facts=[{"text": "t", "names": ["C"]}]),
     }
     settings = Settings(home=tmp_path / "h")
     with connect(settings) as con:
@@ -380,11 +386,19 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
                                                {"c4": "ValueError: bad"}))
         got = {t: con.execute(f"SELECT * EXCLUDE (namespace) FROM {t} ORDER BY rowid").fetchall()
                for t in ("extracted_entities", "extracted_relations", "extracted_facts", "extraction_failures")}
-    assert got["extracted_entities"] == [(c, e["name"], e["type"], e["description"])
-                                         for c, ex in results.items() for e in ex.entities]
-    assert got["extracted_relations"] == [(c, r["source"], r["target"], r["description"], r["weight"], r.get("type"))
-                                          for c, ex in results.items() for r in ex.relations]
+        read = {t: sorted(con.execute(f"SELECT * EXCLUDE (namespace) FROM ({described(t)})", {"ns": "default"})
+                          .fetchall(), key=repr) for t in ("extracted_entities", "extracted_relations")}
+    assert got["extracted_entities"] == [("c1", odd, "PERSON", None, 3), ("c1", "B", None, "", None),
+                                         ("c1", "D", "ORG", None, 1), ("c3", "C", "ORG", "one", None)]
+    assert got["extracted_relations"] == [("c1", odd, "B", "d", 0.1 + 0.2, None, None),
+                                          ("c1", "B", odd, "", 2.5, "PART_OF", None),
+                                          ("c1", "B", "D", None, 1.0, None, 0)]
+    assert read["extracted_entities"] == sorted([(c, e["name"], e["type"], e["description"])
+                                                 for c, ex in results.items() for e in ex.entities], key=repr)
+    assert read["extracted_relations"] == sorted([(c, r["source"], r["target"], r["weight"], r.get("type"),
+                                                   r["description"]) for c, ex in results.items()
+                                                  for r in ex.relations], key=repr)
     assert got["extracted_facts"] == [(c, i, f["text"], f["names"])
                                       for c, ex in results.items() for i, f in enumerate(ex.facts)]
     assert got["extraction_failures"] == [("c4", "ValueError: bad")]
-    assert figures == {"raw_entities": 3, "raw_relations": 2, "facts": 3}
+    assert figures == {"raw_entities": 4, "raw_relations": 3, "facts": 5}

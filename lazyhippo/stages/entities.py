@@ -65,11 +65,13 @@ def _params(settings: Settings, llm) -> str:
 
 
 def _chunk_hashes(con: duckdb.DuckDBPyConnection, ns: str) -> dict[str, str]:
-    """Chunk id -> row count and order-independent hash of its extracted rows (entities, relations, facts)."""
+    """Chunk id -> row count and order-independent hash of its extracted rows (entities, relations, facts; a
+    description that refers to a fact is covered by the fact's text)."""
     return dict(con.execute("""
         SELECT chunk_id, count(*) || ':' || sum(h) FROM (
-            SELECT chunk_id, hash(name, type, description)::HUGEINT AS h FROM extracted_entities WHERE namespace = $ns
-            UNION ALL SELECT chunk_id, hash(source, target, description, weight, type)::HUGEINT
+            SELECT chunk_id, hash(name, type, description, fact_idx)::HUGEINT AS h FROM extracted_entities
+                      WHERE namespace = $ns
+            UNION ALL SELECT chunk_id, hash(source, target, description, fact_idx, weight, type)::HUGEINT
                       FROM extracted_relations WHERE namespace = $ns
             UNION ALL SELECT chunk_id, hash(fact_idx, text, names)::HUGEINT FROM extracted_facts WHERE namespace = $ns)
         GROUP BY chunk_id""", {"ns": ns}).fetchall())

@@ -38,7 +38,7 @@ from lazyhippo.stages.chunks import Chunk, load_chunks
 from lazyhippo.stages.common import Progress, give_back_memory, record_usage, resolve_llm
 from lazyhippo.stages.results import ExtractionsResult
 from lazyhippo.stores.objects import ObjectStore
-from lazyhippo.stores.warehouse import replace_rows, transaction
+from lazyhippo.stores.warehouse import DESCRIPTION_HEAD, replace_rows, transaction
 
 RETRY = "retry:"
 STORED_PARTS = "stored_parts"  # batch object metadata: its documents that held a part when it was planned
@@ -331,10 +331,10 @@ def make_extractor(settings: Settings, llm=None):
 
 EXTRACTION_SCHEMAS = {
     "extracted_entities": pa.schema([("chunk_id", pa.string()), ("name", pa.string()), ("type", pa.string()),
-                                     ("description", pa.string())]),
+                                     ("description", pa.string()), ("fact_idx", pa.int32())]),
     "extracted_relations": pa.schema([("chunk_id", pa.string()), ("source", pa.string()), ("target", pa.string()),
                                       ("description", pa.string()), ("weight", pa.float64()),
-                                      ("type", pa.string())]),
+                                      ("type", pa.string()), ("fact_idx", pa.int32())]),
     "extracted_facts": pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("text", pa.string()),
                                   ("names", pa.list_(pa.string()))]),
     "extraction_failures": pa.schema([("chunk_id", pa.string()), ("reason", pa.string())]),
@@ -344,21 +344,25 @@ EXTRACTION_SCHEMAS = {
 STORE_BATCH = 500  # chunks whose rows are inserted at a time: the rows never all sit in memory at once
 
 # per table: the list of an extraction's JSON its rows come from, that list's structure (DuckDB's JSON structure
-# notation) and the table's columns from it (`e` is one element, `i` its position)
+# notation) and the table's columns from it (`e` is one element, `i` its position, `j` the index of the first of
+# the chunk's facts whose start is e's description, if any: the description is stored as that reference)
 _FROM_JSON = {
     "extracted_entities": ("entities", '[{"name": "VARCHAR", "type": "VARCHAR", "description": "VARCHAR"}]',
-                           "e.name, e.type, e.description"),
+                           "e.name, e.type, CASE WHEN j IS NULL THEN e.description END, j"),
     "extracted_relations": ("relations", '[{"source": "VARCHAR", "target": "VARCHAR", "description": "VARCHAR", '
                                          '"weight": "DOUBLE", "type": "VARCHAR"}]',
-                            "e.source, e.target, e.description, e.weight, e.type"),
+                            "e.source, e.target, CASE WHEN j IS NULL THEN e.description END, e.weight, e.type, j"),
     "extracted_facts": ("facts", '[{"text": "VARCHAR", "names": ["VARCHAR"]}]', "i, e.text, e.names"),
 }
+# the starts of a chunk's facts, as warehouse.described reads a reference back
+_HEADS = f"list_transform(p.facts, lambda f: left(f.text, {DESCRIPTION_HEAD}))"
 
 
 def _insert_parts(con: duckdb.DuckDBPyConnection, ns: str, rows: pl.DataFrame) -> Counter:
     """Append the extracted_* and extraction_failures rows of bundle rows (chunk_id, extraction JSON, failure):
     DuckDB parses the JSON and unnests its lists, in the order of the rows and of each list; no Python object per
-    entity or relation (building them took most of the collecting step)."""
+    entity or relation (building them took most of the collecting step). A description that starts one of the
+    chunk's facts is stored as that fact's index (schema.sql)."""
     table = rows.select("chunk_id", "extraction", "failure").with_row_index("row").to_arrow()
     written: Counter = Counter()
 
@@ -372,10 +376,16 @@ def _insert_parts(con: duckdb.DuckDBPyConnection, ns: str, rows: pl.DataFrame) -
 
     for name, (key, structure, columns) in _FROM_JSON.items():
         target = ", ".join(EXTRACTION_SCHEMAS[name].names)
+        refers = key != "facts"  # its descriptions may be references to the chunk's facts
+        shape = f'{{"{key}": {structure}' + (', "facts": [{"text": "VARCHAR"}]' if refers else "") + "}"
+        match = ("CASE WHEN e.description IS NOT NULL THEN list_position(heads, e.description) - 1 END"
+                 if refers else "NULL")
         insert(name, f"INSERT INTO {name} (namespace, {target}) SELECT ?, chunk_id, {columns} FROM ("
-                     f"SELECT row, chunk_id, unnest(range(len(x)))::INTEGER AS i, unnest(x) AS e FROM ("
-                     f"SELECT row, chunk_id, from_json(extraction, '{{\"{key}\": {structure}}}').{key} AS x "
-                     "FROM _incoming WHERE extraction IS NOT NULL)) ORDER BY row, i")
+                     f"SELECT row, chunk_id, i, e, ({match})::INTEGER AS j FROM ("
+                     "SELECT row, chunk_id, unnest(range(len(x)))::INTEGER AS i, unnest(x) AS e, heads FROM ("
+                     f"SELECT row, chunk_id, p.{key} AS x, {_HEADS if refers else 'NULL'} AS heads FROM ("
+                     f"SELECT row, chunk_id, from_json(extraction, '{shape}') AS p "
+                     "FROM _incoming WHERE extraction IS NOT NULL)))) ORDER BY row, i")
     insert("extraction_failures", "INSERT INTO extraction_failures (namespace, chunk_id, reason) "
                                   "SELECT ?, chunk_id, failure FROM _incoming WHERE extraction IS NULL ORDER BY row")
     return written

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from lazyhippo.stores.warehouse import refresh_degree
+from lazyhippo.stores.warehouse import described, refresh_degree
 
 STRATEGIES = ("concatenate", "keep_first", "keep_longest", "llm_summary")
 LLM_STRATEGY = "llm_summary"
@@ -178,9 +178,9 @@ def summarize_merges(settings, con: duckdb.DuckDBPyConnection, llm) -> int:
             if strategy != LLM_STRATEGY or row is None:
                 continue
             descriptions = [d for (d,) in con.execute(
-                "SELECT DISTINCT description FROM extracted_entities WHERE namespace = ? AND "
-                "coalesce(description, '') <> '' AND lh_norm(name) IN (SELECT unnest(?)) ORDER BY description",
-                [ns, [target_norm, *source_norms]]).fetchall()]
+                f"SELECT DISTINCT description FROM ({described('extracted_entities')}) WHERE "
+                "coalesce(description, '') <> '' AND lh_norm(name) IN (SELECT unnest($names)) ORDER BY description",
+                {"ns": ns, "names": [target_norm, *source_norms]}).fetchall()]
             if descriptions:
                 text = summarize_descriptions(llm, "the entity", row[0], descriptions, cache)
                 con.execute("UPDATE entities SET description = ? WHERE namespace = ? AND entity_id = ?",

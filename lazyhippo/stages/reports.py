@@ -19,7 +19,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.summaries import DescriptionParams, summarize_descriptions
 from lazyhippo.stores.cache import JsonCache
-from lazyhippo.stores.warehouse import community_members, replace_rows
+from lazyhippo.stores.warehouse import community_members, described, replace_rows
 
 
 def summarize_graph_descriptions(settings: Settings, con: duckdb.DuckDBPyConnection, llm: OpenAIChat,
@@ -27,20 +27,21 @@ def summarize_graph_descriptions(settings: Settings, con: duckdb.DuckDBPyConnect
     """Replace the SQL-joined descriptions of entities and relations with the map-reduce over all of
     their extracted descriptions (joined when short, summarized otherwise)."""
     ns = settings.namespace
-    ents = con.execute("""
+    ents = con.execute(f"""
         SELECT e.entity_id, e.name, list(DISTINCT x.description ORDER BY x.description)
-        FROM entities e JOIN extracted_entities x ON x.namespace = e.namespace AND lh_norm(x.name) = e.norm_name
-        WHERE e.namespace = ? AND coalesce(x.description, '') <> '' GROUP BY e.entity_id, e.name""", [ns]).fetchall()
-    rels = con.execute("""
+        FROM entities e JOIN ({described("extracted_entities")}) x ON lh_norm(x.name) = e.norm_name
+        WHERE e.namespace = $ns AND coalesce(x.description, '') <> '' GROUP BY e.entity_id, e.name""",
+                       {"ns": ns}).fetchall()
+    rels = con.execute(f"""
         SELECT r.relation_id, a.name || ' -> ' || b.name, list(DISTINCT x.description ORDER BY x.description)
         FROM relations r
         JOIN entities a ON a.namespace = r.namespace AND a.entity_id = r.source_id
         JOIN entities b ON b.namespace = r.namespace AND b.entity_id = r.target_id
-        JOIN extracted_relations x ON x.namespace = r.namespace
-             AND least(lh_entity_id(x.source), lh_entity_id(x.target)) = r.source_id
+        JOIN ({described("extracted_relations")}) x
+             ON least(lh_entity_id(x.source), lh_entity_id(x.target)) = r.source_id
              AND greatest(lh_entity_id(x.source), lh_entity_id(x.target)) = r.target_id
-        WHERE r.namespace = ? AND coalesce(x.description, '') <> ''
-        GROUP BY r.relation_id, a.name, b.name""", [ns]).fetchall()
+        WHERE r.namespace = $ns AND coalesce(x.description, '') <> ''
+        GROUP BY r.relation_id, a.name, b.name""", {"ns": ns}).fetchall()
     cache = JsonCache(settings.cache_dir / "llm.sqlite")
     try:
         def run(kind: str, rows: list) -> dict[str, str]:

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -108,6 +109,7 @@ def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     con.execute((SQL_DIR / "schema.sql").read_text())
     _migrate_vectors(con)
     _migrate_storage(con, settings.db_path)
+    _migrate_descriptions(con, settings.db_path)
     return _with_functions(con)
 
 
@@ -171,6 +173,69 @@ def _migrate_storage(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             con.execute(_schema_tables()[table])
             cols = ", ".join(stored_columns(con, table))
             con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM lh_old_{table}")
+            con.execute(f"DROP TABLE lh_old_{table}")
+    con.execute("CHECKPOINT")
+
+
+# a description taken from a sentence is its start, at most this many characters (lazyhippo/models/extractors.py)
+DESCRIPTION_HEAD = 300
+DESCRIBED = ("extracted_entities", "extracted_relations")  # staging tables whose descriptions refer to facts
+MIGRATION_CHUNKS = 25_000  # chunks whose rows one statement of _migrate_descriptions rewrites
+
+
+def described(table: str) -> str:
+    """A query of the rows of `table` (extracted_entities or extracted_relations) of the namespace `$ns` with every
+    description as text: a reference to one of the chunk's facts read back from it."""
+    cols = ", ".join(f"x.{c}" for c in _schema_columns(table) if c not in ("description", "fact_idx"))
+    return f"""SELECT {cols}, CASE WHEN x.fact_idx IS NULL THEN x.description
+                                 ELSE left(f.text, {DESCRIPTION_HEAD}) END AS description
+               FROM {table} x LEFT JOIN extracted_facts f
+               ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
+               WHERE x.namespace = $ns"""
+
+
+@lru_cache(maxsize=None)
+def _schema_columns(table: str) -> tuple[str, ...]:
+    """The stored columns of `table` as schema.sql declares it."""
+    with duckdb.connect() as con:
+        con.execute(_schema_tables()[table])
+        return tuple(stored_columns(con, table))
+
+
+def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Staging tables written before descriptions referred to facts (every description as text): rewritten once,
+    each description that is the start of one of its chunk's facts replaced by that fact's index, the way the
+    staging load stores it (lazyhippo.stages.extractions), a bucket of MIGRATION_CHUNKS chunks per statement (the
+    facts' starts of the bucket are what a statement holds)."""
+    have = {t for (t,) in con.execute(
+        "SELECT table_name FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND column_name = 'fact_idx' AND table_name IN (SELECT unnest(?))", [list(DESCRIBED)]).fetchall()}
+    stale = [t for t in DESCRIBED if t not in have]
+    if not stale:
+        return
+    log.warning("%s: rewriting %s to store descriptions as references to their sentences: once", path,
+                ", ".join(stale))
+    con.execute("SET enable_progress_bar = false")
+    n = con.execute("SELECT count(DISTINCT chunk_id) FROM extracted_facts").fetchall()[0][0]
+    buckets = max(1, -(-n // MIGRATION_CHUNKS))
+    with transaction(con):
+        for table in stale:
+            con.execute(f"ALTER TABLE {table} RENAME TO lh_old_{table}")
+            con.execute(_schema_tables()[table])
+            old = set(stored_columns(con, f"lh_old_{table}"))
+            cols = [c for c in stored_columns(con, table) if c in old and c != "description"]
+            for bucket in range(buckets):
+                con.execute(f"""
+                    INSERT INTO {table} ({", ".join(cols)}, description, fact_idx)
+                    SELECT {", ".join(f"x.{c}" for c in cols)}, CASE WHEN f.fact_idx IS NULL THEN x.description END,
+                           f.fact_idx
+                    FROM (SELECT *, rowid AS lh_row FROM lh_old_{table} WHERE hash(chunk_id) % $n = $b) x
+                    LEFT JOIN (SELECT namespace, chunk_id, left(text, {DESCRIPTION_HEAD}) AS head,
+                                      min(fact_idx) AS fact_idx
+                               FROM extracted_facts WHERE hash(chunk_id) % $n = $b
+                               GROUP BY namespace, chunk_id, head) f
+                    ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.head = x.description
+                    ORDER BY x.lh_row""", {"n": buckets, "b": bucket})
             con.execute(f"DROP TABLE lh_old_{table}")
     con.execute("CHECKPOINT")
 
@@ -327,11 +392,12 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
     geometric mean of the two entities' chunk counts (two rare names seen together say more than two names found
     everywhere); ties go by the weight in the chunk, then the names (a fixed order). The default keeps every
     pair: each cap measured cost retrieval (docs/decisions.md). `names` (a table of names, without a cap: a cap
-    ranks by corpus-wide strengths) keeps only the pairs with an end among them."""
+    ranks by corpus-wide strengths) keeps only the pairs with an end among them. Descriptions stay as stored (a
+    fact's index, else text): the models read the facts' text once per fact, not once per pair."""
     if names and per_chunk:
         raise ValueError("chunk_relations: a cap on relations per chunk needs every pair, not those of some names")
     some = f"AND (r.source IN (SELECT name FROM {names}) OR r.target IN (SELECT name FROM {names}))" if names else ""
-    raw = f"""SELECT r.chunk_id, r.source, r.target, r.description, r.weight, r.type,
+    raw = f"""SELECT r.chunk_id, r.source, r.target, r.fact_idx, r.description, r.weight, r.type,
                      a.entity_id AS source_id, b.entity_id AS target_id,
                      least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
               FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
@@ -351,16 +417,19 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
         QUALIFY row_number() OVER (PARTITION BY chunk_id
                                    ORDER BY strength DESC, weight DESC, lo, hi, source, target) <= $cap"""
     con.execute(f"CREATE OR REPLACE TEMP TABLE lh_relations AS "
-                f"SELECT chunk_id, source, target, source_id, target_id, description, weight, type FROM ({kept})",
+                "SELECT chunk_id, source, target, source_id, target_id, fact_idx, description, weight, type "
+                f"FROM ({kept})",
                 {"ns": namespace, **({"cap": per_chunk} if per_chunk else {})})
     return con.execute("SELECT count(*) FROM lh_relations").fetchall()[0][0]
 
 
 def extraction_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
     """The temporary views `lh_entities` and `lh_facts` the SQL models read: every extracted row of the namespace
-    (a scoped update replaces them by tables of the rows in its scope)."""
+    (a scoped update replaces them by tables of the rows in its scope); and `lh_sentences`, every fact of the
+    namespace, which the descriptions of extracted entities and relations refer to (in any scope)."""
     literal = "'" + namespace.replace("'", "''") + "'"  # a view takes no parameters
-    for name, table in (("lh_entities", "extracted_entities"), ("lh_facts", "extracted_facts")):
+    for name, table in (("lh_entities", "extracted_entities"), ("lh_facts", "extracted_facts"),
+                        ("lh_sentences", "extracted_facts")):
         drop_temp(con, name)
         con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {table} WHERE namespace = {literal}")
 
