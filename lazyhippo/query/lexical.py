@@ -74,17 +74,23 @@ class FlatBM25(bm25s.BM25):
         return (np.repeat(idf, df) * tfc).astype(self.dtype)
 
     def __getstate__(self) -> dict:
-        vocab = self.vocab_dict
-        return {**vars(self), "scores": {**self.scores, "data": None}, "unique_token_ids_set": None,
+        from lazyhippo.query.loader import Ascending
+
+        vocab, s = self.vocab_dict, self.scores
+        return {**vars(self), "scores": {**s, "data": None, "indices": Ascending.of(s["indices"], s["indptr"])},
+                "unique_token_ids_set": None,
                 "vocab_dict": (list(vocab), np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab)))}
 
     def __setstate__(self, state: dict) -> None:
+        from lazyhippo.query.loader import unpacked
+
         vars(self).update(state)
         keys, ids = state["vocab_dict"]
         self.vocab_dict = dict(zip(keys, ids.tolist()))
         self.unique_token_ids_set = set(self.vocab_dict.values())
         s = self.scores
-        self.scores = {**s, "data": self._scored(self.counts, s["indices"], s["indptr"], s["num_docs"])}
+        indices = unpacked(s["indices"], s["indptr"])
+        self.scores = {**s, "indices": indices, "data": self._scored(self.counts, indices, s["indptr"], s["num_docs"])}
 
 
 @dataclass(frozen=True)
