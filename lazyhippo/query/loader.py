@@ -798,13 +798,16 @@ class _Triangle:
         below = sp.csr_matrix((data[strict], upper[strict], np.concatenate(
             [[0], np.cumsum(np.bincount(rows[strict], minlength=n))]).astype(self.indptr.dtype)),
             shape=self.shape).tocsc()  # by column: the rows of the lower triangle, their columns ascending
+        del strict, offsets
         nnz = len(data) + below.nnz
         indices = np.empty(nnz, dtype=upper.dtype)
         values = np.empty(nnz, dtype=data.dtype)
         at = np.arange(below.nnz, dtype=np.int64) + self.indptr[np.repeat(np.arange(n), np.diff(below.indptr))]
         indices[at], values[at] = below.indices, below.data
-        at = np.arange(len(data), dtype=np.int64) + below.indptr[rows.astype(np.int64) + 1]
+        at = np.arange(len(data), dtype=np.int64)
+        at += below.indptr[rows + 1]
         indices[at], values[at] = upper, data
+        del at, upper, rows
         if self.fixed_at is not None:
             values[self.fixed_at] = self.fixed
         m = sp.csr_matrix((values, indices, (self.indptr + below.indptr).astype(self.indptr.dtype)), shape=self.shape)
