@@ -140,7 +140,7 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
     # what a load derives again: id -> row maps, degrees, the entities' document frequencies, the rows' projections
     assert slim.chunks.pos is None and slim.entities.pos is None and slim.graph.degree is None
     assert slim.entities.df is None and slim.entities.near.head is None and slim.facts.near.head is None
-    assert slim.chunks.ids == built.chunks.ids and slim.graph.adjacency.nnz == built.graph.adjacency.nnz
+    assert slim.chunks.ids == built.chunks.ids and slim.graph.adjacency.matrix().nnz == built.graph.adjacency.nnz
     clear_cache()
     cached = load_index(settings)
     assert cached.stats["cached"] and (cached.facts.by_entity != built.facts.by_entity).nnz == 0
