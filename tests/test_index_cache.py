@@ -136,8 +136,11 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
     # no matrix twice: the facts by entity are the transpose of the entities by fact, the passages' community
     # coverage a product of the mentions; and the graph's node ids and positions are the parts' own
     assert slim.facts.by_entity is None and slim.communities.coverage is None
-    assert slim.graph.node_ids.entities is slim.entities.ids and slim.graph.node_pos.chunks is slim.chunks.pos
-    assert slim.chunks.ids == built.chunks.ids and slim.graph.adjacency.nnz == built.graph.adjacency.nnz
+    assert slim.graph.node_ids.entities is slim.entities.ids and slim.graph.node_pos is None
+    # what a load derives again: id -> row maps, degrees, the entities' document frequencies, the rows' projections
+    assert slim.chunks.pos is None and slim.entities.pos is None and slim.graph.degree is None
+    assert slim.entities.df is None and slim.entities.near.head is None and slim.facts.near.head is None
+    assert slim.chunks.ids == built.chunks.ids and slim.graph.adjacency.matrix().nnz == built.graph.adjacency.nnz
     clear_cache()
     cached = load_index(settings)
     assert cached.stats["cached"] and (cached.facts.by_entity != built.facts.by_entity).nnz == 0
@@ -176,3 +179,123 @@ def test_the_walks_transition_is_transition_matrix_to_the_bit():
         assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
         assert np.array_equal(got.data, want.data)
     assert np.array_equal(degree <= 0, dangling)
+
+
+def _same(a, b, path: str = "index") -> None:
+    """`a` and `b` equal part by part, arrays to the bit and of the same type, dicts in the same order."""
+    import scipy.sparse as sp
+    from dataclasses import fields, is_dataclass
+
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.tobytes() == b.tobytes(), path
+    elif sp.issparse(a):
+        assert type(a) is type(b), path
+        for k in ("data", "indices", "indptr"):
+            _same(getattr(a, k), getattr(b, k), f"{path}.{k}")
+    elif is_dataclass(a):
+        for f in fields(a):
+            if f.name not in ("loaded_at", "load_seconds", "stats", "matvec32"):
+                _same(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            _same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)) and a and isinstance(a[0], np.ndarray):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{path}[{i}]")
+    elif hasattr(a, "vocab_dict"):  # a BM25 index
+        _same(a.scores, b.scores, f"{path}.scores")
+        _same(a.vocab_dict, b.vocab_dict, f"{path}.vocab_dict")
+        assert a.unique_token_ids_set == b.unique_token_ids_set, path
+    else:
+        assert a == b, path
+
+
+def test_a_cached_load_is_the_built_index_to_the_bit(tmp_path):
+    """Everything a load derives again from the compact cache (the adjacency from its triangle, BM25 scores from
+    term counts, the nearest-row projections from the vectors, id maps, degrees, document frequencies) is what
+    building gives: every array to the bit, every map in the same order."""
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
+    run_index(settings)
+    clear_cache()
+    built = load_index(settings)
+    clear_cache()
+    cached = load_index(settings)
+    assert cached.stats["cached"] and not built.stats.get("cached")
+    _same(built, cached)
+    for lexical in (cached.lexical, cached.facts.lexical):
+        assert lexical.vocab is lexical.bm25.vocab_dict  # the vocabulary held once
+
+
+def test_the_adjacency_is_cached_as_a_triangle_and_rebuilt_to_the_bit():
+    """A structurally symmetric matrix whose mirrored values may differ in the last bit (duplicate edges summed in
+    another order), with an explicit zero: stored as its upper triangle with coded values in under a third of the
+    CSR's bytes, and rebuilt with the same structure and bits."""
+    import scipy.sparse as sp
+
+    from lazyhippo.query.loader import Ascending, _Triangle
+
+    rng = np.random.default_rng(5)
+    n = 3000
+    i, j = rng.integers(0, n, 40000), rng.integers(0, n, 40000)
+    keep = i != j
+    w = rng.choice(np.log1p(np.arange(1, 200)), len(i))[keep]  # few distinct weights, as mention and relation edges
+    a = sp.csr_matrix((np.concatenate([w, w + 1e-13 * (rng.random(len(w)) < 0.01)]),
+                       (np.concatenate([i[keep], j[keep]]), np.concatenate([j[keep], i[keep]]))), shape=(n, n))
+    a.sum_duplicates()
+    a.data[a.indices == 0] = 0.0  # explicit zeros stay
+    assert (a != a.T).nnz > 0  # not symmetric to the bit
+    tri = _Triangle.of(a)
+    assert isinstance(tri, _Triangle) and isinstance(tri.offsets, Ascending) and len(tri.fixed_at) > 0
+    stored = tri.indptr.nbytes + tri.values.nbytes + tri.codes.nbytes + tri.fixed_at.nbytes + tri.fixed.nbytes + \
+        sum(x.nbytes for x in (tri.offsets.low, tri.offsets.at, tri.offsets.whole))
+    assert stored < (a.data.nbytes + a.indices.nbytes + a.indptr.nbytes) / 3
+    b = tri.matrix()
+    _same(a, b, "adjacency")
+    assert b.has_sorted_indices
+    lower = sp.tril(a, -1).tocsr()  # not structurally symmetric: kept as it is
+    assert _Triangle.of(lower) is lower
+
+
+def test_sorted_indices_pack_into_uint16_differences():
+    """Differences of 65536 and more (a row's first column, a long gap) are kept whole; whatever the blocks of
+    the cumulative sum, the indices come back the same."""
+    import scipy.sparse as sp
+
+    from lazyhippo.query.loader import Ascending
+
+    rng = np.random.default_rng(2)
+    rows = [np.unique(rng.integers(0, 2_000_000, rng.integers(0, 200))) for _ in range(400)]
+    a = sp.csr_matrix((np.ones(sum(map(len, rows))), np.concatenate(rows).astype(np.int32),
+                       np.concatenate([[0], np.cumsum([len(r) for r in rows])])), shape=(400, 2_000_000))
+    packed = Ascending.of(a.indices, a.indptr)
+    assert isinstance(packed, Ascending) and 0 < len(packed.at) < a.nnz / 4
+    assert packed.low.nbytes + packed.at.nbytes + packed.whole.nbytes < 0.75 * a.indices.nbytes
+    for block in (Ascending.BLOCK, 997):
+        with_block = Ascending(packed.low, packed.at, packed.whole, packed.dtype)
+        object.__setattr__(with_block, "BLOCK", block)
+        _same(a.indices, with_block.array(a.indptr), f"indices by {block}")
+    shuffled = a.indices.copy()
+    shuffled[a.indptr[1]:a.indptr[2]] = shuffled[a.indptr[1]:a.indptr[2]][::-1]
+    assert Ascending.of(shuffled, a.indptr) is shuffled  # not ascending: kept as it is
+
+
+def test_bm25_is_pickled_as_term_counts_and_scores_the_same():
+    """The BM25 index pickles its term counts in uint8 and its indices in uint16 differences, not float32 scores
+    and int32 indices, and unpickled scores every query as before, bit for bit."""
+    from lazyhippo.query.lexical import Lexical
+
+    rng = np.random.default_rng(7)
+    words = [f"w{i}" for i in range(3000)]
+    docs = [" ".join(rng.choice(words, rng.integers(1, 80))) for _ in range(4000)] + ["", "w1 w1 w1 w1"]
+    lex = Lexical.build(docs)
+    data = pickle.dumps(lex, protocol=5)
+    s = lex.bm25.scores
+    assert len(data) < 0.5 * (s["data"].nbytes + s["indices"].nbytes + s["indptr"].nbytes) + 40 * len(lex.vocab)
+    back = pickle.loads(data)
+    _same(lex.bm25, back.bm25, "bm25")
+    assert back.vocab is back.bm25.vocab_dict and back.size == lex.size
+    for query in (["w1"], ["w3", "w7", "nothing"], ["w2999", "w1", "w10"]):
+        assert np.array_equal(lex.scores(query), back.scores(query))

@@ -38,27 +38,59 @@ class TokenIds:
 
 
 class FlatBM25(bm25s.BM25):
-    """bm25s.BM25 whose index is built from a `TokenIds` corpus with array operations."""
+    """bm25s.BM25 whose index is built from a `TokenIds` corpus with array operations. It keeps each (token,
+    text) pair's count beside its score, and is pickled with the counts in their smallest integer type instead of
+    the float32 scores, which unpickling computes again by the same formulas (a third less in the index cache)."""
+
+    counts: np.ndarray  # each entry's term frequency, aligned with scores["data"] (token-major, texts ascending)
 
     def build_index_from_ids(self, unique_token_ids, corpus_token_ids, show_progress=True, leave_progress=False):
         if self.method in self.methods_requiring_nonoccurrence:
             raise ValueError(f"FlatBM25 builds {self.method!r} indexes the bm25s way only: use bm25s.BM25")
         flat, lengths = corpus_token_ids
         n_docs, n_vocab = len(lengths), len(unique_token_ids)
-        avg_doc_len = lengths.mean()  # as bm25s: the mean of the int lengths
         doc = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
-        pairs, tf = np.unique(doc * n_vocab + flat, return_counts=True)  # (text, token) pairs, text-major
-        doc, tok = pairs // n_vocab, pairs % n_vocab
-        df = np.bincount(tok, minlength=n_vocab)
+        # (token, text) pairs, token-major and texts ascending within a token: the order of bm25s's CSC matrix
+        pairs, tf = np.unique(flat * n_docs + doc, return_counts=True)
+        self.nonoccurrence_array = None
+        self.counts = tf.astype(np.min_scalar_type(int(tf.max(initial=0))))
+        indptr = np.zeros(n_vocab + 1, dtype=np.int64)
+        np.cumsum(np.bincount(pairs // n_docs, minlength=n_vocab), out=indptr[1:])
+        indices = (pairs % n_docs).astype(self.int_dtype)
+        return {"data": self._scored(self.counts, indices, indptr, n_docs), "indices": indices, "indptr": indptr,
+                "num_docs": n_docs}
+
+    def _scored(self, tf: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_docs: int) -> np.ndarray:
+        """The score of each entry of the CSC matrix by its term frequency, with bm25s's own idf and tf formulas
+        (a text's length is the sum of its tokens' counts)."""
+        lengths = np.bincount(indices, weights=tf, minlength=n_docs).astype(np.int64)
+        avg_doc_len = lengths.mean()  # as bm25s: the mean of the int lengths
+        df = np.diff(indptr)
         idf_of = _select_idf_scorer(self.idf_method)   # per distinct document frequency, in Python floats as bm25s
         values, where = np.unique(df, return_inverse=True)
         idf = np.array([idf_of(int(d), N=n_docs) if d else 0.0 for d in values])[where].astype(self.dtype)
-        tfc = _select_tfc_scorer(self.method)(tf_array=tf.astype(self.dtype), l_d=lengths[doc], l_avg=avg_doc_len,
+        tfc = _select_tfc_scorer(self.method)(tf_array=tf.astype(self.dtype), l_d=lengths[indices], l_avg=avg_doc_len,
                                               k1=self.k1, b=self.b, delta=self.delta)
-        self.nonoccurrence_array = None
-        data, indices, indptr = self._np_csc(data=(idf[tok] * tfc).astype(self.dtype), rows=doc.astype(self.int_dtype),
-                                             cols=tok.astype(self.int_dtype), shape=(n_docs, n_vocab))
-        return {"data": data.astype(self.dtype), "indices": indices, "indptr": indptr, "num_docs": n_docs}
+        return (np.repeat(idf, df) * tfc).astype(self.dtype)
+
+    def __getstate__(self) -> dict:
+        from lazyhippo.query.loader import Ascending
+
+        vocab, s = self.vocab_dict, self.scores
+        return {**vars(self), "scores": {**s, "data": None, "indices": Ascending.of(s["indices"], s["indptr"])},
+                "unique_token_ids_set": None,
+                "vocab_dict": (list(vocab), np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab)))}
+
+    def __setstate__(self, state: dict) -> None:
+        from lazyhippo.query.loader import unpacked
+
+        vars(self).update(state)
+        keys, ids = state["vocab_dict"]
+        self.vocab_dict = dict(zip(keys, ids.tolist()))
+        self.unique_token_ids_set = set(self.vocab_dict.values())
+        s = self.scores
+        indices = unpacked(s["indices"], s["indptr"])
+        self.scores = {**s, "indices": indices, "data": self._scored(self.counts, indices, s["indptr"], s["num_docs"])}
 
 
 @dataclass(frozen=True)
@@ -75,7 +107,11 @@ class Lexical:
             return cls(None, {}, 0)
         retriever = FlatBM25()
         retriever.index(TokenIds.of(tokens(d) or [""] for d in docs), show_progress=False)
-        return cls(retriever, dict(retriever.vocab_dict), len(docs))
+        return cls(retriever, retriever.vocab_dict, len(docs))
+
+    def __reduce__(self):
+        """Pickled by its BM25 index, whose vocabulary this one is (held once)."""
+        return _lexical, (self.bm25, self.size)
 
     def scores(self, keywords: list[str]) -> np.ndarray:
         """One BM25 score per text (zeros when no keyword is in the vocabulary)."""
@@ -97,3 +133,7 @@ class Lexical:
         if i is None or i + 1 >= len(indptr):  # bm25s adds "" to the vocabulary without a column
             return np.zeros(0, dtype=np.int64)
         return np.asarray(self.bm25.scores["indices"][indptr[i]:indptr[i + 1]], dtype=np.int64)
+
+
+def _lexical(bm25: FlatBM25 | None, size: int) -> Lexical:
+    return Lexical(bm25, bm25.vocab_dict if bm25 is not None else {}, size)

@@ -283,14 +283,14 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
         WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns).to_pydict()
     ids = ch["chunk_id"]
-    pos = {c: i for i, c in enumerate(ids)}
+    pos = _positions(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
     positions = np.asarray(ch["position"], dtype=np.int64)
     return Chunks(ids=ids, pos=pos, doc_ids=ch["doc_id"], titles=[t or "" for t in ch["title"]],
                   sections=ch["section"], pages=ch["page"], positions=positions, texts=ch["text"],
                   content_hashes=ch["content_hash"], n_tokens=np.asarray(ch["n_tokens"], dtype=np.int64),
                   sources=ch["source"], vecs=vecs, title_index=_index_of(ch["title"]),
-                  doc_pos={(d, int(p)): i for i, (d, p) in enumerate(zip(ch["doc_id"], positions))}), model
+                  doc_pos=_doc_positions(ch["doc_id"], positions)), model
 
 
 def _mention_counts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int]) -> sp.csr_matrix:
@@ -303,10 +303,8 @@ def _mention_counts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[s
 
 def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim: int) -> Entities:
     ids = en["entity_id"]
-    pos = {e: i for i, e in enumerate(ids)}
-    n_p = counts.shape[0]
-    df = np.asarray((counts > 0).sum(axis=0)).ravel().astype(np.float64)
-    idf = np.log((n_p + 1.0) / (df + 1.0)) + 1.0 / max(math.log(n_p + 2.0), 1.0)
+    pos = _positions(ids)
+    df, idf = _entity_df(counts)
     pagerank = np.zeros(len(ids))
     for e, pr in zip(scores["entity_id"], scores["pagerank"]):
         if e in pos:
@@ -317,6 +315,22 @@ def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim:
                     df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank,
                     # a link needs a cosine of 0.8: on 64 of 256 axes a phrase reads ~5 of 2Wiki's 37k in full
                     near=CosineBound.of(vecs, 64))
+
+
+def _entity_df(counts: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
+    """How many passages mention each entity, and the idf that follows."""
+    n_p = counts.shape[0]
+    df = np.asarray((counts > 0).sum(axis=0)).ravel().astype(np.float64)
+    return df, np.log((n_p + 1.0) / (df + 1.0)) + 1.0 / max(math.log(n_p + 2.0), 1.0)
+
+
+def _positions(ids: list) -> dict:
+    """Id -> row: the inversion of a list of ids (the last row of an id given twice)."""
+    return dict(zip(ids, range(len(ids))))
+
+
+def _doc_positions(doc_ids: list[str], positions: np.ndarray) -> dict[tuple[str, int], int]:
+    return _positions(list(zip(doc_ids, positions.tolist())))
 
 
 def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Mentions:
@@ -604,14 +618,201 @@ def _unpickled(path: Path):
 
 def _slim(idx: GraphIndex) -> GraphIndex:
     """What the disk cache holds: the index without what the snapshot beside it already stores compactly (the
-    int8 vectors, the passage and fact texts) or what is quick to derive (the walk's transition, from the
-    adjacency): at 10,000 documents 212 MB of cache held 78 MB of such vectors and texts and 21 MB of
-    transition values; at 100,000, 1,566 MB held 49 MB of facts by entity (a transpose) and 110 MB of passages'
-    community coverage (a product of the mentions)."""
-    return replace(idx, chunks=replace(idx.chunks, vecs=None, texts=None), entities=replace(idx.entities, vecs=None),
-                   facts=replace(idx.facts, vecs=None, texts=None, by_entity=None),
+    int8 vectors, the passage and fact texts) or what is quick to derive (the walk's transition and the degrees,
+    from the adjacency; the nearest-row bounds' projections, from the vectors and the axes; id -> row maps, from
+    the id lists; the entities' document frequencies, from the mentions), with the adjacency as one triangle
+    and integer-valued matrices in small integer types: at 10,000 documents 212 MB of cache held 78 MB of such
+    vectors and texts and 21 MB of transition values; at 100,000, 1,566 MB held 49 MB of facts by entity (a
+    transpose) and 110 MB of passages' community coverage (a product of the mentions)."""
+    return replace(idx, chunks=replace(idx.chunks, vecs=None, texts=None, pos=None, doc_pos=None,
+                                       doc_ids=_shared(idx.chunks.doc_ids), titles=_shared(idx.chunks.titles),
+                                       sources=_shared(idx.chunks.sources)),
+                   entities=replace(idx.entities, vecs=None, pos=None, df=None, idf=None,
+                                    types=_shared(idx.entities.types), near=_axes_only(idx.entities.near)),
+                   mentions=replace(idx.mentions, counts=_IntegerCSR.of(idx.mentions.counts)),
+                   facts=replace(idx.facts, vecs=None, texts=None, by_entity=None, near=_axes_only(idx.facts.near),
+                                 entities=_IntegerCSR.of(idx.facts.entities)),
                    communities=replace(idx.communities, vecs=None, coverage=None),
-                   graph=replace(idx.graph, transition32=None, columns32=None, matvec32=None))
+                   graph=replace(idx.graph, adjacency=_Triangle.of(idx.graph.adjacency), dangling=None, degree=None,
+                                 node_pos=None, transition32=None, columns32=None, matvec32=None))
+
+
+def _shared(strings: list) -> list:
+    """`strings` with each distinct value one object, which pickle then writes once (a document's title and
+    source repeat for each of its passages, an entity type for each entity)."""
+    one: dict = {}
+    return [one.setdefault(x, x) for x in strings]
+
+
+def _axes_only(near: CosineBound) -> CosineBound:
+    """The bound without the rows' projections, which `CosineBound.on` makes again from the vectors and the
+    axes (15 MB of the cache at 10,000 documents)."""
+    return near if near.clusters is not None else replace(near, head=None, rest=None, error=None)
+
+
+def _with_rows(near: CosineBound, vecs: Int8Rows) -> CosineBound:
+    return near if near.clusters is not None else CosineBound.on(vecs, near.axes)
+
+
+@dataclass(frozen=True)
+class _IntegerCSR:
+    """A CSR matrix whose values are small whole numbers (mention counts, 0/1), stored in the smallest unsigned
+    integer type that holds them: a quarter of float32 for counts below 256."""
+
+    shape: tuple[int, int]
+    indptr: np.ndarray
+    indices: "Ascending | np.ndarray"
+    values: np.ndarray
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, m: sp.csr_matrix) -> "_IntegerCSR | sp.csr_matrix":
+        data = m.data
+        if not len(data) or data.min() < 0 or not np.array_equal(data, np.floor(data)):
+            return m
+        values = data.astype(np.min_scalar_type(int(data.max())))
+        return cls(m.shape, m.indptr, Ascending.of(m.indices, m.indptr), values, data.dtype) \
+            if np.array_equal(values, data) else m
+
+    def matrix(self) -> sp.csr_matrix:
+        return sp.csr_matrix((self.values.astype(self.dtype), unpacked(self.indices, self.indptr), self.indptr),
+                             shape=self.shape)
+
+
+@dataclass(frozen=True)
+class Ascending:
+    """Indices ascending within each segment of an `indptr` (a CSR matrix's columns in each row), as the
+    differences from the previous index of their segment (the first: from 0) in uint16, those that do not fit kept
+    whole beside: half of int32 where few differences reach 65536 (at 10,000 documents 0.03-0.7% of a matrix's
+    entries). Read back by blocks of a cumulative sum, so no int64 copy of them all is ever held."""
+
+    low: np.ndarray    # each difference modulo 65536 (uint16)
+    at: np.ndarray     # ascending positions of the differences of 65536 or more
+    whole: np.ndarray  # their values
+    dtype: np.dtype
+
+    BLOCK = 1 << 22
+
+    @classmethod
+    def of(cls, indices: np.ndarray, indptr: np.ndarray) -> "Ascending | np.ndarray":
+        """The packed form of `indices`, or `indices` itself when it is not smaller or they do not ascend."""
+        d = np.diff(indices.astype(np.int64), prepend=0)
+        starts = indptr[:-1][np.diff(indptr) > 0]
+        d[starts] = indices[starts]
+        if len(d) and d.min() < 0:
+            return indices
+        at = np.flatnonzero(d >> 16)
+        packed = cls((d & 0xFFFF).astype(np.uint16), at.astype(np.min_scalar_type(max(len(d) - 1, 0))),
+                     d[at].astype(np.min_scalar_type(int(d.max(initial=0)))), indices.dtype)
+        return packed if packed.low.nbytes + packed.at.nbytes + packed.whole.nbytes < indices.nbytes else indices
+
+    def array(self, indptr: np.ndarray) -> np.ndarray:
+        """The indices again. A segment's first difference is made relative to the previous segment's last index
+        (the sum of that segment's differences), which turns the segments' sums into one running sum."""
+        d_at_starts, starts = self._starts(indptr)
+        out = np.empty(len(self.low), dtype=self.dtype)
+        carry = 0
+        for a in range(0, len(out), self.BLOCK):
+            b = min(a + self.BLOCK, len(out))
+            d = self.low[a:b].astype(np.int64)
+            i, j = np.searchsorted(self.at, [a, b])
+            d[self.at[i:j] - a] = self.whole[i:j]
+            i, j = np.searchsorted(starts, [a, b])
+            d[starts[i:j] - a] = d_at_starts[i:j]
+            run = np.cumsum(d)
+            run += carry
+            out[a:b] = run
+            carry = int(run[-1]) if len(run) else carry
+        return out
+
+    def _starts(self, indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each non-empty segment starts, and its first difference from the previous segment's last index."""
+        nonempty = np.diff(indptr) > 0
+        starts = indptr[:-1][nonempty].astype(np.int64)
+        first = self.low[starts].astype(np.int64)
+        big = np.isin(starts, self.at)
+        first[big] = self.whole[np.searchsorted(self.at, starts[big])]
+        last = np.zeros(len(starts), dtype=np.int64)  # each segment's last index: the sum of its differences
+        if len(starts):
+            last += np.add.reduceat(self.low, starts, dtype=np.int64)
+            np.add.at(last, np.searchsorted(starts, self.at, side="right") - 1,
+                      self.whole.astype(np.int64) - self.low[self.at])
+        return first - np.concatenate([[0], last[:-1]]), starts
+
+
+def unpacked(indices: "Ascending | np.ndarray", indptr: np.ndarray) -> np.ndarray:
+    return indices.array(indptr) if isinstance(indices, Ascending) else indices
+
+
+def _csr(m: "_IntegerCSR | sp.csr_matrix") -> sp.csr_matrix:
+    return m.matrix() if isinstance(m, _IntegerCSR) else m
+
+
+@dataclass(frozen=True)
+class _Triangle:
+    """A structurally symmetric CSR matrix (sorted indices) as its upper triangle, the diagonal included, with
+    its values as codes into their distinct values (edge weights take few: 24k of 1M at 10,000 documents), and
+    the few entries below the diagonal that differ from their mirror image (a pair's duplicate edges, summed in
+    another order, can differ in the last bit): the adjacency in a quarter of the bytes, rebuilt to the bit."""
+
+    shape: tuple[int, int]
+    indptr: np.ndarray
+    offsets: "Ascending | np.ndarray"  # each entry's column less its row
+    values: np.ndarray                 # the distinct values, or every entry's when that is smaller
+    codes: np.ndarray | None           # each entry's index in `values` (None: `values` is per entry)
+    fixed_at: np.ndarray | None = None  # positions in the whole matrix's data whose value is not the mirrored one
+    fixed: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, a: sp.csr_matrix) -> "_Triangle | sp.csr_matrix":
+        """The triangle of `a`, or `a` itself when it is not structurally symmetric."""
+        n = a.shape[0]
+        if a.shape[0] != a.shape[1] or not a.has_sorted_indices:
+            return a
+        rows = np.repeat(np.arange(n, dtype=a.indices.dtype), np.diff(a.indptr))
+        upper = a.indices >= rows
+        indptr = np.zeros(n + 1, dtype=a.indptr.dtype)
+        np.cumsum(np.bincount(rows[upper], minlength=n), out=indptr[1:])
+        data = a.data[upper]
+        values, codes = np.unique(data, return_inverse=True)
+        codes = codes.astype(np.min_scalar_type(max(len(values) - 1, 0)))
+        if codes.nbytes + values.nbytes >= data.nbytes:
+            values, codes = data, None
+        tri = cls(a.shape, indptr, Ascending.of(a.indices[upper] - rows[upper], indptr), values, codes)
+        whole = tri.matrix()
+        if not (np.array_equal(whole.indptr, a.indptr) and np.array_equal(whole.indices, a.indices)):
+            return a
+        bits = f"u{a.data.dtype.itemsize}"  # compared bit for bit
+        fixed_at = np.flatnonzero(whole.data.view(bits) != a.data.view(bits))
+        return replace(tri, fixed_at=fixed_at, fixed=a.data[fixed_at])
+
+    def matrix(self) -> sp.csr_matrix:
+        """Row i of the whole matrix is row i of the lower triangle (the upper one's column i) then row i of the
+        upper one: the rows come out sorted with no sorting, only a transpose and two scatters."""
+        n = self.shape[0]
+        data = self.values[self.codes] if self.codes is not None else self.values
+        offsets = unpacked(self.offsets, self.indptr)
+        rows = np.repeat(np.arange(n, dtype=offsets.dtype), np.diff(self.indptr))
+        upper = offsets + rows
+        strict = offsets > 0
+        below = sp.csr_matrix((data[strict], upper[strict], np.concatenate(
+            [[0], np.cumsum(np.bincount(rows[strict], minlength=n))]).astype(self.indptr.dtype)),
+            shape=self.shape).tocsc()  # by column: the rows of the lower triangle, their columns ascending
+        del strict, offsets
+        nnz = len(data) + below.nnz
+        indices = np.empty(nnz, dtype=upper.dtype)
+        values = np.empty(nnz, dtype=data.dtype)
+        at = np.arange(below.nnz, dtype=np.int64) + self.indptr[np.repeat(np.arange(n), np.diff(below.indptr))]
+        indices[at], values[at] = below.indices, below.data
+        at = np.arange(len(data), dtype=np.int64)
+        at += below.indptr[rows + 1]
+        indices[at], values[at] = upper, data
+        del at, upper, rows
+        if self.fixed_at is not None:
+            values[self.fixed_at] = self.fixed
+        m = sp.csr_matrix((values, indices, (self.indptr + below.indptr).astype(self.indptr.dtype)), shape=self.shape)
+        m.has_sorted_indices = True
+        return m
 
 
 def _filled(con, idx: GraphIndex) -> GraphIndex:
@@ -619,20 +820,29 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
     Read through DuckDB's numpy results, not Arrow: importing Arrow (and what its conversions import) took longer
     than the rest of a cached load."""
     ns = idx.namespace
-    fact_pos = {f: i for i, f in enumerate(idx.facts.ids)}
-    chunk_vecs = _stored_vectors(con, ns, "chunk", idx.chunks.ids, idx.chunks.pos)
+    chunk_pos, entity_pos, fact_pos = (_positions(ids) for ids in (idx.chunks.ids, idx.entities.ids, idx.facts.ids))
+    chunk_vecs = _stored_vectors(con, ns, "chunk", idx.chunks.ids, chunk_pos)
     vecs = {kind: _fit_dim(_stored_vectors(con, ns, kind, ids, pos), idx.dim) for kind, ids, pos in
-            (("entity", idx.entities.ids, idx.entities.pos), ("fact", idx.facts.ids, fact_pos),
-             ("community", idx.communities.ids, {c: i for i, c in enumerate(idx.communities.ids)}))}
-    t32, columns32, _ = _transitions(idx.graph.adjacency)
+            (("entity", idx.entities.ids, entity_pos), ("fact", idx.facts.ids, fact_pos),
+             ("community", idx.communities.ids, _positions(idx.communities.ids)))}
+    adjacency = idx.graph.adjacency.matrix() if isinstance(idx.graph.adjacency, _Triangle) else idx.graph.adjacency
+    t32, columns32, degree = _transitions(adjacency)
+    counts, fact_entities = _csr(idx.mentions.counts), _csr(idx.facts.entities)
+    df, idf = _entity_df(counts)
     return replace(
-        idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=_texts(con, "chunks", "chunk_id", ns, idx.chunks.pos)),
-        entities=replace(idx.entities, vecs=vecs["entity"]),
+        idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=_texts(con, "chunks", "chunk_id", ns, chunk_pos),
+                            pos=chunk_pos, doc_pos=_doc_positions(idx.chunks.doc_ids, idx.chunks.positions)),
+        entities=replace(idx.entities, vecs=vecs["entity"], pos=entity_pos, df=df, idf=idf,
+                         near=_with_rows(idx.entities.near, vecs["entity"])),
+        mentions=replace(idx.mentions, counts=counts),
         facts=replace(idx.facts, vecs=vecs["fact"], texts=_texts(con, "facts", "fact_id", ns, fact_pos),
-                      by_entity=idx.facts.entities.T.tocsr()),
+                      entities=fact_entities, by_entity=fact_entities.T.tocsr(),
+                      near=_with_rows(idx.facts.near, vecs["fact"])),
         communities=replace(idx.communities, vecs=vecs["community"],
-                            coverage=_coverage(idx.mentions.counts, idx.communities.members)),
-        graph=replace(idx.graph, transition32=t32, columns32=columns32, matvec32=parallel_matvec(t32)))
+                            coverage=_coverage(counts, idx.communities.members)),
+        graph=replace(idx.graph, adjacency=adjacency, dangling=degree <= 0, degree=degree,
+                      node_pos=NodePositions(entity_pos, chunk_pos),
+                      transition32=t32, columns32=columns32, matvec32=parallel_matvec(t32)))
 
 
 def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]) -> Int8Rows:

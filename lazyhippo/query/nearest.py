@@ -115,30 +115,31 @@ class CosineBound:
     @classmethod
     def of(cls, vecs: "np.ndarray | Int8Rows", k: int) -> "CosineBound":
         """The bound of `vecs` on their `k` leading axes: the more axes, the more read at load and per query,
-        the tighter the bound and the fewer rows read in full. The projections are kept in int8 (a quarter of
-        float32); the error that leaves is bounded as the left-out part is, and added to it. Computed by blocks
-        of rows, never all of them in float32 at once (a million int8 rows would take 1 GB so)."""
-        from lazyhippo.stores.warehouse import int8_rows
-
+        the tighter the bound and the fewer rows read in full. Computed by blocks of rows, never all of them in
+        float32 at once (a million int8 rows would take 1 GB so)."""
         n, dim = vecs.shape
         k = min(k, dim)
-        blocks = [(a, min(a + Int8Rows.BLOCK, n)) for a in range(0, n, Int8Rows.BLOCK)]
-
-        def rows(a: int, b: int) -> np.ndarray:
-            return rows_at(vecs, slice(a, b))
-
         if n >= APPROX_MIN_ROWS:
             return cls(np.zeros((dim, 0), dtype=np.float32), Int8Rows.zeros(0, 0), np.zeros(0), np.zeros(0),
-                       Clusters.of(vecs, rows))
+                       Clusters.of(vecs, lambda a, b: rows_at(vecs, slice(a, b))))
         gram = np.zeros((dim, dim))
-        for a, b in blocks:
-            block = rows(a, b)
+        for a in range(0, n, Int8Rows.BLOCK):
+            block = rows_at(vecs, slice(a, a + Int8Rows.BLOCK))
             gram += block.T @ block
         _, eig = np.linalg.eigh(gram)  # ascending eigenvalues
-        axes = np.ascontiguousarray(eig[:, ::-1][:, :k], dtype=np.float32)
+        return cls.on(vecs, np.ascontiguousarray(eig[:, ::-1][:, :k], dtype=np.float32))
+
+    @classmethod
+    def on(cls, vecs: "np.ndarray | Int8Rows", axes: np.ndarray) -> "CosineBound":
+        """The bound of `vecs` on the given orthonormal `axes`. The projections are kept in int8 (a quarter of
+        float32); the error that leaves is bounded as the left-out part is, and added to it."""
+        from lazyhippo.stores.warehouse import int8_rows
+
+        n, k = len(vecs), axes.shape[1]
         stored, rest, error = Int8Rows.zeros(n, k), np.zeros(n), np.zeros(n)
-        for a, b in blocks:
-            block = rows(a, b)
+        for a in range(0, n, Int8Rows.BLOCK):
+            b = min(a + Int8Rows.BLOCK, n)
+            block = rows_at(vecs, slice(a, b))
             head = block @ axes
             rest[a:b] = np.sqrt(np.maximum(np.einsum("ij,ij->i", block, block, dtype=np.float64) -
                                            np.einsum("ij,ij->i", head, head, dtype=np.float64), 0.0))
