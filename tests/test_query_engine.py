@@ -205,10 +205,11 @@ def test_a_bare_number_of_one_or_two_digits_links_nothing():
     from types import SimpleNamespace
 
     from lazyhippo.query.local import _span_matches, link_query
+    from lazyhippo.query.nearest import CosineBound
 
     idx = SimpleNamespace(entities=SimpleNamespace(name_index={"1": [0], "1998": [2]}, names=["1", "Marlow", "1998"],
                                                    idf=np.ones(3), vecs=np.eye(3, dtype=np.float32),
-                                                   near=SimpleNamespace(candidates=lambda vec, floor: np.arange(3))),
+                                                   near=CosineBound.of(np.eye(3, dtype=np.float32), 2)),
                           chunks=SimpleNamespace(title_index={}), longest_name=3, n_entities=3,
                           facts=SimpleNamespace(ids=[]))
     assert [key for _, _, key in _span_matches(idx, ["What", "does", "1", "mean", "in", "1998"])] == ["1998"]

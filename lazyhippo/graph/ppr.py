@@ -126,6 +126,7 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
     r = np.zeros(n)
     r[seeds] = weights
     active = seeds[weights >= floor[seeds]]
+    marked = np.zeros(n, dtype=bool)  # the next round's nodes, made unique and sorted by a mask
     rounds = 0
     while len(active) and rounds < max_rounds:
         rounds += 1
@@ -134,7 +135,8 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
         p[active] += (1.0 - damping) * mass
         sent = columns[:, active]
         share = sent.data * np.repeat(damping * mass, np.diff(sent.indptr))
-        if 8 * sent.nnz < n:  # a few nodes reached: only their residuals change and are compared
+        if 8 * sent.nnz < n:  # a few nodes reached: only their residuals change and are compared (np.add.at
+            # costs more per edge than np.bincount, but less than bincount's passes over every node)
             np.add.at(r, sent.indices, share)
             touched = sent.indices
         else:
@@ -146,8 +148,14 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
             touched = None if touched is None else np.concatenate([touched, seeds])
         if touched is None:
             active = np.flatnonzero(r >= floor)
-        else:
-            active = np.unique(touched[r[touched] >= floor[touched]])  # the few above the floor, then unique
+            continue
+        hit = touched[r[touched] >= floor[touched]]
+        if 512 * len(hit) < n:
+            active = np.unique(hit)  # a few: sorted
+        else:  # more: a mask sorts them in one pass over a byte per node (np.unique took 44 ms for 150k)
+            marked[hit] = True
+            active = np.flatnonzero(marked)
+            marked[active] = False
     p /= max(p.sum(), 1e-300)
     return PPRResult(p, rounds, float(r.sum()))
 

@@ -142,12 +142,13 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
     if phrases:
         texts = [" ".join(raw[i:j]) for i, j in phrases]
         for text, vec in zip(texts, q.embed(texts)):
-            near = idx.entities.near.candidates(vec, p.embed_link_min)  # only entities that may pass are read
+            # only entities that may pass are read, in no particular order
+            near = idx.entities.near.candidates(vec, p.embed_link_min, ascending=False)
             if not len(near):
                 continue
             sims = idx.entities.near.read(idx.entities.vecs, near, vec)
-            best = int(np.argmax(sims))  # ties: the first entity, as over all of them
-            e, s = int(near[best]), float(sims[best])
+            s = sims.max()
+            e, s = int(near[sims == s].min()), float(s)  # ties: the first entity, as over all of them
             if s >= p.embed_link_min:
                 seeds.add_entity(e, p.embed_weight * s * _idf(idx, e))
                 seeds.links.append({"phrase": text, "entity": idx.entities.names[e], "cosine": round(s, 3)})
@@ -168,8 +169,10 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
                 cand[named] = True
         lexical = None
         if p.fact_lexical > 0:
-            lex = idx.facts.lexical.scores(q.keywords)
-            lexical = p.fact_lexical * lex / max(float(lex.max(initial=0.0)), 1e-9)
+            lexical = idx.facts.lexical.scores(q.keywords)  # a new array: scaled in place (a million facts)
+            top_lex = max(float(lexical.max(initial=0.0)), 1e-9)
+            lexical *= p.fact_lexical
+            lexical /= top_lex
         # the boost only raises the facts of named entities, so the best of all facts after it are among
         # those and the best before it (2 * fact_top_k: the recognition filter's room); only their scores
         # are read, so only they are computed in full

@@ -178,11 +178,11 @@ class CosineBound:
         query = np.asarray(query, dtype=np.float32)
         return products(vecs, rows, query) if self.clusters is not None else vecs[rows] @ query
 
-    def candidates(self, query: np.ndarray, threshold: float) -> np.ndarray:
-        """Ascending indices of every row whose product with `query` may be `threshold` or more (by clusters:
-        the rows near it)."""
+    def candidates(self, query: np.ndarray, threshold: float, ascending: bool = True) -> np.ndarray:
+        """Indices of every row whose product with `query` may be `threshold` or more (by clusters: the rows near
+        it, ascending only if asked)."""
         if self.clusters is not None:
-            return self.clusters.rows(np.asarray(query, dtype=np.float32))
+            return self.clusters.rows(np.asarray(query, dtype=np.float32), ascending)
         near, slack = self._bounds(np.asarray(query, dtype=np.float32))
         return np.flatnonzero(near + slack >= threshold)
 
