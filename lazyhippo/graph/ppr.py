@@ -126,7 +126,7 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
     r = np.zeros(n)
     r[seeds] = weights
     active = seeds[weights >= floor[seeds]]
-    marked = np.zeros(n, dtype=bool)  # the next round's nodes, made unique and sorted by a mask
+    marked = np.zeros(n, dtype=bool)  # the nodes a round reached, made unique and sorted by a mask
     rounds = 0
     while len(active) and rounds < max_rounds:
         rounds += 1
@@ -149,13 +149,13 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
         if touched is None:
             active = np.flatnonzero(r >= floor)
             continue
-        hit = touched[r[touched] >= floor[touched]]
-        if 512 * len(hit) < n:
-            active = np.unique(hit)  # a few: sorted
-        else:  # more: a mask sorts them in one pass over a byte per node (np.unique took 44 ms for 150k)
-            marked[hit] = True
-            active = np.flatnonzero(marked)
-            marked[active] = False
+        if 512 * len(touched) < n:
+            reached = np.unique(touched)  # a few: sorted
+        else:  # more: a mask sorts them in one pass over a byte per node (np.unique took 44 ms for 150k), and
+            marked[touched] = True  # each is compared once, in order, instead of once per edge at random
+            reached = np.flatnonzero(marked)
+            marked[reached] = False
+        active = reached[r[reached] >= floor[reached]]
     p /= max(p.sum(), 1e-300)
     return PPRResult(p, rounds, float(r.sum()))
 

@@ -110,12 +110,26 @@ READ_BLOCK = 1024  # rows gathered and made float32 at once by `products`: 1 MB 
 
 
 def products(vecs: "np.ndarray | Int8Rows", rows: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """`vecs[rows] @ query` by blocks of rows, so the float32 rows stay in the cache instead of making a copy of
-    them all (68k fact rows: 11 against 30 ms of CPU). BLAS may round a row's product differently in another
-    block, so only the clustered searches use it: below `APPROX_MIN_ROWS` every product is the one it was."""
+    """`vecs[rows] @ query` by blocks of rows gathered into the same two buffers, int8 and float32, so nothing the
+    size of the rows read is allocated or leaves the cache, and int8 rows take their scale on the product, as
+    `Int8Rows @` does (68k of the 1.1M fact rows: 5 against 23 ms of CPU). The products differ from
+    `vecs[rows] @ query` in the last bits, so only the clustered searches use it: below `APPROX_MIN_ROWS` every
+    product is the one it was."""
+    query = np.asarray(query, dtype=np.float32)
     out = np.empty(len(rows), dtype=np.float32)
+    if not isinstance(vecs, Int8Rows):
+        for a in range(0, len(rows), READ_BLOCK):
+            np.matmul(rows_at(vecs, rows[a:a + READ_BLOCK]), query, out=out[a:a + READ_BLOCK])
+        return out
+    codes = np.empty((min(READ_BLOCK, len(rows)), vecs.shape[1]), dtype=np.int8)
+    block = np.empty(codes.shape, dtype=np.float32)
     for a in range(0, len(rows), READ_BLOCK):
-        np.matmul(rows_at(vecs, rows[a:a + READ_BLOCK]), query, out=out[a:a + READ_BLOCK])
+        part = rows[a:a + READ_BLOCK]
+        k = len(part)
+        np.take(vecs.q, part, axis=0, out=codes[:k])
+        np.copyto(block[:k], codes[:k], casting="unsafe")
+        np.matmul(block[:k], query, out=out[a:a + k])
+    out *= vecs.scale[rows]
     return out
 
 
