@@ -817,6 +817,11 @@ def test_forward_push_gives_the_power_iterations_scores_within_its_eps_per_edge(
         assert np.array_equal(np.argsort(-close)[:10], np.argsort(-exact)[:10])
     with pytest.raises(ValueError):
         pushed_pagerank(columns, seed, damping=1.0)
+    from lazyhippo.graph.ppr import _push_floor
+
+    floor = _push_floor(columns, 1e-6)  # kept while the transition lives: a walk makes no pass to find it
+    assert _push_floor(columns, 1e-6) is floor and np.array_equal(floor, 1e-6 * np.maximum(edges, 1))
+    assert np.array_equal(_push_floor(columns, 1e-4), 1e-4 * np.maximum(edges, 1))
 
 
 def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions_arrays(monkeypatch):
