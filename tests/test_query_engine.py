@@ -205,10 +205,11 @@ def test_a_bare_number_of_one_or_two_digits_links_nothing():
     from types import SimpleNamespace
 
     from lazyhippo.query.local import _span_matches, link_query
+    from lazyhippo.query.nearest import CosineBound
 
     idx = SimpleNamespace(entities=SimpleNamespace(name_index={"1": [0], "1998": [2]}, names=["1", "Marlow", "1998"],
                                                    idf=np.ones(3), vecs=np.eye(3, dtype=np.float32),
-                                                   near=SimpleNamespace(candidates=lambda vec, floor: np.arange(3))),
+                                                   near=CosineBound.of(np.eye(3, dtype=np.float32), 2)),
                           chunks=SimpleNamespace(title_index={}), longest_name=3, n_entities=3,
                           facts=SimpleNamespace(ids=[]))
     assert [key for _, _, key in _span_matches(idx, ["What", "does", "1", "mean", "in", "1998"])] == ["1998"]
@@ -816,6 +817,11 @@ def test_forward_push_gives_the_power_iterations_scores_within_its_eps_per_edge(
         assert np.array_equal(np.argsort(-close)[:10], np.argsort(-exact)[:10])
     with pytest.raises(ValueError):
         pushed_pagerank(columns, seed, damping=1.0)
+    from lazyhippo.graph.ppr import _push_floor
+
+    floor = _push_floor(columns, 1e-6)  # kept while the transition lives: a walk makes no pass to find it
+    assert _push_floor(columns, 1e-6) is floor and np.array_equal(floor, 1e-6 * np.maximum(edges, 1))
+    assert np.array_equal(_push_floor(columns, 1e-4), 1e-4 * np.maximum(edges, 1))
 
 
 def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions_arrays(monkeypatch):
@@ -935,6 +941,43 @@ def test_large_matrices_are_searched_by_their_nearest_clusters_and_small_ones_in
             assert scored[top_indices(plus, 24)].all()
         assert len(set(top_indices(out, 6)) & set(top_indices(want, 6))) >= 4
     assert found >= 36 and read < 0.2 * 40 * 6000  # the best row nearly always, a fraction of the rows read
+
+
+def test_clustered_passages_give_a_question_its_nearest_chunks_without_a_product_with_every_chunk(monkeypatch):
+    from types import SimpleNamespace
+
+    from lazyhippo.query import nearest
+    from lazyhippo.query.nearest import top_indices
+    from lazyhippo.query.types import PreparedQuery
+    from lazyhippo.stores.warehouse import int8_rows
+
+    rng = np.random.default_rng(11)
+    centers = rng.normal(size=(40, 32))
+    raw = centers[rng.integers(40, size=6000)] + rng.normal(scale=0.3, size=(6000, 32))
+    vecs = nearest.Int8Rows(*int8_rows((raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype(np.float32)))
+    assert nearest.Clusters.of_large(vecs) is None  # below the size: every chunk is read, as before
+    monkeypatch.setattr(nearest, "APPROX_MIN_ROWS", 5000)
+    clusters = nearest.Clusters.of_large(vecs)
+    picked = rng.choice(6000, 3000, replace=False)
+    assert np.allclose(nearest.products(vecs, picked, centers[0].astype(np.float32)), vecs[picked] @ centers[0].astype(np.float32),
+                       atol=1e-5) and nearest.products(vecs, picked[:0], centers[0]).shape == (0,)
+    found = 0
+    for _ in range(20):
+        qv = vecs[int(rng.integers(6000))] + rng.normal(scale=0.1, size=32).astype(np.float32)
+        qv /= np.linalg.norm(qv)
+        embedder = SimpleNamespace(embed=lambda texts, v=qv: np.tile(v, (len(texts), 1)))
+        full = vecs @ qv
+        exact = PreparedQuery(SimpleNamespace(chunks=SimpleNamespace(vecs=vecs, near=None), n_chunks=6000, dim=32),
+                              "a question", embedder)
+        top, values = exact.dense_top(10)
+        assert np.array_equal(top, top_indices(full, 10)) and np.array_equal(values, full[top])
+        near = PreparedQuery(SimpleNamespace(chunks=SimpleNamespace(vecs=vecs, near=clusters), n_chunks=6000, dim=32),
+                             "a question", embedder)
+        ntop, nvalues = near.dense_top(10)
+        assert near._dense is None and np.all(np.diff(nvalues) <= 0)  # never the product with all 6,000
+        assert np.allclose(nvalues, full[ntop], atol=1e-5) and np.allclose(near.dense_at(top), full[top], atol=1e-5)
+        found += len(set(ntop) & set(top))
+    assert found >= 0.8 * 200  # most of the best 10 are in the clusters nearest the question
 
 
 def test_ppr_backend_hook_replaces_the_embedded_iteration(qsettings):

@@ -38,7 +38,7 @@ from lazyhippo.graph.algorithms import positions
 from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
 from lazyhippo.graph.ppr import parallel_matvec
-from lazyhippo.query.nearest import CosineBound, Int8Rows
+from lazyhippo.query.nearest import Clusters, CosineBound, Int8Rows
 from lazyhippo.query.text import norm_key, tokens
 from lazyhippo.settings import Settings
 
@@ -64,6 +64,7 @@ class Chunks:
     vecs: Int8Rows                    # (n_chunks, dim), zero rows where a chunk has no vector
     title_index: KeyRows              # norm_key(document title) -> chunk indices
     doc_pos: dict[tuple[str, int], int]  # (doc_id, position) -> chunk index, for neighbours
+    near: Clusters | None = None      # from `APPROX_MIN_ROWS` chunks: the question's passages by clusters
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,7 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
                   sections=ch["section"], pages=ch["page"], positions=positions, texts=ch["text"],
                   content_hashes=ch["content_hash"], n_tokens=np.asarray(ch["n_tokens"], dtype=np.int64),
                   sources=ch["source"], vecs=vecs, title_index=_index_of(ch["title"]),
-                  doc_pos=_doc_positions(ch["doc_id"], positions)), model
+                  doc_pos=_doc_positions(ch["doc_id"], positions), near=Clusters.of_large(vecs)), model
 
 
 def _mention_counts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[str, int]) -> sp.csr_matrix:

@@ -142,12 +142,13 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
     if phrases:
         texts = [" ".join(raw[i:j]) for i, j in phrases]
         for text, vec in zip(texts, q.embed(texts)):
-            near = idx.entities.near.candidates(vec, p.embed_link_min)  # only entities that may pass are read
+            # only entities that may pass are read, in no particular order
+            near = idx.entities.near.candidates(vec, p.embed_link_min, ascending=False)
             if not len(near):
                 continue
-            sims = idx.entities.vecs[near] @ vec
-            best = int(np.argmax(sims))  # ties: the first entity, as over all of them
-            e, s = int(near[best]), float(sims[best])
+            sims = idx.entities.near.read(idx.entities.vecs, near, vec)
+            s = sims.max()
+            e, s = int(near[sims == s].min()), float(s)  # ties: the first entity, as over all of them
             if s >= p.embed_link_min:
                 seeds.add_entity(e, p.embed_weight * s * _idf(idx, e))
                 seeds.links.append({"phrase": text, "entity": idx.entities.names[e], "cosine": round(s, 3)})
@@ -168,8 +169,10 @@ def link_query(idx: GraphIndex, q: PreparedQuery, p: LocalParams, fact_filter: F
                 cand[named] = True
         lexical = None
         if p.fact_lexical > 0:
-            lex = idx.facts.lexical.scores(q.keywords)
-            lexical = p.fact_lexical * lex / max(float(lex.max(initial=0.0)), 1e-9)
+            lexical = idx.facts.lexical.scores(q.keywords)  # a new array: scaled in place (a million facts)
+            top_lex = max(float(lexical.max(initial=0.0)), 1e-9)
+            lexical *= p.fact_lexical
+            lexical /= top_lex
         # the boost only raises the facts of named entities, so the best of all facts after it are among
         # those and the best before it (2 * fact_top_k: the recognition filter's room); only their scores
         # are read, so only they are computed in full
@@ -203,10 +206,9 @@ def personalization(idx: GraphIndex, q: PreparedQuery, seeds: Seeds, p: LocalPar
     for c, w in seeds.chunks.items():
         vec[idx.n_entities + c] += w
     if p.passage_weight > 0 and idx.n_chunks:
-        dense = q.dense
-        top = top_indices(dense, p.passage_seed_top)
+        top, vals = q.dense_top(p.passage_seed_top)
         if len(top):
-            vals = dense[top].astype(np.float64)
+            vals = vals.astype(np.float64)
             lo, hi = vals.min(), vals.max()
             norm = (vals - lo) / (hi - lo) if hi > lo else np.ones_like(vals)
             vec[idx.n_entities + top] += p.passage_weight * norm
@@ -359,11 +361,11 @@ def ranked_chunks(idx: GraphIndex, q: PreparedQuery, p: LocalParams, order: np.n
     """The first `top_k` of `order`, each document's best chunks first (`chunks_per_document`); each chunk takes
     the value of the rank it lands on (so assembly, which sorts by score, keeps the order)."""
     order = documents_first(idx, order, p.chunks_per_document, top_k)
-    dense = q.dense
+    dense = q.dense_at(order)
     lexical = q.bm25 if p.lexical_weight > 0 else None
-    return [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=dense[c],
+    return [ScoredChunk.from_index(idx, int(c), v, route, ppr=ls.ppr[c], dense=d,
                                    **({"bm25": lexical[c]} if lexical is not None else {}))
-            for c, v in zip(order, values)]
+            for c, v, d in zip(order, values, dense)]
 
 
 def retrieve_local(idx: GraphIndex, q: PreparedQuery, p: LocalParams, top_k: int, ppr=None,

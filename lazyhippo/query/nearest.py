@@ -92,12 +92,45 @@ class Clusters:
         starts = np.concatenate([[0], np.cumsum(np.bincount(label, minlength=c))])
         return cls(np.ascontiguousarray(kmeans.centroids, dtype=np.float32), order, starts)
 
-    def rows(self, query: np.ndarray) -> np.ndarray:
-        """Ascending indices of the rows of the clusters nearest `query`."""
+    @classmethod
+    def of_large(cls, vecs: "np.ndarray | Int8Rows") -> "Clusters | None":
+        """The clusters of `vecs` from `APPROX_MIN_ROWS` rows, to be searched by; None below: read them all."""
+        return cls.of(vecs, lambda a, b: rows_at(vecs, slice(a, b))) if len(vecs) >= APPROX_MIN_ROWS else None
+
+    def rows(self, query: np.ndarray, ascending: bool = True) -> np.ndarray:
+        """Indices of the rows of the clusters nearest `query`, ascending or cluster by cluster."""
         near = np.argsort(-(self.centroids @ query), kind="stable")
         sizes = np.cumsum(np.diff(self.starts)[near])
         probe = max(self.MIN_PROBE, int(np.searchsorted(sizes, self.ROW_SHARE * self.starts[-1])) + 1)
-        return np.sort(np.concatenate([self.order[self.starts[c]:self.starts[c + 1]] for c in near[:probe]]))
+        rows = np.concatenate([self.order[self.starts[c]:self.starts[c + 1]] for c in near[:probe]])
+        return np.sort(rows) if ascending else rows
+
+
+READ_BLOCK = 1024  # rows gathered and made float32 at once by `products`: 1 MB at 256 dimensions, in the cache
+
+
+def products(vecs: "np.ndarray | Int8Rows", rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """`vecs[rows] @ query` by blocks of rows gathered into the same two buffers, int8 and float32, so nothing the
+    size of the rows read is allocated or leaves the cache, and int8 rows take their scale on the product, as
+    `Int8Rows @` does (68k of the 1.1M fact rows: 5 against 23 ms of CPU). The products differ from
+    `vecs[rows] @ query` in the last bits, so only the clustered searches use it: below `APPROX_MIN_ROWS` every
+    product is the one it was."""
+    query = np.asarray(query, dtype=np.float32)
+    out = np.empty(len(rows), dtype=np.float32)
+    if not isinstance(vecs, Int8Rows):
+        for a in range(0, len(rows), READ_BLOCK):
+            np.matmul(rows_at(vecs, rows[a:a + READ_BLOCK]), query, out=out[a:a + READ_BLOCK])
+        return out
+    codes = np.empty((min(READ_BLOCK, len(rows)), vecs.shape[1]), dtype=np.int8)
+    block = np.empty(codes.shape, dtype=np.float32)
+    for a in range(0, len(rows), READ_BLOCK):
+        part = rows[a:a + READ_BLOCK]
+        k = len(part)
+        np.take(vecs.q, part, axis=0, out=codes[:k])
+        np.copyto(block[:k], codes[:k], casting="unsafe")
+        np.matmul(block[:k], query, out=out[a:a + k])
+    out *= vecs.scale[rows]
+    return out
 
 
 def rows_at(vecs: "np.ndarray | Int8Rows", rows) -> np.ndarray:
@@ -155,11 +188,16 @@ class CosineBound:
         # v.q = h'.qh + (h - h').qh + r.q_r, and Cauchy-Schwarz bounds the last two terms
         return self.head @ qh, self.rest * q_rest + self.error * np.sqrt(qh_norm2) + MARGIN
 
-    def candidates(self, query: np.ndarray, threshold: float) -> np.ndarray:
-        """Ascending indices of every row whose product with `query` may be `threshold` or more (by clusters:
-        the rows near it)."""
+    def read(self, vecs: "np.ndarray | Int8Rows", rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+        """`vecs[rows] @ query` (rows from `candidates`), by blocks when searched by clusters."""
+        query = np.asarray(query, dtype=np.float32)
+        return products(vecs, rows, query) if self.clusters is not None else vecs[rows] @ query
+
+    def candidates(self, query: np.ndarray, threshold: float, ascending: bool = True) -> np.ndarray:
+        """Indices of every row whose product with `query` may be `threshold` or more (by clusters: the rows near
+        it, ascending only if asked)."""
         if self.clusters is not None:
-            return self.clusters.rows(np.asarray(query, dtype=np.float32))
+            return self.clusters.rows(np.asarray(query, dtype=np.float32), ascending)
         near, slack = self._bounds(np.asarray(query, dtype=np.float32))
         return np.flatnonzero(near + slack >= threshold)
 
@@ -193,7 +231,7 @@ class CosineBound:
                    ) -> np.ndarray:
         """`top` by clusters: the full score at the rows of the clusters near `query`, the `exact` rows and the
         best 4k of `plus`; -inf at the others."""
-        parts = [self.clusters.rows(query)]
+        parts = [self.clusters.rows(query, ascending=False)]
         if exact is not None:
             parts.append(np.asarray(exact, dtype=np.int64))
         if plus is not None:
@@ -203,7 +241,7 @@ class CosineBound:
             read[part] = True
         rows = np.flatnonzero(read)
         out = np.full(len(vecs), -np.inf, dtype=np.float32)
-        part = vecs[rows] @ query
+        part = products(vecs, rows, query)
         out[rows] = part + plus[rows] if plus is not None else part
         return out
 

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from lazyhippo.query.loader import GraphIndex
+from lazyhippo.query.nearest import products, top_indices
 from lazyhippo.query.text import code_tokens, name_tokens, tokens
 
 
@@ -63,6 +64,7 @@ class PreparedQuery:
         self.in_code = code_tokens(question)  # per raw token: inside a code span (backticks)
         self.keywords = tokens(question)
         self._vec: np.ndarray | None = None
+        self._passage_vec: np.ndarray | None = None
         self._dense: np.ndarray | None = None
         self._bm25: np.ndarray | None = None
 
@@ -82,12 +84,39 @@ class PreparedQuery:
         return self._vec
 
     @property
+    def passage_vec(self) -> np.ndarray:
+        """The question's vector to match against chunks."""
+        if self._passage_vec is None:
+            self._passage_vec = self.vec if self.passage_embedder is self.embedder \
+                else self.embed([self.text], passages=True)[0]
+        return self._passage_vec
+
+    @property
     def dense(self) -> np.ndarray:
         """Cosine similarity of the question with every chunk."""
         if self._dense is None:
-            pvec = self.vec if self.passage_embedder is self.embedder else self.embed([self.text], passages=True)[0]
-            self._dense = self.idx.chunks.vecs @ pvec if self.idx.n_chunks else np.zeros(0, dtype=np.float32)
+            self._dense = self.idx.chunks.vecs @ self.passage_vec if self.idx.n_chunks \
+                else np.zeros(0, dtype=np.float32)
         return self._dense
+
+    def dense_top(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The `k` chunks most similar to the question, best first, and their cosines: of every chunk (`dense`), or,
+        when the chunks are searched by clusters (`Chunks.near`, a large index), of the chunks in the clusters
+        nearest the question, without a product with every chunk."""
+        near = self.idx.chunks.near
+        if near is None or self._dense is not None:
+            top = top_indices(self.dense, k)
+            return top, self.dense[top]
+        rows = near.rows(self.passage_vec)
+        sims = products(self.idx.chunks.vecs, rows, self.passage_vec)
+        best = top_indices(sims, k)  # ties: the lower chunk index, as over all chunks
+        return rows[best], sims[best]
+
+    def dense_at(self, rows: np.ndarray) -> np.ndarray:
+        """The cosines of the chunks `rows` (of `dense`, unless the chunks are searched by clusters)."""
+        if self.idx.chunks.near is None or self._dense is not None:
+            return self.dense[rows]
+        return products(self.idx.chunks.vecs, np.asarray(rows, dtype=np.int64), self.passage_vec)
 
     @property
     def bm25(self) -> np.ndarray:
