@@ -299,9 +299,6 @@ def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: s
 # a model's key among its stored columns (a relation's id derives from its pair)
 MODEL_KEYS = {"entities": ("entity_id",), "relations": ("source_id", "target_id"), "mentions": ("chunk_id", "entity_id"),
               "facts": ("fact_id",)}
-# the order exports write a model's rows in: relations by description, the order relations.sql stores them in
-# (a sentence once per segment)
-MODEL_ORDER = {"relations": "description"}
 # the order a rebuilt model's rows are stored in where its SQL gives none: a chunk's mentions side by side, so each
 # chunk id is stored once per run of rows (mentions at 100,000 documents 89 -> 60 MB)
 STORAGE_ORDER = {"mentions": "chunk_id, entity_id"}
