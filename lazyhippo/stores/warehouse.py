@@ -124,6 +124,9 @@ def _migrate_fingerprints(con: duckdb.DuckDBPyConnection) -> None:
                              ).fetchall())
     if "VARCHAR" not in types.values():
         return
+    log.warning("%s: converting the text hashes and stage fingerprints to 64-bit integers: once", con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0])
+    con.execute("SET enable_progress_bar = false")
     with transaction(con):
         if types.get("embeddings") == "VARCHAR":
             con.execute("ALTER TABLE embeddings ALTER text_hash TYPE UBIGINT "
