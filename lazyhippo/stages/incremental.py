@@ -56,17 +56,15 @@ def write_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str, inp
     detail = "detail" if "detail" in inputs.column_names else "NULL::VARCHAR"
     recorded = "SELECT item_id, fingerprint, detail FROM stage_inputs WHERE namespace = $ns AND stage = $stage"
     p = {"ns": namespace, "stage": stage}
-    con.register("_incoming_inputs", inputs)
+    incoming = f"SELECT item_id, {FINGERPRINT_SQL.format('fingerprint')}, {detail} FROM _inputs"
+    con.register("_inputs", inputs)
     try:
-        con.execute("CREATE OR REPLACE TEMP TABLE lh_inputs AS SELECT item_id, "
-                    f"{FINGERPRINT_SQL.format('fingerprint')} AS fingerprint, {detail} AS detail FROM _incoming_inputs")
-        con.execute(f"DELETE FROM stage_inputs t USING ({recorded} EXCEPT SELECT * FROM lh_inputs) d "
+        con.execute(f"DELETE FROM stage_inputs t USING ({recorded} EXCEPT {incoming}) d "
                     "WHERE t.namespace = $ns AND t.stage = $stage AND t.item_id = d.item_id", p)
         con.execute(f"INSERT INTO stage_inputs (namespace, stage, item_id, fingerprint, detail) "
-                    f"SELECT $ns, $stage, * FROM (SELECT * FROM lh_inputs EXCEPT {recorded})", p)
+                    f"SELECT $ns, $stage, * FROM ({incoming} EXCEPT {recorded})", p)
     finally:
-        con.unregister("_incoming_inputs")
-        con.execute("DROP TABLE IF EXISTS temp.lh_inputs")
+        con.unregister("_inputs")
 
 
 # ---- KNN ----
