@@ -74,8 +74,9 @@ CREATE TABLE IF NOT EXISTS facts (
 CREATE TABLE IF NOT EXISTS embeddings (
   namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL,
   model VARCHAR NOT NULL, vector TINYINT[] NOT NULL, scale FLOAT NOT NULL);
--- the hash of the text a vector was computed from: a changed text is embedded again (older files lack it)
-ALTER TABLE embeddings ADD COLUMN IF NOT EXISTS text_hash VARCHAR;
+-- the hash of the text a vector was computed from (incremental.fingerprint: 64 bits, where files written before
+-- held 32 hex digits, migrated once on open): a changed text is embedded again (older files lack it)
+ALTER TABLE embeddings ADD COLUMN IF NOT EXISTS text_hash UBIGINT;
 CREATE TABLE IF NOT EXISTS knn_edges (
   namespace VARCHAR NOT NULL, source_id VARCHAR NOT NULL, target_id VARCHAR NOT NULL,
   score DOUBLE NOT NULL, rank INTEGER NOT NULL);
@@ -102,7 +103,9 @@ CREATE TABLE IF NOT EXISTS token_usage (
 -- drop the ASCII-only macros that older warehouse files persisted.
 DROP MACRO IF EXISTS lh_entity_id;
 DROP MACRO IF EXISTS lh_norm;
--- Fingerprints of what a graph-wide stage last computed from (lazyhippo/incremental.py): an update recomputes
--- only what its change touched.
+-- Fingerprints of what a stage last computed from (lazyhippo/stages/incremental.py): an update recomputes only
+-- what its change touched. 64 bits of each item's input (files written before held text, migrated once on
+-- open) and what the stage reads back of an item (the entities stage: the entity ids a chunk named).
 CREATE TABLE IF NOT EXISTS stage_inputs (
-  namespace VARCHAR NOT NULL, stage VARCHAR NOT NULL, item_id VARCHAR NOT NULL, fingerprint VARCHAR NOT NULL);
+  namespace VARCHAR NOT NULL, stage VARCHAR NOT NULL, item_id VARCHAR NOT NULL, fingerprint UBIGINT NOT NULL,
+  detail VARCHAR USING COMPRESSION zstd);

@@ -70,10 +70,10 @@ def move_vectors(home: Path, namespace: str, change: int, add: int, round_: int)
         moved, donors = ids[:change], ids[change:]
         for a, b in zip(moved, donors):
             con.execute("UPDATE embeddings SET vector = (SELECT vector FROM embeddings WHERE namespace = $ns "
-                        "AND kind = 'entity' AND item_id = $b), text_hash = $tag "
+                        "AND kind = 'entity' AND item_id = $b), text_hash = hash($tag) "
                         "WHERE namespace = $ns AND kind = 'entity' AND item_id = $a",
                         {"ns": ns, "a": a, "b": b, "tag": f"moved{round_}"})
-        con.execute("INSERT INTO embeddings SELECT namespace, kind, item_id || $tag, model, vector, scale, $tag "
+        con.execute("INSERT INTO embeddings SELECT namespace, kind, item_id || $tag, model, vector, scale, hash($tag) "
                     "FROM embeddings WHERE namespace = $ns AND kind = 'entity' AND item_id IN (SELECT unnest($ids))",
                     {"ns": ns, "tag": f"_new{round_}", "ids": donors[change:]})
 
@@ -110,7 +110,7 @@ def synth(home: Path, namespace: str, out: Path, copies: int, noise: float) -> i
                 names = pa.array([f"{i}_{c}" for i in ids[start:start + 65_536]])
                 con.register("_rows", pa.table({"item_id": names, "vector": vector, "scale": scale}))
                 con.execute("INSERT INTO embeddings (namespace, kind, item_id, model, vector, scale, text_hash) "
-                            "SELECT ?, 'entity', item_id, 'synthetic', vector, scale, item_id FROM _rows",
+                            "SELECT ?, 'entity', item_id, 'synthetic', vector, scale, hash(item_id) FROM _rows",
                             [namespace])
                 con.unregister("_rows")
         return con.execute("SELECT count(*) FROM embeddings").fetchone()[0]

@@ -49,9 +49,9 @@ def build_graph(con, ns: str) -> None:
                                               for a, b, s in KNN], ns))
     # near-parallel entity vectors: pairs reach the KNN cutoff, so KNN edges are due
     vectors, scales = quantize(np.array([[1.0, 0.1 * i] for i in range(len(ENTITIES))]))
-    replace_rows(con, "embeddings", ns, _table([{"kind": "entity", "item_id": e, "model": "test", "text_hash": e,
+    replace_rows(con, "embeddings", ns, _table([{"kind": "entity", "item_id": e, "model": "test", "text_hash": i,
                                                 "vector": v, "scale": float(sc)}
-                                               for e, v, sc in zip(ENTITIES, vectors.to_pylist(), scales)], ns))
+                                               for i, (e, v, sc) in enumerate(zip(ENTITIES, vectors.to_pylist(), scales))], ns))
     replace_rows(con, "entity_scores", ns, _table([{"entity_id": e, "community_id": c, "pagerank": 1 / 6}
                                                   for e, c in COMMUNITY.items()], ns))
     replace_rows(con, "communities", ns, _table([{"community_id": c, "level": 0, "size": 3, "modularity": 0.5}

@@ -19,7 +19,7 @@ from lazyhippo.graph.algorithms import (
 from lazyhippo.index import run_index, run_stage
 from lazyhippo.settings import Settings
 from lazyhippo.stages.communities import entity_graph
-from lazyhippo.stages.incremental import PARAMS, read_inputs, write_inputs
+from lazyhippo.stages.incremental import FINGERPRINT_SQL, PARAMS, fingerprint, read_details, read_inputs, write_inputs
 from lazyhippo.stages.lifecycle import delete_documents
 from lazyhippo.stages.merge import record_merge
 from lazyhippo.stores.graphs import EmbeddedGraphStore
@@ -145,11 +145,29 @@ def test_recorded_inputs_rewrite_only_the_rows_that_changed(tmp_path):
         with transaction(con):
             write_inputs(con, "ns", "knn_edges", {"a": "1", "b": "9", "d": "4", PARAMS: "10:0.6"})
         after = dict(con.execute(rowids, ["ns", "knn_edges"]).fetchall())
-        assert read_inputs(con, "ns", "knn_edges") == {"a": "1", "b": "9", "d": "4", PARAMS: "10:0.6"}
+        f = fingerprint
+        assert read_inputs(con, "ns", "knn_edges") == {"a": f("1"), "b": f("9"), "d": f("4"), PARAMS: f("10:0.6")}
         assert after["a"] == before["a"] and after[PARAMS] == before[PARAMS] and after["b"] != before["b"]
-        assert read_inputs(con, "ns", "chunks") == {"a": "x"} and read_inputs(con, "other", "knn_edges") == {"a": "1"}
+        assert read_inputs(con, "ns", "chunks") == {"a": f("x")} and read_inputs(con, "other", "knn_edges") == {"a": f("1")}
         write_inputs(con, "ns", "knn_edges", {})
         assert read_inputs(con, "ns", "knn_edges") == {}
+        with transaction(con):  # a detail is kept as given; changing it alone rewrites the row
+            write_inputs(con, "ns", "entities", {"c1": ("h1", "e_a e_b"), "c2": ("h2", ""), PARAMS: "p"})
+            write_inputs(con, "ns", "entities", {"c1": ("h1", "e_a"), "c2": ("h2", ""), PARAMS: "p"})
+        assert read_details(con, "ns", "entities") == {"c1": "e_a", "c2": ""}
+        assert read_inputs(con, "ns", "entities") == {"c1": f("h1"), "c2": f("h2"), PARAMS: f("p")}
+
+
+def test_fingerprints_are_64_bit_integers_equal_in_python_and_sql(tmp_path):
+    """stage_inputs and embeddings.text_hash hold 64-bit integers (hex text took four times the room): the
+    first 64 bits of sha256, the same from Python and from SQL, and distinct for distinct texts."""
+    texts = ["", "a", "Ada Fenwick", "model:123", "é" * 40]
+    with connect(Settings(home=tmp_path)) as con:
+        types = dict(con.execute("SELECT table_name || '.' || column_name, data_type FROM duckdb_columns() WHERE "
+                                 "column_name IN ('fingerprint', 'text_hash')").fetchall())
+        assert types == {"stage_inputs.fingerprint": "UBIGINT", "embeddings.text_hash": "UBIGINT"}
+        sql = [con.execute(f"SELECT {FINGERPRINT_SQL.format('?')}", [t]).fetchone()[0] for t in texts]
+    assert sql == [fingerprint(t) for t in texts] and len(set(sql)) == len(texts)
 
 
 class SeedSpy(EmbeddedGraphStore):

@@ -354,3 +354,43 @@ def test_a_warehouse_that_stored_descriptions_as_text_refers_to_facts_once_on_op
         n = con.execute("SELECT count(*) FROM extracted_relations").fetchone()[0]
     assert n == len(staged["extracted_relations"])
     assert "descriptions" not in caplog.text  # once
+
+def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_computes_once_on_open(tmp_path):
+    """Text hashes and stage fingerprints written as hex text become the integers the stages now compute for
+    the same inputs, so an update after the upgrade embeds and recomputes nothing again: a text hash's first 64
+    bits, a fingerprint's text hashed (the KNN stage's with its text hashes as integers, the entities stage's
+    entity ids kept as the detail)."""
+    from lazyhippo.sources.files import sha
+    from lazyhippo.stages.incremental import PARAMS, fingerprint, knn_inputs, read_details, read_inputs
+
+    settings = Settings(home=tmp_path / "old")
+    settings.home.mkdir()
+    old = duckdb.connect(str(settings.db_path))
+    old.execute("CREATE TABLE embeddings (namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL, "
+                "model VARCHAR NOT NULL, vector TINYINT[] NOT NULL, scale FLOAT NOT NULL, text_hash VARCHAR)")
+    old.execute("CREATE TABLE stage_inputs (namespace VARCHAR NOT NULL, stage VARCHAR NOT NULL, "
+                "item_id VARCHAR NOT NULL, fingerprint VARCHAR NOT NULL)")
+    texts = {"e_1": "Ada Fenwick", "e_2": "Marlow Observatory"}
+    old.executemany("INSERT INTO embeddings VALUES ('default', 'entity', ?, 'static-256', [1, 2], 0.5, ?)",
+                    [(i, sha(t, 32)) for i, t in texts.items()])
+    old.execute("INSERT INTO embeddings VALUES ('default', 'entity', 'e_3', 'static-256', [1, 2], 0.5, NULL)")
+    old.executemany("INSERT INTO stage_inputs VALUES ('default', ?, ?, ?)", [
+        ("knn_edges", "e_1", f"static-256:{sha(texts['e_1'], 32)}"), ("knn_edges", "e_2", f"static-256:{sha(texts['e_2'], 32)}"),
+        ("knn_edges", "e_3", "static-256:"), ("knn_edges", PARAMS, "10:0.6"),
+        ("entities", "c_1", "3:-1234 e_1 e_2"), ("entities", "c_2", "1:77 "), ("entities", PARAMS, "0:abc:offline"),
+        ("chunks", "d_1", "5d23262a8109c1e008aed6ee2d737ec0"), ("documents", "source", "/data/src")])
+    old.close()
+    with connect(settings) as con:
+        hashes = dict(con.execute("SELECT item_id, text_hash FROM embeddings").fetchall())
+        assert hashes == {"e_1": fingerprint(texts["e_1"]), "e_2": fingerprint(texts["e_2"]), "e_3": None}
+        now = {i: fingerprint(v) for i, v in knn_inputs(con, "default", 10, 0.6).items()}
+        assert read_inputs(con, "default", "knn_edges") == now  # the KNN stage finds nothing changed
+        assert read_inputs(con, "default", "entities") == {
+            "c_1": fingerprint("3:-1234"), "c_2": fingerprint("1:77"), PARAMS: fingerprint("0:abc:offline")}
+        assert read_details(con, "default", "entities") == {"c_1": "e_1 e_2", "c_2": ""}
+        assert read_inputs(con, "default", "chunks") == {"d_1": fingerprint("5d23262a8109c1e008aed6ee2d737ec0")}
+        assert read_inputs(con, "default", "documents") == {"source": fingerprint("/data/src")}
+        assert not con.execute("SELECT * FROM duckdb_tables() WHERE table_name LIKE 'lh_old%'").fetchall()
+    with connect(settings) as con:  # once: opened again, the same rows
+        assert dict(con.execute("SELECT item_id, text_hash FROM embeddings").fetchall()) == hashes
+        assert con.execute("SELECT count(*) FROM stage_inputs").fetchone()[0] == 9

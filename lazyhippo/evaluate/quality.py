@@ -101,12 +101,13 @@ def skip_reason(con, namespace: str, check: str, params: str) -> str | None:
     its few questions, so it grows with the corpus: after a small change (some documents, under RECHECK_SHARE
     of them, since its last evaluation with the same parameters) it waits for more change. With nothing changed
     it evaluates (it was asked to again)."""
-    from lazyhippo.stages.incremental import PARAMS, read_inputs
+    from lazyhippo.stages.incremental import PARAMS, fingerprint, read_inputs
 
     before = read_inputs(con, namespace, _check_stage(check))
-    if not before or before.get(PARAMS) != params:
+    if not before or before.get(PARAMS) != fingerprint(params):
         return None
-    now = dict(con.execute("SELECT doc_id, content_hash FROM documents WHERE namespace = ?", [namespace]).fetchall())
+    now = {d: fingerprint(h) for d, h in con.execute("SELECT doc_id, content_hash FROM documents WHERE namespace = ?",
+                                                     [namespace]).fetchall()}
     changed = sum(1 for d in (set(now) | set(before)) - {PARAMS} if now.get(d) != before.get(d))
     if 0 < changed < RECHECK_SHARE * len(now):
         return (f"{changed} of {len(now)} documents changed since its last evaluation, under {RECHECK_SHARE:.0%}: "

@@ -172,6 +172,8 @@ def _chunk_batch(settings: Settings, con: duckdb.DuckDBPyConnection, docs: list[
                  only: frozenset[str] | None) -> tuple[pa.Table, list[tuple[str, int]]]:
     """Rechunk the documents of a batch (consecutive ids) whose inputs changed since their chunks were made; the
     batch's input fingerprints, and (source, number of chunks) of each document chunked."""
+    from lazyhippo.stages.incremental import fingerprint
+
     ns = settings.namespace
     inputs = {d.doc_id: sha(json.dumps([d.source, d.title, d.kind, d.content_hash, [s.__dict__ for s in d.sections],
                                         settings.chunk_size, settings.chunk_overlap]), 32) for d in docs}
@@ -181,7 +183,7 @@ def _chunk_batch(settings: Settings, con: duckdb.DuckDBPyConnection, docs: list[
     chunked = {r[0] for r in con.execute("SELECT DISTINCT doc_id FROM chunks WHERE namespace = ? AND doc_id BETWEEN ? AND ?",
                                          span).fetchall()}
     todo = [d for d in docs if (only is None or d.doc_id in only)
-            and (before.get(d.doc_id) != inputs[d.doc_id] or d.doc_id not in chunked)]
+            and (before.get(d.doc_id) != fingerprint(inputs[d.doc_id]) or d.doc_id not in chunked)]
     per_document = [chunk_document(d, settings.chunk_size, settings.chunk_overlap) for d in todo]
     if todo:
         rows = [c.__dict__ for cs in per_document for c in cs]

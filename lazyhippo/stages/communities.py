@@ -45,12 +45,12 @@ EDGE_BATCH = 1_000_000  # edge rows per Arrow batch from DuckDB: 16 MB
 def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> CommunitiesResult:
     """Skipped when the graph is the one the recorded run saw; after a small change Leiden starts from the
     previous partition (incremental.seed_membership). PageRank is always that of the whole current graph."""
-    from lazyhippo.stages.incremental import PARAMS, graph_fingerprint, read_inputs, write_inputs
+    from lazyhippo.stages.incremental import PARAMS, fingerprint, graph_fingerprint, read_inputs, write_inputs
 
     ns, algorithm, resolutions = settings.namespace, settings.community_algorithm, settings.community_resolutions
-    fingerprint = graph_fingerprint(con, ns, f"{algorithm}:{resolutions}")
+    graph = graph_fingerprint(con, ns, f"{algorithm}:{resolutions}")
     recorded = read_inputs(con, ns, "communities")
-    if recorded.get(PARAMS) == fingerprint:
+    if recorded.get(PARAMS) == fingerprint(graph):
         return _communities_result(con, ns, algorithm, reused=True)
     nodes, edges = entity_graph(con, ns)
     initial = _seeds(con, ns, nodes, len(resolutions)) if algorithm == "leiden" else None
@@ -64,7 +64,7 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
             "entity_id": pa.array(nodes, pa.string()), "community_id": pa.array([finest[n] for n in nodes], pa.string()),
             "pagerank": pa.array([float(pr.get(n, 0.0)) for n in nodes], pa.float64())}), ns) if nodes else None)
         replace_rows(con, "communities", ns, with_namespace(pa.Table.from_pylist(rows, COMMUNITY_COLUMNS), ns) if rows else None)
-        write_inputs(con, ns, "communities", {PARAMS: fingerprint})
+        write_inputs(con, ns, "communities", {PARAMS: graph})
     return _communities_result(con, ns, algorithm, seeded=initial is not None)
 
 

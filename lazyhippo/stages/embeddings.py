@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from lazyhippo.models.embedders import embedding_model_name, get_embedder
 from lazyhippo.settings import Settings
-from lazyhippo.sources.files import sha
+from lazyhippo.stages.incremental import fingerprint
 from lazyhippo.stages.results import EmbeddingsResult
 from lazyhippo.stores.warehouse import count, insert_rows, quantize, transaction
 
@@ -20,8 +20,8 @@ EMBED_BATCH = 4096  # texts per embed call: the tokenizer's output and the vecto
 
 
 def _embed_missing(con, settings: Settings, kind: str, items: Iterable[tuple[str, str]], embedder) -> int:
-    """Embed items whose stored vector came from another model or another text (keyed by the text's hash, so a
-    changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind; `items` are
+    """Embed items whose stored vector came from another model or another text (keyed by the text's 64-bit
+    `fingerprint`, so a changed title or summary is embedded again); re-runs reuse the rest. One transaction per kind; `items` are
     taken EMBED_BATCH at a time, each batch's missing texts embedded and written before the next is read (a
     text's vector does not depend on its batch), so no more than one batch of texts is held."""
     ns = settings.namespace
@@ -33,7 +33,7 @@ def _embed_missing(con, settings: Settings, kind: str, items: Iterable[tuple[str
                                 [ns, kind]).fetchall())  # of this model: the others were just dropped
         for batch in _batches(items, EMBED_BATCH):
             seen.update(i for i, _ in batch)
-            todo = [(i, t, h) for i, t in batch if have.get(i, "") != (h := sha(t, 32))]
+            todo = [(i, t, h) for i, t in batch if have.get(i) != (h := fingerprint(t))]
             if not todo:
                 continue
             _delete(con, ns, kind, [i for i, _, _ in todo if i in have])
@@ -59,7 +59,7 @@ def _delete(con, ns: str, kind: str, ids: list[str]) -> None:
 def _append_vectors(con, ns, kind, ids, vectors, model, text_hashes):
     quantized, scale = quantize(vectors)
     insert_rows(con, "embeddings", pa.table({"namespace": [ns] * len(ids), "kind": [kind] * len(ids), "item_id": ids,
-                                             "model": [model] * len(ids), "text_hash": text_hashes,
+                                             "model": [model] * len(ids), "text_hash": pa.array(text_hashes, pa.uint64()),
                                              "vector": quantized, "scale": scale}))
 
 

@@ -21,7 +21,7 @@ import polars as pl
 from lazyhippo.settings import Settings
 from lazyhippo.sql import SQL_DIR
 from lazyhippo.stages.common import record_usage
-from lazyhippo.stages.incremental import PARAMS, read_inputs, write_inputs
+from lazyhippo.stages.incremental import PARAMS, fingerprint, read_details, read_inputs, write_inputs
 from lazyhippo.stages.reports import summarize_graph_descriptions
 from lazyhippo.stages.results import GraphTablesResult
 from lazyhippo.sources.files import sha
@@ -102,24 +102,22 @@ def _chunk_entities(con: duckdb.DuckDBPyConnection, ns: str, chunks: list[str] |
     return named
 
 
-def _fingerprint(row_hash: str, entity_ids: str) -> str:
-    return f"{row_hash} {entity_ids}"
-
-
 def plan_scope(con: duckdb.DuckDBPyConnection, ns: str, params: str,
-               hashes: dict[str, str]) -> tuple[Scope | None, dict[str, str]]:
+               hashes: dict[str, str]) -> tuple[Scope | None, dict[str, tuple[str, str] | str]]:
     """The scope of an update against the recorded inputs, or None when the graph tables are rebuilt whole
-    (first run, other parameters); and the inputs to record afterwards."""
+    (first run, other parameters); and the inputs to record afterwards: per chunk, its rows' hash and the
+    entity ids they name (read back when the chunk is gone)."""
     before = read_inputs(con, ns, STAGE)
-    if not before or before.get(PARAMS) != params:
+    if not before or before.get(PARAMS) != fingerprint(params):
         return None, {}
-    recorded = {c: f.split(" ", 1) for c, f in before.items() if c != PARAMS}
-    gone = sorted(c for c, (h, _) in recorded.items() if hashes.get(c) != h)
-    new = sorted(c for c, h in hashes.items() if c not in recorded or recorded[c][0] != h)
+    now = {c: fingerprint(h) for c, h in hashes.items()}
+    gone = sorted(c for c, f in before.items() if c != PARAMS and now.get(c) != f)
+    new = sorted(c for c, f in now.items() if before.get(c) != f)
+    recorded = read_details(con, ns, STAGE)
     named = _chunk_entities(con, ns, new)
-    ids = {e for c in gone for e in recorded[c][1].split()} | {e for c in new for e in named.get(c, "").split()}
-    inputs = {c: f"{h} {ids_}" for c, (h, ids_) in recorded.items() if c not in set(gone)}
-    inputs.update({c: _fingerprint(hashes[c], named.get(c, "")) for c in new})
+    ids = {e for c in gone for e in recorded.get(c, "").split()} | {e for c in new for e in named.get(c, "").split()}
+    fresh = set(new)
+    inputs = {c: (h, (named if c in fresh else recorded).get(c, "")) for c, h in hashes.items()}
     return Scope(sorted(ids), gone, new), {**inputs, PARAMS: params}
 
 
@@ -189,7 +187,7 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
             run_sql_model(con, m, ns)
         merged = apply_merges(con, ns)  # recorded entity merges, folded in again
         named = _chunk_entities(con, ns, None)
-        inputs = {**{c: _fingerprint(h, named.get(c, "")) for c, h in hashes.items()}, PARAMS: params}
+        inputs = {**{c: (h, named.get(c, "")) for c, h in hashes.items()}, PARAMS: params}
     elif scope.entity_ids or scope.gone_chunks:
         _update_scope(con, ns, scope)
     with transaction(con):

@@ -18,27 +18,51 @@ import pyarrow as pa
 from lazyhippo.graph.algorithms import KnnBasis
 
 PARAMS = "@params"  # the item holding a stage's parameters: when they change, the stage starts over
+# a stage gives an item's input as text, or as (text, detail): a detail is kept as it is and read back
+# (`read_details`), e.g. the entity ids a chunk named, which the next run needs when the chunk is gone
+Input = str | tuple[str, str]
+# `fingerprint` in SQL: equal values for equal texts in both
+FINGERPRINT_SQL = "('0x' || substr(sha256({}), 1, 16))::UBIGINT"
 
 
-def read_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str) -> dict[str, str]:
+def fingerprint(text: str) -> int:
+    """The first 64 bits of the text's sha256: what `stage_inputs` and `embeddings.text_hash` store (an item's
+    changed input passes for unchanged with a chance of 2^-64; hex text took four times the room)."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def read_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str) -> dict[str, int]:
+    """Item -> the `fingerprint` of its input as the stage recorded it."""
     return dict(con.execute("SELECT item_id, fingerprint FROM stage_inputs WHERE namespace = ? AND stage = ?",
                             [namespace, stage]).fetchall())
 
 
-def write_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str, inputs: dict[str, str] | pa.Table) -> None:
+def read_details(con: duckdb.DuckDBPyConnection, namespace: str, stage: str) -> dict[str, str]:
+    """Item -> the detail the stage recorded with its input (items without one are left out)."""
+    return dict(con.execute("SELECT item_id, detail FROM stage_inputs WHERE namespace = ? AND stage = ? "
+                            "AND detail IS NOT NULL", [namespace, stage]).fetchall())
+
+
+def write_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str, inputs: dict[str, Input] | pa.Table) -> None:
     """Replace the stage's recorded inputs (call inside the transaction that writes its output), given as a dict
-    or a table (item_id, fingerprint). Only the rows that differ are deleted and inserted: after a small update,
-    a few rows of 37k are written, not all."""
-    rows = inputs if isinstance(inputs, pa.Table) else pa.table(
-        {"item_id": pa.array(list(inputs), pa.string()), "fingerprint": pa.array(list(inputs.values()), pa.string())})
-    recorded = "SELECT item_id, fingerprint FROM stage_inputs WHERE namespace = $ns AND stage = $stage"
+    or a table (item_id, fingerprint: the input's text, optionally detail); the texts are stored as their
+    `fingerprint`. Only the rows that differ are deleted and inserted: after a small update, a few rows of 37k
+    are written, not all."""
+    if not isinstance(inputs, pa.Table):
+        pairs = [v if isinstance(v, tuple) else (v, None) for v in inputs.values()]
+        inputs = pa.table({"item_id": pa.array(list(inputs), pa.string()),
+                           "fingerprint": pa.array([t for t, _ in pairs], pa.string()),
+                           "detail": pa.array([d for _, d in pairs], pa.string())})
+    detail = "detail" if "detail" in inputs.column_names else "NULL::VARCHAR"
+    recorded = "SELECT item_id, fingerprint, detail FROM stage_inputs WHERE namespace = $ns AND stage = $stage"
     p = {"ns": namespace, "stage": stage}
-    con.register("_inputs", rows)
+    incoming = f"SELECT item_id, {FINGERPRINT_SQL.format('fingerprint')}, {detail} FROM _inputs"
+    con.register("_inputs", inputs)
     try:
-        con.execute(f"DELETE FROM stage_inputs t USING ({recorded} EXCEPT SELECT * FROM _inputs) d "
+        con.execute(f"DELETE FROM stage_inputs t USING ({recorded} EXCEPT {incoming}) d "
                     "WHERE t.namespace = $ns AND t.stage = $stage AND t.item_id = d.item_id", p)
-        con.execute(f"INSERT INTO stage_inputs SELECT $ns, $stage, item_id, fingerprint FROM "
-                    f"(SELECT * FROM _inputs EXCEPT {recorded})", p)
+        con.execute(f"INSERT INTO stage_inputs (namespace, stage, item_id, fingerprint, detail) "
+                    f"SELECT $ns, $stage, * FROM ({incoming} EXCEPT {recorded})", p)
     finally:
         con.unregister("_inputs")
 
@@ -47,7 +71,7 @@ def write_inputs(con: duckdb.DuckDBPyConnection, namespace: str, stage: str, inp
 
 def knn_inputs(con: duckdb.DuckDBPyConnection, namespace: str, top_k: int, cutoff: float) -> dict[str, str]:
     """Entity id -> (model, text hash) of its vector, plus the search parameters."""
-    rows = con.execute("SELECT item_id, model || ':' || coalesce(text_hash, '') FROM embeddings "
+    rows = con.execute("SELECT item_id, model || ':' || coalesce(text_hash::VARCHAR, '') FROM embeddings "
                        "WHERE namespace = ? AND kind = 'entity'", [namespace]).fetchall()
     return {**dict(rows), PARAMS: f"{top_k}:{cutoff!r}"}
 
@@ -62,9 +86,10 @@ def plan_knn(con: duckdb.DuckDBPyConnection, namespace: str, inputs: dict[str, s
     """What changed since the recorded search, or None when there is nothing to start from (first run, other
     parameters): then every entity is searched."""
     before = read_inputs(con, namespace, "knn_edges")
-    if not before or before.get(PARAMS) != inputs[PARAMS]:
+    now = {i: fingerprint(v) for i, v in inputs.items()}
+    if not before or before.get(PARAMS) != now[PARAMS]:
         return None
-    changed = {i for i in set(before) | set(inputs) if before.get(i) != inputs.get(i)} - {PARAMS}
+    changed = {i for i in set(before) | set(now) if before.get(i) != now.get(i)} - {PARAMS}
     lists = {i: (0, 1.0) for i in before if i != PARAMS}
     lists.update({s: (n, low) for s, n, low in con.execute(
         "SELECT source_id, count(*), min(score) FROM knn_edges WHERE namespace = ? GROUP BY source_id", [namespace]).fetchall()})

@@ -83,13 +83,13 @@ def drop_vanished(settings: Settings, con: duckdb.DuckDBPyConnection, store: Gra
     mode: "add" drops nothing; "replace" makes the source the namespace's source (so a re-created knowledge base
     serves nothing its new source lacks); no mode drops only against the source the namespace was indexed from
     (a rebuild after a delete, configured without it, drops nothing)."""
-    from lazyhippo.stages.incremental import read_inputs, write_inputs
+    from lazyhippo.stages.incremental import fingerprint, read_inputs, write_inputs
 
     if settings.mode == "add":
         return Deleted((), (), 0)
     if settings.mode == "replace":
         write_inputs(con, settings.namespace, "documents", {"source": str(settings.source)})
-    elif read_inputs(con, settings.namespace, "documents").get("source") != str(settings.source):
+    elif read_inputs(con, settings.namespace, "documents").get("source") != fingerprint(str(settings.source)):
         return Deleted((), (), 0)
     gone = _vanished(settings, con.execute("SELECT doc_id, source FROM documents WHERE namespace = ?",
                                            [settings.namespace]).fetchall())

@@ -107,10 +107,48 @@ def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     _unshare(settings.db_path)
     con = _bounded(duckdb.connect(str(settings.db_path), config={"default_block_size": str(BLOCK_SIZE)}))
     con.execute((SQL_DIR / "schema.sql").read_text())
+    _migrate_fingerprints(con)
     _migrate_vectors(con)
     _migrate_storage(con, settings.db_path)
     _migrate_descriptions(con, settings.db_path)
     return _with_functions(con)
+
+
+def _migrate_fingerprints(con: duckdb.DuckDBPyConnection) -> None:
+    """Text hashes and stage fingerprints stored as hex text: made the 64-bit integers this version computes for
+    the same inputs (`incremental.fingerprint`), once, so nothing is embedded or recomputed again: a text hash
+    is its first 16 hex digits; a fingerprint's text is hashed, with the text hashes in the KNN stage's written
+    as integers, and the entity ids in the entities stage's kept as its detail."""
+    from lazyhippo.stages.incremental import FINGERPRINT_SQL, PARAMS
+
+    types = dict(con.execute("SELECT table_name, data_type FROM duckdb_columns() WHERE database_name = current_database() "
+                             "AND (table_name, column_name) IN (('embeddings', 'text_hash'), ('stage_inputs', 'fingerprint'))"
+                             ).fetchall())
+    if "VARCHAR" not in types.values():
+        return
+    log.warning("%s: converting the text hashes and stage fingerprints to 64-bit integers: once", con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0])
+    con.execute("SET enable_progress_bar = false")
+    with transaction(con):
+        if types.get("embeddings") == "VARCHAR":
+            con.execute("ALTER TABLE embeddings ALTER text_hash TYPE UBIGINT "
+                        "USING try_cast('0x' || substr(text_hash, 1, 16) AS UBIGINT)")
+        if types.get("stage_inputs") == "VARCHAR":
+            con.execute("ALTER TABLE stage_inputs RENAME TO lh_old_stage_inputs")
+            con.execute(_schema_tables()["stage_inputs"])
+            con.execute(f"""INSERT INTO stage_inputs (namespace, stage, item_id, fingerprint, detail)
+                SELECT namespace, stage, item_id, {FINGERPRINT_SQL.format('text')}, detail FROM (
+                    SELECT namespace, stage, item_id, CASE
+                        WHEN item_id = $params THEN fingerprint
+                        WHEN stage = 'entities' THEN split_part(fingerprint, ' ', 1)
+                        WHEN stage = 'knn_edges' THEN m.model || ':' || coalesce(try_cast(
+                            '0x' || substr(m.hash, 1, 16) AS UBIGINT)::VARCHAR, '')
+                        ELSE fingerprint END AS text,
+                        CASE WHEN stage = 'entities' AND item_id <> $params
+                             THEN substr(fingerprint, strpos(fingerprint, ' ') + 1) END AS detail
+                    FROM (SELECT *, regexp_extract(fingerprint, '^(.*):([0-9a-f]*)$', ['model', 'hash']) AS m
+                          FROM lh_old_stage_inputs))""", {"params": PARAMS})
+            con.execute("DROP TABLE lh_old_stage_inputs")
 
 
 def _migrate_vectors(con: duckdb.DuckDBPyConnection) -> None:
@@ -364,9 +402,6 @@ def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: s
 # a model's key among its stored columns (a relation's id derives from its pair)
 MODEL_KEYS = {"entities": ("entity_id",), "relations": ("source_id", "target_id"), "mentions": ("chunk_id", "entity_id"),
               "facts": ("fact_id",)}
-# the order exports write a model's rows in: relations by description, the order relations.sql stores them in
-# (a sentence once per segment)
-MODEL_ORDER = {"relations": "description"}
 # the order a rebuilt model's rows are stored in where its SQL gives none: a chunk's mentions side by side, so each
 # chunk id is stored once per run of rows (mentions at 100,000 documents 89 -> 60 MB)
 STORAGE_ORDER = {"mentions": "chunk_id, entity_id"}
