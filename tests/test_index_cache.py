@@ -235,7 +235,8 @@ def test_the_adjacency_is_cached_as_a_triangle_and_rebuilt_to_the_bit():
     CSR's bytes, and rebuilt with the same structure and bits."""
     import scipy.sparse as sp
 
-    from lazyhippo.query.loader import Ascending, _Triangle
+    from lazyhippo.query.loader import _Triangle
+    from lazyhippo.query.packing import Ascending
 
     rng = np.random.default_rng(5)
     n = 3000
@@ -264,7 +265,7 @@ def test_sorted_indices_pack_into_uint16_differences():
     the cumulative sum, the indices come back the same."""
     import scipy.sparse as sp
 
-    from lazyhippo.query.loader import Ascending
+    from lazyhippo.query.packing import Ascending
 
     rng = np.random.default_rng(2)
     rows = [np.unique(rng.integers(0, 2_000_000, rng.integers(0, 200))) for _ in range(400)]

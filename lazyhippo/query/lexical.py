@@ -16,6 +16,7 @@ import bm25s
 import numpy as np
 from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer
 
+from lazyhippo.query.packing import Ascending, unpacked
 from lazyhippo.query.text import tokens
 
 
@@ -74,16 +75,12 @@ class FlatBM25(bm25s.BM25):
         return (np.repeat(idf, df) * tfc).astype(self.dtype)
 
     def __getstate__(self) -> dict:
-        from lazyhippo.query.loader import Ascending
-
         vocab, s = self.vocab_dict, self.scores
         return {**vars(self), "scores": {**s, "data": None, "indices": Ascending.of(s["indices"], s["indptr"])},
                 "unique_token_ids_set": None,
                 "vocab_dict": (list(vocab), np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab)))}
 
     def __setstate__(self, state: dict) -> None:
-        from lazyhippo.query.loader import unpacked
-
         vars(self).update(state)
         keys, ids = state["vocab_dict"]
         self.vocab_dict = dict(zip(keys, ids.tolist()))

@@ -39,6 +39,7 @@ from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
 from lazyhippo.graph.ppr import parallel_matvec
 from lazyhippo.query.nearest import Clusters, CosineBound, Int8Rows
+from lazyhippo.query.packing import Ascending, unpacked
 from lazyhippo.query.text import norm_key, tokens
 from lazyhippo.settings import Settings
 
@@ -573,7 +574,7 @@ def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> Graph
 
 _CACHE_DIR = ".index-cache"
 # the modules whose classes a cached index holds: a change to any of them makes older cache files unreadable
-_CACHED_CODE = ("query/loader.py", "query/lexical.py", "query/nearest.py", "graph/passage.py", "graph/ppr.py")
+_CACHED_CODE = ("query/loader.py", "query/lexical.py", "query/nearest.py", "query/packing.py", "graph/passage.py", "graph/ppr.py")
 
 
 def _disk_cache(db_path: Path, namespace: str, params: GraphParams) -> Path:
@@ -678,71 +679,6 @@ class _IntegerCSR:
     def matrix(self) -> sp.csr_matrix:
         return sp.csr_matrix((self.values.astype(self.dtype), unpacked(self.indices, self.indptr), self.indptr),
                              shape=self.shape)
-
-
-@dataclass(frozen=True)
-class Ascending:
-    """Indices ascending within each segment of an `indptr` (a CSR matrix's columns in each row), as the
-    differences from the previous index of their segment (the first: from 0) in uint16, those that do not fit kept
-    whole beside: half of int32 where few differences reach 65536 (at 10,000 documents 0.03-0.7% of a matrix's
-    entries). Read back by blocks of a cumulative sum, so no int64 copy of them all is ever held."""
-
-    low: np.ndarray    # each difference modulo 65536 (uint16)
-    at: np.ndarray     # ascending positions of the differences of 65536 or more
-    whole: np.ndarray  # their values
-    dtype: np.dtype
-
-    BLOCK = 1 << 22
-
-    @classmethod
-    def of(cls, indices: np.ndarray, indptr: np.ndarray) -> "Ascending | np.ndarray":
-        """The packed form of `indices`, or `indices` itself when it is not smaller or they do not ascend."""
-        d = np.diff(indices.astype(np.int64), prepend=0)
-        starts = indptr[:-1][np.diff(indptr) > 0]
-        d[starts] = indices[starts]
-        if len(d) and d.min() < 0:
-            return indices
-        at = np.flatnonzero(d >> 16)
-        packed = cls((d & 0xFFFF).astype(np.uint16), at.astype(np.min_scalar_type(max(len(d) - 1, 0))),
-                     d[at].astype(np.min_scalar_type(int(d.max(initial=0)))), indices.dtype)
-        return packed if packed.low.nbytes + packed.at.nbytes + packed.whole.nbytes < indices.nbytes else indices
-
-    def array(self, indptr: np.ndarray) -> np.ndarray:
-        """The indices again. A segment's first difference is made relative to the previous segment's last index
-        (the sum of that segment's differences), which turns the segments' sums into one running sum."""
-        d_at_starts, starts = self._starts(indptr)
-        out = np.empty(len(self.low), dtype=self.dtype)
-        carry = 0
-        for a in range(0, len(out), self.BLOCK):
-            b = min(a + self.BLOCK, len(out))
-            d = self.low[a:b].astype(np.int64)
-            i, j = np.searchsorted(self.at, [a, b])
-            d[self.at[i:j] - a] = self.whole[i:j]
-            i, j = np.searchsorted(starts, [a, b])
-            d[starts[i:j] - a] = d_at_starts[i:j]
-            run = np.cumsum(d)
-            run += carry
-            out[a:b] = run
-            carry = int(run[-1]) if len(run) else carry
-        return out
-
-    def _starts(self, indptr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Where each non-empty segment starts, and its first difference from the previous segment's last index."""
-        nonempty = np.diff(indptr) > 0
-        starts = indptr[:-1][nonempty].astype(np.int64)
-        first = self.low[starts].astype(np.int64)
-        big = np.isin(starts, self.at)
-        first[big] = self.whole[np.searchsorted(self.at, starts[big])]
-        last = np.zeros(len(starts), dtype=np.int64)  # each segment's last index: the sum of its differences
-        if len(starts):
-            last += np.add.reduceat(self.low, starts, dtype=np.int64)
-            np.add.at(last, np.searchsorted(starts, self.at, side="right") - 1,
-                      self.whole.astype(np.int64) - self.low[self.at])
-        return first - np.concatenate([[0], last[:-1]]), starts
-
-
-def unpacked(indices: "Ascending | np.ndarray", indptr: np.ndarray) -> np.ndarray:
-    return indices.array(indptr) if isinstance(indices, Ascending) else indices
 
 
 def _csr(m: "_IntegerCSR | sp.csr_matrix") -> sp.csr_matrix:
