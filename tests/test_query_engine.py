@@ -815,13 +815,51 @@ def test_forward_push_gives_the_power_iterations_scores_within_its_eps_per_edge(
         close = pushed_pagerank(columns, seed, damping=0.5, eps=1e-9, dangling=dangling).scores
         np.testing.assert_allclose(close, exact, atol=1e-5)  # float32 transition
         assert np.array_equal(np.argsort(-close)[:10], np.argsort(-exact)[:10])
-    with pytest.raises(ValueError):
-        pushed_pagerank(columns, seed, damping=1.0)
-    from lazyhippo.graph.ppr import _push_floor
+    for bad in ({"damping": 1.0}, {"damping": -0.1}):
+        with pytest.raises(ValueError, match="damping"):
+            pushed_pagerank(columns, seed, **bad)
+        with pytest.raises(ValueError, match="damping"):
+            personalized_pagerank(m, seed, **bad)
+    with pytest.raises(ValueError, match="599 entries for 600 nodes"):
+        pushed_pagerank(columns, seed[1:])
+    with pytest.raises(ValueError, match="599 entries for 600 nodes"):
+        personalized_pagerank(m, seed[1:])
+    from lazyhippo.graph.ppr import _edges
 
-    floor = _push_floor(columns, 1e-6)  # kept while the transition lives: a walk makes no pass to find it
-    assert _push_floor(columns, 1e-6) is floor and np.array_equal(floor, 1e-6 * np.maximum(edges, 1))
-    assert np.array_equal(_push_floor(columns, 1e-4), 1e-4 * np.maximum(edges, 1))
+    counted = _edges(columns)  # kept while the transition lives: a walk makes no pass to count them
+    assert _edges(columns) is counted and np.array_equal(counted, np.maximum(edges, 1))
+
+
+def test_forward_push_rounds_push_every_node_over_its_floor_and_no_other():
+    """Each round pushes exactly the nodes holding at least eps per edge, the ones a round reaches many times
+    once: the same scores as pushing round by round over every node, whatever order the reached come in."""
+    from lazyhippo.graph.ppr import pushed_pagerank
+
+    rng = np.random.default_rng(8)
+    n = 400
+    a = sp.random(n, n, density=0.03, random_state=rng, dtype=np.float64)
+    a = (a + a.T).tolil()
+    a[:, 5] = 0.0
+    a[5, :] = 0.0  # a dangling node, seeded: its mass returns to the seeds
+    m, dangling = transition_matrix(a.tocsr())
+    columns = m.tocsc()
+    edges = np.maximum(np.diff(columns.indptr), 1)
+    seed = np.zeros(n)
+    seed[[5, 17, 230]] = [0.5, 0.3, 0.2]
+    eps, d = 1e-5, 0.5
+    p, r = np.zeros(n), seed / seed.sum()
+    dense = columns.toarray()
+    rounds = 0
+    while (over := r >= eps * edges).any():
+        rounds += 1
+        mass = np.where(over, r, 0.0)
+        r = r - mass
+        p += (1 - d) * mass
+        r += d * (dense @ mass) + d * mass[dangling].sum() * seed / seed.sum()
+    pushed = pushed_pagerank(columns, seed, d, eps, dangling=dangling)
+    assert pushed.iterations == rounds > 3
+    np.testing.assert_allclose(pushed.scores, p / p.sum(), rtol=1e-12, atol=1e-15)
+    assert abs(pushed.residual - r.sum()) < 1e-12
 
 
 def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions_arrays(monkeypatch):
