@@ -141,15 +141,21 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
         if lost:
             r[seeds] += (damping * lost) * weights
             reached = np.concatenate([reached, seeds])
-        reached = _distinct(reached)
+        reached = _distinct(reached, n)
         active = reached[r[reached] >= eps * edges[reached]]
     total = p.sum()  # the pushed mass: what is left unpushed is the rest of 1
     p /= max(total, 1e-300)
     return PPRResult(p, rounds, max(1.0 - total, 0.0))
 
 
-def _distinct(nodes: np.ndarray) -> np.ndarray:
-    """The distinct values of `nodes`, ascending, by a sort (np.unique hashes: 80 ms for 245k edge ends, not 1)."""
+def _distinct(nodes: np.ndarray, n: int) -> np.ndarray:
+    """The distinct values of `nodes` (node indices below `n`), ascending: by a sort, or when they are many by a
+    mask over every node (a sort of 95k edge ends takes 0.3 ms, a mask 1.3; of 960k 5.9 against 2.3; np.unique
+    hashes them: 80 ms for 245k)."""
+    if 3 * len(nodes) > n:
+        marked = np.zeros(n, dtype=bool)
+        marked[nodes] = True
+        return np.flatnonzero(marked)
     nodes = np.sort(nodes)
     keep = np.empty(len(nodes), dtype=bool)
     keep[:1] = True
