@@ -864,6 +864,31 @@ def test_forward_push_rounds_push_every_node_over_its_floor_and_no_other():
         assert abs(pushed.residual - r.sum()) < 1e-12
 
 
+def test_forward_push_reuses_its_residuals_zeroed_per_thread_even_after_a_failed_walk():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lazyhippo.graph import ppr
+
+    rng = np.random.default_rng(9)
+    a = sp.random(300, 300, density=0.03, random_state=rng, dtype=np.float64)
+    m, dangling = transition_matrix((a + a.T).tocsr())
+    columns = m.tocsc()
+    seed = np.zeros(300)
+    seed[[2, 40]] = 1.0
+    first = ppr.pushed_pagerank(columns, seed, 0.5, 1e-6, dangling=dangling)
+    held = ppr._residuals(300)
+    assert not held.any()  # left zeroed: the next walk starts from nothing
+    with pytest.raises(IndexError):  # a walk that fails midway (a dangling mask too short) zeroes them too
+        ppr.pushed_pagerank(columns, seed, 0.5, 1e-6, dangling=dangling[:10])
+    assert ppr._residuals(300) is held and not held.any()
+    again = ppr.pushed_pagerank(columns, seed, 0.5, 1e-6, dangling=dangling)
+    assert np.array_equal(again.scores, first.scores) and again.residual == first.residual
+    with ThreadPoolExecutor(1) as pool:  # another thread walks on its own vector
+        other, theirs = pool.submit(lambda: (ppr.pushed_pagerank(columns, seed, 0.5, 1e-6, dangling=dangling),
+                                             ppr._residuals(300))).result()
+    assert theirs is not held and np.array_equal(other.scores, first.scores)
+
+
 def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions_arrays(monkeypatch):
     from types import SimpleNamespace
 

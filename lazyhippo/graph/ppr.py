@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
     left unpushed, so its score is at most that far below the power iteration's fixed point (before the sum is
     normalized to 1). `iterations` counts rounds; `residual` is the mass left unpushed. A round reads only the
     edges it pushes along and the nodes they reach (sorted, so they are read in memory order): no pass over every
-    node but to start and normalize the result."""
+    node but to normalize the result and zero the residuals, which the thread's next walk reuses."""
     n = columns.shape[1]
     given = _checked(personalization, n, damping)
     seeds = np.flatnonzero(given > 0)
@@ -125,25 +126,28 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
     if dangling is None:
         dangling = np.diff(columns.indptr) == 0
     p = np.zeros(n)
-    r = np.zeros(n)
-    r[seeds] = weights
-    active = seeds[weights >= eps * edges[seeds]]
-    rounds = 0
-    while len(active) and rounds < max_rounds:
-        rounds += 1
-        mass = r[active]
-        r[active] = 0.0
-        p[active] += (1.0 - damping) * mass
-        sent = columns[:, active]
-        reached = sent.indices
-        np.add.at(r, reached, sent.data * np.repeat(damping * mass, np.diff(sent.indptr)))
-        lost = float(mass[dangling[active]].sum())
-        if lost:
-            r[seeds] += (damping * lost) * weights
-            reached = np.concatenate([reached, seeds])
-        reached = _distinct(reached, n)
-        active = reached[r[reached] >= eps * edges[reached]]
-    total = p.sum()  # the pushed mass: what is left unpushed is the rest of 1
+    r = _residuals(n)
+    try:
+        r[seeds] = weights
+        active = seeds[weights >= eps * edges[seeds]]
+        rounds = 0
+        while len(active) and rounds < max_rounds:
+            rounds += 1
+            mass = r[active]
+            r[active] = 0.0
+            p[active] += (1.0 - damping) * mass
+            sent = columns[:, active]
+            reached = sent.indices
+            np.add.at(r, reached, sent.data * np.repeat(damping * mass, np.diff(sent.indptr)))
+            lost = float(mass[dangling[active]].sum())
+            if lost:
+                r[seeds] += (damping * lost) * weights
+                reached = np.concatenate([reached, seeds])
+            reached = _distinct(reached, n)
+            active = reached[r[reached] >= eps * edges[reached]]
+        total = p.sum()  # the pushed mass: what is left unpushed is the rest of 1
+    finally:
+        r.fill(0.0)  # zero again for this thread's next walk
     p /= max(total, 1e-300)
     return PPRResult(p, rounds, max(1.0 - total, 0.0))
 
@@ -161,6 +165,18 @@ def _distinct(nodes: np.ndarray, n: int) -> np.ndarray:
     keep[:1] = True
     np.not_equal(nodes[1:], nodes[:-1], out=keep[1:])
     return nodes[keep]
+
+
+_SCRATCH = threading.local()
+
+
+def _residuals(n: int) -> np.ndarray:
+    """A vector of `n` zeros that this thread's walks reuse and leave zeroed: a new one per walk costs its page
+    faults in every round that reaches new nodes (the same 20 walks at 100,000 documents, 13% of their CPU)."""
+    held = getattr(_SCRATCH, "residuals", None)
+    if held is None or len(held) != n:
+        held = _SCRATCH.residuals = np.zeros(n)
+    return held
 
 
 _EDGES: dict[int, tuple[weakref.ref, np.ndarray]] = {}
