@@ -171,8 +171,8 @@ _SCRATCH = threading.local()
 
 
 def _residuals(n: int) -> np.ndarray:
-    """A vector of `n` zeros that this thread's walks reuse and leave zeroed: a new one per walk costs its page
-    faults in every round that reaches new nodes (the same 20 walks at 100,000 documents, 13% of their CPU)."""
+    """A vector of `n` zeros that this thread's walks reuse and leave zeroed: a new one per walk can cost its page
+    faults in every round that reaches new nodes (20 walks at 100,000 documents run alone: 13% of their CPU)."""
     held = getattr(_SCRATCH, "residuals", None)
     if held is None or len(held) != n:
         held = _SCRATCH.residuals = np.zeros(n)
