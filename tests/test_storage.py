@@ -120,16 +120,16 @@ def test_an_extraction_is_packed_against_its_text_and_comes_back_exactly():
 
 
 def test_an_extraction_of_another_shape_comes_back_exactly():
-    """A typed relation, a name outside the text, non-ASCII text are packed; a field of its own keeps the
-    payload whole."""
-    typed = Extraction(entities=[{"name": "Zoë Ångström", "type": "PERSON", "description": "Zoë works."}],
-                       relations=[{"source": "Zoë Ångström", "target": "Lab", "description": "Zoë works.",
-                                   "weight": 2, "type": "WORKS_FOR"},
+    """Names outside the text, non-ASCII text, an integer weight and usage are packed; a typed relation (an LLM's)
+    or a field of its own keeps the payload whole."""
+    plain = Extraction(entities=[{"name": "Zoë Ångström", "type": "PERSON", "description": "Zoë works."}],
+                       relations=[{"source": "Zoë Ångström", "target": "Lab", "description": "Zoë works.", "weight": 2},
                                   {"source": "Lab", "target": "Zoë Ångström", "description": "", "weight": 0.5}],
                        facts=[{"text": "Zoë works.", "names": ["Zoë Ångström"]}], usage={"prompt_tokens": 3})
+    typed = Extraction(relations=[{"source": "Lab", "target": "Zoë", "type": "USES", "description": "", "weight": 1.0}])
     extra = Extraction(entities=[{"name": "Lab", "type": "ORG", "description": "x", "confidence": 0.9}])
     source = "Zoë works. Zoë Ångström leads it."
-    for ex, form in ((typed, COLUMNS), (extra, PLAIN)):
+    for ex, form in ((plain, COLUMNS), (typed, PLAIN), (extra, PLAIN)):
         packed = pack_extraction(encode(ex), source)
         assert packed[0] == form and unpack_extraction(packed, source) == encode(ex)
 

@@ -85,7 +85,8 @@ class JsonCache(_Store):
 # An extraction packed against the text it was extracted from. Its JSON repeats each sentence in every relation
 # of its pairs (41 KB a chunk on average at 10,000 documents, for 0.7 KB of text): packed, each distinct string is
 # kept once, as its place in the chunk's text where it occurs there, and entities, relations and facts are
-# columns of indices into those strings. A payload that does not come back exactly is kept whole (PLAIN).
+# columns of indices into those strings. A payload that does not come back exactly (an LLM's few typed relations)
+# is kept whole (PLAIN).
 PLAIN, COLUMNS = 0, 1
 _quote = json.encoder.encode_basestring_ascii  # a string as `dumps` writes it
 
@@ -106,7 +107,7 @@ def _columns(value: dict, source: str) -> list:
     return [strings,
             [[ref(e["name"]) for e in ents], [ref(e["type"]) for e in ents], [ref(e["description"]) for e in ents]],
             [[ref(r["source"]) for r in rels], [ref(r["target"]) for r in rels], [ref(r["description"]) for r in rels],
-             [r["weight"] for r in rels], [ref(r["type"]) if "type" in r else None for r in rels]],
+             [r["weight"] for r in rels]],
             [[ref(f["text"]) for f in facts], [[ref(n) for n in f["names"]] for f in facts]],
             value["usage"]]
 
@@ -118,8 +119,8 @@ def _json(packed: list, source: str) -> str:
     s = [_quote(x if isinstance(x, str) else source[x[0]:x[0] + x[1]]) for x in held]
     weights = dumps(rels[3])[1:-1].split(",")  # numbers: one call for all (a weight of another kind fails the check)
     e = ",".join(f'{{"name":{s[n]},"type":{s[t]},"description":{s[d]}}}' for n, t, d in zip(*ents))
-    r = ",".join(f'{{"source":{s[a]},"target":{s[b]},"description":{s[d]},"weight":{w}'
-                 + ("}" if k is None else f',"type":{s[k]}}}') for a, b, d, w, k in zip(*rels[:3], weights, rels[4]))
+    r = ",".join(f'{{"source":{s[a]},"target":{s[b]},"description":{s[d]},"weight":{w}}}'
+                 for a, b, d, w in zip(*rels[:3], weights))
     f = ",".join(f'{{"text":{s[x]},"names":[{",".join(s[n] for n in names)}]}}' for x, names in zip(*facts))
     return f'{{"entities":[{e}],"relations":[{r}],"facts":[{f}],"usage":{dumps(usage)}}}'
 
@@ -131,7 +132,7 @@ def pack_extraction(text: str, source: str) -> bytes:
         packed = _columns(json.loads(text), source)
         if _json(packed, source) == text:
             return bytes([COLUMNS]) + _compress(dumps(packed))
-    except (KeyError, TypeError, AttributeError):  # another shape
+    except (KeyError, TypeError, AttributeError, ValueError):  # another shape, or not JSON
         pass
     return bytes([PLAIN]) + _compress(text)
 
