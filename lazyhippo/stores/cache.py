@@ -1,4 +1,5 @@
-"""A small content-addressed SQLite store of JSON payloads: LLM results are cached by what produced them."""
+"""Small content-addressed SQLite stores of JSON payloads: LLM results and extractions are cached by what produced
+them; extractions packed against the text they were extracted from."""
 
 from __future__ import annotations
 
