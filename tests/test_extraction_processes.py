@@ -70,12 +70,12 @@ def test_the_next_batch_is_extracted_while_one_is_cached_and_batches_are_even(tm
     events: list = []
 
     class Cache(ExtractionCache):
-        def put_texts(self, items):
+        def put_texts(self, items, sources):
             import time
 
             time.sleep(0.1)  # a slow write: the next batch has started meanwhile
             events.append(("cache", len(items)))
-            super().put_texts(items)
+            super().put_texts(items, sources)
 
     cache = Cache(tmp_path / "c.sqlite")
     chunks = _chunks(300)

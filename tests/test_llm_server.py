@@ -168,7 +168,7 @@ def extract(settings: Settings, llm: OpenAIChat) -> dict:
 def _cached(settings: Settings) -> int:
     cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")
     try:
-        return cache._con.execute("SELECT count(*) FROM cache").fetchone()[0]
+        return cache._con.execute("SELECT count(*) FROM packed").fetchone()[0]
     finally:
         cache.close()
 

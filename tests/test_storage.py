@@ -1,18 +1,21 @@
-"""What an index costs on disk: a snapshot of what readers read, int8 vectors, a compressed extraction cache."""
+"""What an index costs on disk: a snapshot of what readers read, int8 vectors, a packed extraction cache."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
 from lazyhippo.index import run_index
-from lazyhippo.models.extractors import Extraction, ExtractionCache
+from lazyhippo.models.extractors import Extraction, ExtractionCache, _sentence_graph, encode, extract_chunks
 from lazyhippo.settings import SAMPLE_CORPUS, Settings
 from lazyhippo.sql import SQL_DIR
+from lazyhippo.stages.chunks import Chunk
+from lazyhippo.stores.cache import COLUMNS, PLAIN, pack_extraction, unpack_extraction
 from lazyhippo.stores.warehouse import (STAGING, TABLES, connect, counts, quantize, read_vectors, run_sql_model,
                                         snapshot_path, vector_matrix)
 
@@ -93,34 +96,89 @@ def test_vector_matrix_scales_each_row():
     assert np.allclose(vector_matrix(pa.table({"vector": q, "scale": scale})), [[0.5, -1.0], [2.0, 0.0]], atol=0.01)
 
 
-def test_the_extraction_cache_is_compressed_and_still_reads_entries_written_before(tmp_path):
+TEXT = ("Ada Fenwick directed the Marlow Observatory in Cresswell from 1901 until her retirement. "
+        "Tomas Reyes, her assistant at the Marlow Observatory, catalogued comets with Ada Fenwick and Mei Lin. "
+        "Mei Lin later founded the Keswick Museum of Astronomy in Cresswell.")
+
+
+def _graph() -> Extraction:
+    """An offline extraction of TEXT: each sentence in its entities, facts and every relation of its pairs."""
+    sentences = [s + "." for s in TEXT.rstrip(".").split(". ")]
+    names = [["Ada Fenwick", "Marlow Observatory", "Cresswell"],
+             ["Tomas Reyes", "Marlow Observatory", "Ada Fenwick", "Mei Lin"],
+             ["Mei Lin", "Keswick Museum of Astronomy", "Cresswell"]]
+    return _sentence_graph("Observatories", [(s, [(n, "ORG") for n in ns]) for s, ns in zip(sentences, names)])
+
+
+def test_an_extraction_is_packed_against_its_text_and_comes_back_exactly():
+    """Each sentence is kept once, as its place in the chunk's text: a fraction of the whole JSON compressed."""
+    text = encode(_graph())
+    packed = pack_extraction(text, TEXT)
+    assert packed[0] == COLUMNS and unpack_extraction(packed, TEXT) == text
+    assert len(packed) * 2 < len(zlib.compress(text.encode(), 6))
+    assert b"Cresswell" not in zlib.decompress(packed[1:])  # a reference into TEXT, not the name again
+
+
+def test_an_extraction_of_another_shape_comes_back_exactly():
+    """Names outside the text, non-ASCII text, an integer weight and usage are packed; a typed relation (an LLM's)
+    or a field of its own keeps the payload whole."""
+    plain = Extraction(entities=[{"name": "Zoë Ångström", "type": "PERSON", "description": "Zoë works."}],
+                       relations=[{"source": "Zoë Ångström", "target": "Lab", "description": "Zoë works.", "weight": 2},
+                                  {"source": "Lab", "target": "Zoë Ångström", "description": "", "weight": 0.5}],
+                       facts=[{"text": "Zoë works.", "names": ["Zoë Ångström"]}], usage={"prompt_tokens": 3})
+    typed = Extraction(relations=[{"source": "Lab", "target": "Zoë", "type": "USES", "description": "", "weight": 1.0}])
+    extra = Extraction(entities=[{"name": "Lab", "type": "ORG", "description": "x", "confidence": 0.9}])
+    source = "Zoë works. Zoë Ångström leads it."
+    for ex, form in ((plain, COLUMNS), (typed, PLAIN), (extra, PLAIN)):
+        packed = pack_extraction(encode(ex), source)
+        assert packed[0] == form and unpack_extraction(packed, source) == encode(ex)
+
+
+def test_the_extraction_cache_packs_new_entries_and_still_reads_entries_written_before(tmp_path):
     path = tmp_path / "extractions.sqlite"
-    sentence = "Ada Fenwick directed the Marlow Observatory in Cresswell from 1901 until her retirement. " * 2
-    ex = Extraction(entities=[{"name": f"E{i}", "type": "PERSON", "description": sentence} for i in range(10)],
-                    relations=[{"source": "E0", "target": f"E{i}", "description": sentence, "weight": 1.0} for i in range(20)],
-                    facts=[{"text": sentence, "names": ["E0", "E1"]}])
+    ex = _graph()
     cache = ExtractionCache(path)
-    cache.put_many({"new": ex})
+    cache.put_many({"new": ex}, {"new": TEXT})
     cache.close()
     con = sqlite3.connect(str(path))
-    stored = con.execute("SELECT payload FROM cache WHERE key = 'new'").fetchone()[0]
-    assert isinstance(stored, bytes) and len(stored) * 8 < len(json.dumps(ex.__dict__))
+    assert con.execute("SELECT key FROM packed").fetchall() == [("new",)]
     con.execute("INSERT INTO cache VALUES ('old', ?)", [json.dumps(ex.__dict__)])  # written before compression
+    con.execute("INSERT INTO cache VALUES ('zlib', ?)", [zlib.compress(json.dumps(ex.__dict__).encode())])
     con.commit()
     con.close()
     cache = ExtractionCache(path)
     try:
-        assert cache.get_many(["new", "old"]) == {"new": ex, "old": ex}
+        assert cache.get_many({"new": TEXT, "old": TEXT, "zlib": TEXT, "missing": TEXT}) == {
+            "new": ex, "old": ex, "zlib": ex}
     finally:
         cache.close()
 
+
+def test_extract_chunks_reads_back_the_json_it_extracted(tmp_path):
+    """A cache hit hands on the same JSON text as the extraction it stands for."""
+    chunk = Chunk(chunk_id="c1", doc_id="d1", title="Observatories", position=0, section=None, page=None, text=TEXT,
+                  content_hash="h1", n_tokens=0)
+
+    class Graph:
+        name, model, prompt_version = "graph", "m", "v1"
+
+        def extract(self, chunks):
+            return [_graph() for _ in chunks]
+
+    cache = ExtractionCache(tmp_path / "c.sqlite")
+    try:
+        first = extract_chunks([chunk], Graph(), cache)
+        again = extract_chunks([chunk], Graph(), cache)
+    finally:
+        cache.close()
+    assert (first.computed, again.cached) == (1, 1) and again.results == first.results == {"c1": encode(_graph())}
 
 
 def test_a_new_extraction_cache_has_64_kib_pages_and_one_written_before_keeps_its_own(tmp_path):
     """Compressed extractions overflow SQLite's 4 KiB pages, and each row's last overflow page was half empty."""
     ex = Extraction(entities=[{"name": "Ada", "type": "PERSON", "description": "x"}], relations=[], facts=[])
     cache = ExtractionCache(tmp_path / "new.sqlite")
-    cache.put_many({"k": ex})
+    cache.put_many({"k": ex}, {"k": "Ada"})
     cache.close()
     with sqlite3.connect(str(tmp_path / "new.sqlite")) as con:
         assert con.execute("PRAGMA page_size").fetchone()[0] == 65536
@@ -129,7 +187,7 @@ def test_a_new_extraction_cache_has_64_kib_pages_and_one_written_before_keeps_it
         con.execute("INSERT INTO cache VALUES ('k', ?)", [json.dumps(ex.__dict__)])
     cache = ExtractionCache(tmp_path / "old.sqlite")
     try:
-        assert cache.get("k") == ex
+        assert cache.get_many({"k": "Ada"}) == {"k": ex}
     finally:
         cache.close()
     with sqlite3.connect(str(tmp_path / "old.sqlite")) as con:

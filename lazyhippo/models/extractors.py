@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import combinations
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from lazyhippo.graph.ppr import one_blas_thread
 from lazyhippo.models.llm import LLM, LLMError
@@ -22,7 +22,7 @@ from lazyhippo.models.tokens import sentences as split_sentences
 from lazyhippo.settings import environment
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.chunks import Chunk
-from lazyhippo.stores.cache import JsonCache, dumps
+from lazyhippo.stores.cache import PackedExtractions, dumps
 
 SKIP_NER = {"CARDINAL", "ORDINAL", "QUANTITY", "PERCENT", "MONEY", "TIME", "DATE"}
 _PRONOUNS = {"he", "she", "it", "they", "we", "i", "you", "him", "her", "them", "his", "its", "their",
@@ -523,8 +523,9 @@ class LlmExtractor:
         return self.llm.map(self._one, list(chunks))
 
 
-class ExtractionCache(JsonCache):
-    """Extractions by chunk content, title, extractor, model and prompt version (shared by all namespaces)."""
+class ExtractionCache(PackedExtractions):
+    """Extractions by chunk content, title, extractor, model and prompt version (shared by all namespaces), each
+    packed against its chunk's text."""
 
     @staticmethod
     def key(chunk: Chunk, extractor: Extractor) -> str:
@@ -532,11 +533,11 @@ class ExtractionCache(JsonCache):
         section = f"|{chunk.section}" if chunk.section else ""
         return sha(f"{chunk.content_hash}|{chunk.title}|{extractor.name}|{extractor.model}|{extractor.prompt_version}{section}", 40)
 
-    def get_many(self, keys: Iterable[str]) -> dict[str, Extraction]:
-        return {k: Extraction(**v) for k, v in super().get_many(keys).items()}
+    def get_many(self, sources: Mapping[str, str]) -> dict[str, Extraction]:
+        return {k: Extraction(**json.loads(v)) for k, v in self.get_texts(sources).items()}
 
-    def put_many(self, items: dict[str, Extraction]) -> None:
-        super().put_many({k: payload(v) for k, v in items.items()})
+    def put_many(self, items: dict[str, Extraction], sources: Mapping[str, str]) -> None:
+        self.put_texts({k: encode(v) for k, v in items.items()}, sources)
 
 
 def payload(extraction: Extraction) -> dict:
@@ -574,7 +575,8 @@ def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: Extract
 
     batch = getattr(extractor, "batch", batch)
     keys = {c.chunk_id: ExtractionCache.key(c, extractor) for c in chunks}
-    hits = cache.get_texts(keys.values())
+    sources = {keys[c.chunk_id]: c.text for c in chunks}  # what each cached extraction is packed against
+    hits = cache.get_texts(sources)
     results = {cid: hits[k] for cid, k in keys.items() if k in hits}
     todo = [c for c in chunks if c.chunk_id not in results]
     failures: dict[str, str] = {}
@@ -600,7 +602,7 @@ def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: Extract
                 else:
                     results[chunk.chunk_id] = res
                     fresh[keys[chunk.chunk_id]] = res
-            cache.put_texts(fresh)
+            cache.put_texts(fresh, sources)
             if fatal is not None:
                 raise fatal
             done += len(part)
