@@ -644,15 +644,19 @@ _SIZE_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB"
 
 @contextmanager
 def memory_share(con: duckdb.DuckDBPyConnection, share: float) -> Iterator[None]:
-    """DuckDB's memory cap at `share` of its value while the block runs, then restored: lowering it evicts the
-    table blocks DuckDB keeps cached after a scan, and a query beside large Python buffers spills sooner."""
-    limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
-    number, unit = limit.split()
-    con.execute(f"SET memory_limit = '{max(int(float(number) * _SIZE_UNITS[unit] * share), 1 << 20)}B'")
+    """DuckDB's memory cap at `share` of its value while the block runs, then LAZYHIPPO_DUCKDB_MEMORY again (the
+    cap of every warehouse connection; DuckDB shows its cap rounded, so that is what restores it exactly):
+    lowering it evicts the table blocks DuckDB keeps cached after a scan, and a query beside large Python
+    buffers spills sooner."""
+    number, unit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0].split()
+    try:
+        con.execute(f"SET memory_limit = '{max(int(float(number) * _SIZE_UNITS[unit] * share), 1 << 20)}B'")
+    except duckdb.OutOfMemoryException:
+        pass  # more than that is pinned (temporary tables): DuckDB evicted what it could and keeps its cap
     try:
         yield
     finally:
-        con.execute(f"SET memory_limit = '{limit}'")
+        con.execute(f"SET memory_limit = '{environment().duckdb_memory}'")
 
 
 def release_cache(con: duckdb.DuckDBPyConnection) -> None:
