@@ -112,27 +112,3 @@ def test_a_50k_entity_graph_exports_in_bounded_memory(big_graph, tmp_path, fmt):
     assert figures["arrow_peak"] < 16 * 2**20, figures
     # DuckDB's own memory: a result copied whole before the first batch (85-90 MB here) would pass the two above
     assert figures["rss_growth"] < 55 * 2**20, figures
-
-
-def test_the_exports_asset_sorts_each_table_under_half_of_duckdbs_cap_then_restores_it(sample_settings, tmp_path,
-                                                                                       monkeypatch):
-    """The sort fills whatever cap DuckDB has, and Arrow batches and a Parquet row group sit beside it."""
-    from lazyhippo.stages.exports import EXPORT_TABLES, export_parquet
-    from lazyhippo.stores.objects import LocalObjectStore
-
-    monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "512MB")
-    caps = []
-
-    class Writer(pq.ParquetWriter):
-        def write_table(self, table, *args, **kwargs):
-            caps.append(probe.execute("SELECT current_setting('memory_limit')").fetchone()[0])
-            super().write_table(table, *args, **kwargs)
-
-    monkeypatch.setattr(pq, "ParquetWriter", Writer)
-    with connect(sample_settings) as con:
-        probe = con.cursor()  # the cap is the database's: another cursor reads it while the sort streams
-        out = export_parquet(sample_settings, con, LocalObjectStore(tmp_path), "r1")
-        after = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
-    assert out.written == list(EXPORT_TABLES) and len(caps) >= len(EXPORT_TABLES) - 2  # empty tables: no group
-    assert {c.split()[1] for c in caps} == {"MiB"} and all(240 < float(c.split()[0]) < 250 for c in caps)
-    assert after == "488.2 MiB"

@@ -419,8 +419,8 @@ def test_stored_vectors_come_in_id_order_from_rows_stored_in_any_order_batch_by_
 
 def test_release_cache_gives_back_duckdbs_cached_blocks_and_keeps_its_cap(tmp_path, monkeypatch):
     """A scan leaves its table's blocks in DuckDB's cache up to its cap; before a stage's own large arrays
-    they go, and the cap (lowered for a moment, also under an error) is what it was."""
-    from lazyhippo.stores.warehouse import memory_share, release_cache
+    they go, and the cap (lowered for a moment) is what it was."""
+    from lazyhippo.stores.warehouse import release_cache
 
     con = duckdb.connect(str(tmp_path / "w.duckdb"))
     con.execute("SET memory_limit = '512MB'")
@@ -434,8 +434,4 @@ def test_release_cache_gives_back_duckdbs_cached_blocks_and_keeps_its_cap(tmp_pa
     assert con.execute(cached).fetchone()[0] > 20 << 20
     release_cache(con)
     assert con.execute(cached).fetchone()[0] <= 1 << 20
-    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "488.2 MiB"
-    with pytest.raises(ZeroDivisionError), memory_share(con, 0.5):
-        assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0].startswith("244.")
-        1 / 0
     assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "488.2 MiB"

@@ -21,7 +21,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.results import ExportsResult
 from lazyhippo.stores.objects import ObjectStore
-from lazyhippo.stores.warehouse import float_vector_sql, memory_share
+from lazyhippo.stores.warehouse import float_vector_sql
 
 FORMATS = ("csv", "xlsx", "md", "parquet")
 # zstd level 3 instead of Arrow's 1: most of level 9's saving (relations at 10,000 documents 137 / 105 / 97 MB at
@@ -37,10 +37,6 @@ EXPORT_BATCH_ROWS = 50_000  # rows of a table read at once while the exports ass
 # each column chunk's dictionary and zstd window to 50,000 rows: relations at 100,000 documents 303 -> 290 MB;
 # 64 MB groups, 285 MB for twice the memory)
 ROW_GROUP_BYTES = 32 << 20
-# DuckDB's share of its memory cap while it sorts a table for its object: the sort fills whatever cap it has
-# (relations at 10,000 documents: 606 MB over the process's base at 512 MB, 363 at 256), and Arrow batches and a
-# row group sit beside it; the rest spills to disk
-SORT_MEMORY_SHARE = 0.5
 XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, minus the header
 
 
@@ -231,23 +227,21 @@ def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str, 
     compressed object."""
     import pyarrow.parquet as pq
 
+    reader = con.sql(export_query(table), params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
     rows, group = 0, []
-    with memory_share(con, SORT_MEMORY_SHARE):
-        reader = con.sql(export_query(table), params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
-        with pq.ParquetWriter(path, reader.schema, **PARQUET_ZSTD) as writer:
-            def flush() -> None:
-                part = pa.Table.from_batches(group, reader.schema)
-                writer.write_table(part, row_group_size=max(part.num_rows, 1))
-                group.clear()
+    with pq.ParquetWriter(path, reader.schema, **PARQUET_ZSTD) as writer:
+        def flush() -> None:
+            part = pa.Table.from_batches(group, reader.schema)
+            writer.write_table(part, row_group_size=max(part.num_rows, 1))
+            group.clear()
 
-            for batch in reader:
-                group.append(batch)
-                rows += batch.num_rows
-                if sum(b.nbytes for b in group) >= ROW_GROUP_BYTES:
-                    flush()
-            if group:
+        for batch in reader:
+            group.append(batch)
+            rows += batch.num_rows
+            if sum(b.nbytes for b in group) >= ROW_GROUP_BYTES:
                 flush()
-        del reader  # the query's result, before the cap is raised again
+        if group:
+            flush()
     return rows
 
 

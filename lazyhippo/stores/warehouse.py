@@ -615,10 +615,10 @@ def read_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str) -> t
 
 def read_stored_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str,
                         batch: int = 65_536) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Ids (in id order), int8 rows and scales of one kind of vector. DuckDB sorts nothing (an ORDER BY over the
-    rows took its whole memory cap at 900,000 entities, still held when the search began): the ids are read and
-    sorted first, then the rows, in the same stored order, go a batch at a time straight to their place in
-    arrays sized up front; never the whole table as Arrow lists, nor as float32, nor twice."""
+    """Ids (in id order), int8 rows and scales of one kind of vector. DuckDB sorts nothing (an ORDER BY over
+    900,000 rows with their vectors fills its memory cap): the ids are read and sorted first, then the rows, in
+    the same stored order, go a batch at a time straight to their place in arrays sized up front; never the
+    whole table as Arrow lists, nor as float32, nor twice."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -639,31 +639,16 @@ def read_stored_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: st
     return names.take(order).to_pylist(), codes, scales
 
 
-_SIZE_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
-@contextmanager
-def memory_share(con: duckdb.DuckDBPyConnection, share: float) -> Iterator[None]:
-    """DuckDB's memory cap at `share` of its value while the block runs, then LAZYHIPPO_DUCKDB_MEMORY again (the
-    cap of every warehouse connection; DuckDB shows its cap rounded, so that is what restores it exactly):
-    lowering it evicts the table blocks DuckDB keeps cached after a scan, and a query beside large Python
-    buffers spills sooner."""
-    number, unit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0].split()
-    try:
-        con.execute(f"SET memory_limit = '{max(int(float(number) * _SIZE_UNITS[unit] * share), 1 << 20)}B'")
-    except duckdb.OutOfMemoryException:
-        pass  # more than that is pinned (temporary tables): DuckDB evicted what it could and keeps its cap
-    try:
-        yield
-    finally:
-        con.execute(f"SET memory_limit = '{environment().duckdb_memory}'")
-
-
 def release_cache(con: duckdb.DuckDBPyConnection) -> None:
     """Give back the table blocks DuckDB keeps cached after a scan (up to its memory cap) before a stage holds
-    large arrays of its own (at 900,000 entity vectors read, 170 to 300 MB)."""
-    with memory_share(con, 0):
-        pass
+    large arrays of its own (at 900,000 entity vectors read, 170 to 300 MB): its cap lowered for a moment evicts
+    them, then LAZYHIPPO_DUCKDB_MEMORY again (the cap of every warehouse connection; DuckDB shows its cap
+    rounded, so that is what restores it exactly)."""
+    try:
+        con.execute("SET memory_limit = '1MB'")
+    except duckdb.OutOfMemoryException:
+        pass  # more than that is pinned (temporary tables): DuckDB evicted what it could
+    con.execute(f"SET memory_limit = '{environment().duckdb_memory}'")
 
 
 # ---- index runs: one writer at a time, readers on the published snapshot ----
