@@ -9,6 +9,7 @@ import zlib
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from lazyhippo.index import run_index
 from lazyhippo.models.extractors import Extraction, ExtractionCache, _sentence_graph, encode, extract_chunks
@@ -452,3 +453,43 @@ def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_comput
     with connect(settings) as con:  # once: opened again, the same rows
         assert dict(con.execute("SELECT item_id, text_hash FROM embeddings").fetchall()) == hashes
         assert con.execute("SELECT count(*) FROM stage_inputs").fetchone()[0] == 9
+
+
+def test_stored_vectors_come_in_id_order_from_rows_stored_in_any_order_batch_by_batch(tmp_path):
+    """The KNN stage's read: the ids sorted here, each stored row put at its id's place as its batch arrives."""
+    from lazyhippo.stores.warehouse import read_stored_vectors
+
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((300, 16)).astype(np.float32)
+    names = [f"e{i:04d}" for i in rng.permutation(300)]  # stored in no id order
+    con = duckdb.connect(str(tmp_path / "w.duckdb"))
+    con.execute("CREATE TABLE embeddings (namespace VARCHAR, kind VARCHAR, item_id VARCHAR, vector TINYINT[], scale FLOAT)")
+    q, scale = quantize(vectors)
+    con.register("v", pa.table({"item_id": names, "vector": q, "scale": scale}))
+    con.execute("INSERT INTO embeddings SELECT 'ns', 'entity', item_id, vector, scale FROM v")
+    con.execute("INSERT INTO embeddings SELECT 'ns', 'chunk', item_id, vector, scale FROM v")  # another kind
+    ids, codes, scales = read_stored_vectors(con, "ns", "entity", batch=7)
+    expected = np.array(q.flatten().to_numpy(zero_copy_only=False)).reshape(300, 16)
+    at = {n: i for i, n in enumerate(names)}
+    assert ids == sorted(names)
+    assert np.array_equal(codes, expected[[at[n] for n in ids]]) and np.array_equal(scales, scale[[at[n] for n in ids]])
+
+
+def test_release_cache_gives_back_duckdbs_cached_blocks_and_keeps_its_cap(tmp_path, monkeypatch):
+    """A scan leaves its table's blocks in DuckDB's cache up to its cap; before a stage's own large arrays
+    they go, and the cap (lowered for a moment) is what it was."""
+    from lazyhippo.stores.warehouse import release_cache
+
+    con = duckdb.connect(str(tmp_path / "w.duckdb"))
+    con.execute("SET memory_limit = '512MB'")
+    con.execute("CREATE TABLE t AS SELECT i, md5(i::VARCHAR) AS s FROM range(2000000) r(i)")
+    con.close()
+    monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "512MB")
+    con = duckdb.connect(str(tmp_path / "w.duckdb"))
+    con.execute("SET memory_limit = '512MB'")
+    cached = "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() WHERE tag = 'BASE_TABLE'"
+    con.execute("SELECT count(DISTINCT s) FROM t").fetchall()
+    assert con.execute(cached).fetchone()[0] > 20 << 20
+    release_cache(con)
+    assert con.execute(cached).fetchone()[0] <= 1 << 20
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "488.2 MiB"

@@ -10,7 +10,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.results import KnnResult
 from lazyhippo.stores.graphs import GraphStore
-from lazyhippo.stores.warehouse import insert_rows, read_stored_vectors, replace_rows, transaction
+from lazyhippo.stores.warehouse import insert_rows, read_stored_vectors, release_cache, replace_rows, transaction
 
 
 def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: GraphStore) -> KnnResult:
@@ -30,6 +30,7 @@ def build_knn_edges(settings: Settings, con: duckdb.DuckDBPyConnection, store: G
         rows = knn_stale_sources(ids, vectors, k, cutoff, plan.changed, plan.previous)
         redo = [ids[i] for i in rows] + sorted(plan.changed)
     del plan  # it and the inputs hold strings for every entity: read again for the record after the search
+    release_cache(con)  # the blocks those reads left in DuckDB's cache go before the search's own arrays
     if incremental:  # in process; edges as index columns (32 bytes an edge), the index gone before the writes
         batches = list(knn_batches(vectors, k, cutoff, rows))
         names = pa.array(ids, pa.string())

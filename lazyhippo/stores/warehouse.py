@@ -615,21 +615,40 @@ def read_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str) -> t
 
 def read_stored_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str,
                         batch: int = 65_536) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Ids (in id order), int8 rows and scales of one kind of vector, read a batch at a time into arrays sized
-    up front: the table is never held whole as Arrow lists, nor as float32."""
+    """Ids (in id order), int8 rows and scales of one kind of vector. DuckDB sorts nothing (an ORDER BY over
+    900,000 rows with their vectors fills its memory cap): the ids are read and sorted first, then the rows, in
+    the same stored order, go a batch at a time straight to their place in arrays sized up front; never the
+    whole table as Arrow lists, nor as float32, nor twice."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    n, dim = con.execute("SELECT count(*), coalesce(max(len(vector)), 0) FROM embeddings "
-                         "WHERE namespace = ? AND kind = ?", [namespace, kind]).fetchall()[0]
-    ids: list[str] = []
-    codes, scales = np.empty((n, dim), dtype=np.int8), np.empty(n, dtype=np.float32)
-    reader = con.sql(f"SELECT item_id, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = ? AND kind = ? "
-                     "ORDER BY item_id", params=[namespace, kind]).to_arrow_reader(batch)
-    for part in reader:
+    where, params = "FROM embeddings WHERE namespace = ? AND kind = ?", [namespace, kind]
+    names = con.sql(f"SELECT item_id {where}", params=params).to_arrow_table().column(0)
+    order = pc.sort_indices(names).to_numpy()  # byte order, as DuckDB's ORDER BY on VARCHAR
+    place = np.empty(len(order), dtype=np.int64)
+    place[order] = np.arange(len(order))
+    dim = con.execute(f"SELECT coalesce(max(len(vector)), 0) {where}", params).fetchall()[0][0]
+    codes, scales = np.empty((len(order), dim), dtype=np.int8), np.empty(len(order), dtype=np.float32)
+    at = 0
+    for part in con.sql(f"SELECT item_id, {VECTOR_COLUMNS} {where}", params=params).to_arrow_reader(batch):
+        if not part.column(0).equals(names.slice(at, part.num_rows).combine_chunks()):
+            raise RuntimeError(f"embeddings of {kind}: the rows changed between two reads of one transaction")
         rows, scale = stored_rows(pa.Table.from_batches([part]))
-        codes[len(ids):len(ids) + len(rows)], scales[len(ids):len(ids) + len(rows)] = rows, scale
-        ids += part.column(0).to_pylist()
-    return ids, codes, scales
+        codes[place[at:at + len(rows)]], scales[place[at:at + len(rows)]] = rows, scale
+        at += len(rows)
+    return names.take(order).to_pylist(), codes, scales
+
+
+def release_cache(con: duckdb.DuckDBPyConnection) -> None:
+    """Give back the table blocks DuckDB keeps cached after a scan (up to its memory cap) before a stage holds
+    large arrays of its own (at 900,000 entity vectors read, 170 to 300 MB): its cap lowered for a moment evicts
+    them, then LAZYHIPPO_DUCKDB_MEMORY again (the cap of every warehouse connection; DuckDB shows its cap
+    rounded, so that is what restores it exactly)."""
+    try:
+        con.execute("SET memory_limit = '1MB'")
+    except duckdb.OutOfMemoryException:
+        pass  # more than that is pinned (temporary tables): DuckDB evicted what it could
+    con.execute(f"SET memory_limit = '{environment().duckdb_memory}'")
 
 
 # ---- index runs: one writer at a time, readers on the published snapshot ----
