@@ -50,9 +50,8 @@ class FlatBM25(bm25s.BM25):
             raise ValueError(f"FlatBM25 builds {self.method!r} indexes the bm25s way only: use bm25s.BM25")
         flat, lengths = corpus_token_ids
         n_docs, n_vocab = len(lengths), len(unique_token_ids)
-        doc = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
         # (token, text) pairs, token-major and texts ascending within a token: the order of bm25s's CSC matrix
-        pairs, tf = np.unique(flat * n_docs + doc, return_counts=True)
+        pairs, tf = _counted(flat, lengths, n_docs)
         self.nonoccurrence_array = None
         self.counts = tf.astype(np.min_scalar_type(int(tf.max(initial=0))))
         indptr = np.zeros(n_vocab + 1, dtype=np.int64)
@@ -88,6 +87,26 @@ class FlatBM25(bm25s.BM25):
         s = self.scores
         indices = unpacked(s["indices"], s["indptr"])
         self.scores = {**s, "indices": indices, "data": self._scored(self.counts, indices, s["indptr"], s["num_docs"])}
+
+
+def _counted(flat: np.ndarray, lengths: np.ndarray, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(token * n_docs + text, return_counts=True)` over every token occurrence, sorted in place:
+    numpy's copies of the keys (each occurrence's text, the product, the sum, the sorted copy) took 1.5 GB for
+    265k passages."""
+    pairs = np.multiply(flat, n_docs, dtype=np.int64)
+    pairs += np.repeat(np.arange(n_docs, dtype=np.min_scalar_type(max(n_docs - 1, 0))), lengths)
+    pairs.sort()
+    first = np.empty(len(pairs), dtype=bool)
+    first[:1] = True
+    np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    del first
+    unique = pairs[starts]
+    del pairs
+    counts = np.empty_like(starts)
+    np.subtract(starts[1:], starts[:-1], out=counts[:-1])
+    counts[-1:] = len(flat) - starts[-1:]
+    return unique, counts
 
 
 @dataclass(frozen=True)

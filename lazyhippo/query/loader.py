@@ -222,22 +222,44 @@ def _table(con, sql: str, params: dict):
     return con.sql(sql, params=params).to_arrow_table()
 
 
+def _pydict(con, sql: str, params: dict) -> dict[str, list]:
+    """The columns of a query as Python lists, read by batches: `to_pydict` of the whole table held the table in
+    Arrow beside its lists (the passage texts twice)."""
+    reader = con.sql(sql, params=params).to_arrow_reader(_BATCH_ROWS)
+    out: dict[str, list] = {name: [] for name in reader.schema.names}
+    for batch in reader:
+        for name, column in zip(batch.schema.names, batch.columns):
+            out[name].extend(column.to_pylist())
+    return out
+
+
 def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[Int8Rows, str | None]:
-    """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one), in their stored int8 form."""
+    """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one), in their stored int8 form.
+    Read by batches into the rows: the whole table in Arrow and its rows picked out of it were two more copies
+    (560 MB for a million facts)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from lazyhippo.stores.warehouse import VECTOR_COLUMNS, stored_rows
 
-    tbl = _table(con, f"SELECT item_id, model, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = $ns AND kind = $kind",
-                 {"ns": ns, "kind": kind})
-    n = len(ids)
-    if not tbl.num_rows:
-        return Int8Rows.zeros(n, 0), None
-    q, scale = stored_rows(tbl)
-    out = Int8Rows.zeros(n, q.shape[1])
-    rows = positions(ids, tbl.column("item_id"))
-    keep = rows >= 0
-    out.q[rows[keep]] = q[keep]
-    out.scale[rows[keep]] = scale[keep]
-    return out, tbl.column("model")[0].as_py()
+    reader = con.sql(f"SELECT item_id, model, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = $ns AND kind = $kind",
+                     params={"ns": ns, "kind": kind}).to_arrow_reader(_BATCH_ROWS)
+    keys, out, model = pa.array(ids, pa.string()), None, None
+    for batch in reader:
+        if not batch.num_rows:
+            continue
+        q, scale = stored_rows(pa.Table.from_batches([batch]))
+        if out is None:
+            out, model = Int8Rows.zeros(len(ids), q.shape[1]), batch.column("model")[0].as_py()
+        rows = pc.index_in(batch.column("item_id").cast(pa.string()), value_set=keys).fill_null(-1)
+        rows = rows.to_numpy(zero_copy_only=False).astype(np.int64)
+        keep = rows >= 0
+        out.q[rows[keep]] = q[keep]
+        out.scale[rows[keep]] = scale[keep]
+    return (out, model) if out is not None else (Int8Rows.zeros(len(ids), 0), None)
+
+
+_BATCH_ROWS = 65_536  # rows read from DuckDB at once where a whole table's Arrow copy is not needed
 
 
 def _graph_dim(con, ns: dict) -> int:
@@ -279,11 +301,11 @@ def _index_of(keys) -> KeyRows:
 
 
 def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
-    ch = _table(con, """
+    ch = _pydict(con, """
         SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, c.text, c.content_hash, c.n_tokens,
                coalesce(d.source, c.doc_id) AS source
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
-        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns).to_pydict()
+        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns)
     ids = ch["chunk_id"]
     pos = _positions(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
@@ -303,14 +325,14 @@ def _mention_counts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[s
     return sp.csr_matrix((vals, (rows[keep], cols[keep])), shape=(len(chunk_pos), len(entity_pos)), dtype=np.float32)
 
 
-def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim: int) -> Entities:
+def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores, dim: int) -> Entities:
     ids = en["entity_id"]
     pos = _positions(ids)
     df, idf = _entity_df(counts)
     pagerank = np.zeros(len(ids))
-    for e, pr in zip(scores["entity_id"], scores["pagerank"]):
-        if e in pos:
-            pagerank[pos[e]] = pr
+    rows = positions(ids, scores.column("entity_id"))
+    keep = rows >= 0
+    pagerank[rows[keep]] = scores.column("pagerank").to_numpy()[keep]
     vecs, _ = _vectors(con, ns["ns"], "entity", ids)
     vecs = _fit_dim(vecs, dim)
     return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=vecs,
@@ -367,6 +389,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
     chunk = chunk[chunk >= 0]
     ids, texts = fa.column("fact_id").to_pylist(), fa.column("text").to_pylist()
     named = fa.column("entity_ids").combine_chunks()
+    del fa
     cols = positions(entity_ids, pc.list_flatten(named))
     rows = pc.list_parent_indices(named).to_numpy().astype(np.int64)
     keep = cols >= 0
@@ -381,7 +404,25 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
                  # question reads ~130 of 2Wiki's 21k in full (1.1 against 1.9 ms)
                  near=CosineBound.of(vecs, 128),
                  # words by the passage title too: a sentence that opens "She ..." still matches its subject's name
-                 lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk.tolist(), texts)]))
+                 lexical=Lexical.build(_Titled([chunks.titles[c] for c in chunk.tolist()], texts)))
+
+
+@dataclass(frozen=True, eq=False)
+class _Titled(Sequence):
+    """Each text after its title on a line of its own, as BM25 reads them, made one at a time when read: the
+    list of them all was another copy of every passage and fact text (400 MB at 100,000 documents)."""
+
+    titles: Sequence[str]
+    texts: Sequence[str]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: int) -> str:
+        return f"{self.titles[i]}\n{self.texts[i]}"
+
+    def __iter__(self):
+        return (f"{t}\n{x}" for t, x in zip(self.titles, self.texts))
 
 
 def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matrix, dim: int) -> Communities:
@@ -432,11 +473,11 @@ def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
     rows = con.execute(f"""
         WITH e AS (SELECT entity_id, row_number() OVER (ORDER BY entity_id) - 1 AS pos
                    FROM entities WHERE namespace = $ns)
-        SELECT s.pos AS source, t.pos AS target, coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
+        SELECT s.pos::INTEGER AS source, t.pos::INTEGER AS target, coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
         FROM {table} r JOIN e s ON s.entity_id = r.source_id JOIN e t ON t.entity_id = r.target_id
         WHERE r.namespace = $ns ORDER BY r.rowid""", ns).fetchnumpy()
     return EntityEdges(*(np.asarray(rows[c], dtype=d) for c, d in
-                         (("source", np.int64), ("target", np.int64), ("weight", np.float64))))
+                         (("source", np.int32), ("target", np.int32), ("weight", np.float64))))
 
 
 def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
@@ -451,8 +492,10 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix
     degree = np.asarray(a.sum(axis=1)).ravel()
     inv = np.zeros_like(degree)
     inv[degree > 0] = 1.0 / degree[degree > 0]
-    rows = np.repeat(np.arange(a.shape[0], dtype=a.indices.dtype), np.diff(a.indptr))
-    columns32 = sp.csc_matrix(((inv[rows] * a.data).astype(np.float32), a.indices, a.indptr), shape=a.shape[::-1])
+    scaled = np.repeat(inv, np.diff(a.indptr))  # each entry's 1 / degree of its row
+    scaled *= a.data
+    columns32 = sp.csc_matrix((scaled.astype(np.float32), a.indices, a.indptr), shape=a.shape[::-1])
+    del scaled
     t32 = columns32.tocsr()
     t32.sort_indices()
     for m in (t32, columns32):
@@ -468,10 +511,10 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     ns = {"ns": namespace}
     chunks, model = _chunks(con, ns)
     dim = _graph_dim(con, ns) or chunks.vecs.shape[1]
-    en = _table(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns).to_pydict()
+    en = _pydict(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns)
     entity_pos = {e: i for i, e in enumerate(en["entity_id"])}
     counts = _mention_counts(con, ns, chunks.pos, entity_pos)
-    scores = _table(con, "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = $ns", ns).to_pydict()
+    scores = _table(con, "SELECT entity_id, pagerank FROM entity_scores WHERE namespace = $ns", ns)
     entities = _entities(con, ns, en, counts, scores, dim)
     mentions = _mentions(counts, chunks, entities)
     facts = _facts(con, ns, chunks, en["entity_id"], dim)
@@ -484,7 +527,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     return GraphIndex(namespace=namespace, db_path=db_path, loaded_at=time.time(), load_seconds=seconds, dim=dim,
                       embedding_model=model, chunks=chunks, entities=entities, mentions=mentions, facts=facts,
                       communities=communities, graph=graph,
-                      lexical=Lexical.build([f"{t}\n{x}" for t, x in zip(chunks.titles, chunks.texts)]),
+                      lexical=Lexical.build(_Titled(chunks.titles, chunks.texts)),
                       longest_name=max((k.count(" ") + 1 for k in chain(entities.name_index, chunks.title_index) if k),
                                        default=0),
                       stats=stats)
