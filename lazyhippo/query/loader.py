@@ -58,7 +58,7 @@ class Chunks:
     sections: list[str | None]
     pages: list[int | None]
     positions: np.ndarray
-    texts: list[str]
+    texts: "Texts"
     content_hashes: list[str]
     n_tokens: np.ndarray
     sources: list[str]
@@ -97,7 +97,7 @@ class Facts:
 
     ids: list[str]
     chunk: np.ndarray
-    texts: list[str]
+    texts: "Texts"
     entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
     by_entity: sp.csr_matrix          # (n_entities, n_facts): the transpose, for "facts naming e"
     vecs: Int8Rows
@@ -222,15 +222,69 @@ def _table(con, sql: str, params: dict):
     return con.sql(sql, params=params).to_arrow_table()
 
 
-def _pydict(con, sql: str, params: dict) -> dict[str, list]:
-    """The columns of a query as Python lists, read by batches: `to_pydict` of the whole table held the table in
-    Arrow beside its lists (the passage texts twice)."""
+def _pydict(con, sql: str, params: dict, texts: str | None = None) -> dict:
+    """The columns of a query as Python lists, and the column `texts` as `Texts`, read by batches: `to_pydict`
+    of the whole table held the table in Arrow beside its lists (the passage texts twice)."""
     reader = con.sql(sql, params=params).to_arrow_reader(_BATCH_ROWS)
-    out: dict[str, list] = {name: [] for name in reader.schema.names}
+    out: dict = {name: [] for name in reader.schema.names}
     for batch in reader:
         for name, column in zip(batch.schema.names, batch.columns):
-            out[name].extend(column.to_pylist())
+            out[name].append(column) if name == texts else out[name].extend(column.to_pylist())
+    if texts is not None:
+        out[texts] = Texts.of_arrow(out[texts])
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class Texts(Sequence):
+    """Texts as one UTF-8 buffer and their offsets in it, a `str` made when one is read: as a list of strings
+    the passages took twice their UTF-8 size and more (one character past Latin-1 makes its whole string two or
+    four bytes a character), 600 MB for the 193 MB of 100,000 documents."""
+
+    data: np.ndarray     # uint8
+    offsets: np.ndarray  # int64, one more than texts: text i is data[offsets[i]:offsets[i + 1]]
+
+    @classmethod
+    def of(cls, strings: Sequence[str]) -> "Texts":
+        encoded = [s.encode() for s in strings]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets)
+
+    @classmethod
+    def of_arrow(cls, columns: Sequence) -> "Texts":
+        """From Arrow string arrays, their bytes copied once (a null is an empty text)."""
+        import pyarrow as pa
+
+        data, offsets, at = [], [np.zeros(1, dtype=np.int64)], 0
+        for column in columns:
+            column = column.fill_null("").cast(pa.large_string())
+            for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else (column,):
+                bounds = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+                data.append(np.frombuffer(chunk.buffers()[2], dtype=np.uint8)[bounds[0]:bounds[-1]]
+                            if len(chunk) else np.zeros(0, dtype=np.uint8))
+                offsets.append(bounds[1:] - bounds[0] + at)
+                at += int(bounds[-1] - bounds[0])
+        return cls(np.concatenate(data) if data else np.zeros(0, dtype=np.uint8), np.concatenate(offsets))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.data[self.offsets[i]:self.offsets[i + 1]].tobytes().decode()
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Texts):
+            return np.array_equal(self.offsets, other.offsets) and np.array_equal(self.data, other.data)
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
 
 
 def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[Int8Rows, str | None]:
@@ -305,7 +359,7 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
         SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, c.text, c.content_hash, c.n_tokens,
                coalesce(d.source, c.doc_id) AS source
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
-        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns)
+        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts="text")
     ids = ch["chunk_id"]
     pos = _positions(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
@@ -387,7 +441,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
     chunk = positions(chunks.ids, fa.column("chunk_id"))
     fa = fa.filter(pa.array(chunk >= 0))
     chunk = chunk[chunk >= 0]
-    ids, texts = fa.column("fact_id").to_pylist(), fa.column("text").to_pylist()
+    ids, texts = fa.column("fact_id").to_pylist(), Texts.of_arrow([fa.column("text")])
     named = fa.column("entity_ids").combine_chunks()
     del fa
     cols = positions(entity_ids, pc.list_flatten(named))
@@ -852,7 +906,7 @@ def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]
     return out
 
 
-def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> list[str]:
+def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> Texts:
     """The `text` of `table`'s rows in the order `pos` gives their keys; KeyError when a key has no row."""
     out: list = [None] * len(pos)
     for k, text in con.execute(f"SELECT {key}, text FROM {table} WHERE namespace = ?", [ns]).fetchall():
@@ -861,7 +915,7 @@ def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> list[str]
             out[i] = text
     if any(t is None for t in out):
         raise KeyError(f"the snapshot lacks {table} of the cached index")
-    return out
+    return Texts.of(out)
 
 
 _HEADER = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then (offset, length) per buffer
