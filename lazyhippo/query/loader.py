@@ -364,10 +364,11 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
     pos = _positions(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
     positions = np.asarray(ch["position"], dtype=np.int64)
-    return Chunks(ids=ids, pos=pos, doc_ids=ch["doc_id"], titles=[t or "" for t in ch["title"]],
-                  sections=ch["section"], pages=ch["page"], positions=positions, texts=ch["text"],
+    # a document's id, title, section and source once, not once per passage
+    return Chunks(ids=ids, pos=pos, doc_ids=_shared(ch["doc_id"]), titles=_shared([t or "" for t in ch["title"]]),
+                  sections=_shared(ch["section"]), pages=ch["page"], positions=positions, texts=ch["text"],
                   content_hashes=ch["content_hash"], n_tokens=np.asarray(ch["n_tokens"], dtype=np.int64),
-                  sources=ch["source"], vecs=vecs, title_index=_index_of(ch["title"]),
+                  sources=_shared(ch["source"]), vecs=vecs, title_index=_index_of(ch["title"]),
                   doc_pos=_doc_positions(ch["doc_id"], positions), near=Clusters.of_large(vecs)), model
 
 
@@ -389,7 +390,7 @@ def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores, dim: int) 
     pagerank[rows[keep]] = scores.column("pagerank").to_numpy()[keep]
     vecs, _ = _vectors(con, ns["ns"], "entity", ids)
     vecs = _fit_dim(vecs, dim)
-    return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=vecs,
+    return Entities(ids=ids, pos=pos, names=en["name"], types=_shared([t or "" for t in en["type"]]), vecs=vecs,
                     df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank,
                     # a link needs a cosine of 0.8: on 64 of 256 axes a phrase reads ~5 of 2Wiki's 37k in full
                     near=CosineBound.of(vecs, 64))
@@ -737,8 +738,8 @@ def _slim(idx: GraphIndex) -> GraphIndex:
 
 
 def _shared(strings: list) -> list:
-    """`strings` with each distinct value one object, which pickle then writes once (a document's title and
-    source repeat for each of its passages, an entity type for each entity)."""
+    """`strings` with each distinct value one object, held once in memory and written once by pickle (a
+    document's title and source repeat for each of its passages, an entity type for each entity)."""
     one: dict = {}
     return [one.setdefault(x, x) for x in strings]
 
