@@ -75,3 +75,19 @@ def test_bm25_token_pairs_are_counted_in_place():
     assert peak < 4 * flat.nbytes  # np.unique of the keys held 5.1 times the token ids
     empty = _counted(np.zeros(0, dtype=np.int64), np.zeros(3, dtype=np.int64), 3)
     assert [len(x) for x in empty] == [0, 0]
+
+
+def test_bm25_scores_by_blocks_are_the_whole_matrix_scores(monkeypatch):
+    """Scored a block of entries at a time (here 37, so every block boundary falls inside some token's column),
+    the matrix is the one scored at once, bit for bit."""
+    from lazyhippo.query import lexical
+
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(300)] + ["Ærø", "the"]
+    docs = [" ".join(rng.choice(words, rng.integers(0, 50))) for _ in range(300)] + ["", "w1 w1 w1"]
+    whole = lexical.Lexical.build(docs)
+    monkeypatch.setattr(lexical, "_BLOCK", 37)
+    blocked = lexical.Lexical.build(docs)
+    assert len(whole.bm25.scores["data"]) > 37 * 100
+    for part in ("data", "indices", "indptr"):
+        assert np.asarray(blocked.bm25.scores[part]).tobytes() == np.asarray(whole.bm25.scores[part]).tobytes()
