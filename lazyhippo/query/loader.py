@@ -245,8 +245,7 @@ class Texts(Sequence):
     offsets: np.ndarray  # int64, one more than texts: text i is data[offsets[i]:offsets[i + 1]]
 
     @classmethod
-    def of(cls, strings: Sequence[str]) -> "Texts":
-        encoded = [s.encode() for s in strings]
+    def of_bytes(cls, encoded: Sequence[bytes]) -> "Texts":
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(b) for b in encoded], out=offsets[1:])
         return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets)
@@ -908,15 +907,19 @@ def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]
 
 
 def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> Texts:
-    """The `text` of `table`'s rows in the order `pos` gives their keys; KeyError when a key has no row."""
+    """The `text` of `table`'s rows in the order `pos` gives their keys; KeyError when a key has no row. Read by
+    batches, each text kept as its UTF-8 bytes until all are joined: all rows as Python tuples of strings took
+    more than the texts' buffer."""
     out: list = [None] * len(pos)
-    for k, text in con.execute(f"SELECT {key}, text FROM {table} WHERE namespace = ?", [ns]).fetchall():
-        i = pos.get(k)
-        if i is not None:
-            out[i] = text
+    con.execute(f"SELECT {key}, text FROM {table} WHERE namespace = ?", [ns])
+    while rows := con.fetchmany(_BATCH_ROWS):
+        for k, text in rows:
+            i = pos.get(k)
+            if i is not None and text is not None:
+                out[i] = text.encode()
     if any(t is None for t in out):
         raise KeyError(f"the snapshot lacks {table} of the cached index")
-    return Texts.of(out)
+    return Texts.of_bytes(out)
 
 
 _HEADER = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then (offset, length) per buffer
