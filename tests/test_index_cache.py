@@ -149,7 +149,7 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
                                                                      enumerate(built.chunks.ids)}}
     assert list(cached.graph.node_ids) == built.entities.ids + built.chunks.ids
     whole = pickle.dumps(replace(built, graph=replace(built.graph, matvec32=None)), protocol=5)
-    assert cache.stat().st_size < len(whole) - sum(len(t) for t in built.chunks.texts + built.facts.texts)
+    assert cache.stat().st_size < len(whole) - sum(len(t) for t in [*built.chunks.texts, *built.facts.texts])
 
     snapshot = snapshot_path(settings)
     stat = snapshot.stat()

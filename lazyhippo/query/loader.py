@@ -58,7 +58,7 @@ class Chunks:
     sections: list[str | None]
     pages: list[int | None]
     positions: np.ndarray
-    texts: list[str]
+    texts: "Texts"
     content_hashes: list[str]
     n_tokens: np.ndarray
     sources: list[str]
@@ -97,7 +97,7 @@ class Facts:
 
     ids: list[str]
     chunk: np.ndarray
-    texts: list[str]
+    texts: "Texts"
     entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
     by_entity: sp.csr_matrix          # (n_entities, n_facts): the transpose, for "facts naming e"
     vecs: Int8Rows
@@ -222,22 +222,97 @@ def _table(con, sql: str, params: dict):
     return con.sql(sql, params=params).to_arrow_table()
 
 
+def _pydict(con, sql: str, params: dict, texts: str | None = None) -> dict:
+    """The columns of a query as Python lists, and the column `texts` as `Texts`, read by batches: `to_pydict`
+    of the whole table held the table in Arrow beside its lists (the passage texts twice)."""
+    reader = con.sql(sql, params=params).to_arrow_reader(_BATCH_ROWS)
+    out: dict = {name: [] for name in reader.schema.names}
+    for batch in reader:
+        for name, column in zip(batch.schema.names, batch.columns):
+            out[name].append(column) if name == texts else out[name].extend(column.to_pylist())
+    if texts is not None:
+        out[texts] = Texts.of_arrow(out[texts])
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Texts(Sequence):
+    """Texts as one UTF-8 buffer and their offsets in it, a `str` made when one is read: as a list of strings
+    the passages took twice their UTF-8 size and more (one character past Latin-1 makes its whole string two or
+    four bytes a character), 600 MB for the 193 MB of 100,000 documents."""
+
+    data: np.ndarray     # uint8
+    offsets: np.ndarray  # int64, one more than texts: text i is data[offsets[i]:offsets[i + 1]]
+
+    @classmethod
+    def of_bytes(cls, encoded: Sequence[bytes]) -> "Texts":
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        return cls(np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets)
+
+    @classmethod
+    def of_arrow(cls, columns: Sequence) -> "Texts":
+        """From Arrow string arrays, their bytes copied once (a null is an empty text)."""
+        import pyarrow as pa
+
+        data, offsets, at = [], [np.zeros(1, dtype=np.int64)], 0
+        for column in columns:
+            column = column.fill_null("").cast(pa.large_string())
+            for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else (column,):
+                bounds = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+                data.append(np.frombuffer(chunk.buffers()[2], dtype=np.uint8)[bounds[0]:bounds[-1]]
+                            if len(chunk) else np.zeros(0, dtype=np.uint8))
+                offsets.append(bounds[1:] - bounds[0] + at)
+                at += int(bounds[-1] - bounds[0])
+        return cls(np.concatenate(data) if data else np.zeros(0, dtype=np.uint8), np.concatenate(offsets))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.data[self.offsets[i]:self.offsets[i + 1]].tobytes().decode()
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Texts):
+            return np.array_equal(self.offsets, other.offsets) and np.array_equal(self.data, other.data)
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+
 def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[Int8Rows, str | None]:
-    """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one), in their stored int8 form."""
+    """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one), in their stored int8 form.
+    Read by batches into the rows: the whole table in Arrow and its rows picked out of it were two more copies
+    (560 MB for a million facts)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from lazyhippo.stores.warehouse import VECTOR_COLUMNS, stored_rows
 
-    tbl = _table(con, f"SELECT item_id, model, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = $ns AND kind = $kind",
-                 {"ns": ns, "kind": kind})
-    n = len(ids)
-    if not tbl.num_rows:
-        return Int8Rows.zeros(n, 0), None
-    q, scale = stored_rows(tbl)
-    out = Int8Rows.zeros(n, q.shape[1])
-    rows = positions(ids, tbl.column("item_id"))
-    keep = rows >= 0
-    out.q[rows[keep]] = q[keep]
-    out.scale[rows[keep]] = scale[keep]
-    return out, tbl.column("model")[0].as_py()
+    reader = con.sql(f"SELECT item_id, model, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = $ns AND kind = $kind",
+                     params={"ns": ns, "kind": kind}).to_arrow_reader(_BATCH_ROWS)
+    keys, out, model = pa.array(ids, pa.string()), None, None
+    for batch in reader:
+        if not batch.num_rows:
+            continue
+        q, scale = stored_rows(pa.Table.from_batches([batch]))
+        if out is None:
+            out, model = Int8Rows.zeros(len(ids), q.shape[1]), batch.column("model")[0].as_py()
+        rows = pc.index_in(batch.column("item_id").cast(pa.string()), value_set=keys).fill_null(-1)
+        rows = rows.to_numpy(zero_copy_only=False).astype(np.int64)
+        keep = rows >= 0
+        out.q[rows[keep]] = q[keep]
+        out.scale[rows[keep]] = scale[keep]
+    return (out, model) if out is not None else (Int8Rows.zeros(len(ids), 0), None)
+
+
+_BATCH_ROWS = 65_536  # rows read from DuckDB at once where a whole table's Arrow copy is not needed
 
 
 def _graph_dim(con, ns: dict) -> int:
@@ -279,19 +354,20 @@ def _index_of(keys) -> KeyRows:
 
 
 def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
-    ch = _table(con, """
+    ch = _pydict(con, """
         SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, c.text, c.content_hash, c.n_tokens,
                coalesce(d.source, c.doc_id) AS source
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
-        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns).to_pydict()
+        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts="text")
     ids = ch["chunk_id"]
     pos = _positions(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
     positions = np.asarray(ch["position"], dtype=np.int64)
-    return Chunks(ids=ids, pos=pos, doc_ids=ch["doc_id"], titles=[t or "" for t in ch["title"]],
-                  sections=ch["section"], pages=ch["page"], positions=positions, texts=ch["text"],
+    # a document's id, title, section and source once, not once per passage
+    return Chunks(ids=ids, pos=pos, doc_ids=_shared(ch["doc_id"]), titles=_shared([t or "" for t in ch["title"]]),
+                  sections=_shared(ch["section"]), pages=ch["page"], positions=positions, texts=ch["text"],
                   content_hashes=ch["content_hash"], n_tokens=np.asarray(ch["n_tokens"], dtype=np.int64),
-                  sources=ch["source"], vecs=vecs, title_index=_index_of(ch["title"]),
+                  sources=_shared(ch["source"]), vecs=vecs, title_index=_index_of(ch["title"]),
                   doc_pos=_doc_positions(ch["doc_id"], positions), near=Clusters.of_large(vecs)), model
 
 
@@ -303,17 +379,17 @@ def _mention_counts(con, ns: dict, chunk_pos: dict[str, int], entity_pos: dict[s
     return sp.csr_matrix((vals, (rows[keep], cols[keep])), shape=(len(chunk_pos), len(entity_pos)), dtype=np.float32)
 
 
-def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores: dict, dim: int) -> Entities:
+def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores, dim: int) -> Entities:
     ids = en["entity_id"]
     pos = _positions(ids)
     df, idf = _entity_df(counts)
     pagerank = np.zeros(len(ids))
-    for e, pr in zip(scores["entity_id"], scores["pagerank"]):
-        if e in pos:
-            pagerank[pos[e]] = pr
+    rows = positions(ids, scores.column("entity_id"))
+    keep = rows >= 0
+    pagerank[rows[keep]] = scores.column("pagerank").to_numpy()[keep]
     vecs, _ = _vectors(con, ns["ns"], "entity", ids)
     vecs = _fit_dim(vecs, dim)
-    return Entities(ids=ids, pos=pos, names=en["name"], types=[t or "" for t in en["type"]], vecs=vecs,
+    return Entities(ids=ids, pos=pos, names=en["name"], types=_shared([t or "" for t in en["type"]]), vecs=vecs,
                     df=df, idf=idf, name_index=_index_of(en["name"]), pagerank=pagerank,
                     # a link needs a cosine of 0.8: on 64 of 256 axes a phrase reads ~5 of 2Wiki's 37k in full
                     near=CosineBound.of(vecs, 64))
@@ -365,8 +441,9 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
     chunk = positions(chunks.ids, fa.column("chunk_id"))
     fa = fa.filter(pa.array(chunk >= 0))
     chunk = chunk[chunk >= 0]
-    ids, texts = fa.column("fact_id").to_pylist(), fa.column("text").to_pylist()
+    ids, texts = fa.column("fact_id").to_pylist(), Texts.of_arrow([fa.column("text")])
     named = fa.column("entity_ids").combine_chunks()
+    del fa
     cols = positions(entity_ids, pc.list_flatten(named))
     rows = pc.list_parent_indices(named).to_numpy().astype(np.int64)
     keep = cols >= 0
@@ -381,7 +458,25 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
                  # question reads ~130 of 2Wiki's 21k in full (1.1 against 1.9 ms)
                  near=CosineBound.of(vecs, 128),
                  # words by the passage title too: a sentence that opens "She ..." still matches its subject's name
-                 lexical=Lexical.build([f"{chunks.titles[c]}\n{t}" for c, t in zip(chunk.tolist(), texts)]))
+                 lexical=Lexical.build(_Titled([chunks.titles[c] for c in chunk.tolist()], texts)))
+
+
+@dataclass(frozen=True, eq=False)
+class _Titled(Sequence):
+    """Each text after its title on a line of its own, as BM25 reads them, made one at a time when read: the
+    list of them all was another copy of every passage and fact text (400 MB at 100,000 documents)."""
+
+    titles: Sequence[str]
+    texts: Sequence[str]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: int) -> str:
+        return f"{self.titles[i]}\n{self.texts[i]}"
+
+    def __iter__(self):
+        return (f"{t}\n{x}" for t, x in zip(self.titles, self.texts))
 
 
 def _communities(con, ns: dict, entity_pos: dict[str, int], counts: sp.csr_matrix, dim: int) -> Communities:
@@ -432,11 +527,11 @@ def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
     rows = con.execute(f"""
         WITH e AS (SELECT entity_id, row_number() OVER (ORDER BY entity_id) - 1 AS pos
                    FROM entities WHERE namespace = $ns)
-        SELECT s.pos AS source, t.pos AS target, coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
+        SELECT s.pos::INTEGER AS source, t.pos::INTEGER AS target, coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
         FROM {table} r JOIN e s ON s.entity_id = r.source_id JOIN e t ON t.entity_id = r.target_id
         WHERE r.namespace = $ns ORDER BY r.rowid""", ns).fetchnumpy()
     return EntityEdges(*(np.asarray(rows[c], dtype=d) for c, d in
-                         (("source", np.int64), ("target", np.int64), ("weight", np.float64))))
+                         (("source", np.int32), ("target", np.int32), ("weight", np.float64))))
 
 
 def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
@@ -451,8 +546,10 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix
     degree = np.asarray(a.sum(axis=1)).ravel()
     inv = np.zeros_like(degree)
     inv[degree > 0] = 1.0 / degree[degree > 0]
-    rows = np.repeat(np.arange(a.shape[0], dtype=a.indices.dtype), np.diff(a.indptr))
-    columns32 = sp.csc_matrix(((inv[rows] * a.data).astype(np.float32), a.indices, a.indptr), shape=a.shape[::-1])
+    scaled = np.repeat(inv, np.diff(a.indptr))  # each entry's 1 / degree of its row
+    scaled *= a.data
+    columns32 = sp.csc_matrix((scaled.astype(np.float32), a.indices, a.indptr), shape=a.shape[::-1])
+    del scaled
     t32 = columns32.tocsr()
     t32.sort_indices()
     for m in (t32, columns32):
@@ -468,10 +565,10 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     ns = {"ns": namespace}
     chunks, model = _chunks(con, ns)
     dim = _graph_dim(con, ns) or chunks.vecs.shape[1]
-    en = _table(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns).to_pydict()
+    en = _pydict(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns)
     entity_pos = {e: i for i, e in enumerate(en["entity_id"])}
     counts = _mention_counts(con, ns, chunks.pos, entity_pos)
-    scores = _table(con, "SELECT entity_id, community_id, pagerank FROM entity_scores WHERE namespace = $ns", ns).to_pydict()
+    scores = _table(con, "SELECT entity_id, pagerank FROM entity_scores WHERE namespace = $ns", ns)
     entities = _entities(con, ns, en, counts, scores, dim)
     mentions = _mentions(counts, chunks, entities)
     facts = _facts(con, ns, chunks, en["entity_id"], dim)
@@ -484,7 +581,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     return GraphIndex(namespace=namespace, db_path=db_path, loaded_at=time.time(), load_seconds=seconds, dim=dim,
                       embedding_model=model, chunks=chunks, entities=entities, mentions=mentions, facts=facts,
                       communities=communities, graph=graph,
-                      lexical=Lexical.build([f"{t}\n{x}" for t, x in zip(chunks.titles, chunks.texts)]),
+                      lexical=Lexical.build(_Titled(chunks.titles, chunks.texts)),
                       longest_name=max((k.count(" ") + 1 for k in chain(entities.name_index, chunks.title_index) if k),
                                        default=0),
                       stats=stats)
@@ -640,8 +737,8 @@ def _slim(idx: GraphIndex) -> GraphIndex:
 
 
 def _shared(strings: list) -> list:
-    """`strings` with each distinct value one object, which pickle then writes once (a document's title and
-    source repeat for each of its passages, an entity type for each entity)."""
+    """`strings` with each distinct value one object, held once in memory and written once by pickle (a
+    document's title and source repeat for each of its passages, an entity type for each entity)."""
     one: dict = {}
     return [one.setdefault(x, x) for x in strings]
 
@@ -809,16 +906,20 @@ def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]
     return out
 
 
-def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> list[str]:
-    """The `text` of `table`'s rows in the order `pos` gives their keys; KeyError when a key has no row."""
+def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> Texts:
+    """The `text` of `table`'s rows in the order `pos` gives their keys; KeyError when a key has no row. Read by
+    batches, each text kept as its UTF-8 bytes until all are joined: all rows as Python tuples of strings took
+    more than the texts' buffer."""
     out: list = [None] * len(pos)
-    for k, text in con.execute(f"SELECT {key}, text FROM {table} WHERE namespace = ?", [ns]).fetchall():
-        i = pos.get(k)
-        if i is not None:
-            out[i] = text
+    con.execute(f"SELECT {key}, text FROM {table} WHERE namespace = ?", [ns])
+    while rows := con.fetchmany(_BATCH_ROWS):
+        for k, text in rows:
+            i = pos.get(k)
+            if i is not None and text is not None:
+                out[i] = text.encode()
     if any(t is None for t in out):
         raise KeyError(f"the snapshot lacks {table} of the cached index")
-    return out
+    return Texts.of_bytes(out)
 
 
 _HEADER = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then (offset, length) per buffer
