@@ -41,71 +41,10 @@ def test_profiles_rank_a_paraphrase_above_an_unrelated_text():
 def test_static_profile_is_distilled_from_the_packaged_model():
     emb = get_embedder("static-minilm")
     assert emb.name.startswith("static-minilm")
-    assert emb.embed(["anything"]).shape == (1, 128)
-    assert emb.embed([]).shape == (0, 128)
+    assert emb.embed(["anything"]).shape == (1, 256)
+    assert emb.embed([]).shape == (0, 256)
     assert _encoder().tokenizer.get_vocab_size() == emb.graph._vectors.shape[0]
     assert emb.passages is emb.graph
-
-
-def test_fewer_static_axes_are_the_leading_axes_of_more():
-    """The distillation's PCA axes come in order of explained variance, so a smaller model is the larger one's
-    leading columns: the dimensions dropped are those that carry least."""
-    from lazyhippo.models.embedders import distill_static
-
-    vocab = {t: i for i, t in enumerate(["[CLS]", "[SEP]", "[unused0]"] + [f"w{i}" for i in range(40)])}
-
-    class Tokenizer:
-        def token_to_id(self, t):
-            return vocab[t]
-
-        def get_vocab_size(self):
-            return len(vocab)
-
-        def get_vocab(self):
-            return vocab
-
-    class Encoder:
-        tokenizer = Tokenizer()
-
-        def mean_pooled(self, ids):
-            rng = np.random.default_rng(0)
-            return rng.standard_normal((len(ids), 12)) * np.geomspace(8, 0.1, 12)  # spread unevenly
-
-    small, large = distill_static(Encoder(), 4), distill_static(Encoder(), 8)
-    assert small.shape == (len(vocab), 4) and large.shape == (len(vocab), 8)
-    np.testing.assert_allclose(small, large[:, :4], rtol=1e-5, atol=1e-6)
-    spread = large[3:].var(axis=0)
-    assert (np.diff(spread) < 0).all()
-
-
-def test_a_home_embedded_with_other_axes_embeds_again_once(tmp_path):
-    """Vectors stored by the 256-axis distillation carry its name: the next index replaces every one with the
-    current model's (then KNN and queries read one dimension), and the index after that embeds nothing."""
-    import json
-
-    from lazyhippo.index import run_index
-    from lazyhippo.models.embedders import StaticMiniLM
-    from lazyhippo.query.loader import load_index
-    from lazyhippo.query.types import PreparedQuery
-    from lazyhippo.settings import Settings
-    from lazyhippo.stores.warehouse import connect
-
-    rows = [{"id": "a", "title": "Marlow Observatory", "text": "Ada Fenwick founded the Marlow Observatory in 1881."},
-            {"id": "b", "title": "River Sell", "text": "The River Sell floods the valley every spring."}]
-    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    settings = Settings(home=tmp_path / "home", source=str(tmp_path / "c.jsonl"))
-    run_index(settings)
-    with connect(settings) as con:  # as the previous default left them
-        con.execute("UPDATE embeddings SET model = 'static-minilm-256-v3', vector = list_concat(vector, vector)")
-        stored = con.execute("SELECT count(*) FROM embeddings WHERE kind <> 'community'").fetchone()[0]
-    assert run_index(settings)["embeddings"].newly_embedded == stored
-    with connect(settings, read_only=True) as con:
-        assert con.execute("SELECT DISTINCT model, len(vector) FROM embeddings").fetchall() == [(StaticMiniLM.name, 128)]
-        assert con.execute("SELECT count(*) FROM embeddings WHERE kind <> 'community'").fetchone()[0] == stored
-    idx = load_index(settings)
-    dense = PreparedQuery(idx, "When does the river flood?", get_embedder("static-minilm")).dense
-    assert idx.chunks.titles[int(np.argmax(dense))] == "River Sell" and dense.max() > 0
-    assert run_index(settings)["embeddings"].newly_embedded == 0
 
 
 def test_static_vectors_are_model2vecs_to_the_bit():
@@ -130,7 +69,7 @@ def test_unknown_profile_names_the_choices():
 
 @pytest.mark.parametrize("profile,chunk_model,graph_model", [
     ("minilm", "minilm-l6-mean-int8", "minilm-l6-mean-int8"),
-    ("minilm-passages", "minilm-l6-mean-int8", "static-minilm-128-v3")])
+    ("minilm-passages", "minilm-l6-mean-int8", "static-minilm-256-v3")])
 def test_settings_profile_reaches_the_index_and_the_query(tmp_path, profile, chunk_model, graph_model):
     """`Settings(embedder=...)` embeds passages and the graph with the profile's models at index time, and
     queries use the same ones: the dense passage channel ranks the passage that answers first."""

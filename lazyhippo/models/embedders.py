@@ -3,7 +3,7 @@
 never needed:
 
 - `static-minilm` (default): static token vectors distilled once per machine from that model (model2vec's
-  recipe: each vocabulary token through the transformer, mean-pooled, PCA to 128, Zipf/SIF weighting);
+  recipe: each vocabulary token through the transformer, mean-pooled, PCA to 256, Zipf/SIF weighting);
   ~0.1 ms per query, indexes tens of thousands of items in seconds.
 - `minilm`: the full 6-layer transformer (mean pooling, as sentence-transformers runs it; int8 weights,
   per channel): a much better retriever, but each text costs a forward pass (~20 ms of one core for a
@@ -85,7 +85,7 @@ def _encoder(int8: bool = False):
     return BertEncoder(model_dir, graph)
 
 
-def distill_static(encoder, pca_dims: int, sif: float = 1e-4) -> np.ndarray:
+def distill_static(encoder, pca_dims: int = 256, sif: float = 1e-4) -> np.ndarray:
     """One vector per vocabulary id: `[CLS] token [SEP]` mean-pooled, PCA, then SIF weights from the token's
     rank (WordPiece vocabularies are roughly frequency-ordered), as model2vec distils. Placeholder tokens
     (`[unused12]`) are left out of the PCA fit and of the ranks, so "the" ranks where it belongs."""
@@ -109,10 +109,7 @@ class StaticMiniLM:
     normalized. Importing model2vec (with the Hugging Face Hub client) and its copy of the tokenizer cost a
     `lazyhippo query` process more than embedding its question."""
 
-    # the leading PCA axes: 128 keep the retrieval figures of 256 at half the vectors (docs/decisions.md); the
-    # name carries them, so a home embedded with other axes embeds again once
-    dims = 128
-    name = f"static-minilm-{dims}-v3"
+    name = "static-minilm-256-v3"
     max_length = 512  # tokens (model2vec's default, written in the model's config)
 
     def __init__(self, cache_dir: Path | None = None):
@@ -123,7 +120,7 @@ class StaticMiniLM:
             from model2vec import StaticModel
 
             enc = _encoder()
-            StaticModel(distill_static(enc, self.dims), enc.tokenizer, normalize=True).save_pretrained(str(tmp))
+            StaticModel(distill_static(enc), enc.tokenizer, normalize=True).save_pretrained(str(tmp))
 
         target = built_once((cache_dir or model_cache_dir()) / self.name, distill)
         self._vectors = load_file(str(target / "model.safetensors"))["embeddings"]
@@ -136,7 +133,7 @@ class StaticMiniLM:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
-            return np.zeros((0, self.dims), dtype=np.float32)
+            return np.zeros((0, 256), dtype=np.float32)
         found = self._tokenizer.encode_batch_fast([t[:self._chars] for t in texts], add_special_tokens=False)
         ids = [[i for i in e.ids if i != self._unk] for e in found]
         out = np.zeros((len(ids), self._vectors.shape[1]), dtype=np.float32)
