@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -119,6 +118,8 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
     vectors, which it leaves zeroed by resetting only the nodes it reached."""
     n = columns.shape[1]
     given = _checked(personalization, n, damping)
+    if not eps > 0:  # a floor of 0 marks a node the walk has not reached
+        raise ValueError(f"eps must be positive, got {eps}")
     seeds = np.flatnonzero(given > 0)
     weights = given[seeds] / given[seeds].sum()
     if not len(seeds):  # no seed: plain PageRank from the uniform vector
@@ -128,28 +129,28 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
     elif len(dangling) != n:  # the compiled loop reads it unchecked
         raise ValueError(f"dangling mask has {len(dangling)} entries for {n} nodes")
     p = np.zeros(n)
-    rounds, total = _push_kernel()(columns.indptr, columns.indices, columns.data, _edges(columns),
-                                   np.asarray(dangling, dtype=np.bool_), seeds, weights, float(damping), float(eps),
-                                   int(max_rounds), p, *_scratch(n))
+    rounds, total = _push_kernel()(columns.indptr, columns.indices, columns.data, np.asarray(dangling, dtype=np.bool_),
+                                   seeds, weights, float(damping), float(eps), int(max_rounds), p, *_scratch(n))
     p /= max(total, 1e-300)
     return PPRResult(p, rounds, max(1.0 - total, 0.0))
 
 
-def _push(indptr, indices, data, edges, dangling, seeds, weights, damping, eps, max_rounds,
-          p, r, state, queue, reached):
+def _push(indptr, indices, data, dangling, seeds, weights, damping, eps, max_rounds, p, node, queue, reached):
     """The queue's loop of `pushed_pagerank`: adds each popped node's kept mass to `p` and returns (rounds, the
-    mass kept). `r` (residuals) and `state` (2: reached, 3: reached and waiting) start and end zeroed; `queue` is a ring of one
-    slot per node (a node waits once at a time); `reached` lists the nodes whose `r` or `state` were set."""
-    n = len(r)
+    mass kept). `node` holds per node its residual and, once a walk reaches it, its floor (eps per edge; 0: not
+    reached), side by side so that pushing along an edge touches one cache line; it starts and ends zeroed. A node
+    waits in `queue` (a ring of one slot per node) from the moment its residual reaches its floor until it is
+    popped, which sets it back to 0: it joins the queue only when an addition crosses its floor. `reached` lists
+    the nodes whose floor was set."""
+    n = len(node)
     head = tail = waiting = n_reached = 0
     for i in range(len(seeds)):
         s = seeds[i]
-        r[s] = weights[i]
-        state[s] = 2
+        node[s, 1] = eps * max(indptr[s + 1] - indptr[s], 1)
         reached[n_reached] = s
         n_reached += 1
-        if weights[i] >= eps * edges[s]:
-            state[s] = 3
+        node[s, 0] = weights[i]
+        if weights[i] >= node[s, 1]:
             queue[tail] = s
             tail += 1
             waiting += 1
@@ -160,15 +161,14 @@ def _push(indptr, indices, data, edges, dangling, seeds, weights, damping, eps, 
     while waiting and rounds < max_rounds:
         rounds += 1
         lost = 0.0
-        for _ in range(waiting):
+        for _ in range(waiting):  # the nodes waiting as the round begins
             u = queue[head]
             head += 1
             if head == n:
                 head = 0
             waiting -= 1
-            state[u] = 2
-            mass = r[u]
-            r[u] = 0.0
+            mass = node[u, 0]
+            node[u, 0] = 0.0
             p[u] += (1.0 - damping) * mass
             kept += (1.0 - damping) * mass
             if dangling[u]:
@@ -177,13 +177,14 @@ def _push(indptr, indices, data, edges, dangling, seeds, weights, damping, eps, 
             sent = damping * mass
             for k in range(indptr[u], indptr[u + 1]):
                 v = indices[k]
-                r[v] += sent * data[k]
-                if state[v] == 0:
-                    state[v] = 2
+                floor = node[v, 1]
+                if floor == 0.0:
+                    floor = node[v, 1] = eps * max(indptr[v + 1] - indptr[v], 1)
                     reached[n_reached] = v
                     n_reached += 1
-                if state[v] == 2 and r[v] >= eps * edges[v]:
-                    state[v] = 3
+                before = node[v, 0]
+                node[v, 0] = before + sent * data[k]
+                if before < floor <= node[v, 0]:
                     queue[tail] = v
                     tail += 1
                     if tail == n:
@@ -192,31 +193,30 @@ def _push(indptr, indices, data, edges, dangling, seeds, weights, damping, eps, 
         if lost > 0.0:
             for i in range(len(seeds)):
                 s = seeds[i]
-                r[s] += damping * lost * weights[i]
-                if state[s] == 2 and r[s] >= eps * edges[s]:
-                    state[s] = 3
+                before = node[s, 0]
+                node[s, 0] = before + damping * lost * weights[i]
+                if before < node[s, 1] <= node[s, 0]:
                     queue[tail] = s
                     tail += 1
                     if tail == n:
                         tail = 0
                     waiting += 1
     for i in range(n_reached):
-        r[reached[i]] = 0.0
-        state[reached[i]] = 0
+        node[reached[i], 0] = 0.0
+        node[reached[i], 1] = 0.0
     return rounds, kept
 
 
 _SCRATCH = threading.local()
 
 
-def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's residuals, node states, queue and reached list for a push over `n` nodes, which its walks
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's residuals and floors, queue and reached list for a push over `n` nodes (`_push`), which its walks
     reuse and leave zeroed: new ones per walk cost their page faults wherever a walk reaches new nodes (20 walks
     at 100,000 documents run alone: 13% of their CPU)."""
     held = getattr(_SCRATCH, "push", None)
     if held is None or len(held[0]) != n:
-        held = _SCRATCH.push = (np.zeros(n), np.zeros(n, dtype=np.uint8), np.empty(n, dtype=np.int32),
-                                np.empty(n, dtype=np.int32))
+        held = _SCRATCH.push = (np.zeros((n, 2)), np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32))
     return held
 
 
@@ -230,22 +230,6 @@ def _push_kernel() -> Callable:
         return numba.njit(nogil=True, cache=True)(_push)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
         return numba.njit(nogil=True)(_push)
-
-
-_EDGES: dict[int, tuple[weakref.ref, np.ndarray]] = {}
-
-
-def _edges(columns: sp.csc_matrix) -> np.ndarray:
-    """Each node's number of edges, at least 1 (a round pushes a node holding `eps` times that), in int32: half
-    the memory a round reads of it as float64 floors. Kept per transition while it lives, so a walk makes no
-    pass over every node to count them."""
-    key = id(columns)
-    held = _EDGES.get(key)
-    if held is None or held[0]() is not columns:
-        edges = np.maximum(np.diff(columns.indptr), 1).astype(np.int32)
-        _EDGES[key] = (weakref.ref(columns, lambda _: _EDGES.pop(key, None)), edges)
-        return edges
-    return held[1]
 
 
 class PPRBackend(Protocol):
