@@ -131,17 +131,16 @@ def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping
     p = np.zeros(n)
     rounds, total = _push_kernel()(columns.indptr, columns.indices, columns.data, np.asarray(dangling, dtype=np.bool_),
                                    seeds, weights, float(damping), float(eps), int(max_rounds), p, *_scratch(n))
-    p /= max(total, 1e-300)
     return PPRResult(p, rounds, max(1.0 - total, 0.0))
 
 
 def _push(indptr, indices, data, dangling, seeds, weights, damping, eps, max_rounds, p, node, queue, reached):
-    """The queue's loop of `pushed_pagerank`: adds each popped node's kept mass to `p` and returns (rounds, the
-    mass kept). `node` holds per node its residual and, once a walk reaches it, its floor (eps per edge; 0: not
-    reached), side by side so that pushing along an edge touches one cache line; it starts and ends zeroed. A node
-    waits in `queue` (a ring of one slot per node) from the moment its residual reaches its floor until it is
-    popped, which sets it back to 0: it joins the queue only when an addition crosses its floor. `reached` lists
-    the nodes whose floor was set."""
+    """The queue's loop of `pushed_pagerank`: adds each popped node's kept mass to `p`, divides `p` by their sum
+    and returns (rounds, that sum). `node` holds per node its residual and, once a walk reaches it, its floor
+    (eps per edge; 0: not reached), side by side so that pushing along an edge touches one cache line; it starts
+    and ends zeroed. A node waits in `queue` (a ring of one slot per node) from the moment its residual reaches
+    its floor until it is popped, which sets it back to 0: it joins the queue only when an addition crosses its
+    floor. `reached` lists the nodes whose floor was set."""
     n = len(node)
     head = tail = waiting = n_reached = 0
     for i in range(len(seeds)):
@@ -201,9 +200,12 @@ def _push(indptr, indices, data, dangling, seeds, weights, damping, eps, max_rou
                     if tail == n:
                         tail = 0
                     waiting += 1
-    for i in range(n_reached):
-        node[reached[i], 0] = 0.0
-        node[reached[i], 1] = 0.0
+    total = max(kept, 1e-300)
+    for i in range(n_reached):  # only a reached node has a score: normalized here, no pass over every node
+        v = reached[i]
+        p[v] /= total
+        node[v, 0] = 0.0
+        node[v, 1] = 0.0
     return rounds, kept
 
 
