@@ -883,6 +883,24 @@ def test_forward_push_reuses_its_scratch_zeroed_per_thread_and_checks_the_dangli
     assert theirs[0] is not held[0] and np.array_equal(other.scores, first.scores)
 
 
+def test_a_new_process_loads_the_compiled_push_from_its_cache_without_a_warning():
+    """The second process to walk finds the first one's machine code; neither prints a warning (`-W error`)."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, scipy.sparse as sp
+from lazyhippo.graph import ppr
+m, dangling = ppr.transition_matrix(sp.random(50, 50, density=0.2, random_state=1))
+ppr.pushed_pagerank(m.astype(np.float32).tocsc(), np.eye(50)[3], 0.5, 1e-6, dangling=dangling)
+print(sum(ppr._push_kernel().stats.cache_hits.values()))
+"""
+    runs = [subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True)
+            for _ in range(2)]
+    assert all(r.returncode == 0 and not r.stderr for r in runs), [r.stderr for r in runs]
+    assert runs[1].stdout.strip() == "1"
+
+
 def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions_arrays(monkeypatch):
     from types import SimpleNamespace
 
