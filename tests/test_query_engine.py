@@ -824,47 +824,41 @@ def test_forward_push_gives_the_power_iterations_scores_within_its_eps_per_edge(
         pushed_pagerank(columns, seed[1:])
     with pytest.raises(ValueError, match="599 entries for 600 nodes"):
         personalized_pagerank(m, seed[1:])
-    from lazyhippo.graph.ppr import _edges
-
-    counted = _edges(columns)  # kept while the transition lives: a walk makes no pass to count them
-    assert _edges(columns) is counted and np.array_equal(counted, np.maximum(edges, 1))
+    with pytest.raises(ValueError, match="eps must be positive"):
+        pushed_pagerank(columns, seed, eps=0.0)
 
 
-def test_forward_push_rounds_push_every_node_over_its_floor_and_no_other():
-    """Each round pushes exactly the nodes holding at least eps per edge, the ones a round reaches many times
-    once (few: sorted out; many, as from a start on every node: marked), as pushing over every node would."""
+def test_forward_push_leaves_every_node_under_its_floor_and_returns_dangling_mass_to_the_seeds():
+    """What is left unpushed, rebuilt from the scores (a node's residual is what it was given less what it moved),
+    is under eps per edge on every node and adds up to the reported residual; with a bound on rounds it stops
+    early, its sum still 1. Seeded and seedless (every node starts with 1/n), with dangling nodes."""
     from lazyhippo.graph.ppr import pushed_pagerank
 
     rng = np.random.default_rng(8)
     n = 400
     a = sp.random(n, n, density=0.03, random_state=rng, dtype=np.float64)
     a = (a + a.T).tolil()
-    a[:, 5] = 0.0
-    a[5, :] = 0.0  # a dangling node, seeded: its mass returns to the seeds
+    for node in (5, 77, 301):
+        a[:, node] = 0.0
+        a[node, :] = 0.0  # dangling nodes, one of them seeded: their mass returns to the seeds
     m, dangling = transition_matrix(a.tocsr())
     columns = m.tocsc()
     edges = np.maximum(np.diff(columns.indptr), 1)
-    dense = columns.toarray()
     three = np.zeros(n)
     three[[5, 17, 230]] = [0.5, 0.3, 0.2]
-    for seed in (three, np.zeros(n)):  # no seed: every node starts with 1/n
+    for seed in (three, np.zeros(n)):
         start = seed / seed.sum() if seed.any() else np.full(n, 1.0 / n)
-        eps, d = 1e-5, 0.5
-        p, r = np.zeros(n), start.copy()
-        rounds = 0
-        while (over := r >= eps * edges).any():
-            rounds += 1
-            mass = np.where(over, r, 0.0)
-            r = r - mass
-            p += (1 - d) * mass
-            r += d * (dense @ mass) + d * mass[dangling].sum() * start
-        pushed = pushed_pagerank(columns, seed, d, eps, dangling=dangling)
-        assert pushed.iterations == rounds > 3
-        np.testing.assert_allclose(pushed.scores, p / p.sum(), rtol=1e-12, atol=1e-15)
-        assert abs(pushed.residual - r.sum()) < 1e-12
+        for eps, d in ((1e-5, 0.5), (1e-7, 0.85)):
+            pushed = pushed_pagerank(columns, seed, d, eps, dangling=dangling)
+            moved = pushed.scores * (1.0 - pushed.residual) / (1 - d)
+            left = start + d * (m @ moved + moved[dangling].sum() * start) - moved
+            assert (left > -1e-12).all() and (left < eps * edges).all()
+            assert abs(left.sum() - pushed.residual) < 1e-10 and pushed.iterations > 3
+        capped = pushed_pagerank(columns, seed, 0.85, 1e-9, dangling=dangling, max_rounds=2)
+        assert capped.iterations == 2 and abs(capped.scores.sum() - 1.0) < 1e-9 and capped.residual > 0.1
 
 
-def test_forward_push_reuses_its_residuals_zeroed_per_thread_even_after_a_failed_walk():
+def test_forward_push_reuses_its_scratch_zeroed_per_thread_and_checks_the_dangling_mask_first():
     from concurrent.futures import ThreadPoolExecutor
 
     from lazyhippo.graph import ppr
@@ -876,17 +870,35 @@ def test_forward_push_reuses_its_residuals_zeroed_per_thread_even_after_a_failed
     seed = np.zeros(300)
     seed[[2, 40]] = 1.0
     first = ppr.pushed_pagerank(columns, seed, 0.5, 1e-6, dangling=dangling)
-    held = ppr._residuals(300)
-    assert not held.any()  # left zeroed: the next walk starts from nothing
-    with pytest.raises(IndexError):  # a walk that fails midway (a dangling mask too short) zeroes them too
+    held = ppr._scratch(300)
+    assert not held[0].any()  # residuals and floors left zeroed: the next walk starts from nothing
+    with pytest.raises(ValueError, match="dangling mask has 10 entries for 300 nodes"):  # read unchecked below
         ppr.pushed_pagerank(columns, seed, 0.5, 1e-6, dangling=dangling[:10])
-    assert ppr._residuals(300) is held and not held.any()
     again = ppr.pushed_pagerank(columns, seed, 0.5, 1e-6, dangling=dangling)
-    assert np.array_equal(again.scores, first.scores) and again.residual == first.residual
-    with ThreadPoolExecutor(1) as pool:  # another thread walks on its own vector
+    assert ppr._scratch(300) is held and np.array_equal(again.scores, first.scores)
+    assert again.residual == first.residual
+    with ThreadPoolExecutor(1) as pool:  # another thread walks on its own vectors
         other, theirs = pool.submit(lambda: (ppr.pushed_pagerank(columns, seed, 0.5, 1e-6, dangling=dangling),
-                                             ppr._residuals(300))).result()
-    assert theirs is not held and np.array_equal(other.scores, first.scores)
+                                             ppr._scratch(300))).result()
+    assert theirs[0] is not held[0] and np.array_equal(other.scores, first.scores)
+
+
+def test_a_new_process_loads_the_compiled_push_from_its_cache_without_a_warning():
+    """The second process to walk finds the first one's machine code; neither prints a warning (`-W error`)."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, scipy.sparse as sp
+from lazyhippo.graph import ppr
+m, dangling = ppr.transition_matrix(sp.random(50, 50, density=0.2, random_state=1))
+ppr.pushed_pagerank(m.astype(np.float32).tocsc(), np.eye(50)[3], 0.5, 1e-6, dangling=dangling)
+print(sum(ppr._push_kernel().stats.cache_hits.values()))
+"""
+    runs = [subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True)
+            for _ in range(2)]
+    assert all(r.returncode == 0 and not r.stderr for r in runs), [r.stderr for r in runs]
+    assert runs[1].stdout.strip() == "1"
 
 
 def test_large_graphs_walk_by_push_and_the_parallel_blocks_share_the_transitions_arrays(monkeypatch):

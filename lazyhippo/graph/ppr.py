@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -108,91 +107,131 @@ def _checked(personalization: np.ndarray, n: int, damping: float) -> np.ndarray:
 def pushed_pagerank(columns: sp.csc_matrix, personalization: np.ndarray, damping: float = 0.5,
                     eps: float = 1e-7, dangling: np.ndarray | None = None, max_rounds: int = 200) -> PPRResult:
     """The same walk as `personalized_pagerank` (`columns`: its transition by column), by forward push (Andersen,
-    Chung and Lang 2006) in rounds: each round moves the residual mass of every node holding at least `eps` per
-    edge it has, keeping (1 - damping) of it as the node's score and sending the rest along its edges (a dangling
-    node's back to the seeds). Its cost follows the mass, not the graph: a power iteration reads every edge each
-    step, where most nodes of a large graph carry next to nothing. Every node ends with less than `eps` per edge
-    left unpushed, so its score is at most that far below the power iteration's fixed point (before the sum is
-    normalized to 1). `iterations` counts rounds; `residual` is the mass left unpushed. A round reads only the
-    edges it pushes along and the nodes they reach (sorted, so they are read in memory order): no pass over every
-    node but to normalize the result and zero the residuals, which the thread's next walk reuses."""
+    Chung and Lang 2006): a node holding at least `eps` residual mass per edge it has waits in a queue; popped, it
+    keeps (1 - damping) of its residual as its score and sends the rest along its edges at once (a dangling node's
+    back to the seeds at the end of a round), so the next node popped already moves what it received. Its cost
+    follows the mass, not the graph: a power iteration reads every edge each step, where most nodes of a large
+    graph carry next to nothing. Every node ends with less than `eps` per edge left unpushed, so its score is at
+    most that far below the power iteration's fixed point (before the sum is normalized to 1). `iterations` counts
+    rounds (a round: the nodes queued when it began), at most `max_rounds`; `residual` is the mass left unpushed.
+    The loop is compiled (numba, imported on the first walk) and runs without the GIL on this thread's scratch
+    vectors, which it leaves zeroed by resetting only the nodes it reached."""
     n = columns.shape[1]
     given = _checked(personalization, n, damping)
+    if not eps > 0:  # a floor of 0 marks a node the walk has not reached
+        raise ValueError(f"eps must be positive, got {eps}")
     seeds = np.flatnonzero(given > 0)
     weights = given[seeds] / given[seeds].sum()
     if not len(seeds):  # no seed: plain PageRank from the uniform vector
         seeds, weights = np.arange(n), np.full(n, 1.0 / max(n, 1))
-    edges = _edges(columns)
     if dangling is None:
         dangling = np.diff(columns.indptr) == 0
+    elif len(dangling) != n:  # the compiled loop reads it unchecked
+        raise ValueError(f"dangling mask has {len(dangling)} entries for {n} nodes")
     p = np.zeros(n)
-    r = _residuals(n)
-    try:
-        r[seeds] = weights
-        active = seeds[weights >= eps * edges[seeds]]
-        rounds = 0
-        while len(active) and rounds < max_rounds:
-            rounds += 1
-            mass = r[active]
-            r[active] = 0.0
-            p[active] += (1.0 - damping) * mass
-            sent = columns[:, active]
-            reached = sent.indices
-            np.add.at(r, reached, sent.data * np.repeat(damping * mass, np.diff(sent.indptr)))
-            lost = float(mass[dangling[active]].sum())
-            if lost:
-                r[seeds] += (damping * lost) * weights
-                reached = np.concatenate([reached, seeds])
-            reached = _distinct(reached, n)
-            active = reached[r[reached] >= eps * edges[reached]]
-        total = p.sum()  # the pushed mass: what is left unpushed is the rest of 1
-    finally:
-        r.fill(0.0)  # zero again for this thread's next walk
-    p /= max(total, 1e-300)
+    rounds, total = _push_kernel()(columns.indptr, columns.indices, columns.data, np.asarray(dangling, dtype=np.bool_),
+                                   seeds, weights, float(damping), float(eps), int(max_rounds), p, *_scratch(n))
     return PPRResult(p, rounds, max(1.0 - total, 0.0))
 
 
-def _distinct(nodes: np.ndarray, n: int) -> np.ndarray:
-    """The distinct values of `nodes` (node indices below `n`), ascending: by a sort, or when they are many by a
-    mask over every node (a sort of 95k edge ends takes 0.3 ms, a mask 1.3; of 960k 5.9 against 2.3; np.unique
-    hashes them: 80 ms for 245k)."""
-    if 3 * len(nodes) > n:
-        marked = np.zeros(n, dtype=bool)
-        marked[nodes] = True
-        return np.flatnonzero(marked)
-    nodes = np.sort(nodes)
-    keep = np.empty(len(nodes), dtype=bool)
-    keep[:1] = True
-    np.not_equal(nodes[1:], nodes[:-1], out=keep[1:])
-    return nodes[keep]
+def _push(indptr, indices, data, dangling, seeds, weights, damping, eps, max_rounds, p, node, queue, reached):
+    """The queue's loop of `pushed_pagerank`: adds each popped node's kept mass to `p`, divides `p` by their sum
+    and returns (rounds, that sum). `node` holds per node its residual and, once a walk reaches it, its floor
+    (eps per edge; 0: not reached), side by side so that pushing along an edge touches one cache line; it starts
+    and ends zeroed. A node waits in `queue` (a ring of one slot per node) from the moment its residual reaches
+    its floor until it is popped, which sets it back to 0: it joins the queue only when an addition crosses its
+    floor. `reached` lists the nodes whose floor was set."""
+    n = len(node)
+    head = tail = waiting = n_reached = 0
+    for i in range(len(seeds)):
+        s = seeds[i]
+        node[s, 1] = eps * max(indptr[s + 1] - indptr[s], 1)
+        reached[n_reached] = s
+        n_reached += 1
+        node[s, 0] = weights[i]
+        if weights[i] >= node[s, 1]:
+            queue[tail] = s
+            tail += 1
+            waiting += 1
+    if tail == n:
+        tail = 0
+    rounds = 0
+    kept = 0.0
+    while waiting and rounds < max_rounds:
+        rounds += 1
+        lost = 0.0
+        for _ in range(waiting):  # the nodes waiting as the round begins
+            u = queue[head]
+            head += 1
+            if head == n:
+                head = 0
+            waiting -= 1
+            mass = node[u, 0]
+            node[u, 0] = 0.0
+            p[u] += (1.0 - damping) * mass
+            kept += (1.0 - damping) * mass
+            if dangling[u]:
+                lost += mass
+                continue
+            sent = damping * mass
+            for k in range(indptr[u], indptr[u + 1]):
+                v = indices[k]
+                floor = node[v, 1]
+                if floor == 0.0:
+                    floor = node[v, 1] = eps * max(indptr[v + 1] - indptr[v], 1)
+                    reached[n_reached] = v
+                    n_reached += 1
+                before = node[v, 0]
+                node[v, 0] = before + sent * data[k]
+                if before < floor <= node[v, 0]:
+                    queue[tail] = v
+                    tail += 1
+                    if tail == n:
+                        tail = 0
+                    waiting += 1
+        if lost > 0.0:
+            for i in range(len(seeds)):
+                s = seeds[i]
+                before = node[s, 0]
+                node[s, 0] = before + damping * lost * weights[i]
+                if before < node[s, 1] <= node[s, 0]:
+                    queue[tail] = s
+                    tail += 1
+                    if tail == n:
+                        tail = 0
+                    waiting += 1
+    total = max(kept, 1e-300)
+    for i in range(n_reached):  # only a reached node has a score: normalized here, no pass over every node
+        v = reached[i]
+        p[v] /= total
+        node[v, 0] = 0.0
+        node[v, 1] = 0.0
+    return rounds, kept
 
 
 _SCRATCH = threading.local()
 
 
-def _residuals(n: int) -> np.ndarray:
-    """A vector of `n` zeros that this thread's walks reuse and leave zeroed: a new one per walk can cost its page
-    faults in every round that reaches new nodes (20 walks at 100,000 documents run alone: 13% of their CPU)."""
-    held = getattr(_SCRATCH, "residuals", None)
-    if held is None or len(held) != n:
-        held = _SCRATCH.residuals = np.zeros(n)
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's residuals and floors, queue and reached list for a push over `n` nodes (`_push`), which its walks
+    reuse and leave zeroed: new ones per walk cost their page faults wherever a walk reaches new nodes (20 walks
+    at 100,000 documents run alone: 13% of their CPU)."""
+    held = getattr(_SCRATCH, "push", None)
+    if held is None or len(held[0]) != n:
+        held = _SCRATCH.push = (np.zeros((n, 2)), np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32))
     return held
 
 
-_EDGES: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+@functools.cache
+def _push_kernel() -> Callable:
+    """`_push` compiled, its machine code cached beside this module (or in the user's cache folder) so that a new
+    process loads it instead of compiling it again; without any writable folder it is compiled once per process."""
+    import numba
 
-
-def _edges(columns: sp.csc_matrix) -> np.ndarray:
-    """Each node's number of edges, at least 1 (a round pushes a node holding `eps` times that), in int32: half
-    the memory a round reads of it as float64 floors. Kept per transition while it lives, so a walk makes no
-    pass over every node to count them."""
-    key = id(columns)
-    held = _EDGES.get(key)
-    if held is None or held[0]() is not columns:
-        edges = np.maximum(np.diff(columns.indptr), 1).astype(np.int32)
-        _EDGES[key] = (weakref.ref(columns, lambda _: _EDGES.pop(key, None)), edges)
-        return edges
-    return held[1]
+    try:
+        return numba.njit(nogil=True, cache=True)(_push)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(nogil=True)(_push)
 
 
 class PPRBackend(Protocol):
