@@ -28,7 +28,7 @@ HNSW_EF_SEARCH = 64
 HNSW_CANDIDATES = 16     # proposals per item rescored exactly: the 8-bit codes misorder close neighbours
 ROW_BLOCK = 65_536       # stored rows made float32 at a time (64 MB at 256 dimensions)
 KNN_MARGIN = 1e-3        # exact candidates reach down to the cutoff less this, far beyond their rounding
-KNN_BLOCK_PAIRS = 1 << 23  # (source, item) products of one block of the exact search: 32 MB per array of them
+KNN_BLOCK_PAIRS = 1 << 22  # (source, item) products of one block of the exact search: 16 MB per array of them
 
 
 @dataclass(frozen=True)
