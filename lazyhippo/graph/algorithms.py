@@ -1,4 +1,4 @@
-"""Graph algorithms for the embedded store: KNN (faiss, exact or HNSW by size), Leiden/Louvain (igraph's C
+"""Graph algorithms for the embedded store: KNN (exact, or faiss HNSW by size), Leiden/Louvain (igraph's C
 implementations), PageRank."""
 
 from __future__ import annotations
