@@ -142,7 +142,8 @@ def pairs_above(integer: bool, threads: int):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def exact_candidates(vectors: Vectors, rows: np.ndarray, k: int, cutoff: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def exact_candidates(vectors: Vectors, rows: np.ndarray, k: int,
+                     cutoff: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Blocks of `rows` with their k best items (-1 past the last) among those whose cosine can reach `cutoff`:
     every item scoring within KNN_MARGIN of it (the candidates' rounding is below 1e-5), ordered by candidate
     cosine, ties to the lower index. Stored vectors compare by their exact int8 products scaled by the rows'
