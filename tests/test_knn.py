@@ -168,3 +168,65 @@ def test_bench_knn_times_a_search_on_a_copy_and_scores_an_approximate_one(sample
     assert out.exit_code == 0, out.output
     recall = json.loads(out.stdout.strip().splitlines()[-1])
     assert recall["exact_edges"] == runs["exact"]["edges"] and 0.9 <= recall["found"] <= 1.0
+
+
+def brute_force(x: np.ndarray, top_k: int, cutoff: float) -> list[tuple[int, int, float, int]]:
+    """The reference: every pair's float64 cosine (at most 1), the top k of each row, ties to the lower index."""
+    s = np.minimum(x.astype(np.float64) @ x.astype(np.float64).T, 1.0)
+    np.fill_diagonal(s, -np.inf)
+    out = []
+    for i in range(len(x)):
+        order = np.lexsort((np.arange(len(x)), -s[i]))[:top_k]
+        out += [(i, int(j), float(s[i, j]), r + 1) for r, j in enumerate(order) if s[i, j] >= cutoff]
+    return out
+
+
+def rows_of(ids: list[str], edges) -> list[tuple[int, int, float, int]]:
+    pos = {n: i for i, n in enumerate(ids)}
+    return [(pos[e.source], pos[e.target], e.score, e.rank) for e in edges]
+
+
+@pytest.mark.parametrize("top_k,cutoff", [(3, 0.6), (5, 0.3), (4, -1.0), (40, 0.9)])
+@pytest.mark.parametrize("stored", [False, True])
+def test_exact_search_equals_brute_force(monkeypatch, top_k, cutoff, stored):
+    """Up to KNN_EXACT_MAX the search finds exactly what comparing every pair in float64 finds: exact copies
+    tie by the dozen (more than the candidates' slack) and go to the lower index, rows have fewer items above
+    the cutoff than k or none, and blocks of sources are small enough that a row's candidates span several."""
+    from lazyhippo.models.embedders import normalize
+
+    x = clustered(900, dim=24, centres=30, noise=0.6, seed=3)
+    x[100:112] = x[99]  # thirteen copies: ties at every rank
+    x[500] = 0.0  # a zero vector: a cosine of 0 with everything
+    ids = [f"e{i:04d}" for i in range(len(x))]
+    if stored:
+        codes, scales = int8_rows(x)
+        vectors, x = StoredVectors(codes, scales), normalize(codes.astype(np.float32) * scales[:, None])
+    else:
+        vectors = x
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", len(x))
+    monkeypatch.setattr(algorithms, "KNN_BLOCK_PAIRS", 64 * len(x))  # 64 sources a block
+    found = rows_of(ids, knn_edges(ids, vectors, top_k, cutoff))
+    reference = brute_force(x, top_k, cutoff)
+    assert [r[::3] + r[1:2] for r in found] == [r[::3] + r[1:2] for r in reference] and found
+    assert np.allclose([r[2] for r in found], [r[2] for r in reference], rtol=0, atol=1e-12)
+    assert [t for s, t, _, _ in found if s == 99][:3] == [100, 101, 102]
+    assert knn_edges(ids, vectors, top_k, cutoff, [400, 99, 7]) == [
+        e for i in (400, 99, 7) for e in knn_edges(ids, vectors, top_k, cutoff) if e.source == ids[i]]
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_exact_search_is_the_same_whatever_the_threads(monkeypatch, stored):
+    import faiss
+
+    x = clustered(2000, dim=64, seed=8)
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", len(x))
+    ids = [f"e{i:05d}" for i in range(len(x))]
+    vectors = StoredVectors(*int8_rows(x)) if stored else x
+    first = knn_edges(ids, vectors, 3, 0.6)
+    threads = faiss.omp_get_max_threads()
+    try:
+        faiss.omp_set_num_threads(1)
+        one = knn_edges(ids, vectors, 3, 0.6)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    assert first == one and len(first) > 1000

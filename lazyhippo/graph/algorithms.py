@@ -1,4 +1,4 @@
-"""Graph algorithms for the embedded store: KNN (faiss, exact or HNSW by size), Leiden/Louvain (igraph's C
+"""Graph algorithms for the embedded store: KNN (exact, or faiss HNSW by size), Leiden/Louvain (igraph's C
 implementations), PageRank."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -27,6 +27,8 @@ HNSW_EF_CONSTRUCTION = 40
 HNSW_EF_SEARCH = 64
 HNSW_CANDIDATES = 16     # proposals per item rescored exactly: the 8-bit codes misorder close neighbours
 ROW_BLOCK = 65_536       # stored rows made float32 at a time (64 MB at 256 dimensions)
+KNN_MARGIN = 1e-3        # exact candidates reach down to the cutoff less this, far beyond their rounding
+KNN_BLOCK_PAIRS = 1 << 22  # (source, item) products of one block of the exact search: 16 MB per array of them
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,75 @@ def blocked_candidates(vectors: Vectors, rows: np.ndarray, k: int) -> np.ndarray
     return heap.I
 
 
+@cache
+def pairs_above(integer: bool, threads: int):
+    """An onnxruntime graph giving, for a block of queries against every item, the (query, item) pairs whose
+    candidate cosine reaches a floor per query, with that cosine: the product, its scaling and the comparison run
+    on every core without a (queries x items) array coming back to Python. Stored vectors multiply as int8 codes
+    (u8 x s8 with a zero point of 128: the int32 products are exact and several times faster than float32's);
+    float vectors as float32. It uses as many threads as faiss is allowed (the process's OpenMP setting)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    a_type, b_type = (TensorProto.UINT8, TensorProto.INT8) if integer else (TensorProto.FLOAT, TensorProto.FLOAT)
+    product = ([helper.make_node("MatMulInteger", ["a", "b", "zero"], ["int"]),
+                helper.make_node("Cast", ["int"], ["dot"], to=TensorProto.FLOAT)] if integer
+               else [helper.make_node("MatMul", ["a", "b"], ["dot"])])
+    nodes = [*product,
+             helper.make_node("Mul", ["dot", "column"], ["score"]),  # cosine times the query's norm
+             helper.make_node("GreaterOrEqual", ["score", "floor"], ["keep"]),
+             helper.make_node("NonZero", ["keep"], ["at"]),
+             helper.make_node("Transpose", ["at"], ["pairs"], perm=[1, 0]),
+             helper.make_node("GatherND", ["score", "pairs"], ["scores"])]
+    graph = helper.make_graph(
+        nodes, "pairs_above",
+        [helper.make_tensor_value_info("a", a_type, ["q", "d"]), helper.make_tensor_value_info("b", b_type, ["d", "n"]),
+         helper.make_tensor_value_info("column", TensorProto.FLOAT, [1, "n"]),
+         helper.make_tensor_value_info("floor", TensorProto.FLOAT, ["q", 1])],
+        [helper.make_tensor_value_info("pairs", TensorProto.INT64, ["p", 2]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["p"])],
+        [helper.make_tensor("zero", TensorProto.UINT8, [], [128])] if integer else [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.log_severity_level, options.intra_op_num_threads = 3, threads
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def exact_candidates(vectors: Vectors, rows: np.ndarray, k: int,
+                     cutoff: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Blocks of `rows` with their k best items (-1 past the last) among those whose cosine can reach `cutoff`:
+    every item scoring within KNN_MARGIN of it (the candidates' rounding is below 1e-5), ordered by candidate
+    cosine, ties to the lower index. Stored vectors compare by their exact int8 products scaled by the rows'
+    norms, so the matrix is never made float32 whole. Rows go by blocks so that a block's products stay within
+    KNN_BLOCK_PAIRS."""
+    import faiss
+
+    stored = isinstance(vectors, StoredVectors)
+    if stored:
+        items = np.ascontiguousarray(vectors.codes.T)
+        norms = np.sqrt(np.maximum(np.einsum("ij,ij->i", vectors.codes, vectors.codes, dtype=np.float64), 1e-60))
+    else:
+        items, norms = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32).T), np.ones(len(vectors))
+    column, session = (1 / norms).astype(np.float32)[None], pairs_above(stored, faiss.omp_get_max_threads())
+    step = max(1, min(1024, KNN_BLOCK_PAIRS // len(vectors)))
+    for start in range(0, len(rows), step):
+        block = rows[start:start + step]
+        queries = vectors.codes[block].view(np.uint8) ^ 0x80 if stored else unit_rows(vectors, block)  # codes + 128
+        floor = ((cutoff - KNN_MARGIN) * norms[block]).astype(np.float32)[:, None]
+        pairs, scores = session.run(None, {"a": queries, "b": items, "column": column, "floor": floor})
+        src, item = pairs[:, 0], pairs[:, 1]
+        mine = item != block[src]
+        src, item, scores = src[mine], item[mine], scores[mine] / norms[block[src[mine]]]
+        order = np.lexsort((item, -scores, src))  # by query, best first, ties to the lower index
+        src, item = src[order], item[order]
+        place = np.arange(len(src)) - np.searchsorted(src, src)  # rank within its query
+        top = place < k
+        nbrs = np.full((len(block), k), -1, dtype=np.int64)
+        nbrs[src[top], place[top]] = item[top]
+        yield block, nbrs
+
+
 @dataclass(frozen=True)
 class KnnBatch:
     """Edges of a block of source items, as columns of indices into the items."""
@@ -118,32 +189,27 @@ def knn_batches(vectors: Vectors, top_k: int, cutoff: float,
                 rows: Sequence[int] | None = None) -> Iterator[KnnBatch]:
     """Top-k cosine neighbours per item above `cutoff` (vectors are L2-normalized), a block of sources at a time;
     `rows`: the neighbours of these items only (indices), searched over every item all the same.
-    Candidates come from an exact inner-product search up to KNN_EXACT_MAX items (or while rows x items stays
-    within KNN_EXACT_MAX squared), else from the approximate index. Either way a few more than needed are
+    Candidates come from an exact search up to KNN_EXACT_MAX items (exact_candidates: only items that can reach
+    the cutoff; above it, by blocks of items while rows x items stays within KNN_EXACT_MAX squared), else from
+    the approximate index. Either way a few more than needed are
     proposed and scored again in float64 in a fixed order, ties going to the lower index: the edges are the same
     bits whatever BLAS threading a process has (faiss's own scores move in the 7th digit with it, enough to
     reorder hubs and summaries downstream), and every weight is the true cosine."""
-    import faiss
-
     n = len(vectors)
     if n < 2 or top_k <= 0:
         return
     rows = np.arange(n) if rows is None else np.asarray(list(rows), dtype=np.int64)
-    k, index, found = min(top_k + 1 + KNN_SLACK, n), None, None
+    k, take = min(top_k + 1 + KNN_SLACK, n), partial(unit_rows, vectors)
     if n <= KNN_EXACT_MAX:
-        x = np.ascontiguousarray(vectors, dtype=np.float32)
-        index, take = faiss.IndexFlatIP(x.shape[1]), x.__getitem__
-        index.add(x)
+        blocks = exact_candidates(vectors, rows, k, cutoff)
+    elif len(rows) * n <= KNN_EXACT_MAX ** 2:
+        found = blocked_candidates(vectors, rows, k)
+        blocks = ((rows[s:s + 1024], found[s:s + 1024]) for s in range(0, len(rows), 1024))
     else:
-        take = partial(unit_rows, vectors)
-        if len(rows) * n <= KNN_EXACT_MAX ** 2:
-            found = blocked_candidates(vectors, rows, k)
-        else:
-            index, k = approximate_index(vectors), min(max(HNSW_CANDIDATES, k), n)
-    for start in range(0, len(rows), 1024):
-        block = rows[start:start + 1024]
+        index, k = approximate_index(vectors), min(max(HNSW_CANDIDATES, k), n)
+        blocks = ((rows[s:s + 1024], index.search(take(rows[s:s + 1024]), k)[1]) for s in range(0, len(rows), 1024))
+    for block, nbrs in blocks:
         q = take(block)
-        nbrs = found[start:start + len(block)] if index is None else index.search(np.ascontiguousarray(q), k)[1]
         valid = (nbrs >= 0) & (nbrs != block[:, None])
         safe = np.where(valid, nbrs, 0)
         near = take(safe.ravel()).reshape(*safe.shape, -1)
