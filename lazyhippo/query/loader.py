@@ -438,6 +438,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
     import pyarrow.compute as pc
 
     from lazyhippo.query.lexical import Lexical
+    from lazyhippo.stores.warehouse import release_cache
 
     fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns)
     chunk = positions(chunks.ids, fa.column("chunk_id"))
@@ -455,6 +456,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
     entities.data[:] = 1.0  # an entity named twice in a fact counts once
     vecs, _ = _vectors(con, ns["ns"], "fact", ids)
     vecs = _fit_dim(vecs, dim)
+    release_cache(con)
     return Facts(ids=ids, chunk=chunk, texts=texts, entities=entities, by_entity=entities.T.tocsr(), vecs=vecs,
                  # ranking the best 6 of close scores takes a tighter bound than a threshold: on 128 axes a
                  # question reads ~130 of 2Wiki's 21k in full (1.1 against 1.9 ms)
@@ -511,9 +513,12 @@ def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> np.ndarray:
 
 
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
+    from lazyhippo.stores.warehouse import release_cache
+
     n_e, n_p = len(entities.ids), len(chunks.ids)
     entity_pos = entities.pos
     edges = [_entity_edges(con, ns, table, weight) for table, weight in (("relations", "weight"), ("knn_edges", "score"))]
+    release_cache(con)
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
     t32, columns32, degree = _transitions(adjacency)
@@ -563,6 +568,8 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
     from lazyhippo.query.lexical import Lexical
 
+    from lazyhippo.stores.warehouse import release_cache
+
     t0 = time.perf_counter()
     ns = {"ns": namespace}
     chunks, model = _chunks(con, ns)
@@ -573,6 +580,9 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     scores = _table(con, "SELECT entity_id, pagerank FROM entity_scores WHERE namespace = $ns", ns)
     entities = _entities(con, ns, en, counts, scores, dim)
     mentions = _mentions(counts, chunks, entities)
+    # the table blocks DuckDB keeps cached after a part's reads go before the next part's arrays are made (here,
+    # in `_facts` before BM25 and in `_graph` before the adjacency): at 10,000 documents a sixth of the build's peak
+    release_cache(con)
     facts = _facts(con, ns, chunks, en["entity_id"], dim)
     communities = _communities(con, ns, entity_pos, counts, dim)
     graph = _graph(con, ns, params, chunks, entities, mentions)
