@@ -725,7 +725,7 @@ def _unpickled(path: Path):
         spans = np.frombuffer(data, dtype=np.uint64, count=2 * n_buffers, offset=at + n_pickle).reshape(-1, 2)
         f.seek(at)
         buffers = (data[int(o):int(o) + int(n)] for o, n in spans)
-        # an unpickler each: each pickle numbers its objects from 0, and an unpickler's memo, once cleared, does not
+        # an unpickler each: each pickle numbers its objects from 0, which a cleared unpickler memo does not do again
         head = pickle.Unpickler(f, buffers=buffers).load()
         return replace(head, **{name: pickle.Unpickler(f, buffers=buffers).load() for name in _PARTS})
 
