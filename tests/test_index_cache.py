@@ -136,7 +136,7 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
     # no matrix twice: the facts by entity are the transpose of the entities by fact, the passages' community
     # coverage a product of the mentions; and the graph's node ids and positions are the parts' own
     assert slim.facts.by_entity is None and slim.communities.coverage is None
-    assert slim.graph.node_ids.entities is slim.entities.ids and slim.graph.node_pos is None
+    assert slim.graph.node_ids is None and slim.graph.node_pos is None
     # what a load derives again: id -> row maps, degrees, the entities' document frequencies, the rows' projections
     assert slim.chunks.pos is None and slim.entities.pos is None and slim.graph.degree is None
     assert slim.entities.df is None and slim.entities.near.head is None and slim.facts.near.head is None

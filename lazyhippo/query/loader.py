@@ -21,7 +21,9 @@ import mmap
 import os
 import pickle
 import re
+import shutil
 import struct
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -436,6 +438,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
     import pyarrow.compute as pc
 
     from lazyhippo.query.lexical import Lexical
+    from lazyhippo.stores.warehouse import release_cache
 
     fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns)
     chunk = positions(chunks.ids, fa.column("chunk_id"))
@@ -453,6 +456,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
     entities.data[:] = 1.0  # an entity named twice in a fact counts once
     vecs, _ = _vectors(con, ns["ns"], "fact", ids)
     vecs = _fit_dim(vecs, dim)
+    release_cache(con)
     return Facts(ids=ids, chunk=chunk, texts=texts, entities=entities, by_entity=entities.T.tocsr(), vecs=vecs,
                  # ranking the best 6 of close scores takes a tighter bound than a threshold: on 128 axes a
                  # question reads ~130 of 2Wiki's 21k in full (1.1 against 1.9 ms)
@@ -509,9 +513,12 @@ def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> np.ndarray:
 
 
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
+    from lazyhippo.stores.warehouse import release_cache
+
     n_e, n_p = len(entities.ids), len(chunks.ids)
     entity_pos = entities.pos
     edges = [_entity_edges(con, ns, table, weight) for table, weight in (("relations", "weight"), ("knn_edges", "score"))]
+    release_cache(con)
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
     t32, columns32, degree = _transitions(adjacency)
@@ -561,6 +568,8 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
     from lazyhippo.query.lexical import Lexical
 
+    from lazyhippo.stores.warehouse import release_cache
+
     t0 = time.perf_counter()
     ns = {"ns": namespace}
     chunks, model = _chunks(con, ns)
@@ -571,6 +580,9 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     scores = _table(con, "SELECT entity_id, pagerank FROM entity_scores WHERE namespace = $ns", ns)
     entities = _entities(con, ns, en, counts, scores, dim)
     mentions = _mentions(counts, chunks, entities)
+    # the table blocks DuckDB keeps cached after a part's reads go before the next part's arrays are made (here,
+    # in `_facts` before BM25 and in `_graph` before the adjacency): at 10,000 documents a sixth of the build's peak
+    release_cache(con)
     facts = _facts(con, ns, chunks, en["entity_id"], dim)
     communities = _communities(con, ns, entity_pos, counts, dim)
     graph = _graph(con, ns, params, chunks, entities, mentions)
@@ -706,34 +718,45 @@ def _read_cached(path: Path, con) -> GraphIndex | None:
 
 
 def _unpickled(path: Path):
-    """The object a cache file holds, its arrays mapped from the file."""
+    """The `_slim` index a cache file holds, its arrays mapped from the file."""
     with open(path, "rb") as f:
         data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
-    n_pickle, n_buffers = _HEADER.unpack_from(data)
-    spans = np.frombuffer(data, dtype=np.uint64, count=2 * n_buffers, offset=_HEADER.size).reshape(-1, 2)
-    start = _HEADER.size + spans.nbytes
-    return pickle.loads(data[start:start + n_pickle], buffers=[data[int(o):int(o) + int(n)] for o, n in spans])
+        at, n_pickle, n_buffers = _HEADER.unpack_from(data)
+        spans = np.frombuffer(data, dtype=np.uint64, count=2 * n_buffers, offset=at + n_pickle).reshape(-1, 2)
+        f.seek(at)
+        buffers = (data[int(o):int(o) + int(n)] for o, n in spans)
+        # an unpickler each: each pickle numbers its objects from 0, which a cleared unpickler memo does not do again
+        head = pickle.Unpickler(f, buffers=buffers).load()
+        return replace(head, **{name: pickle.Unpickler(f, buffers=buffers).load() for name in _PARTS})
 
 
-def _slim(idx: GraphIndex) -> GraphIndex:
-    """What the disk cache holds: the index without what the snapshot beside it already stores compactly (the
-    int8 vectors, the passage and fact texts) or what is quick to derive (the walk's transition and the degrees,
-    from the adjacency; the nearest-row bounds' projections, from the vectors and the axes; id -> row maps, from
-    the id lists; the entities' document frequencies, from the mentions), with the adjacency as one triangle
-    and integer-valued matrices in small integer types: at 10,000 documents 212 MB of cache held 78 MB of such
-    vectors and texts and 21 MB of transition values; at 100,000, 1,566 MB held 49 MB of facts by entity (a
-    transpose) and 110 MB of passages' community coverage (a product of the mentions)."""
-    return replace(idx, chunks=replace(idx.chunks, vecs=None, texts=None, pos=None, doc_pos=None,
-                                       doc_ids=_shared(idx.chunks.doc_ids), titles=_shared(idx.chunks.titles),
-                                       sources=_shared(idx.chunks.sources)),
-                   entities=replace(idx.entities, vecs=None, pos=None, df=None, idf=None,
-                                    types=_shared(idx.entities.types), near=_axes_only(idx.entities.near)),
-                   mentions=replace(idx.mentions, counts=_IntegerCSR.of(idx.mentions.counts)),
-                   facts=replace(idx.facts, vecs=None, texts=None, by_entity=None, near=_axes_only(idx.facts.near),
-                                 entities=_IntegerCSR.of(idx.facts.entities)),
-                   communities=replace(idx.communities, vecs=None, coverage=None),
-                   graph=replace(idx.graph, adjacency=_Triangle.of(idx.graph.adjacency), dangling=None, degree=None,
-                                 node_pos=None, transition32=None, columns32=None, matvec32=None))
+_PARTS = ("chunks", "entities", "mentions", "facts", "communities", "graph", "lexical")  # pickled one at a time
+
+
+def _slim(name: str, part):
+    """What the disk cache holds of one part of the index: the part without what the snapshot beside it already
+    stores compactly (the int8 vectors, the passage and fact texts) or what is quick to derive (the walk's
+    transition and the degrees, from the adjacency; the nearest-row bounds' projections, from the vectors and the
+    axes; id -> row maps and the graph's node ids, from the id lists; the entities' document frequencies, from
+    the mentions), with the adjacency as one triangle and integer-valued matrices in small integer types: at
+    10,000 documents 212 MB of cache held 78 MB of such vectors and texts and 21 MB of transition values; at
+    100,000, 1,566 MB held 49 MB of facts by entity (a transpose) and 110 MB of passages' community coverage (a
+    product of the mentions)."""
+    if name == "chunks":
+        return replace(part, vecs=None, texts=None, pos=None, doc_pos=None)
+    if name == "entities":
+        return replace(part, vecs=None, pos=None, df=None, idf=None, near=_axes_only(part.near))
+    if name == "mentions":
+        return replace(part, counts=_IntegerCSR.of(part.counts))
+    if name == "facts":
+        return replace(part, vecs=None, texts=None, by_entity=None, near=_axes_only(part.near),
+                       entities=_IntegerCSR.of(part.entities))
+    if name == "communities":
+        return replace(part, vecs=None, coverage=None)
+    if name == "graph":
+        return replace(part, adjacency=_Triangle.of(part.adjacency), dangling=None, degree=None, node_ids=None,
+                       node_pos=None, transition32=None, columns32=None, matvec32=None)
+    return part
 
 
 def _shared(strings: list) -> list:
@@ -799,26 +822,35 @@ class _Triangle:
 
     @classmethod
     def of(cls, a: sp.csr_matrix) -> "_Triangle | sp.csr_matrix":
-        """The triangle of `a`, or `a` itself when it is not structurally symmetric."""
+        """The triangle of `a`, or `a` itself when it is not structurally symmetric. `a` by columns is its
+        transpose by rows: with `a`'s structure when `a` is structurally symmetric, and then each entry's value
+        there is its mirror's, the one `matrix` gives an entry below the diagonal. Checked so, not by building
+        the whole matrix again from the triangle (with its transposed copy, 30 bytes an entry at once)."""
         n = a.shape[0]
         if a.shape[0] != a.shape[1] or not a.has_sorted_indices:
             return a
+        mirrored = a.tocsc()
+        if not (np.array_equal(mirrored.indptr, a.indptr) and np.array_equal(mirrored.indices, a.indices)):
+            return a
         rows = np.repeat(np.arange(n, dtype=a.indices.dtype), np.diff(a.indptr))
         upper = a.indices >= rows
+        bits = f"u{a.data.dtype.itemsize}"  # compared bit for bit
+        differs = a.data.view(bits) != mirrored.data.view(bits)
+        del mirrored
+        differs &= ~upper
+        fixed_at = np.flatnonzero(differs)
+        del differs
+        offsets = a.indices[upper]
+        offsets -= rows[upper]
         indptr = np.zeros(n + 1, dtype=a.indptr.dtype)
         np.cumsum(np.bincount(rows[upper], minlength=n), out=indptr[1:])
+        del rows
         data = a.data[upper]
-        values, codes = np.unique(data, return_inverse=True)
-        codes = codes.astype(np.min_scalar_type(max(len(values) - 1, 0)))
+        del upper
+        values, codes = _coded(data)
         if codes.nbytes + values.nbytes >= data.nbytes:
             values, codes = data, None
-        tri = cls(a.shape, indptr, Ascending.of(a.indices[upper] - rows[upper], indptr), values, codes)
-        whole = tri.matrix()
-        if not (np.array_equal(whole.indptr, a.indptr) and np.array_equal(whole.indices, a.indices)):
-            return a
-        bits = f"u{a.data.dtype.itemsize}"  # compared bit for bit
-        fixed_at = np.flatnonzero(whole.data.view(bits) != a.data.view(bits))
-        return replace(tri, fixed_at=fixed_at, fixed=a.data[fixed_at])
+        return cls(a.shape, indptr, Ascending.of(offsets, indptr), values, codes, fixed_at, a.data[fixed_at])
 
     def matrix(self) -> sp.csr_matrix:
         """Row i of the whole matrix is row i of the lower triangle (the upper one's column i) then row i of the
@@ -849,6 +881,19 @@ class _Triangle:
         return m
 
 
+def _coded(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of `data` and each entry's index among them in the smallest unsigned type, `np.unique`'s
+    with `return_inverse`, by blocks: its sort permutation and inverse were two int64 arrays of every entry."""
+    values = np.unique(data)
+    codes = np.empty(len(data), dtype=np.min_scalar_type(max(len(values) - 1, 0)))
+    for a in range(0, len(data), _CODE_BLOCK):
+        codes[a:a + _CODE_BLOCK] = np.searchsorted(values, data[a:a + _CODE_BLOCK])
+    return values, codes
+
+
+_CODE_BLOCK = 1 << 22
+
+
 def _filled(con, idx: GraphIndex) -> GraphIndex:
     """A `_slim` index made whole again from the snapshot `con` (KeyError when it lacks a row the index has).
     Read through DuckDB's numpy results, not Arrow: importing Arrow (and what its conversions import) took longer
@@ -875,7 +920,7 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
         communities=replace(idx.communities, vecs=vecs["community"],
                             coverage=_coverage(counts, idx.communities.members)),
         graph=replace(idx.graph, adjacency=adjacency, dangling=degree <= 0, degree=degree,
-                      node_pos=NodePositions(entity_pos, chunk_pos),
+                      node_ids=NodeIds(idx.entities.ids, idx.chunks.ids), node_pos=NodePositions(entity_pos, chunk_pos),
                       transition32=t32, columns32=columns32, matvec32=parallel_matvec(t32)))
 
 
@@ -922,32 +967,42 @@ def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> Texts:
     return Texts.of_bytes(out)
 
 
-_HEADER = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then (offset, length) per buffer
+_HEADER = struct.Struct("<QQQ")  # the pickles' offset and length, the number of out-of-band buffers
 _ALIGN = 64
 
 
 def _write_cached(path: Path, idx: GraphIndex) -> None:
-    """Write atomically (the pickle with its arrays out of band, each aligned in the file for mapping), and drop
-    the namespace's caches of other snapshot versions; a home that cannot be written (a read-only replica) goes without."""
-    buffers: list[pickle.PickleBuffer] = []
-    stream = pickle.dumps(_slim(idx), protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    offset = _HEADER.size + 16 * len(raws) + len(stream)
-    spans = []
-    for raw in raws:
-        offset += -offset % _ALIGN
-        spans.append((offset, raw.nbytes))
-        offset += raw.nbytes
+    """Write atomically, and drop the namespace's caches of other snapshot versions; a home that cannot be written
+    (a read-only replica) goes without. The file: the header, the arrays out of band (each aligned for mapping)
+    written as pickle meets them, the pickles of the index's head and of each `_slim` part, and each array's
+    (offset, length). A part's slim form is made and written before the next one's: the whole slim index and its
+    pickle stream in memory beside the index took 0.9 GB at 100,000 documents."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    spans: list[tuple[int, int]] = []
     try:
         path.parent.mkdir(exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(_HEADER.pack(len(stream), len(raws)))
-            f.write(np.asarray(spans, dtype=np.uint64).tobytes())
-            f.write(stream)
-            for (start, _), raw in zip(spans, raws):
-                f.write(b"\0" * (start - f.tell()))
+        with open(tmp, "wb") as f, tempfile.TemporaryFile(dir=path.parent) as stream:
+            f.write(b"\0" * _HEADER.size)
+
+            def out_of_band(buffer: pickle.PickleBuffer) -> bool:
+                raw = buffer.raw()
+                f.write(b"\0" * (-f.tell() % _ALIGN))
+                spans.append((f.tell(), raw.nbytes))
                 f.write(raw)
+                return False
+
+            pickler = pickle.Pickler(stream, protocol=5, buffer_callback=out_of_band)
+            pickler.dump(replace(idx, **dict.fromkeys(_PARTS)))
+            for name in _PARTS:
+                pickler.clear_memo()  # no part refers to another's objects: its slim copies go once it is written
+                pickler.dump(_slim(name, getattr(idx, name)))
+            del pickler
+            at, n_pickle = f.tell(), stream.tell()
+            stream.seek(0)
+            shutil.copyfileobj(stream, f)
+            f.write(np.asarray(spans, dtype=np.uint64).reshape(-1, 2).tobytes())
+            f.seek(0)
+            f.write(_HEADER.pack(at, n_pickle, len(spans)))
         os.replace(tmp, path)
         version = path.name.rsplit("-", 2)[1]
         for old in path.parent.glob(f"{idx.namespace}-*-*.pickle"):

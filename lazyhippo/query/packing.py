@@ -24,15 +24,30 @@ class Ascending:
 
     @classmethod
     def of(cls, indices: np.ndarray, indptr: np.ndarray) -> "Ascending | np.ndarray":
-        """The packed form of `indices`, or `indices` itself when it is not smaller or they do not ascend."""
-        d = np.diff(indices.astype(np.int64), prepend=0)
+        """The packed form of `indices`, or `indices` itself when it is not smaller or they do not ascend. The
+        differences are taken by blocks: int64 copies of them all took 24 bytes an index (720 MB for the BM25
+        matrix of 1.09M facts) beside the 2 bytes kept."""
         starts = indptr[:-1][np.diff(indptr) > 0]
-        d[starts] = indices[starts]
-        if len(d) and d.min() < 0:
-            return indices
-        at = np.flatnonzero(d >> 16)
-        packed = cls((d & 0xFFFF).astype(np.uint16), at.astype(np.min_scalar_type(max(len(d) - 1, 0))),
-                     d[at].astype(np.min_scalar_type(int(d.max(initial=0)))), indices.dtype)
+        low = np.empty(len(indices), dtype=np.uint16)
+        at, whole, top = [], [], 0
+        for a in range(0, len(indices), cls.BLOCK):
+            b = min(a + cls.BLOCK, len(indices))
+            d = indices[a:b].astype(np.int64)
+            d[1:] -= indices[a:b - 1]
+            d[:1] -= indices[a - 1] if a else 0
+            first = starts[np.searchsorted(starts, a):np.searchsorted(starts, b)]
+            d[first - a] = indices[first]
+            if d.min() < 0:
+                return indices
+            low[a:b] = d & 0xFFFF
+            big = np.flatnonzero(d >> 16)
+            at.append(big + a)
+            whole.append(d[big])
+            top = max(top, int(d.max()))
+        at = np.concatenate(at) if at else np.zeros(0, dtype=np.int64)
+        whole = np.concatenate(whole) if whole else np.zeros(0, dtype=np.int64)
+        packed = cls(low, at.astype(np.min_scalar_type(max(len(low) - 1, 0))),
+                     whole.astype(np.min_scalar_type(top)), indices.dtype)
         return packed if packed.low.nbytes + packed.at.nbytes + packed.whole.nbytes < indices.nbytes else indices
 
     def array(self, indptr: np.ndarray) -> np.ndarray:
