@@ -41,19 +41,23 @@ def run(home: Path, namespace: str, exact_max: int | None = None, edges: Path | 
     from lazyhippo.stores.graphs import EmbeddedGraphStore
     from lazyhippo.stores.warehouse import connect
 
-    if exact_max is not None:
-        algorithms.KNN_EXACT_MAX = exact_max
     settings = _settings(home, namespace)
-    with connect(settings) as con:
-        if not update:  # without the recorded search, the stage searches every entity
-            con.execute("DELETE FROM stage_inputs WHERE namespace = ? AND stage = 'knn_edges'", [namespace])
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
-        figures = _figures(t0, c0, entities=out.entities, edges=out.edges, searched=out.searched, top_k=out.top_k,
-                 cutoff=out.cutoff)
-        if edges:
-            con.execute("COPY (SELECT source_id, target_id, score FROM knn_edges WHERE namespace = ?) TO "
-                        f"'{edges}' (FORMAT parquet)", [namespace])
+    default = algorithms.KNN_EXACT_MAX
+    if exact_max is not None:  # for this run only: the CLI may run in a process that searches again (tests)
+        algorithms.KNN_EXACT_MAX = exact_max
+    try:
+        with connect(settings) as con:
+            if not update:  # without the recorded search, the stage searches every entity
+                con.execute("DELETE FROM stage_inputs WHERE namespace = ? AND stage = 'knn_edges'", [namespace])
+            t0, c0 = time.perf_counter(), time.process_time()
+            out = run_stage("knn_edges", settings, con, EmbeddedGraphStore())
+            figures = _figures(t0, c0, entities=out.entities, edges=out.edges, searched=out.searched,
+                               top_k=out.top_k, cutoff=out.cutoff)
+            if edges:
+                con.execute("COPY (SELECT source_id, target_id, score FROM knn_edges WHERE namespace = ?) TO "
+                            f"'{edges}' (FORMAT parquet)", [namespace])
+    finally:
+        algorithms.KNN_EXACT_MAX = default
     return figures
 
 

@@ -155,6 +155,7 @@ def test_bench_knn_times_a_search_on_a_copy_and_scores_an_approximate_one(sample
 
     from lazyhippo_dagster.cli import app
 
+    exact_max = algorithms.KNN_EXACT_MAX
     ns = sample_settings.namespace
     runs = {}
     for name, extra in (("exact", []), ("approx", ["--exact-max", "0"])):
@@ -168,6 +169,7 @@ def test_bench_knn_times_a_search_on_a_copy_and_scores_an_approximate_one(sample
     assert out.exit_code == 0, out.output
     recall = json.loads(out.stdout.strip().splitlines()[-1])
     assert recall["exact_edges"] == runs["exact"]["edges"] and 0.9 <= recall["found"] <= 1.0
+    assert algorithms.KNN_EXACT_MAX == exact_max  # `--exact-max` held for its run only, not for later searches
 
 
 def brute_force(x: np.ndarray, top_k: int, cutoff: float) -> list[tuple[int, int, float, int]]:
