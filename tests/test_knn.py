@@ -53,18 +53,23 @@ def test_approximate_search_finds_the_exact_edges_with_true_scores(approximate):
         assert all(a.score >= b.score for a, b in zip(edges, edges[1:]))
 
 
-def test_approximate_search_is_the_same_whatever_the_threads(approximate):
+def on_one_thread(search):
+    """`search()` with faiss (and the exact search, which follows its setting) on one thread, then as before."""
     import faiss
 
-    x = clustered(3000, seed=9)
-    ids = [f"e{i:05d}" for i in range(len(x))]
-    first = knn_edges(ids, x, 4, 0.6)
     threads = faiss.omp_get_max_threads()
     try:
         faiss.omp_set_num_threads(1)
-        one = knn_edges(ids, x, 4, 0.6)
+        return search()
     finally:
         faiss.omp_set_num_threads(threads)
+
+
+def test_approximate_search_is_the_same_whatever_the_threads(approximate):
+    x = clustered(3000, seed=9)
+    ids = [f"e{i:05d}" for i in range(len(x))]
+    first = knn_edges(ids, x, 4, 0.6)
+    one = on_one_thread(lambda: knn_edges(ids, x, 4, 0.6))
     assert first == one == knn_edges(ids, x, 4, 0.6) and len(approximate) == 3
 
 
@@ -218,17 +223,10 @@ def test_exact_search_equals_brute_force(monkeypatch, top_k, cutoff, stored):
 
 @pytest.mark.parametrize("stored", [False, True])
 def test_exact_search_is_the_same_whatever_the_threads(monkeypatch, stored):
-    import faiss
-
     x = clustered(2000, dim=64, seed=8)
     monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", len(x))
     ids = [f"e{i:05d}" for i in range(len(x))]
     vectors = StoredVectors(*int8_rows(x)) if stored else x
     first = knn_edges(ids, vectors, 3, 0.6)
-    threads = faiss.omp_get_max_threads()
-    try:
-        faiss.omp_set_num_threads(1)
-        one = knn_edges(ids, vectors, 3, 0.6)
-    finally:
-        faiss.omp_set_num_threads(threads)
+    one = on_one_thread(lambda: knn_edges(ids, vectors, 3, 0.6))
     assert first == one and len(first) > 1000
