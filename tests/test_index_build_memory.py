@@ -129,3 +129,51 @@ def test_sorted_indices_are_packed_by_blocks(monkeypatch):
     for part in ("low", "at", "whole"):
         x, y = getattr(whole, part), getattr(blocked, part)
         assert x.dtype == y.dtype and np.array_equal(x, y), part
+
+
+def test_community_members_are_read_as_entity_positions_not_id_tuples(tmp_path):
+    """Each community's members at every level (an entity is in its finest community and their ancestors), by
+    name within one, as positions among the entities ordered by id; read as integer columns: as Python tuples of
+    two id strings the pairs took over 150 bytes each."""
+    import pyarrow as pa
+
+    from lazyhippo.query.loader import _members
+    from lazyhippo.settings import Settings
+    from lazyhippo.stores.warehouse import connect, replace_rows
+
+    rng = np.random.default_rng(2)
+    n, ns = 6000, "t"
+    ids = [f"entity-{i:05d}" for i in rng.permutation(n)]  # stored out of id order
+    names = [f"name {rng.integers(10**6)}" for _ in range(n)]
+    finest = [f"k2-{i % 60:02d}" for i in range(n)]
+    parent = {**{f"k2-{j:02d}": f"k1-{j % 10}" for j in range(60)}, **{f"k1-{j}": f"k0-{j % 2}" for j in range(10)}}
+    levels = {c: int(c[1]) for c in [*parent, "k0-0", "k0-1"]}
+    summarized = sorted(levels) + ["k9-empty"]  # a summary whose community has no members
+
+    def table(rows):
+        return pa.Table.from_pylist([{"namespace": ns, **r} for r in rows])
+
+    with connect(Settings(home=tmp_path / "home"), read_only=False) as con:
+        replace_rows(con, "entities", ns, table([{"entity_id": e, "name": m, "norm_name": m, "type": "THING"}
+                                                 for e, m in zip(ids, names)]))
+        replace_rows(con, "entity_scores", ns, table([{"entity_id": e, "community_id": c, "pagerank": 0.0}
+                                                      for e, c in zip(ids, finest)]))
+        replace_rows(con, "communities", ns, table([{"community_id": c, "level": lv, "size": 1, "modularity": 0.0, "parent_id": parent.get(c)}
+                                                    for c, lv in levels.items()]))
+        replace_rows(con, "community_summaries", ns, table([{"community_id": c, "title": c, "summary": "", "hub_entities": []}
+                                                            for c in reversed(summarized)]))
+        members, peak = _peak(lambda: _members(con, {"ns": ns}, len(summarized)))
+
+    position = {e: i for i, e in enumerate(sorted(ids))}
+    expected = {c: [] for c in summarized}
+    for e, c in zip(ids, finest):
+        while c is not None:
+            expected[c].append(e)
+            c = parent.get(c)
+    by_name = dict(zip(ids, names))
+    for c, got in zip(summarized, members):
+        want = sorted(expected[c], key=lambda e: (by_name[e], position[e]))
+        assert got.tolist() == [position[e] for e in want], c
+    pairs = 3 * n
+    assert sum(len(m) for m in members) == pairs and len(members[-1]) == 0
+    assert peak < 40 * pairs

@@ -384,7 +384,14 @@ def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: s
     entity_id, level) joined to e (entities) and s (entity_scores, the finest level); `where`, a condition on
     them, and `qualify`, a window condition, keep some rows only (DuckDB filters them: the whole graph's rows
     never reach Python)."""
-    return con.execute(f"""
+    return con.execute(community_members_sql(columns, order, qualify, where), {"ns": namespace}).fetchall()
+
+
+def community_members_sql(columns: str = "m.community_id, m.entity_id", order: str = "m.community_id, e.name",
+                          qualify: str = "", where: str = "") -> str:
+    """The query of `community_members` (its namespace the parameter $ns), for a caller that reads its rows
+    otherwise than as Python tuples."""
+    return f"""
         WITH RECURSIVE m(community_id, entity_id, level) AS (
             SELECT s.community_id, s.entity_id, c.level FROM entity_scores s
             JOIN communities c ON c.namespace = s.namespace AND c.community_id = s.community_id WHERE s.namespace = $ns
@@ -396,7 +403,7 @@ def community_members(con: duckdb.DuckDBPyConnection, namespace: str, columns: s
         JOIN entity_scores s ON s.namespace = $ns AND s.entity_id = m.entity_id
         {f"WHERE {where}" if where else ""}
         {f"QUALIFY {qualify}" if qualify else ""}
-        ORDER BY {order}""", {"ns": namespace}).fetchall()
+        ORDER BY {order}"""
 
 
 # a model's key among its stored columns (a relation's id derives from its pair)
