@@ -227,6 +227,16 @@ def test_a_cached_load_is_the_built_index_to_the_bit(tmp_path):
     _same(built, cached)
     for lexical in (cached.lexical, cached.facts.lexical):
         assert lexical.vocab is lexical.bm25.vocab_dict  # the vocabulary held once
+    # the fact ids and entity names packed (a query reads few of them), read as the warehouse's
+    from lazyhippo.query.packing import Texts
+    from lazyhippo.stores.warehouse import connect
+
+    with connect(settings, read_only=True) as con:
+        facts = [f for (f,) in con.execute("SELECT fact_id FROM facts ORDER BY fact_id").fetchall()]
+        names = [n for (n,) in con.execute("SELECT name FROM entities ORDER BY entity_id").fetchall()]
+    for idx in (built, cached):
+        assert isinstance(idx.facts.ids, Texts) and isinstance(idx.entities.names, Texts)
+        assert list(idx.facts.ids) == facts and list(idx.entities.names) == names
 
 
 def test_the_adjacency_is_cached_as_a_triangle_and_rebuilt_to_the_bit():
@@ -281,6 +291,18 @@ def test_sorted_indices_pack_into_uint16_differences():
     shuffled = a.indices.copy()
     shuffled[a.indptr[1]:a.indptr[2]] = shuffled[a.indptr[1]:a.indptr[2]][::-1]
     assert Ascending.of(shuffled, a.indptr) is shuffled  # not ascending: kept as it is
+
+
+def test_packed_texts_read_in_arrow_over_their_own_buffers():
+    import pyarrow as pa
+
+    from lazyhippo.query.packing import Texts
+
+    strings = ["Zürich", "", "東京", "e-1"]
+    packed = Texts.of_arrow([pa.chunked_array([pa.array(strings[:2]), pa.array(strings[2:])])])
+    arrow = packed.arrow()
+    assert arrow.to_pylist() == strings == list(packed)
+    assert arrow.buffers()[2].address == packed.data.ctypes.data  # no copy of the bytes
 
 
 def test_bm25_is_pickled_as_term_counts_and_scores_the_same():

@@ -74,7 +74,7 @@ class Chunks:
 class Entities:
     ids: list[str]
     pos: dict[str, int]
-    names: list[str]
+    names: "Texts"
     types: list[str]
     vecs: Int8Rows
     df: np.ndarray                    # passages mentioning each entity
@@ -97,7 +97,7 @@ class Mentions:
 class Facts:
     """Entity-bearing sentences (HippoRAG 2's triples)."""
 
-    ids: list[str]
+    ids: "Texts"                      # a query reads none: packed, not a million Python strings
     chunk: np.ndarray
     texts: "Texts"
     entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
@@ -224,20 +224,27 @@ def _table(con, sql: str, params: dict):
     return con.sql(sql, params=params).to_arrow_table()
 
 
-def _pydict(con, sql: str, params: dict, texts: str | None = None) -> dict:
-    """The columns of a query as Python lists, and the column `texts` as `Texts`, read by batches: `to_pydict`
+def _pydict(con, sql: str, params: dict, texts: tuple[str, ...] = ()) -> dict:
+    """The columns of a query as Python lists, and the columns `texts` as `Texts`, read by batches: `to_pydict`
     of the whole table held the table in Arrow beside its lists (the passage texts twice)."""
     reader = con.sql(sql, params=params).to_arrow_reader(_BATCH_ROWS)
     out: dict = {name: [] for name in reader.schema.names}
     for batch in reader:
         for name, column in zip(batch.schema.names, batch.columns):
-            out[name].append(column) if name == texts else out[name].extend(column.to_pylist())
-    if texts is not None:
-        out[texts] = Texts.of_arrow(out[texts])
+            out[name].append(column) if name in texts else out[name].extend(column.to_pylist())
+    for name in texts:
+        out[name] = Texts.of_arrow(out[name])
     return out
 
 
-def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[Int8Rows, str | None]:
+def _strings(x):
+    """An Arrow string array of ids or names, a `Texts` one over its own buffers."""
+    import pyarrow as pa
+
+    return x.arrow().cast(pa.string()) if isinstance(x, Texts) else pa.array(x, pa.string())
+
+
+def _vectors(con, ns: str, kind: str, ids: Sequence[str]) -> tuple[Int8Rows, str | None]:
     """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one), in their stored int8 form.
     Read by batches into the rows: the whole table in Arrow and its rows picked out of it were two more copies
     (560 MB for a million facts)."""
@@ -248,7 +255,7 @@ def _vectors(con, ns: str, kind: str, ids: list[str]) -> tuple[Int8Rows, str | N
 
     reader = con.sql(f"SELECT item_id, model, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = $ns AND kind = $kind",
                      params={"ns": ns, "kind": kind}).to_arrow_reader(_BATCH_ROWS)
-    keys, out, model = pa.array(ids, pa.string()), None, None
+    keys, out, model = _strings(ids), None, None
     for batch in reader:
         if not batch.num_rows:
             continue
@@ -295,9 +302,7 @@ def _key_rows(keys: list[str], flat: np.ndarray, cuts: np.ndarray) -> KeyRows:
 def _index_of(keys) -> KeyRows:
     """norm_key(key) -> indices of the rows carrying it, in row order (keys in order of first appearance; empty
     keys and nulls left out). Keyed and grouped in Arrow and numpy: no Python call per row."""
-    import pyarrow as pa
-
-    encoded = norm_keys(pa.array(keys, pa.string())).dictionary_encode()
+    encoded = norm_keys(_strings(keys)).dictionary_encode()
     codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     rows = np.argsort(codes, kind="stable")[np.count_nonzero(codes < 0):]  # by key, row order kept within one
     groups = np.split(rows, np.cumsum(np.bincount(codes[codes >= 0], minlength=len(encoded.dictionary)))[:-1])
@@ -309,7 +314,7 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
         SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, c.text, c.content_hash, c.n_tokens,
                coalesce(d.source, c.doc_id) AS source
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
-        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts="text")
+        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts=("text",))
     ids = ch["chunk_id"]
     pos = _positions(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
@@ -393,7 +398,7 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Fa
     chunk = positions(chunks.ids, fa.column("chunk_id"))
     fa = fa.filter(pa.array(chunk >= 0))
     chunk = chunk[chunk >= 0]
-    ids, texts = fa.column("fact_id").to_pylist(), Texts.of_arrow([fa.column("text")])
+    ids, texts = Texts.of_arrow([fa.column("fact_id")]), Texts.of_arrow([fa.column("text")])
     named = fa.column("entity_ids").combine_chunks()
     del fa
     cols = positions(entity_ids, pc.list_flatten(named))
@@ -536,7 +541,8 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     ns = {"ns": namespace}
     chunks, model = _chunks(con, ns)
     dim = _graph_dim(con, ns) or chunks.vecs.shape[1]
-    en = _pydict(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns)
+    en = _pydict(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns,
+                 texts=("name",))
     counts = _mention_counts(con, ns, chunks.ids, en["entity_id"])
     scores = _table(con, "SELECT entity_id, pagerank FROM entity_scores WHERE namespace = $ns", ns)
     entities = _entities(con, ns, en, counts, scores, dim)

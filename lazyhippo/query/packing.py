@@ -121,6 +121,12 @@ class Texts(Sequence):
                 at += int(bounds[-1] - bounds[0])
         return cls(np.concatenate(data) if data else np.zeros(0, dtype=np.uint8), np.concatenate(offsets))
 
+    def arrow(self):
+        """The texts as an Arrow array over the same buffers (no copy): for joins and lookups in Arrow."""
+        import pyarrow as pa
+
+        return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(self.offsets), pa.py_buffer(self.data))
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
