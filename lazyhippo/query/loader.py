@@ -438,12 +438,15 @@ class _Titled(Sequence):
 
 
 def _communities(con, ns: dict, counts: sp.csr_matrix, dim: int) -> Communities:
+    from lazyhippo.stores.warehouse import release_cache
+
     cs = _table(con, "SELECT s.community_id, s.title, s.summary, s.hub_entities, coalesce(c.level, 0) AS level "
                      "FROM community_summaries s LEFT JOIN communities c USING (namespace, community_id) "
                      "WHERE s.namespace = $ns ORDER BY s.community_id", ns).to_pydict()
     ids = cs["community_id"]
     vecs, _ = _vectors(con, ns["ns"], "community", ids)
     members = _members(con, ns, len(ids))
+    release_cache(con)  # the members' joins and sort: 100 MB at 10,000 documents, held into the graph's build
     return Communities(ids=ids, titles=cs["title"], summaries=cs["summary"], hubs=[list(h or []) for h in cs["hub_entities"]],
                        vecs=_fit_dim(vecs, dim), members=members,
                        tokens=[set(tokens(f"{t} {s} {' '.join(h or [])}")) for t, s, h in
