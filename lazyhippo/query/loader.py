@@ -446,7 +446,7 @@ def _communities(con, ns: dict, counts: sp.csr_matrix, dim: int) -> Communities:
     ids = cs["community_id"]
     vecs, _ = _vectors(con, ns["ns"], "community", ids)
     members = _members(con, ns, len(ids))
-    release_cache(con)  # the members' joins and sort: 100 MB at 10,000 documents, held into the graph's build
+    release_cache(con)  # the members' joins and sort: ~130 MB at 10,000 documents, held into the graph's build
     return Communities(ids=ids, titles=cs["title"], summaries=cs["summary"], hubs=[list(h or []) for h in cs["hub_entities"]],
                        vecs=_fit_dim(vecs, dim), members=members,
                        tokens=[set(tokens(f"{t} {s} {' '.join(h or [])}")) for t, s, h in
@@ -458,7 +458,7 @@ def _members(con, ns: dict, n_communities: int) -> list[np.ndarray]:
     """The entity positions of each community (ordered by community id), at every level (an entity is in its
     community and their ancestors), by name within one. Positions are the ranks of the ids, as the parts order
     them, joined in DuckDB and read as integer columns: the (community, entity) id pairs as Python tuples of two
-    strings were 45 MB at 10,000 documents, 2.8M pairs and ~500 MB at 100,000."""
+    strings were 45 MB at 10,000 documents, ~2.8M pairs and ~580 MB at 100,000."""
     from lazyhippo.stores.warehouse import community_members_sql
 
     pairs = con.execute(f"""
