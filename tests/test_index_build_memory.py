@@ -177,3 +177,51 @@ def test_community_members_are_read_as_entity_positions_not_id_tuples(tmp_path):
     pairs = 3 * n
     assert sum(len(m) for m in members) == pairs and len(members[-1]) == 0
     assert peak < 40 * pairs
+
+
+def test_bm25_scores_are_made_in_small_blocks():
+    """The scores of 3M entries take their own float32 array and a bounded block of temporaries: the formulas'
+    temporaries over 4M entries at once took ten times the scores."""
+    from lazyhippo.query.lexical import FlatBM25
+
+    rng = np.random.default_rng(5)
+    n_docs, n_vocab, n = 100_000, 5000, 3_000_000
+    indptr = np.zeros(n_vocab + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rng.integers(0, n_vocab, n), minlength=n_vocab), out=indptr[1:])
+    indices = rng.integers(0, n_docs, n).astype(np.int32)
+    tf = rng.integers(1, 5, n).astype(np.uint8)
+    scores, peak = _peak(lambda: FlatBM25()._scored(tf, indices, indptr, n_docs))
+    assert len(scores) == n and peak < 3 * scores.nbytes
+
+
+def test_facts_and_vectors_read_by_batches_are_the_index_read_at_once(tmp_path, monkeypatch):
+    """The facts' table and the vectors go from DuckDB a batch at a time (here a few rows, so facts, their entity
+    lists and vectors span many batches) into the very arrays one batch gives."""
+    from pathlib import Path
+
+    from lazyhippo.index import run_index
+    from lazyhippo.query import loader
+    from lazyhippo.settings import Settings
+    from lazyhippo.stores.warehouse import connect
+
+    settings = Settings(home=tmp_path / "home", source=str(Path(loader.__file__).parents[1] / "sample_corpus"))
+    run_index(settings)
+
+    def built():
+        with connect(settings, read_only=True) as con:
+            return loader.build_index(con, settings.namespace, "db", GraphParams())
+
+    whole = built()
+    monkeypatch.setattr(loader, "_BATCH_ROWS", 3)
+    monkeypatch.setattr(loader, "_VECTOR_BATCH_ROWS", 5)
+    batched = built()
+    assert len(whole.facts.ids) > 3 * 5 and whole.facts.entities.nnz > len(whole.facts.ids)
+    for a, b in ((whole.facts.ids, batched.facts.ids), (whole.facts.texts, batched.facts.texts)):
+        assert a.data.tobytes() == b.data.tobytes() and a.offsets.tobytes() == b.offsets.tobytes()
+    for a, b in ((whole.facts.chunk, batched.facts.chunk), (whole.facts.vecs.q, batched.facts.vecs.q),
+                 (whole.entities.vecs.q, batched.entities.vecs.q), (whole.chunks.vecs.q, batched.chunks.vecs.q),
+                 (whole.entities.vecs.scale, batched.entities.vecs.scale)):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    for part in ("indptr", "indices", "data"):
+        assert getattr(whole.facts.entities, part).tobytes() == getattr(batched.facts.entities, part).tobytes()
+    assert whole.facts.lexical.bm25.scores["data"].tobytes() == batched.facts.lexical.bm25.scores["data"].tobytes()

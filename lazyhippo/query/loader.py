@@ -246,15 +246,15 @@ def _strings(x):
 
 def _vectors(con, ns: str, kind: str, ids: Sequence[str]) -> tuple[Int8Rows, str | None]:
     """The vectors of `kind` as rows aligned with `ids` (zero rows for items without one), in their stored int8 form.
-    Read by batches into the rows: the whole table in Arrow and its rows picked out of it were two more copies
-    (560 MB for a million facts)."""
+    Read by small batches into the rows: the whole table in Arrow and its rows picked out of it were two more
+    copies (560 MB for a million facts), and DuckDB's and Arrow's working memory grows with the batch (at 10,000
+    documents the entities' read held +137 MB at once by batches of 65,536 rows, +91 MB by 8,192)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from lazyhippo.stores.warehouse import VECTOR_COLUMNS, stored_rows
 
     reader = con.sql(f"SELECT item_id, model, {VECTOR_COLUMNS} FROM embeddings WHERE namespace = $ns AND kind = $kind",
-                     params={"ns": ns, "kind": kind}).to_arrow_reader(_BATCH_ROWS)
+                     params={"ns": ns, "kind": kind}).to_arrow_reader(_VECTOR_BATCH_ROWS)
     keys, out, model = _strings(ids), None, None
     for batch in reader:
         if not batch.num_rows:
@@ -262,15 +262,25 @@ def _vectors(con, ns: str, kind: str, ids: Sequence[str]) -> tuple[Int8Rows, str
         q, scale = stored_rows(pa.Table.from_batches([batch]))
         if out is None:
             out, model = Int8Rows.zeros(len(ids), q.shape[1]), batch.column("model")[0].as_py()
-        rows = pc.index_in(batch.column("item_id").cast(pa.string()), value_set=keys).fill_null(-1)
-        rows = rows.to_numpy(zero_copy_only=False).astype(np.int64)
+        rows = _found(batch.column("item_id"), keys)
         keep = rows >= 0
         out.q[rows[keep]] = q[keep]
         out.scale[rows[keep]] = scale[keep]
     return (out, model) if out is not None else (Int8Rows.zeros(len(ids), 0), None)
 
 
+def _found(names, keys) -> np.ndarray:
+    """The row of each of the Arrow strings `names` in the Arrow strings `keys` (`_strings`), -1 where absent:
+    `keys` made once for a whole table read by batches."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = pc.index_in(names.cast(pa.string()), value_set=keys).fill_null(-1)
+    return rows.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 _BATCH_ROWS = 65_536  # rows read from DuckDB at once where a whole table's Arrow copy is not needed
+_VECTOR_BATCH_ROWS = 8_192  # vectors read at once: 2 MB of int8 at 256 dimensions
 
 
 def _graph_dim(con, ns: dict) -> int:
@@ -387,25 +397,37 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
 
 
 def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Facts:
-    """Columns in Arrow, entity lists flattened: no loop over a million facts and their entity lists."""
+    """Read by batches, entity lists flattened in Arrow: no loop over a million facts and their entity lists, and
+    never the whole table in Arrow (its entity id lists and their flattened copy: +83 MB at 10,000 documents)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from lazyhippo.query.lexical import Lexical
     from lazyhippo.stores.warehouse import release_cache
 
-    fa = _table(con, "SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id", ns)
-    chunk = positions(chunks.ids, fa.column("chunk_id"))
-    fa = fa.filter(pa.array(chunk >= 0))
-    chunk = chunk[chunk >= 0]
-    ids, texts = Texts.of_arrow([fa.column("fact_id")]), Texts.of_arrow([fa.column("text")])
-    named = fa.column("entity_ids").combine_chunks()
-    del fa
-    cols = positions(entity_ids, pc.list_flatten(named))
-    rows = pc.list_parent_indices(named).to_numpy().astype(np.int64)
-    keep = cols >= 0
-    entities = sp.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (rows[keep], cols[keep])),
-                             shape=(len(ids), len(entity_ids)))
+    reader = con.sql("SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id",
+                     params=ns).to_arrow_reader(_BATCH_ROWS)
+    chunk_keys, entity_keys = _strings(chunks.ids), _strings(entity_ids)
+    fact_ids, fact_texts, chunk, rows, cols, n = [], [], [], [], [], 0
+    for batch in reader:
+        at = _found(batch.column("chunk_id"), chunk_keys)
+        batch = batch.filter(pa.array(at >= 0))
+        chunk.append(at[at >= 0])
+        fact_ids.append(batch.column("fact_id"))
+        fact_texts.append(batch.column("text"))
+        named = batch.column("entity_ids")
+        entity = _found(pc.list_flatten(named), entity_keys)
+        fact = pc.list_parent_indices(named).to_numpy().astype(np.int64) + n
+        rows.append(fact[entity >= 0])
+        cols.append(entity[entity >= 0])
+        n += batch.num_rows
+    del reader, chunk_keys, entity_keys
+    release_cache(con)  # the sort's and scan's blocks (~100 MB at 10,000 documents), before the vectors' read
+    ids, texts = Texts.of_arrow(fact_ids), Texts.of_arrow(fact_texts)
+    del fact_ids, fact_texts
+    chunk, rows, cols = (np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in (chunk, rows, cols))
+    entities = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(ids), len(entity_ids)))
+    del rows, cols
     entities.sum_duplicates()
     entities.data[:] = 1.0  # an entity named twice in a fact counts once
     vecs, _ = _vectors(con, ns["ns"], "fact", ids)
