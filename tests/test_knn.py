@@ -230,3 +230,33 @@ def test_exact_search_is_the_same_whatever_the_threads(monkeypatch, stored):
     first = knn_edges(ids, vectors, 3, 0.6)
     one = on_one_thread(lambda: knn_edges(ids, vectors, 3, 0.6))
     assert first == one and len(first) > 1000
+
+
+@pytest.mark.parametrize("top_k,cutoff", [(3, 0.6), (4, -1.0), (40, 0.9)])
+@pytest.mark.parametrize("stored", [False, True])
+def test_an_update_above_the_exact_size_finds_the_brute_force_edges(monkeypatch, top_k, cutoff, stored):
+    """Above KNN_EXACT_MAX an update's stale rows are still searched exactly while rows x items stays within its
+    square, items by blocks: a row's best among earlier blocks meets the next block's items, copies tying across
+    a block boundary go to the lower index, and the edges are those of comparing every pair in float64."""
+    from lazyhippo.models.embedders import normalize
+
+    x = clustered(900, dim=24, centres=30, noise=0.6, seed=3)
+    x[250:262] = x[249]  # thirteen copies across the items' block boundary at 256
+    x[500] = 0.0
+    ids = [f"e{i:04d}" for i in range(len(x))]
+    if stored:
+        codes, scales = int8_rows(x)
+        vectors, x = StoredVectors(codes, scales), normalize(codes.astype(np.float32) * scales[:, None])
+    else:
+        vectors = x
+    rows = [261, 500, 7, 249, 899, 0, *range(880, 600, -4)]  # 76 rows, not in order
+    monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", 300)  # 76 rows x 900 items: within 300 squared
+    monkeypatch.setattr(algorithms, "ROW_BLOCK", 128)  # items in eight blocks
+    monkeypatch.setattr(algorithms, "KNN_BLOCK_PAIRS", 16 * 128)  # 16 rows a block
+    monkeypatch.setattr(algorithms, "approximate_index", lambda v: pytest.fail("no approximate index for these rows"))
+    found = rows_of(ids, knn_edges(ids, vectors, top_k, cutoff, rows))
+    reference = brute_force(x, top_k, cutoff)
+    reference = [r for i in rows for r in reference if r[0] == i]
+    assert [r[::3] + r[1:2] for r in found] == [r[::3] + r[1:2] for r in reference] and found
+    assert np.allclose([r[2] for r in found], [r[2] for r in reference], rtol=0, atol=1e-12)
+    assert [t for s, t, _, _ in found if s == 261][:3] == [249, 250, 251]

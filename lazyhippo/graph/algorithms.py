@@ -26,7 +26,7 @@ HNSW_M = 32              # links per node: on real entity vectors 16 found 93% o
 HNSW_EF_CONSTRUCTION = 40
 HNSW_EF_SEARCH = 64
 HNSW_CANDIDATES = 16     # proposals per item rescored exactly: the 8-bit codes misorder close neighbours
-ROW_BLOCK = 65_536       # stored rows made float32 at a time (64 MB at 256 dimensions)
+ROW_BLOCK = 65_536       # stored rows made float32 (64 MB at 256 dimensions), or codes transposed, at a time
 KNN_MARGIN = 1e-3        # exact candidates reach down to the cutoff less this, far beyond their rounding
 KNN_BLOCK_PAIRS = 1 << 22  # (source, item) products of one block of the exact search: 16 MB per array of them
 
@@ -94,22 +94,9 @@ def approximate_index(vectors: Vectors):
     return index
 
 
-def blocked_candidates(vectors: Vectors, rows: np.ndarray, k: int) -> np.ndarray:
-    """The exact top k of every item at `rows`, by blocks of items, never all of them in float32 at once."""
-    import faiss
-
-    queries = unit_rows(vectors, rows)
-    heap = faiss.ResultHeap(len(rows), k, keep_max=True)
-    for start, block in item_blocks(vectors):
-        scores, found = faiss.knn(queries, block, min(k, len(block)), metric=faiss.METRIC_INNER_PRODUCT)
-        heap.add_result(scores, np.where(found >= 0, found + start, -1))
-    heap.finalize()
-    return heap.I
-
-
 @cache
 def pairs_above(integer: bool, threads: int):
-    """An onnxruntime graph giving, for a block of queries against every item, the (query, item) pairs whose
+    """An onnxruntime graph giving, for a block of queries against a block of items, the (query, item) pairs whose
     candidate cosine reaches a floor per query, with that cosine: the product, its scaling and the comparison run
     on every core without a (queries x items) array coming back to Python. Stored vectors multiply as int8 codes
     (u8 x s8 with a zero point of 128: the int32 products are exact and several times faster than float32's);
@@ -142,38 +129,56 @@ def pairs_above(integer: bool, threads: int):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+def code_norms(codes: np.ndarray) -> np.ndarray:
+    """float64 norms of int8 rows: exact sums of integer squares, the same bits for any block of them."""
+    return np.sqrt(np.maximum(np.einsum("ij,ij->i", codes, codes, dtype=np.float64), 1e-60))
+
+
 def exact_candidates(vectors: Vectors, rows: np.ndarray, k: int,
                      cutoff: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Blocks of `rows` with their k best items (-1 past the last) among those whose cosine can reach `cutoff`:
     every item scoring within KNN_MARGIN of it (the candidates' rounding is below 1e-5), ordered by candidate
     cosine, ties to the lower index. Stored vectors compare by their exact int8 products scaled by the rows'
-    norms, so the matrix is never made float32 whole. Rows go by blocks so that a block's products stay within
-    KNN_BLOCK_PAIRS."""
+    norms, so the matrix is never made float32 whole. Items go by blocks of ROW_BLOCK (their codes transposed a
+    block at a time, never a second copy of all of them: an update of a few rows against a million items), rows
+    by blocks whose products stay within KNN_BLOCK_PAIRS; each row keeps its k best so far, an exact merge."""
     import faiss
 
     stored = isinstance(vectors, StoredVectors)
-    if stored:
-        items = np.ascontiguousarray(vectors.codes.T)
-        norms = np.sqrt(np.maximum(np.einsum("ij,ij->i", vectors.codes, vectors.codes, dtype=np.float64), 1e-60))
-    else:
-        items, norms = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32).T), np.ones(len(vectors))
-    column, session = (1 / norms).astype(np.float32)[None], pairs_above(stored, faiss.omp_get_max_threads())
-    step = max(1, min(1024, KNN_BLOCK_PAIRS // len(vectors)))
-    for start in range(0, len(rows), step):
-        block = rows[start:start + step]
-        queries = vectors.codes[block].view(np.uint8) ^ 0x80 if stored else unit_rows(vectors, block)  # codes + 128
-        floor = ((cutoff - KNN_MARGIN) * norms[block]).astype(np.float32)[:, None]
-        pairs, scores = session.run(None, {"a": queries, "b": items, "column": column, "floor": floor})
-        src, item = pairs[:, 0], pairs[:, 1]
-        mine = item != block[src]
-        src, item, scores = src[mine], item[mine], scores[mine] / norms[block[src[mine]]]
-        order = np.lexsort((item, -scores, src))  # by query, best first, ties to the lower index
-        src, item = src[order], item[order]
-        place = np.arange(len(src)) - np.searchsorted(src, src)  # rank within its query
-        top = place < k
-        nbrs = np.full((len(block), k), -1, dtype=np.int64)
-        nbrs[src[top], place[top]] = item[top]
-        yield block, nbrs
+    session = pairs_above(stored, faiss.omp_get_max_threads())
+    own = code_norms(vectors.codes[rows]) if stored else np.ones(len(rows))
+    best = np.full((len(rows), k), -1, dtype=np.int64)
+    best_scores = np.full((len(rows), k), -np.inf)
+    for first in range(0, len(vectors), ROW_BLOCK):
+        span = slice(first, first + ROW_BLOCK)
+        if stored:
+            codes = vectors.codes[span]
+            items, norms = np.ascontiguousarray(codes.T), code_norms(codes)
+        else:
+            items = np.ascontiguousarray(unit_rows(vectors, span).T)
+            norms = np.ones(items.shape[1])
+        column = (1 / norms).astype(np.float32)[None]
+        step = max(1, min(1024, KNN_BLOCK_PAIRS // len(norms)))
+        for start in range(0, len(rows), step):
+            block, at = rows[start:start + step], slice(start, start + step)
+            queries = vectors.codes[block].view(np.uint8) ^ 0x80 if stored else unit_rows(vectors, block)  # codes + 128
+            floor = ((cutoff - KNN_MARGIN) * own[at]).astype(np.float32)[:, None]
+            pairs, scores = session.run(None, {"a": queries, "b": items, "column": column, "floor": floor})
+            src, item = pairs[:, 0], pairs[:, 1] + first
+            mine = item != block[src]
+            src, item, scores = src[mine], item[mine], scores[mine] / own[start + src[mine]]
+            held = np.nonzero(best[at] >= 0)  # the rows' k best among earlier items compete with these
+            src = np.concatenate([src, held[0]])
+            item, scores = np.concatenate([item, best[at][held]]), np.concatenate([scores, best_scores[at][held]])
+            order = np.lexsort((item, -scores, src))  # by query, best first, ties to the lower index
+            src, item, scores = src[order], item[order], scores[order]
+            place = np.arange(len(src)) - np.searchsorted(src, src)  # rank within its query
+            top = place < k
+            best[at], best_scores[at] = -1, -np.inf
+            best[start + src[top], place[top]] = item[top]
+            best_scores[start + src[top], place[top]] = scores[top]
+    for start in range(0, len(rows), 1024):
+        yield rows[start:start + 1024], best[start:start + 1024]
 
 
 @dataclass(frozen=True)
@@ -189,9 +194,9 @@ def knn_batches(vectors: Vectors, top_k: int, cutoff: float,
                 rows: Sequence[int] | None = None) -> Iterator[KnnBatch]:
     """Top-k cosine neighbours per item above `cutoff` (vectors are L2-normalized), a block of sources at a time;
     `rows`: the neighbours of these items only (indices), searched over every item all the same.
-    Candidates come from an exact search up to KNN_EXACT_MAX items (exact_candidates: only items that can reach
-    the cutoff; above it, by blocks of items while rows x items stays within KNN_EXACT_MAX squared), else from
-    the approximate index. Either way a few more than needed are
+    Candidates come from the exact search (exact_candidates: only items that can reach the cutoff) while rows x
+    items stays within KNN_EXACT_MAX squared (every row up to KNN_EXACT_MAX items, an update's stale rows
+    above), else from the approximate index. Either way a few more than needed are
     proposed and scored again in float64 in a fixed order, ties going to the lower index: the edges are the same
     bits whatever BLAS threading a process has (faiss's own scores move in the 7th digit with it, enough to
     reorder hubs and summaries downstream), and every weight is the true cosine."""
@@ -200,11 +205,8 @@ def knn_batches(vectors: Vectors, top_k: int, cutoff: float,
         return
     rows = np.arange(n) if rows is None else np.asarray(list(rows), dtype=np.int64)
     k, take = min(top_k + 1 + KNN_SLACK, n), partial(unit_rows, vectors)
-    if n <= KNN_EXACT_MAX:
+    if len(rows) * n <= KNN_EXACT_MAX ** 2:
         blocks = exact_candidates(vectors, rows, k, cutoff)
-    elif len(rows) * n <= KNN_EXACT_MAX ** 2:
-        found = blocked_candidates(vectors, rows, k)
-        blocks = ((rows[s:s + 1024], found[s:s + 1024]) for s in range(0, len(rows), 1024))
     else:
         index, k = approximate_index(vectors), min(max(HNSW_CANDIDATES, k), n)
         blocks = ((rows[s:s + 1024], index.search(take(rows[s:s + 1024]), k)[1]) for s in range(0, len(rows), 1024))
