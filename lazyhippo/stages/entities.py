@@ -31,6 +31,7 @@ from lazyhippo.stores.warehouse import (
     drop_temp,
     extraction_inputs,
     name_keys,
+    named_relations,
     refresh_degree,
     run_sql_model,
     transaction,
@@ -40,11 +41,12 @@ MODELS = ("entities", "relations", "mentions", "facts")
 BUCKET_CHUNKS = 25_000  # chunks whose named entities one query sorts (_chunk_entities)
 STAGE = "entities"
 
-# every name a chunk's extracted rows use, with the chunk: what an entity's rows depend on
+# every name a chunk's extracted rows use, with the chunk: what an entity's rows depend on (a relation's name
+# stored as its place in a fact's names is among the facts' names)
 _CHUNK_NAMES = """
     SELECT chunk_id, name FROM extracted_entities WHERE namespace = $ns
-    UNION ALL SELECT chunk_id, source FROM extracted_relations WHERE namespace = $ns
-    UNION ALL SELECT chunk_id, target FROM extracted_relations WHERE namespace = $ns
+    UNION ALL SELECT chunk_id, source FROM extracted_relations WHERE namespace = $ns AND source IS NOT NULL
+    UNION ALL SELECT chunk_id, target FROM extracted_relations WHERE namespace = $ns AND target IS NOT NULL
     UNION ALL SELECT chunk_id, unnest(names) FROM extracted_facts WHERE namespace = $ns"""
 
 
@@ -66,13 +68,13 @@ def _params(settings: Settings, llm) -> str:
 
 def _chunk_hashes(con: duckdb.DuckDBPyConnection, ns: str) -> dict[str, str]:
     """Chunk id -> row count and order-independent hash of its extracted rows (entities, relations, facts; a
-    description that refers to a fact is covered by the fact's text)."""
-    return dict(con.execute("""
+    description or name that refers to a fact is covered by the fact's text and names)."""
+    return dict(con.execute(f"""
         SELECT chunk_id, count(*) || ':' || sum(h) FROM (
             SELECT chunk_id, hash(name, type, description, fact_idx)::HUGEINT AS h FROM extracted_entities
                       WHERE namespace = $ns
             UNION ALL SELECT chunk_id, hash(source, target, description, fact_idx, weight, type)::HUGEINT
-                      FROM extracted_relations WHERE namespace = $ns
+                      FROM ({named_relations()})
             UNION ALL SELECT chunk_id, hash(fact_idx, text, names)::HUGEINT FROM extracted_facts WHERE namespace = $ns)
         GROUP BY chunk_id""", {"ns": ns}).fetchall())
 

@@ -110,7 +110,8 @@ def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     _migrate_fingerprints(con)
     _migrate_vectors(con)
     _migrate_storage(con, settings.db_path)
-    _migrate_descriptions(con, settings.db_path)
+    rewritten = _migrate_descriptions(con, settings.db_path)
+    _migrate_relation_names(con, settings.db_path, "extracted_relations" in rewritten)
     return _with_functions(con)
 
 
@@ -221,13 +222,33 @@ DESCRIBED = ("extracted_entities", "extracted_relations")  # staging tables whos
 MIGRATION_CHUNKS = 25_000  # chunks whose rows one statement of _migrate_descriptions rewrites
 
 
+# extracted_relations' names stored as places in their fact's names (schema.sql), by the column of the name
+PLACED = {"source": "source_pos", "target": "target_pos"}
+
+
+def _named(table: str) -> list[str]:
+    """The stored columns of `table` but its descriptions and places, each name read back from its place."""
+    stored = _schema_columns(table)
+    return [f"coalesce(x.{c}, f.names[x.{PLACED[c]}]) AS {c}" if PLACED.get(c) in stored else f"x.{c}"
+            for c in stored if c not in ("description", "fact_idx", *PLACED.values())]
+
+
 def described(table: str) -> str:
     """A query of the rows of `table` (extracted_entities or extracted_relations) of the namespace `$ns` with every
-    description as text: a reference to one of the chunk's facts read back from it."""
-    cols = ", ".join(f"x.{c}" for c in _schema_columns(table) if c not in ("description", "fact_idx"))
+    description and name as text: a reference to one of the chunk's facts read back from it."""
+    cols = ", ".join(_named(table))
     return f"""SELECT {cols}, CASE WHEN x.fact_idx IS NULL THEN x.description
                                  ELSE left(f.text, {DESCRIPTION_HEAD}) END AS description
                FROM {table} x LEFT JOIN extracted_facts f
+               ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
+               WHERE x.namespace = $ns"""
+
+
+def named_relations() -> str:
+    """A query of the extracted_relations rows of the namespace `$ns` with both names as text, descriptions as
+    stored (a fact's index, else text)."""
+    return f"""SELECT {", ".join(_named("extracted_relations"))}, x.description, x.fact_idx
+               FROM extracted_relations x LEFT JOIN extracted_facts f
                ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
                WHERE x.namespace = $ns"""
 
@@ -240,17 +261,17 @@ def _schema_columns(table: str) -> tuple[str, ...]:
         return tuple(stored_columns(con, table))
 
 
-def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> list[str]:
     """Staging tables written before descriptions referred to facts (every description as text): rewritten once,
     each description that is the start of one of its chunk's facts replaced by that fact's index, the way the
     staging load stores it (lazyhippo.stages.extractions), a bucket of MIGRATION_CHUNKS chunks per statement (the
-    facts' starts of the bucket are what a statement holds)."""
+    facts' starts of the bucket are what a statement holds). The tables rewritten."""
     have = {t for (t,) in con.execute(
         "SELECT table_name FROM duckdb_columns() WHERE database_name = current_database() "
         "AND column_name = 'fact_idx' AND table_name IN (SELECT unnest(?))", [list(DESCRIBED)]).fetchall()}
     stale = [t for t in DESCRIBED if t not in have]
     if not stale:
-        return
+        return stale
     log.warning("%s: rewriting %s to store descriptions as references to their sentences: once", path,
                 ", ".join(stale))
     con.execute("SET enable_progress_bar = false")
@@ -275,6 +296,37 @@ def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                     ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.head = x.description
                     ORDER BY x.lh_row""", {"n": buckets, "b": bucket})
             con.execute(f"DROP TABLE lh_old_{table}")
+    con.execute("CHECKPOINT")
+    return stale
+
+
+def _migrate_relation_names(con: duckdb.DuckDBPyConnection, path: Path, again: bool) -> None:
+    """extracted_relations written before names were places in their fact's names (every name as text): rewritten
+    once, each name found in the names of the fact its description refers to replaced by its place there, the way
+    the staging load stores it, a bucket of MIGRATION_CHUNKS chunks per statement. `again`: just rewritten by
+    _migrate_descriptions, with every name as text."""
+    if not again and con.execute(
+            "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND table_name = 'extracted_relations' AND column_name = 'source_pos'").fetchall()[0][0]:
+        return
+    log.warning("%s: rewriting extracted_relations to store names as places in their sentences: once", path)
+    con.execute("SET enable_progress_bar = false")
+    n = con.execute("SELECT count(DISTINCT chunk_id) FROM extracted_facts").fetchall()[0][0]
+    buckets = max(1, -(-n // MIGRATION_CHUNKS))
+    with transaction(con):
+        con.execute("ALTER TABLE extracted_relations RENAME TO lh_old_extracted_relations")
+        con.execute(_schema_tables()["extracted_relations"])
+        cols = [c for c in stored_columns(con, "extracted_relations") if c not in (*PLACED, *PLACED.values())]
+        for bucket in range(buckets):
+            con.execute(f"""
+                INSERT INTO extracted_relations ({", ".join(cols)}, source, target, source_pos, target_pos)
+                SELECT {", ".join(cols)}, CASE WHEN s IS NULL THEN source END, CASE WHEN t IS NULL THEN target END, s, t
+                FROM (SELECT x.*, list_position(f.names, x.source) AS s, list_position(f.names, x.target) AS t
+                      FROM (SELECT *, rowid AS lh_row FROM lh_old_extracted_relations WHERE hash(chunk_id) % $n = $b) x
+                      LEFT JOIN (SELECT * FROM extracted_facts WHERE hash(chunk_id) % $n = $b) f
+                      ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx)
+                ORDER BY lh_row""", {"n": buckets, "b": bucket})
+        con.execute("DROP TABLE lh_old_extracted_relations")
     con.execute("CHECKPOINT")
 
 
@@ -414,8 +466,8 @@ def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
         SELECT name, norm_name, 'e_' || substr(sha256(norm_name), 1, 16) AS entity_id
         FROM (SELECT name, lh_norm(name) AS norm_name FROM (
             SELECT name FROM extracted_entities WHERE namespace = $ns
-            UNION SELECT source FROM extracted_relations WHERE namespace = $ns
-            UNION SELECT target FROM extracted_relations WHERE namespace = $ns
+            UNION SELECT source FROM extracted_relations WHERE namespace = $ns AND source IS NOT NULL
+            UNION SELECT target FROM extracted_relations WHERE namespace = $ns AND target IS NOT NULL
             UNION SELECT unnest(names) FROM extracted_facts WHERE namespace = $ns))""", {"ns": namespace})
     return con.execute("SELECT count(*) FROM lh_names").fetchall()[0][0]
 
@@ -435,8 +487,8 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
     raw = f"""SELECT r.chunk_id, r.source, r.target, r.fact_idx, r.description, r.weight, r.type,
                      a.entity_id AS source_id, b.entity_id AS target_id,
                      least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
-              FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
-              WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
+              FROM ({named_relations()}) r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
+              WHERE a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
     kept = f"SELECT * FROM ({raw})" if not per_chunk else f"""
         WITH raw AS ({raw}),
         chunks_of AS (
