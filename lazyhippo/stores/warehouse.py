@@ -110,8 +110,7 @@ def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     _migrate_fingerprints(con)
     _migrate_vectors(con)
     _migrate_storage(con, settings.db_path)
-    rewritten = _migrate_descriptions(con, settings.db_path)
-    _migrate_relation_names(con, settings.db_path, "extracted_relations" in rewritten)
+    _migrate_places(con, settings.db_path, _migrate_descriptions(con, settings.db_path))
     return _with_functions(con)
 
 
@@ -222,15 +221,16 @@ DESCRIBED = ("extracted_entities", "extracted_relations")  # staging tables whos
 MIGRATION_CHUNKS = 25_000  # chunks whose rows one statement of _migrate_descriptions rewrites
 
 
-# extracted_relations' names stored as places in their fact's names (schema.sql), by the column of the name
-PLACED = {"source": "source_pos", "target": "target_pos"}
+# per staging table, its names stored as places in their fact's names (schema.sql): name column -> place column
+PLACED = {"extracted_entities": {"name": "name_pos"},
+          "extracted_relations": {"source": "source_pos", "target": "target_pos"}}
 
 
 def _named(table: str) -> list[str]:
     """The stored columns of `table` but its descriptions and places, each name read back from its place."""
-    stored = _schema_columns(table)
-    return [f"coalesce(x.{c}, f.names[x.{PLACED[c]}]) AS {c}" if PLACED.get(c) in stored else f"x.{c}"
-            for c in stored if c not in ("description", "fact_idx", *PLACED.values())]
+    placed = PLACED[table]
+    return [f"coalesce(x.{c}, f.names[x.{placed[c]}]) AS {c}" if c in placed else f"x.{c}"
+            for c in _schema_columns(table) if c not in ("description", "fact_idx", *placed.values())]
 
 
 def described(table: str) -> str:
@@ -244,13 +244,13 @@ def described(table: str) -> str:
                WHERE x.namespace = $ns"""
 
 
-def named_relations() -> str:
-    """A query of the extracted_relations rows of the namespace `$ns` with both names as text, descriptions as
-    stored (a fact's index, else text)."""
-    return f"""SELECT {", ".join(_named("extracted_relations"))}, x.description, x.fact_idx
-               FROM extracted_relations x LEFT JOIN extracted_facts f
+def named(table: str, namespace: str = "$ns") -> str:
+    """A query of the rows of `table` (extracted_entities or extracted_relations) of the namespace `namespace` (an
+    SQL expression) with every name as text, descriptions as stored (a fact's index, else text)."""
+    return f"""SELECT {", ".join(_named(table))}, x.description, x.fact_idx
+               FROM {table} x LEFT JOIN extracted_facts f
                ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
-               WHERE x.namespace = $ns"""
+               WHERE x.namespace = {namespace}"""
 
 
 @lru_cache(maxsize=None)
@@ -300,33 +300,43 @@ def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> list[st
     return stale
 
 
-def _migrate_relation_names(con: duckdb.DuckDBPyConnection, path: Path, again: bool) -> None:
-    """extracted_relations written before names were places in their fact's names (every name as text): rewritten
+def _migrate_places(con: duckdb.DuckDBPyConnection, path: Path, again: list[str]) -> None:
+    """Staging tables written before names were places in their fact's names (every name as text): rewritten
     once, each name found in the names of the fact its description refers to replaced by its place there, the way
-    the staging load stores it, a bucket of MIGRATION_CHUNKS chunks per statement. `again`: just rewritten by
-    _migrate_descriptions, with every name as text."""
-    if not again and con.execute(
-            "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
-            "AND table_name = 'extracted_relations' AND column_name = 'source_pos'").fetchall()[0][0]:
+    the staging load stores it, a bucket of MIGRATION_CHUNKS chunks per statement. `again`: tables just rewritten
+    by _migrate_descriptions, with every name as text."""
+    have = {t for (t,) in con.execute(
+        "SELECT table_name FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND table_name || '.' || column_name IN (SELECT unnest(?))",
+        [[f"{t}.{next(iter(p.values()))}" for t, p in PLACED.items()]]).fetchall()}
+    stale = [t for t in PLACED if t not in have or t in again]
+    if not stale:
         return
-    log.warning("%s: rewriting extracted_relations to store names as places in their sentences: once", path)
+    log.warning("%s: rewriting %s to store names as places in their sentences: once", path, ", ".join(stale))
     con.execute("SET enable_progress_bar = false")
     n = con.execute("SELECT count(DISTINCT chunk_id) FROM extracted_facts").fetchall()[0][0]
     buckets = max(1, -(-n // MIGRATION_CHUNKS))
     with transaction(con):
-        con.execute("ALTER TABLE extracted_relations RENAME TO lh_old_extracted_relations")
-        con.execute(_schema_tables()["extracted_relations"])
-        cols = [c for c in stored_columns(con, "extracted_relations") if c not in (*PLACED, *PLACED.values())]
-        for bucket in range(buckets):
-            con.execute(f"""
-                INSERT INTO extracted_relations ({", ".join(cols)}, source, target, source_pos, target_pos)
-                SELECT {", ".join(cols)}, CASE WHEN s IS NULL THEN source END, CASE WHEN t IS NULL THEN target END, s, t
-                FROM (SELECT x.*, list_position(f.names, x.source) AS s, list_position(f.names, x.target) AS t
-                      FROM (SELECT *, rowid AS lh_row FROM lh_old_extracted_relations WHERE hash(chunk_id) % $n = $b) x
-                      LEFT JOIN (SELECT * FROM extracted_facts WHERE hash(chunk_id) % $n = $b) f
-                      ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx)
-                ORDER BY lh_row""", {"n": buckets, "b": bucket})
-        con.execute("DROP TABLE lh_old_extracted_relations")
+        for table in stale:
+            placed = PLACED[table]
+            con.execute(f"ALTER TABLE {table} RENAME TO lh_old_{table}")
+            con.execute(_schema_tables()[table])
+            cols = [c for c in stored_columns(con, table) if c not in (*placed, *placed.values())]
+            held = [c for c in stored_columns(con, f"lh_old_{table}") if c in placed.values()]  # all NULL
+            old = f"* EXCLUDE ({', '.join(held)})" if held else "*"
+            for bucket in range(buckets):
+                con.execute(f"""
+                    INSERT INTO {table} ({", ".join([*cols, *placed, *placed.values()])})
+                    SELECT {", ".join(cols)},
+                           {", ".join(f"CASE WHEN {p} IS NULL THEN {c} END" for c, p in placed.items())},
+                           {", ".join(placed.values())}
+                    FROM (SELECT x.*, {", ".join(f"list_position(f.names, x.{c}) AS {p}" for c, p in placed.items())}
+                          FROM (SELECT {old}, rowid AS lh_row FROM lh_old_{table}
+                                WHERE hash(chunk_id) % $n = $b) x
+                          LEFT JOIN (SELECT * FROM extracted_facts WHERE hash(chunk_id) % $n = $b) f
+                          ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx)
+                    ORDER BY lh_row""", {"n": buckets, "b": bucket})
+            con.execute(f"DROP TABLE lh_old_{table}")
     con.execute("CHECKPOINT")
 
 
@@ -465,7 +475,7 @@ def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
     con.execute("""CREATE OR REPLACE TEMP TABLE lh_names AS
         SELECT name, norm_name, 'e_' || substr(sha256(norm_name), 1, 16) AS entity_id
         FROM (SELECT name, lh_norm(name) AS norm_name FROM (
-            SELECT name FROM extracted_entities WHERE namespace = $ns
+            SELECT name FROM extracted_entities WHERE namespace = $ns AND name IS NOT NULL
             UNION SELECT source FROM extracted_relations WHERE namespace = $ns AND source IS NOT NULL
             UNION SELECT target FROM extracted_relations WHERE namespace = $ns AND target IS NOT NULL
             UNION SELECT unnest(names) FROM extracted_facts WHERE namespace = $ns))""", {"ns": namespace})
@@ -487,13 +497,14 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
     raw = f"""SELECT r.chunk_id, r.source, r.target, r.fact_idx, r.description, r.weight, r.type,
                      a.entity_id AS source_id, b.entity_id AS target_id,
                      least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
-              FROM ({named_relations()}) r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
+              FROM ({named("extracted_relations")}) r
+              JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
               WHERE a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
     kept = f"SELECT * FROM ({raw})" if not per_chunk else f"""
         WITH raw AS ({raw}),
         chunks_of AS (
             SELECT k.entity_id, count(DISTINCT x.chunk_id) AS n
-            FROM extracted_entities x JOIN lh_names k ON k.name = x.name WHERE x.namespace = $ns GROUP BY k.entity_id
+            FROM ({named("extracted_entities")}) x JOIN lh_names k ON k.name = x.name GROUP BY k.entity_id
         ),
         scored AS (
             SELECT raw.*, sum(weight) OVER (PARTITION BY lo, hi)
@@ -515,10 +526,11 @@ def extraction_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
     (a scoped update replaces them by tables of the rows in its scope); and `lh_sentences`, every fact of the
     namespace, which the descriptions of extracted entities and relations refer to (in any scope)."""
     literal = "'" + namespace.replace("'", "''") + "'"  # a view takes no parameters
-    for name, table in (("lh_entities", "extracted_entities"), ("lh_facts", "extracted_facts"),
-                        ("lh_sentences", "extracted_facts")):
+    for name, query in (("lh_entities", named("extracted_entities", literal)),
+                        ("lh_facts", f"SELECT * FROM extracted_facts WHERE namespace = {literal}"),
+                        ("lh_sentences", f"SELECT * FROM extracted_facts WHERE namespace = {literal}")):
         drop_temp(con, name)
-        con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {table} WHERE namespace = {literal}")
+        con.execute(f"CREATE TEMP VIEW {name} AS {query}")
 
 
 def drop_temp(con: duckdb.DuckDBPyConnection, name: str) -> None:
