@@ -29,6 +29,7 @@ from lazyhippo.stores.warehouse import (
     chunk_relations,
     count,
     drop_temp,
+    entity_inputs,
     extraction_inputs,
     name_keys,
     named,
@@ -185,6 +186,7 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
     merged = 0
     if scope is None:
         chunk_relations(con, ns, settings.relations_per_chunk)
+        entity_inputs(con, ns)
         for m in MODELS:
             run_sql_model(con, m, ns)
         merged = apply_merges(con, ns)  # recorded entity merges, folded in again

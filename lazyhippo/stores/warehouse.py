@@ -522,15 +522,21 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
 
 
 def extraction_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
-    """The temporary views `lh_entities` and `lh_facts` the SQL models read: every extracted row of the namespace
-    (a scoped update replaces them by tables of the rows in its scope); and `lh_sentences`, every fact of the
-    namespace, which the descriptions of extracted entities and relations refer to (in any scope)."""
+    """The temporary view `lh_facts` the SQL models read: every fact of the namespace (a scoped update replaces it
+    by a table of the facts in its scope); and `lh_sentences`, every fact of the namespace, which the descriptions
+    of extracted entities and relations refer to (in any scope)."""
     literal = "'" + namespace.replace("'", "''") + "'"  # a view takes no parameters
-    for name, query in (("lh_entities", named("extracted_entities", literal)),
-                        ("lh_facts", f"SELECT * FROM extracted_facts WHERE namespace = {literal}"),
-                        ("lh_sentences", f"SELECT * FROM extracted_facts WHERE namespace = {literal}")):
+    for name in ("lh_facts", "lh_sentences"):
         drop_temp(con, name)
-        con.execute(f"CREATE TEMP VIEW {name} AS {query}")
+        con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM extracted_facts WHERE namespace = {literal}")
+
+
+def entity_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
+    """The temporary table `lh_entities` the SQL models read: every extracted entity row of the namespace, names
+    read back from their places once (a view joined the facts again at each of the models' reads, which together
+    outgrew DuckDB's memory cap); a scoped update makes its own of the rows in its scope."""
+    drop_temp(con, "lh_entities")
+    con.execute(f"CREATE TEMP TABLE lh_entities AS {named('extracted_entities')}", {"ns": namespace})
 
 
 def drop_temp(con: duckdb.DuckDBPyConnection, name: str) -> None:
