@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS chunks (
 -- A name (an entity's, a relation's ends) among the names of the sentence its description refers to is stored as
 -- its place in that sentence's `names` (1-based: `name_pos`, `source_pos`, `target_pos`), the name NULL; any other
 -- as text (lazyhippo.stores.warehouse.named reads them back). Each pair of a sentence repeated both names, each
--- name its text: the two tables 21.0 -> 9.7 MB at 10,000 documents. Tables written before hold every name as
+-- name its text: the two tables 21.0 -> 9.0 MB at 10,000 documents. Tables written before hold every name as
 -- text (rewritten once on open: lazyhippo.stores.warehouse._migrate_places).
 CREATE TABLE IF NOT EXISTS extracted_entities (
   namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, name VARCHAR, type VARCHAR,

@@ -372,7 +372,7 @@ def test_staging_stores_each_sentence_once_and_descriptions_refer_to_the_facts(s
                                           ("extracted_relations", ("source", "target"))])
 def test_names_in_the_sentence_they_refer_to_are_stored_as_places_and_read_back(sample_settings, table, names):
     """Each pair of names in a sentence repeated both names, each entity row its name (the two tables 21.0 ->
-    9.7 MB at 10,000 documents): a name among the names of the row's fact is its place there, read back as the
+    9.0 MB at 10,000 documents): a name among the names of the row's fact is its place there, read back as the
     name."""
     from lazyhippo.stores.warehouse import named
 
