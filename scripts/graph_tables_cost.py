@@ -51,9 +51,8 @@ def build(home: Path, namespace: str, change: bool) -> None:
             for t in STAGED:
                 con.execute(f"UPDATE {t} SET chunk_id = chunk_id || 'x' WHERE namespace = ? "
                             "AND chunk_id IN (SELECT unnest(?))", [ns, ids])
-            first = "(SELECT unnest(names) FROM extracted_facts WHERE namespace = $ns AND chunk_id = $c AND fact_idx = 0)"
-            con.execute(f"DELETE FROM extracted_relations WHERE namespace = $ns AND chunk_id = $c "
-                        f"AND source IN {first} AND target IN {first}", {"ns": ns, "c": ids[0] + "x"})
+            con.execute("DELETE FROM extracted_relations WHERE namespace = $ns AND chunk_id = $c AND fact_idx = 0",
+                        {"ns": ns, "c": ids[0] + "x"})
             con.execute("COMMIT")
             print(f"changed {doc}: {len(ids)} chunks", flush=True)
         t1, c1 = time.perf_counter(), cpu()

@@ -390,7 +390,8 @@ def test_the_graph_models_fit_a_duckdb_memory_cap_smaller_than_their_texts(tmp_p
 
     import pyarrow as pa
 
-    from lazyhippo.stores.warehouse import chunk_relations, extraction_inputs, name_keys, replace_rows, run_sql_model
+    from lazyhippo.stores.warehouse import (chunk_relations, entity_inputs, extraction_inputs, name_keys,
+                                             replace_rows, run_sql_model)
 
     monkeypatch.setenv("LAZYHIPPO_DUCKDB_MEMORY", "64MB")
     rng = random.Random(1)
@@ -410,6 +411,7 @@ def test_the_graph_models_fit_a_duckdb_memory_cap_smaller_than_their_texts(tmp_p
         name_keys(con, "default")
         chunk_relations(con, "default", 0)
         extraction_inputs(con, "default")
+        entity_inputs(con, "default")
         entities = run_sql_model(con, "entities", "default")
         relations = run_sql_model(con, "relations", "default")
         most = con.execute("SELECT max(len(string_split(description, ' | '))) FROM entities").fetchall()[0][0]
@@ -429,7 +431,8 @@ def test_the_relations_model_joins_on_equalities_only(tmp_path):
     import pyarrow as pa
 
     from lazyhippo.sql import SQL_DIR
-    from lazyhippo.stores.warehouse import chunk_relations, extraction_inputs, name_keys, replace_rows, run_sql_model
+    from lazyhippo.stores.warehouse import (chunk_relations, entity_inputs, extraction_inputs, name_keys,
+                                             replace_rows, run_sql_model)
 
     s = Settings(home=tmp_path)
     names = [f"Name {i}" for i in range(50)]
@@ -445,6 +448,7 @@ def test_the_relations_model_joins_on_equalities_only(tmp_path):
         name_keys(con, "default")
         chunk_relations(con, "default", 0)
         extraction_inputs(con, "default")
+        entity_inputs(con, "default")
         run_sql_model(con, "entities", "default")
         plans = []  # each statement's, the temporary tables of those before it built
         for statement in [s.query for s in con.extract_statements((SQL_DIR / "relations.sql").read_text())]:

@@ -360,7 +360,8 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
     """The rows DuckDB unnests from the extractions' JSON are the Python values, row for row and in order: text
     beyond the basic plane, quotes and escapes, floats that JSON round-trips, a relation with and without a type,
     empty lists, a failed chunk. A description that is the start of one of its chunk's facts (the first such fact)
-    is stored as the fact's index, any other as text, and both read back as the extraction gave them."""
+    is stored as the fact's index, any other as text; a name among that fact's names as its place there, any other
+    as text; all read back as the extraction gave them."""
     from lazyhippo.models.extractors import Extraction, encode
     from lazyhippo.stages.extractions import _figures, _insert_extractions
     from lazyhippo.stores.warehouse import described
@@ -388,11 +389,11 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
                for t in ("extracted_entities", "extracted_relations", "extracted_facts", "extraction_failures")}
         read = {t: sorted(con.execute(f"SELECT * EXCLUDE (namespace) FROM ({described(t)})", {"ns": "default"})
                           .fetchall(), key=repr) for t in ("extracted_entities", "extracted_relations")}
-    assert got["extracted_entities"] == [("c1", odd, "PERSON", None, 3), ("c1", "B", None, "", None),
-                                         ("c1", "D", "ORG", None, 1), ("c3", "C", "ORG", "one", None)]
-    assert got["extracted_relations"] == [("c1", odd, "B", "d", 0.1 + 0.2, None, None),
-                                          ("c1", "B", odd, "", 2.5, "PART_OF", None),
-                                          ("c1", "B", "D", None, 1.0, None, 0)]
+    assert got["extracted_entities"] == [("c1", None, "PERSON", None, 3, 1), ("c1", "B", None, "", None, None),
+                                         ("c1", "D", "ORG", None, 1, None), ("c3", "C", "ORG", "one", None, None)]
+    assert got["extracted_relations"] == [("c1", odd, "B", "d", 0.1 + 0.2, None, None, None, None),
+                                          ("c1", "B", odd, "", 2.5, "PART_OF", None, None, None),
+                                          ("c1", None, "D", None, 1.0, None, 0, 2, None)]
     assert read["extracted_entities"] == sorted([(c, e["name"], e["type"], e["description"])
                                                  for c, ex in results.items() for e in ex.entities], key=repr)
     assert read["extracted_relations"] == sorted([(c, r["source"], r["target"], r["weight"], r.get("type"),

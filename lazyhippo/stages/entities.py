@@ -29,8 +29,10 @@ from lazyhippo.stores.warehouse import (
     chunk_relations,
     count,
     drop_temp,
+    entity_inputs,
     extraction_inputs,
     name_keys,
+    named,
     refresh_degree,
     run_sql_model,
     transaction,
@@ -40,11 +42,12 @@ MODELS = ("entities", "relations", "mentions", "facts")
 BUCKET_CHUNKS = 25_000  # chunks whose named entities one query sorts (_chunk_entities)
 STAGE = "entities"
 
-# every name a chunk's extracted rows use, with the chunk: what an entity's rows depend on
+# every name a chunk's extracted rows use, with the chunk: what an entity's rows depend on (a name stored as its
+# place in a fact's names is among the facts' names)
 _CHUNK_NAMES = """
-    SELECT chunk_id, name FROM extracted_entities WHERE namespace = $ns
-    UNION ALL SELECT chunk_id, source FROM extracted_relations WHERE namespace = $ns
-    UNION ALL SELECT chunk_id, target FROM extracted_relations WHERE namespace = $ns
+    SELECT chunk_id, name FROM extracted_entities WHERE namespace = $ns AND name IS NOT NULL
+    UNION ALL SELECT chunk_id, source FROM extracted_relations WHERE namespace = $ns AND source IS NOT NULL
+    UNION ALL SELECT chunk_id, target FROM extracted_relations WHERE namespace = $ns AND target IS NOT NULL
     UNION ALL SELECT chunk_id, unnest(names) FROM extracted_facts WHERE namespace = $ns"""
 
 
@@ -66,13 +69,13 @@ def _params(settings: Settings, llm) -> str:
 
 def _chunk_hashes(con: duckdb.DuckDBPyConnection, ns: str) -> dict[str, str]:
     """Chunk id -> row count and order-independent hash of its extracted rows (entities, relations, facts; a
-    description that refers to a fact is covered by the fact's text)."""
-    return dict(con.execute("""
+    description or name that refers to a fact is covered by the fact's text and names)."""
+    return dict(con.execute(f"""
         SELECT chunk_id, count(*) || ':' || sum(h) FROM (
-            SELECT chunk_id, hash(name, type, description, fact_idx)::HUGEINT AS h FROM extracted_entities
-                      WHERE namespace = $ns
+            SELECT chunk_id, hash(name, type, description, fact_idx)::HUGEINT AS h
+                      FROM ({named("extracted_entities")})
             UNION ALL SELECT chunk_id, hash(source, target, description, fact_idx, weight, type)::HUGEINT
-                      FROM extracted_relations WHERE namespace = $ns
+                      FROM ({named("extracted_relations")})
             UNION ALL SELECT chunk_id, hash(fact_idx, text, names)::HUGEINT FROM extracted_facts WHERE namespace = $ns)
         GROUP BY chunk_id""", {"ns": ns}).fetchall())
 
@@ -134,8 +137,8 @@ def _scoped_inputs(con: duckdb.DuckDBPyConnection, ns: str, scope: Scope) -> Non
                 "SELECT name FROM lh_names WHERE entity_id IN (SELECT entity_id FROM lh_scope)")
     for name in ("lh_entities", "lh_facts"):
         drop_temp(con, name)
-    con.execute("CREATE TEMP TABLE lh_entities AS SELECT * FROM extracted_entities "
-                "WHERE namespace = $ns AND name IN (SELECT name FROM lh_scope_names)", p)
+    con.execute(f"CREATE TEMP TABLE lh_entities AS SELECT * FROM ({named('extracted_entities')}) "
+                "WHERE name IN (SELECT name FROM lh_scope_names)", p)
     con.execute("""CREATE TEMP TABLE lh_facts AS SELECT * FROM extracted_facts f
         WHERE namespace = $ns AND (chunk_id IN (SELECT unnest($new::VARCHAR[])) OR (chunk_id, fact_idx) IN (
             SELECT (chunk_id, fact_idx) FROM (SELECT chunk_id, fact_idx, unnest(names) AS name FROM extracted_facts
@@ -183,6 +186,7 @@ def build_graph_tables(settings: Settings, con: duckdb.DuckDBPyConnection, llm=N
     merged = 0
     if scope is None:
         chunk_relations(con, ns, settings.relations_per_chunk)
+        entity_inputs(con, ns)
         for m in MODELS:
             run_sql_model(con, m, ns)
         merged = apply_merges(con, ns)  # recorded entity merges, folded in again

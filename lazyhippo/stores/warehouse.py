@@ -110,7 +110,7 @@ def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     _migrate_fingerprints(con)
     _migrate_vectors(con)
     _migrate_storage(con, settings.db_path)
-    _migrate_descriptions(con, settings.db_path)
+    _migrate_places(con, settings.db_path, _migrate_descriptions(con, settings.db_path))
     return _with_functions(con)
 
 
@@ -221,15 +221,36 @@ DESCRIBED = ("extracted_entities", "extracted_relations")  # staging tables whos
 MIGRATION_CHUNKS = 25_000  # chunks whose rows one statement of _migrate_descriptions rewrites
 
 
+# per staging table, its names stored as places in their fact's names (schema.sql): name column -> place column
+PLACED = {"extracted_entities": {"name": "name_pos"},
+          "extracted_relations": {"source": "source_pos", "target": "target_pos"}}
+
+
+def _named(table: str) -> list[str]:
+    """The stored columns of `table` but its descriptions and places, each name read back from its place."""
+    placed = PLACED[table]
+    return [f"coalesce(x.{c}, f.names[x.{placed[c]}]) AS {c}" if c in placed else f"x.{c}"
+            for c in _schema_columns(table) if c not in ("description", "fact_idx", *placed.values())]
+
+
 def described(table: str) -> str:
     """A query of the rows of `table` (extracted_entities or extracted_relations) of the namespace `$ns` with every
-    description as text: a reference to one of the chunk's facts read back from it."""
-    cols = ", ".join(f"x.{c}" for c in _schema_columns(table) if c not in ("description", "fact_idx"))
+    description and name as text: a reference to one of the chunk's facts read back from it."""
+    cols = ", ".join(_named(table))
     return f"""SELECT {cols}, CASE WHEN x.fact_idx IS NULL THEN x.description
                                  ELSE left(f.text, {DESCRIPTION_HEAD}) END AS description
                FROM {table} x LEFT JOIN extracted_facts f
                ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
                WHERE x.namespace = $ns"""
+
+
+def named(table: str, namespace: str = "$ns") -> str:
+    """A query of the rows of `table` (extracted_entities or extracted_relations) of the namespace `namespace` (an
+    SQL expression) with every name as text, descriptions as stored (a fact's index, else text)."""
+    return f"""SELECT {", ".join(_named(table))}, x.description, x.fact_idx
+               FROM {table} x LEFT JOIN extracted_facts f
+               ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
+               WHERE x.namespace = {namespace}"""
 
 
 @lru_cache(maxsize=None)
@@ -240,17 +261,17 @@ def _schema_columns(table: str) -> tuple[str, ...]:
         return tuple(stored_columns(con, table))
 
 
-def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> list[str]:
     """Staging tables written before descriptions referred to facts (every description as text): rewritten once,
     each description that is the start of one of its chunk's facts replaced by that fact's index, the way the
     staging load stores it (lazyhippo.stages.extractions), a bucket of MIGRATION_CHUNKS chunks per statement (the
-    facts' starts of the bucket are what a statement holds)."""
+    facts' starts of the bucket are what a statement holds). The tables rewritten."""
     have = {t for (t,) in con.execute(
         "SELECT table_name FROM duckdb_columns() WHERE database_name = current_database() "
         "AND column_name = 'fact_idx' AND table_name IN (SELECT unnest(?))", [list(DESCRIBED)]).fetchall()}
     stale = [t for t in DESCRIBED if t not in have]
     if not stale:
-        return
+        return stale
     log.warning("%s: rewriting %s to store descriptions as references to their sentences: once", path,
                 ", ".join(stale))
     con.execute("SET enable_progress_bar = false")
@@ -274,6 +295,47 @@ def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                                GROUP BY namespace, chunk_id, head) f
                     ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.head = x.description
                     ORDER BY x.lh_row""", {"n": buckets, "b": bucket})
+            con.execute(f"DROP TABLE lh_old_{table}")
+    con.execute("CHECKPOINT")
+    return stale
+
+
+def _migrate_places(con: duckdb.DuckDBPyConnection, path: Path, again: list[str]) -> None:
+    """Staging tables written before names were places in their fact's names (every name as text): rewritten
+    once, each name found in the names of the fact its description refers to replaced by its place there, the way
+    the staging load stores it, a bucket of MIGRATION_CHUNKS chunks per statement. `again`: tables just rewritten
+    by _migrate_descriptions, with every name as text."""
+    have = {t for (t,) in con.execute(
+        "SELECT table_name FROM duckdb_columns() WHERE database_name = current_database() "
+        "AND table_name || '.' || column_name IN (SELECT unnest(?))",
+        [[f"{t}.{next(iter(p.values()))}" for t, p in PLACED.items()]]).fetchall()}
+    stale = [t for t in PLACED if t not in have or t in again]
+    if not stale:
+        return
+    log.warning("%s: rewriting %s to store names as places in their sentences: once", path, ", ".join(stale))
+    con.execute("SET enable_progress_bar = false")
+    n = con.execute("SELECT count(DISTINCT chunk_id) FROM extracted_facts").fetchall()[0][0]
+    buckets = max(1, -(-n // MIGRATION_CHUNKS))
+    with transaction(con):
+        for table in stale:
+            placed = PLACED[table]
+            con.execute(f"ALTER TABLE {table} RENAME TO lh_old_{table}")
+            con.execute(_schema_tables()[table])
+            cols = [c for c in stored_columns(con, table) if c not in (*placed, *placed.values())]
+            held = [c for c in stored_columns(con, f"lh_old_{table}") if c in placed.values()]  # all NULL
+            old = f"* EXCLUDE ({', '.join(held)})" if held else "*"
+            for bucket in range(buckets):
+                con.execute(f"""
+                    INSERT INTO {table} ({", ".join([*cols, *placed, *placed.values()])})
+                    SELECT {", ".join(cols)},
+                           {", ".join(f"CASE WHEN {p} IS NULL THEN {c} END" for c, p in placed.items())},
+                           {", ".join(placed.values())}
+                    FROM (SELECT x.*, {", ".join(f"list_position(f.names, x.{c}) AS {p}" for c, p in placed.items())}
+                          FROM (SELECT {old}, rowid AS lh_row FROM lh_old_{table}
+                                WHERE hash(chunk_id) % $n = $b) x
+                          LEFT JOIN (SELECT * FROM extracted_facts WHERE hash(chunk_id) % $n = $b) f
+                          ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx)
+                    ORDER BY lh_row""", {"n": buckets, "b": bucket})
             con.execute(f"DROP TABLE lh_old_{table}")
     con.execute("CHECKPOINT")
 
@@ -420,9 +482,9 @@ def name_keys(con: duckdb.DuckDBPyConnection, namespace: str) -> int:
     con.execute("""CREATE OR REPLACE TEMP TABLE lh_names AS
         SELECT name, norm_name, 'e_' || substr(sha256(norm_name), 1, 16) AS entity_id
         FROM (SELECT name, lh_norm(name) AS norm_name FROM (
-            SELECT name FROM extracted_entities WHERE namespace = $ns
-            UNION SELECT source FROM extracted_relations WHERE namespace = $ns
-            UNION SELECT target FROM extracted_relations WHERE namespace = $ns
+            SELECT name FROM extracted_entities WHERE namespace = $ns AND name IS NOT NULL
+            UNION SELECT source FROM extracted_relations WHERE namespace = $ns AND source IS NOT NULL
+            UNION SELECT target FROM extracted_relations WHERE namespace = $ns AND target IS NOT NULL
             UNION SELECT unnest(names) FROM extracted_facts WHERE namespace = $ns))""", {"ns": namespace})
     return con.execute("SELECT count(*) FROM lh_names").fetchall()[0][0]
 
@@ -442,13 +504,14 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
     raw = f"""SELECT r.chunk_id, r.source, r.target, r.fact_idx, r.description, r.weight, r.type,
                      a.entity_id AS source_id, b.entity_id AS target_id,
                      least(a.entity_id, b.entity_id) AS lo, greatest(a.entity_id, b.entity_id) AS hi
-              FROM extracted_relations r JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
-              WHERE r.namespace = $ns AND a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
+              FROM ({named("extracted_relations")}) r
+              JOIN lh_names a ON a.name = r.source JOIN lh_names b ON b.name = r.target
+              WHERE a.norm_name <> '' AND b.norm_name <> '' AND a.entity_id <> b.entity_id {some}"""
     kept = f"SELECT * FROM ({raw})" if not per_chunk else f"""
         WITH raw AS ({raw}),
         chunks_of AS (
             SELECT k.entity_id, count(DISTINCT x.chunk_id) AS n
-            FROM extracted_entities x JOIN lh_names k ON k.name = x.name WHERE x.namespace = $ns GROUP BY k.entity_id
+            FROM ({named("extracted_entities")}) x JOIN lh_names k ON k.name = x.name GROUP BY k.entity_id
         ),
         scored AS (
             SELECT raw.*, sum(weight) OVER (PARTITION BY lo, hi)
@@ -466,14 +529,21 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
 
 
 def extraction_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
-    """The temporary views `lh_entities` and `lh_facts` the SQL models read: every extracted row of the namespace
-    (a scoped update replaces them by tables of the rows in its scope); and `lh_sentences`, every fact of the
-    namespace, which the descriptions of extracted entities and relations refer to (in any scope)."""
+    """The temporary view `lh_facts` the SQL models read: every fact of the namespace (a scoped update replaces it
+    by a table of the facts in its scope); and `lh_sentences`, every fact of the namespace, which the descriptions
+    of extracted entities and relations refer to (in any scope)."""
     literal = "'" + namespace.replace("'", "''") + "'"  # a view takes no parameters
-    for name, table in (("lh_entities", "extracted_entities"), ("lh_facts", "extracted_facts"),
-                        ("lh_sentences", "extracted_facts")):
+    for name in ("lh_facts", "lh_sentences"):
         drop_temp(con, name)
-        con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {table} WHERE namespace = {literal}")
+        con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM extracted_facts WHERE namespace = {literal}")
+
+
+def entity_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
+    """The temporary table `lh_entities` the SQL models read: every extracted entity row of the namespace, names
+    read back from their places once (a view joined the facts again at each of the models' reads, which together
+    outgrew DuckDB's memory cap); a scoped update makes its own of the rows in its scope."""
+    drop_temp(con, "lh_entities")
+    con.execute(f"CREATE TEMP TABLE lh_entities AS {named('extracted_entities')}", {"ns": namespace})
 
 
 def drop_temp(con: duckdb.DuckDBPyConnection, name: str) -> None:
