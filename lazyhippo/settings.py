@@ -95,7 +95,7 @@ class Settings:
     chunk_overlap: int = 32
     max_file_bytes: int = 20_000_000
     extractor: str = "nlp"  # "nlp" (offline spaCy) or "llm" (OpenAI-compatible)
-    nlp_noun_phrases: str = "tags"  # where the offline extraction's noun phrases come from: tags | parser | none
+    nlp_noun_phrases: str = "parser"  # where the offline extraction's noun phrases come from: parser | tags | none
     embedder: str = "static-minilm"  # profile: lazyhippo.embedding.PROFILES
     llm: LlmKind = "none"   # "openai": community summaries and answers use the OpenAI-compatible endpoint
     llm_model: str = "gpt-4o-mini"

