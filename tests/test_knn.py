@@ -193,23 +193,28 @@ def rows_of(ids: list[str], edges) -> list[tuple[int, int, float, int]]:
     return [(pos[e.source], pos[e.target], e.score, e.rank) for e in edges]
 
 
+def tied_vectors(first: int, stored: bool):
+    """900 clustered vectors with thirteen copies from `first` on and a zero vector at 500 (a cosine of 0 with
+    everything): ids, the vectors as searched (int8 codes when `stored`), and the float rows they stand for."""
+    from lazyhippo.models.embedders import normalize
+
+    x = clustered(900, dim=24, centres=30, noise=0.6, seed=3)
+    x[first + 1:first + 13] = x[first]
+    x[500] = 0.0
+    ids = [f"e{i:04d}" for i in range(len(x))]
+    if not stored:
+        return ids, x, x
+    codes, scales = int8_rows(x)
+    return ids, StoredVectors(codes, scales), normalize(codes.astype(np.float32) * scales[:, None])
+
+
 @pytest.mark.parametrize("top_k,cutoff", [(3, 0.6), (5, 0.3), (4, -1.0), (40, 0.9)])
 @pytest.mark.parametrize("stored", [False, True])
 def test_exact_search_equals_brute_force(monkeypatch, top_k, cutoff, stored):
     """Up to KNN_EXACT_MAX the search finds exactly what comparing every pair in float64 finds: exact copies
     tie by the dozen (more than the candidates' slack) and go to the lower index, rows have fewer items above
     the cutoff than k or none, and blocks of sources are small enough that a row's candidates span several."""
-    from lazyhippo.models.embedders import normalize
-
-    x = clustered(900, dim=24, centres=30, noise=0.6, seed=3)
-    x[100:112] = x[99]  # thirteen copies: ties at every rank
-    x[500] = 0.0  # a zero vector: a cosine of 0 with everything
-    ids = [f"e{i:04d}" for i in range(len(x))]
-    if stored:
-        codes, scales = int8_rows(x)
-        vectors, x = StoredVectors(codes, scales), normalize(codes.astype(np.float32) * scales[:, None])
-    else:
-        vectors = x
+    ids, vectors, x = tied_vectors(99, stored)  # thirteen copies: ties at every rank
     monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", len(x))
     monkeypatch.setattr(algorithms, "KNN_BLOCK_PAIRS", 64 * len(x))  # 64 sources a block
     found = rows_of(ids, knn_edges(ids, vectors, top_k, cutoff))
@@ -238,17 +243,7 @@ def test_an_update_above_the_exact_size_finds_the_brute_force_edges(monkeypatch,
     """Above KNN_EXACT_MAX an update's stale rows are still searched exactly while rows x items stays within its
     square, items by blocks: a row's best among earlier blocks meets the next block's items, copies tying across
     a block boundary go to the lower index, and the edges are those of comparing every pair in float64."""
-    from lazyhippo.models.embedders import normalize
-
-    x = clustered(900, dim=24, centres=30, noise=0.6, seed=3)
-    x[250:262] = x[249]  # thirteen copies across the items' block boundary at 256
-    x[500] = 0.0
-    ids = [f"e{i:04d}" for i in range(len(x))]
-    if stored:
-        codes, scales = int8_rows(x)
-        vectors, x = StoredVectors(codes, scales), normalize(codes.astype(np.float32) * scales[:, None])
-    else:
-        vectors = x
+    ids, vectors, x = tied_vectors(249, stored)  # thirteen copies across the items' block boundary at 256
     rows = [261, 500, 7, 249, 899, 0, *range(880, 600, -4)]  # 76 rows, not in order
     monkeypatch.setattr(algorithms, "KNN_EXACT_MAX", 300)  # 76 rows x 900 items: within 300 squared
     monkeypatch.setattr(algorithms, "ROW_BLOCK", 128)  # items in eight blocks
