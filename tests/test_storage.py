@@ -415,26 +415,42 @@ OLD_NAMES = {
 }
 
 
-def test_a_warehouse_that_stored_names_as_text_stores_places_once_on_open_and_builds_the_same_graph(
-        tmp_path, caplog):
-    """The migration stores the rows the staging load stores, in the same order, and the graph tables built
-    from them are the ones built before."""
-    from lazyhippo.stages.entities import MODELS, build_graph_tables
+def _staged_as_before(tmp_path, tables: dict, descriptions: bool):
+    """An indexed home whose staging `tables` are put back as an older warehouse stored them, its graph tables
+    kept beside as before_*, the entities stage's inputs forgotten so that they are built again whole: the home's
+    settings, its staged rows as this version stores them, and the connection (to close)."""
+    from lazyhippo.stages.entities import MODELS
 
     settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
     run_index(settings)
     con = duckdb.connect(str(settings.db_path))
-    staged = {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in OLD_NAMES}
+    staged = {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in tables}
     for t in MODELS:
         con.execute(f"CREATE TABLE before_{t} AS SELECT * FROM {t}")
-    for t in OLD_NAMES:
-        _as_text(con, t, descriptions=False)
-    con.execute("DELETE FROM stage_inputs WHERE stage = 'entities'")  # the graph tables built again, whole
-    con.close()
+    for t in tables:
+        _as_text(con, t, descriptions=descriptions)
+    con.execute("DELETE FROM stage_inputs WHERE stage = 'entities'")
+    return settings, staged, con
+
+
+def _opened_builds_the_same(settings, tables: dict, staged: dict, caplog):
+    """Opening the home stores the staged rows again, and the graph tables built from them are those before."""
+    from lazyhippo.stages.entities import MODELS, build_graph_tables
+
     with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
-        assert {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in OLD_NAMES} == staged
+        assert {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in tables} == staged
         build_graph_tables(settings, con)
         assert {t: _differing_rows(con, t, f"before_{t}") for t in MODELS} == dict.fromkeys(MODELS, 0)
+        assert all(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] > 0 for t in MODELS)
+
+
+def test_a_warehouse_that_stored_names_as_text_stores_places_once_on_open_and_builds_the_same_graph(
+        tmp_path, caplog):
+    """The migration stores the rows the staging load stores, in the same order, and the graph tables built
+    from them are the ones built before."""
+    settings, staged, con = _staged_as_before(tmp_path, OLD_NAMES, descriptions=False)
+    con.close()
+    _opened_builds_the_same(settings, OLD_NAMES, staged, caplog)
     assert "names" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings):
@@ -455,31 +471,18 @@ def test_a_warehouse_that_stored_descriptions_as_text_refers_to_facts_once_on_op
         tmp_path, caplog):
     """The migration stores the rows the staging load stores (the same references, in the same order), and the
     graph tables built from them are the ones built before, row for row."""
-    from lazyhippo.stages.entities import MODELS, build_graph_tables
-
-    settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
-    run_index(settings)
-    con = duckdb.connect(str(settings.db_path))
-    staged = {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in OLD_STAGING}
-    for t in MODELS:
-        con.execute(f"CREATE TABLE before_{t} AS SELECT * FROM {t}")
-    for t in OLD_STAGING:
-        _as_text(con, t, descriptions=True)
+    settings, staged, con = _staged_as_before(tmp_path, OLD_STAGING, descriptions=True)
     texts = con.execute("SELECT count(description) FROM extracted_relations").fetchone()[0]
     assert texts == len(staged["extracted_relations"]) > 100
-    con.execute("DELETE FROM stage_inputs WHERE stage = 'entities'")  # the graph tables built again, whole
     con.close()
-    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
-        assert {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in OLD_STAGING} == staged
-        build_graph_tables(settings, con)
-        assert {t: _differing_rows(con, t, f"before_{t}") for t in MODELS} == dict.fromkeys(MODELS, 0)
-        assert all(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] > 0 for t in MODELS)
+    _opened_builds_the_same(settings, OLD_STAGING, staged, caplog)
     assert "descriptions" in caplog.text and "names" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
         n = con.execute("SELECT count(*) FROM extracted_relations").fetchone()[0]
     assert n == len(staged["extracted_relations"])
     assert "rewriting" not in caplog.text  # once
+
 
 def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_computes_once_on_open(tmp_path):
     """Text hashes and stage fingerprints written as hex text become the integers the stages now compute for
