@@ -72,6 +72,9 @@ ENV = {"home": "LAZYHIPPO_HOME", "namespace": "LAZYHIPPO_NAMESPACE", "source": "
 # fields that change how an index is queried, not what it holds (an index built with other values is the same)
 QUERY_FIELDS = ("rerank", "rerank_top_n", "chunk_selection", "max_related_chunks")
 KNN_STRUCTURAL = ("off", "concat", "replace")
+# where the offline extraction's noun phrases come from: spaCy's parser (its noun chunks, the default), the
+# tagger's parts of speech (a third less extraction CPU, not the default: docs/decisions.md), or nowhere
+NOUN_PHRASES = ("parser", "tags", "none")
 
 
 def check_resolutions(resolutions: Sequence[float] | str) -> tuple[float, ...]:
@@ -95,7 +98,7 @@ class Settings:
     chunk_overlap: int = 32
     max_file_bytes: int = 20_000_000
     extractor: str = "nlp"  # "nlp" (offline spaCy) or "llm" (OpenAI-compatible)
-    nlp_noun_phrases: str = "parser"  # where the offline extraction's noun phrases come from: parser | tags | none
+    nlp_noun_phrases: str = "parser"  # NOUN_PHRASES
     embedder: str = "static-minilm"  # profile: lazyhippo.embedding.PROFILES
     llm: LlmKind = "none"   # "openai": community summaries and answers use the OpenAI-compatible endpoint
     llm_model: str = "gpt-4o-mini"
@@ -140,6 +143,10 @@ class Settings:
         if self.mode is not None and self.mode not in INDEX_MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(INDEX_MODES)}")
         object.__setattr__(self, "community_resolutions", check_resolutions(self.community_resolutions))
+        if isinstance(self.nlp_noun_phrases, bool):  # as a namespace indexed before recorded it: on was the parser's
+            object.__setattr__(self, "nlp_noun_phrases", "parser" if self.nlp_noun_phrases else "none")
+        if self.nlp_noun_phrases not in NOUN_PHRASES:
+            raise ValueError(f"nlp_noun_phrases {self.nlp_noun_phrases!r}: expected one of {', '.join(NOUN_PHRASES)}")
         if self.knn_structural not in KNN_STRUCTURAL:
             raise ValueError(f"knn_structural {self.knn_structural!r}: expected one of {', '.join(KNN_STRUCTURAL)}")
         if self.chunk_size < MIN_CHUNK_TOKENS or not 0 <= self.chunk_overlap < self.chunk_size:

@@ -36,6 +36,22 @@ def test_resource_config_reaches_the_settings(monkeypatch):
     assert s.community_resolutions == (0.5, 1.0) and s.knn_structural == "off"
 
 
+@pytest.mark.parametrize("recorded,expected", [(True, "parser"), (False, "none"), ("tags", "tags")])
+def test_a_namespace_recorded_with_noun_phrases_on_or_off_resolves_to_their_source(tmp_path, recorded, expected):
+    """A namespace indexed when noun phrases were on or off (a boolean) keeps indexing as it did: on was the
+    parser's phrases; an unknown source is an error naming the setting."""
+    import json
+
+    from lazyhippo.stores.namespaces import record_namespace, resolve_settings
+
+    record_namespace(Settings(home=tmp_path))
+    path = next((tmp_path / "namespaces").glob("*.json"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "nlp_noun_phrases": recorded}))
+    assert resolve_settings(tmp_path, None).nlp_noun_phrases == expected
+    with pytest.raises(ValueError, match="nlp_noun_phrases 'chunks'"):
+        Settings(nlp_noun_phrases="chunks")
+
+
 def test_cli_options_are_checked_before_a_run(tmp_path):
     from lazyhippo_dagster.options import OptionError, check_index_options, resolutions_list
 

@@ -19,7 +19,7 @@ from lazyhippo.graph.ppr import one_blas_thread
 from lazyhippo.models.llm import LLM, LLMError
 from lazyhippo.models.technical import Span, heading_spans, technical_spans
 from lazyhippo.models.tokens import sentences as split_sentences
-from lazyhippo.settings import environment
+from lazyhippo.settings import NOUN_PHRASES, environment
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.chunks import Chunk
 from lazyhippo.stores.cache import PackedExtractions, dumps
@@ -321,9 +321,6 @@ class GreedyEntities:
         return out
 
 
-# where noun phrases come from: spaCy's parser (its noun chunks, the default), the tagger's parts of speech (a
-# third less extraction CPU, not the default: docs/decisions.md), or nowhere
-NOUN_PHRASES = ("parser", "tags", "none")
 _PHRASE_WORDS = {"NUM", "ADJ", "NOUN", "PROPN"}
 
 
