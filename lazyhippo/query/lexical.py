@@ -106,20 +106,23 @@ _BLOCK = 1 << 18  # entries scored at once: ~20 MB of temporaries (1 << 22 held 
 def _counted(flat: np.ndarray, lengths: np.ndarray, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
     """`np.unique(token * n_docs + text, return_counts=True)` over every token occurrence, sorted in place:
     numpy's copies of the keys (each occurrence's text, the product, the sum, the sorted copy) took 1.5 GB for
-    265k passages."""
+    265k passages. The distinct keys are taken before the places where each first occurs, so the sorted keys go
+    first, and the counts are made from those places in place: the sorted keys held beside the places and the
+    distinct keys took 24 bytes an occurrence at once, now 17."""
     pairs = np.multiply(flat, n_docs, dtype=np.int64)
     pairs += np.repeat(np.arange(n_docs, dtype=np.min_scalar_type(max(n_docs - 1, 0))), lengths)
     pairs.sort()
     first = np.empty(len(pairs), dtype=bool)
     first[:1] = True
     np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    del first
-    unique = pairs[starts]
+    unique = pairs[first]
     del pairs
-    counts = np.empty_like(starts)
-    np.subtract(starts[1:], starts[:-1], out=counts[:-1])
-    counts[-1:] = len(flat) - starts[-1:]
+    counts = np.flatnonzero(first)  # each distinct key's first place, made its count in place by blocks
+    del first
+    for a in range(0, len(counts) - 1, _BLOCK):
+        b = min(a + _BLOCK, len(counts) - 1)
+        np.subtract(counts[a + 1:b + 1], counts[a:b], out=counts[a:b])
+    counts[-1:] = len(flat) - counts[-1:]
     return unique, counts
 
 
