@@ -37,6 +37,10 @@ EXPORT_BATCH_ROWS = 50_000  # rows of a table read at once while the exports ass
 # each column chunk's dictionary and zstd window to 50,000 rows: relations at 100,000 documents 303 -> 290 MB;
 # 64 MB groups, 285 MB for twice the memory)
 ROW_GROUP_BYTES = 32 << 20
+# bytes of a table's rows (as Arrow holds them) DuckDB sorts at once while the exports asset writes it; a sample
+# of SLICE_SAMPLE_ROWS rows gives the row width and the slices' bounds
+EXPORT_SLICE_BYTES = 16 << 20
+SLICE_SAMPLE_ROWS = 4096
 XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, minus the header
 
 
@@ -213,29 +217,72 @@ def _fingerprint(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> 
     return f"{n}:{h}:{columns}:{form}"
 
 
-def export_query(table: str) -> str:
+def export_query(table: str, where: str = "") -> str:
     """The namespace's rows of `table` as its Parquet object holds them: without the derived columns, in a total
-    order (equal rows give an equal object) led by EXPORT_ORDER."""
+    order (equal rows give an equal object) led by EXPORT_ORDER; `where` narrows them to a slice of that order."""
     cols = f"* EXCLUDE ({DERIVED[table]})" if table in DERIVED else "*"
     order = f"{EXPORT_ORDER[table]}, COLUMNS(*)" if table in EXPORT_ORDER else "ALL"
-    return f"SELECT {cols} FROM {table} WHERE namespace = ? ORDER BY {order}"
+    return f"SELECT {cols} FROM {table} WHERE namespace = ?{f' AND ({where})' if where else ''} ORDER BY {order}"
+
+
+def _slices(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> list[tuple[str, list]]:
+    """Conditions that cut the export order of `table` into consecutive slices of about EXPORT_SLICE_BYTES, by
+    values of its leading column (the quantiles of a sample), its nulls last as the order sorts them: one sort of
+    the whole table filled DuckDB's cap (relations at 10,000 documents: 500 MB to write a 9 MB object)."""
+    rows = con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchall()[0][0]
+    unordered = export_query(table).rsplit(" ORDER BY ", 1)[0]
+    sample = con.sql(f"SELECT * FROM ({unordered}) USING SAMPLE reservoir({SLICE_SAMPLE_ROWS} ROWS) REPEATABLE (1)",
+                     params=[namespace]).to_arrow_table()
+    parts = -(-rows * sample.nbytes // max(sample.num_rows, 1) // EXPORT_SLICE_BYTES)
+    if parts <= 1:
+        return [("", [])]
+    # the namespace is one value here: ORDER BY ALL is led by the first other column
+    lead = (EXPORT_ORDER[table].split(",")[0] if table in EXPORT_ORDER
+            else next(c for c in sample.column_names if c != "namespace"))
+    quantiles = [i / parts for i in range(1, parts)]
+    cuts = con.from_arrow(sample).query("sample", f"SELECT quantile_disc({lead}, {quantiles}) FROM sample").fetchall()[0][0]
+    cuts = [c for i, c in enumerate(cuts or []) if c is not None and (i == 0 or c != cuts[i - 1])]  # ascending
+    if not cuts:
+        return [("", [])]
+    return ([(f"{lead} < ?", [cuts[0]])] + [(f"{lead} >= ? AND {lead} < ?", [a, b]) for a, b in zip(cuts, cuts[1:])]
+            + [(f"{lead} >= ?", [cuts[-1]]), (f"{lead} IS NULL", [])])
+
+
+def _sorted_batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> Iterator[pa.RecordBatch]:
+    """The rows of export_query(table), slice by slice (DuckDB sorts one slice at a time), in batches of exactly
+    EXPORT_BATCH_ROWS (the last one short): the object's row groups depend on the rows alone, not on the slices
+    nor on DuckDB's chunks."""
+    pending, held = [], 0
+    for where, params in _slices(con, table, namespace):
+        reader = con.sql(export_query(table, where), params=[namespace, *params]).to_arrow_reader(EXPORT_BATCH_ROWS)
+        for batch in reader:
+            pending.append(batch)
+            held += batch.num_rows
+            while held >= EXPORT_BATCH_ROWS:
+                rows = pa.Table.from_batches(pending, reader.schema)
+                yield rows.slice(0, EXPORT_BATCH_ROWS).combine_chunks().to_batches()[0]
+                pending, held = rows.slice(EXPORT_BATCH_ROWS).to_batches(), held - EXPORT_BATCH_ROWS
+    if held:
+        yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
 
 
 def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str, path: Path) -> int:
     """The namespace's rows of `table`, sorted (equal rows, the same object), written to `path` as zstd Parquet
-    a row group at a time: memory holds one group (ROW_GROUP_BYTES of batches), never the whole table nor its
-    compressed object."""
+    a row group at a time: memory holds one slice's sort and one group (ROW_GROUP_BYTES of batches), never the
+    whole table nor its compressed object. Arrow's allocator keeps what a group freed unless asked (mimalloc:
+    about 100 MB after the relations at 10,000 documents)."""
     import pyarrow.parquet as pq
 
-    reader = con.sql(export_query(table), params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
+    schema = con.sql(export_query(table, "false"), params=[namespace]).to_arrow_table().schema
     rows, group = 0, []
-    with pq.ParquetWriter(path, reader.schema, **PARQUET_ZSTD) as writer:
+    with pq.ParquetWriter(path, schema, **PARQUET_ZSTD) as writer:
         def flush() -> None:
-            part = pa.Table.from_batches(group, reader.schema)
+            part = pa.Table.from_batches(group, schema)
             writer.write_table(part, row_group_size=max(part.num_rows, 1))
             group.clear()
+            pa.default_memory_pool().release_unused()
 
-        for batch in reader:
+        for batch in _sorted_batches(con, table, namespace):
             group.append(batch)
             rows += batch.num_rows
             if sum(b.nbytes for b in group) >= ROW_GROUP_BYTES:
