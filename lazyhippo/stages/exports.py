@@ -248,7 +248,8 @@ def _cuts(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> tuple[s
     if parts <= 1:
         return lead, []
     quantiles = [i / parts for i in range(1, parts)]
-    cuts = con.from_arrow(sample).query("sample", f"SELECT quantile_disc({lead}, {quantiles}) FROM sample").fetchall()[0][0]
+    sql = f"SELECT quantile_disc({lead}, {quantiles}) FROM sample"
+    cuts = con.from_arrow(sample).query("sample", sql).fetchall()[0][0]
     return lead, [c for i, c in enumerate(cuts or []) if c is not None and (i == 0 or c != cuts[i - 1])]
 
 
@@ -298,9 +299,11 @@ def _slices(con: duckdb.DuckDBPyConnection, table: str, namespace: str, spill: P
         with pa.memory_map(str(spill / f"{k}.arrow")) as source:
             yield pa.ipc.open_file(source).read_all()
         (spill / f"{k}.arrow").unlink()
+    spill.rmdir()
 
 
-def _sorted_batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, spill: Path) -> Iterator[pa.RecordBatch]:
+def _sorted_batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str,
+                    spill: Path) -> Iterator[pa.RecordBatch]:
     """The rows of export_query(table), DuckDB sorting one slice at a time, in batches of exactly
     EXPORT_BATCH_ROWS (the last one short): the object's row groups depend on the rows alone, not on the slices
     nor on DuckDB's chunks."""
