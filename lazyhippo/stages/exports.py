@@ -37,6 +37,13 @@ EXPORT_BATCH_ROWS = 50_000  # rows of a table read at once while the exports ass
 # each column chunk's dictionary and zstd window to 50,000 rows: relations at 100,000 documents 303 -> 290 MB;
 # 64 MB groups, 285 MB for twice the memory)
 ROW_GROUP_BYTES = 32 << 20
+# bytes of a table's rows (as Arrow holds them) DuckDB sorts at once while the exports asset writes it; a sample
+# of SLICE_SAMPLE_ROWS rows gives the row width and the slices' bounds
+EXPORT_SLICE_BYTES = 16 << 20
+SLICE_SAMPLE_ROWS = 4096
+# rows DuckDB hands over at once to the exports asset (it holds a few batches ahead: a scan of the relations at
+# 10,000 documents 125 MB in batches of 50,000 rows, 43 MB in batches of 10,000)
+READ_ROWS = 8192
 XLSX_MAX_ROWS = 1_048_575  # Excel's sheet limit, minus the header
 
 
@@ -216,26 +223,122 @@ def _fingerprint(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> 
 def export_query(table: str) -> str:
     """The namespace's rows of `table` as its Parquet object holds them: without the derived columns, in a total
     order (equal rows give an equal object) led by EXPORT_ORDER."""
-    cols = f"* EXCLUDE ({DERIVED[table]})" if table in DERIVED else "*"
-    order = f"{EXPORT_ORDER[table]}, COLUMNS(*)" if table in EXPORT_ORDER else "ALL"
-    return f"SELECT {cols} FROM {table} WHERE namespace = ? ORDER BY {order}"
+    return f"{_export_select(table)} FROM {table} WHERE namespace = ? ORDER BY {_export_order(table)}"
+
+
+def _export_select(table: str) -> str:
+    return f"SELECT * EXCLUDE ({DERIVED[table]})" if table in DERIVED else "SELECT *"
+
+
+def _export_order(table: str) -> str:
+    # COLUMNS(*) are the columns of the FROM (a derived column too)
+    return f"{EXPORT_ORDER[table]}, COLUMNS(*)" if table in EXPORT_ORDER else "ALL"
+
+
+def _cuts(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> tuple[str, list]:
+    """The leading column of the export order of `table` and the values that cut it into slices of about
+    EXPORT_SLICE_BYTES (quantiles of a sample; none when the table is one slice)."""
+    rows = con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchall()[0][0]
+    sample = con.sql(f"SELECT * FROM {table} WHERE namespace = ? USING SAMPLE reservoir({SLICE_SAMPLE_ROWS} ROWS) "
+                     "REPEATABLE (1)", params=[namespace]).to_arrow_table()
+    # the namespace is one value here: ORDER BY ALL is led by the first other column
+    lead = (EXPORT_ORDER[table].split(",")[0] if table in EXPORT_ORDER
+            else next(c for c in con.sql(f"{_export_select(table)} FROM {table}").columns if c != "namespace"))
+    parts = -(-rows * sample.nbytes // max(sample.num_rows, 1) // EXPORT_SLICE_BYTES)
+    if parts <= 1:
+        return lead, []
+    quantiles = [i / parts for i in range(1, parts)]
+    sql = f"SELECT quantile_disc({lead}, {quantiles}) FROM sample"
+    cuts = con.from_arrow(sample).query("sample", sql).fetchall()[0][0]
+    return lead, [c for i, c in enumerate(cuts or []) if c is not None and (i == 0 or c != cuts[i - 1])]
+
+
+def _slice_of(lead: str, cuts: list, lo: int, hi: int) -> tuple[str, list]:
+    """SQL for the slice (lo..hi) a row's `lead` falls in, by binary search over the ascending `cuts` (slice i:
+    from cuts[i - 1] up to cuts[i]), and its parameters in order: DuckDB compares as its sort does."""
+    if lo == hi:
+        return str(lo), []
+    mid = (lo + hi + 1) // 2
+    low, low_params = _slice_of(lead, cuts, lo, mid - 1)
+    high, high_params = _slice_of(lead, cuts, mid, hi)
+    return f"CASE WHEN {lead} < ? THEN {low} ELSE {high} END", [cuts[mid - 1], *low_params, *high_params]
+
+
+def _slices(con: duckdb.DuckDBPyConnection, table: str, namespace: str, spill: Path) -> Iterator[pa.Table]:
+    """The rows of `table` cut into consecutive slices of its export order (unsorted within one), in that order,
+    with one scan: each row goes to its slice's Arrow file under `spill`, then the slices are read back one at a
+    time (memory-mapped). One sort of the whole table filled DuckDB's cap (relations at 10,000 documents:
+    500 MB to write a 9 MB object); a scan per slice cost a whole scan each."""
+    import numpy as np
+
+    lead, cuts = _cuts(con, table, namespace)
+    if not cuts:
+        yield con.sql(f"SELECT * FROM {table} WHERE namespace = ?", params=[namespace]).to_arrow_table()
+        return
+    tree, params = _slice_of(lead, cuts, 0, len(cuts))
+    nulls = len(cuts) + 1  # the order sorts nulls last
+    reader = con.sql(f"SELECT *, CASE WHEN {lead} IS NULL THEN {nulls} ELSE {tree} END AS slice_ "
+                     f"FROM {table} WHERE namespace = ?", params=[*params, namespace]).to_arrow_reader(READ_ROWS)
+    schema = reader.schema.remove(reader.schema.get_field_index("slice_"))
+    spill.mkdir(parents=True, exist_ok=True)
+    writers = {}
+    try:
+        for batch in reader:
+            ids = batch.column("slice_").to_numpy()
+            order = np.argsort(ids, kind="stable")
+            rows = batch.drop_columns(["slice_"]).take(pa.array(order))
+            starts = np.searchsorted(ids[order], np.arange(nulls + 2))
+            for k in np.unique(ids):
+                if k not in writers:
+                    writers[k] = pa.ipc.new_file(spill / f"{k}.arrow", schema)
+                writers[k].write_batch(rows.slice(starts[k], starts[k + 1] - starts[k]))
+    finally:
+        for writer in writers.values():
+            writer.close()
+    for k in sorted(writers):
+        with pa.memory_map(str(spill / f"{k}.arrow")) as source:
+            yield pa.ipc.open_file(source).read_all()
+        (spill / f"{k}.arrow").unlink()
+    spill.rmdir()
+
+
+def _sorted_batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str,
+                    spill: Path) -> Iterator[pa.RecordBatch]:
+    """The rows of export_query(table), DuckDB sorting one slice at a time, in batches of exactly
+    EXPORT_BATCH_ROWS (the last one short): the object's row groups depend on the rows alone, not on the slices
+    nor on DuckDB's chunks."""
+    pending, held = [], 0
+    for part in _slices(con, table, namespace, spill):
+        sql = f"{_export_select(table)} FROM part ORDER BY {_export_order(table)}"
+        reader = con.from_arrow(part).query("part", sql).to_arrow_reader(READ_ROWS)
+        for batch in reader:
+            pending.append(batch)
+            held += batch.num_rows
+            while held >= EXPORT_BATCH_ROWS:
+                rows = pa.Table.from_batches(pending, reader.schema)
+                yield rows.slice(0, EXPORT_BATCH_ROWS).combine_chunks().to_batches()[0]
+                pending, held = rows.slice(EXPORT_BATCH_ROWS).to_batches(), held - EXPORT_BATCH_ROWS
+    if held:
+        yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
 
 
 def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str, path: Path) -> int:
     """The namespace's rows of `table`, sorted (equal rows, the same object), written to `path` as zstd Parquet
-    a row group at a time: memory holds one group (ROW_GROUP_BYTES of batches), never the whole table nor its
-    compressed object."""
+    a row group at a time: memory holds one slice's sort and one group (ROW_GROUP_BYTES of batches), never the
+    whole table nor its compressed object; the slices wait beside `path`. Arrow's allocator keeps what a group
+    freed unless asked (mimalloc: about 100 MB after the relations at 10,000 documents)."""
     import pyarrow.parquet as pq
 
-    reader = con.sql(export_query(table), params=[namespace]).to_arrow_reader(EXPORT_BATCH_ROWS)
+    schema = con.sql(f"{_export_select(table)} FROM {table} LIMIT 0").to_arrow_table().schema
     rows, group = 0, []
-    with pq.ParquetWriter(path, reader.schema, **PARQUET_ZSTD) as writer:
+    with pq.ParquetWriter(path, schema, **PARQUET_ZSTD) as writer:
         def flush() -> None:
-            part = pa.Table.from_batches(group, reader.schema)
+            part = pa.Table.from_batches(group, schema)
             writer.write_table(part, row_group_size=max(part.num_rows, 1))
             group.clear()
+            pa.default_memory_pool().release_unused()
 
-        for batch in reader:
+        for batch in _sorted_batches(con, table, namespace, path.with_name(path.name + ".slices")):
             group.append(batch)
             rows += batch.num_rows
             if sum(b.nbytes for b in group) >= ROW_GROUP_BYTES:
