@@ -1254,7 +1254,7 @@ def test_loaded_lookups_are_the_warehouse_rows(qsettings):
         mentions = con.execute("SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = ?",
                                [qsettings.namespace]).fetchall()
         vectors = {(k, i): np.asarray(v, dtype=np.float32) for k, i, v in con.execute(
-            "SELECT kind, item_id, list_transform(vector, lambda x: x * scale) FROM embeddings WHERE namespace = ?",
+            "SELECT kind, item_id, lh_vector(vector, scale) FROM embeddings WHERE namespace = ?",
             [qsettings.namespace]).fetchall()}
     counts = idx.mentions.counts.toarray()
     assert counts.sum() == sum(k for _, _, k in mentions) and len(mentions) == idx.mentions.counts.nnz
