@@ -147,6 +147,19 @@ def test_vector_matrix_scales_each_row():
     assert np.allclose(vector_matrix(pa.table({"vector": q, "scale": scale})), [[0.5, -1.0], [2.0, 0.0]], atol=0.01)
 
 
+
+def test_lh_vector_gives_each_rows_floats_and_null_where_a_row_has_no_vector():
+    """Exports join every row to its vector: a row without one gets NULL, the others their codes times scale."""
+    from lazyhippo.stores.warehouse import _with_functions
+
+    con = _with_functions(duckdb.connect())
+    q, scale = quantize(np.array([[0.5, -1.0], [2.0, 0.0]], dtype=np.float32))
+    con.register("v", pa.table({"i": [1, 2], "vector": q, "scale": scale}))
+    rows = con.execute("SELECT t.i, lh_vector(v.vector, v.scale) FROM range(4) t(i) LEFT JOIN v USING (i) "
+                       "ORDER BY t.i").fetchall()
+    assert [r[1] is None for r in rows] == [True, False, False, True]
+    assert np.allclose([rows[1][1], rows[2][1]], [[0.5, -1.0], [2.0, 0.0]], atol=0.01)
+
 TEXT = ("Ada Fenwick directed the Marlow Observatory in Cresswell from 1901 until her retirement. "
         "Tomas Reyes, her assistant at the Marlow Observatory, catalogued comets with Ada Fenwick and Mei Lin. "
         "Mei Lin later founded the Keswick Museum of Astronomy in Cresswell.")
