@@ -1274,7 +1274,8 @@ def test_int8_rows_give_the_stored_values_where_read_and_every_product_across_bl
     rows = Int8Rows(*int8_rows(vecs))
     assert rows.q.dtype == np.int8 and rows.shape == vecs.shape and len(rows) == len(vecs)
     column, scale = quantize(vecs)  # the warehouse's stored form: the same integers and scales
-    assert np.array_equal(np.asarray(column.values), rows.q.ravel()) and np.array_equal(scale, rows.scale)
+    stored = np.frombuffer(b"".join(column.to_pylist()), np.int8)
+    assert np.array_equal(stored, rows.q.ravel()) and np.array_equal(scale, rows.scale)
     picked = np.array([0, 3, Int8Rows.BLOCK, len(vecs) - 1])
     assert np.array_equal(rows[picked], rows.dense()[picked])
     assert np.abs(rows.dense() - vecs).max() <= np.abs(vecs).max(axis=1).max() / 254 + 1e-6
