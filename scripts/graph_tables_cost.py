@@ -9,7 +9,7 @@ one changed document (the first document's chunks under new ids, as an edit of i
 relations of its first sentence gone), with the wall and CPU seconds of opening the warehouse (migrations) and
 of the build. compare: every graph table of two warehouse files, row for row (EXCEPT ALL both ways). sizes: the
 warehouse built again (COPY FROM DATABASE into a new file) and the staging and graph tables each copied alone,
-with their own declarations, into a new file.
+with their own declarations, into a new file (and the embeddings, the largest table).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def sizes(path: Path) -> None:
         con.execute("COPY FROM DATABASE s TO w")
         con.execute("DETACH w")
         print(f"warehouse: {path.stat().st_size / 1e6:.1f} MB, built again {whole.stat().st_size / 1e6:.1f} MB")
-        for t in TABLES:
+        for t in (*TABLES, "embeddings"):
             one = Path(tmp) / f"{t}.duckdb"
             con.execute(f"ATTACH '{one}' AS o (BLOCK_SIZE {BLOCK_SIZE})")
             con.execute(ddl[t].replace(f"CREATE TABLE {t}(", f"CREATE TABLE o.{t}(", 1))

@@ -53,7 +53,7 @@ def test_bad_options_fail_before_work_naming_the_option(sample_settings, tmp_pat
 def test_include_vectors_adds_each_rows_embedding(sample_settings, tmp_path):
     with connect(sample_settings) as con:
         stored = {(kind, item): vec for kind, item, vec in con.execute(
-            "SELECT kind, item_id, list_transform(vector, lambda x: x * scale) FROM embeddings WHERE namespace = 'default'").fetchall()}
+            "SELECT kind, item_id, lh_vector(vector, scale) FROM embeddings WHERE namespace = 'default'").fetchall()}
     runner = CliRunner()
     home = str(sample_settings.home)
     out = runner.invoke(app, ["export", "--format", "parquet", "--tables", "chunks,entities,relations",

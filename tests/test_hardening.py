@@ -94,7 +94,7 @@ def test_every_vector_matches_its_current_text(tmp_path):
     with connect(settings) as con:
         texts = dict(con.execute("SELECT chunk_id, title || E'\\n' || text FROM chunks").fetchall())
         texts |= {c: f"{t}\n{s}" for c, t, s in con.execute("SELECT community_id, title, summary FROM community_summaries").fetchall()}
-        stored = con.execute("SELECT item_id, kind, list_transform(vector, lambda x: x * scale) FROM embeddings "
+        stored = con.execute("SELECT item_id, kind, lh_vector(vector, scale) FROM embeddings "
                              "WHERE kind IN ('chunk', 'community')").fetchall()
     assert any("New Title" in t for t in texts.values())
     for kind, by in (("chunk", embedder.passages), ("community", embedder)):

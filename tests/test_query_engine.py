@@ -1254,7 +1254,7 @@ def test_loaded_lookups_are_the_warehouse_rows(qsettings):
         mentions = con.execute("SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = ?",
                                [qsettings.namespace]).fetchall()
         vectors = {(k, i): np.asarray(v, dtype=np.float32) for k, i, v in con.execute(
-            "SELECT kind, item_id, list_transform(vector, lambda x: x * scale) FROM embeddings WHERE namespace = ?",
+            "SELECT kind, item_id, lh_vector(vector, scale) FROM embeddings WHERE namespace = ?",
             [qsettings.namespace]).fetchall()}
     counts = idx.mentions.counts.toarray()
     assert counts.sum() == sum(k for _, _, k in mentions) and len(mentions) == idx.mentions.counts.nnz
@@ -1274,7 +1274,8 @@ def test_int8_rows_give_the_stored_values_where_read_and_every_product_across_bl
     rows = Int8Rows(*int8_rows(vecs))
     assert rows.q.dtype == np.int8 and rows.shape == vecs.shape and len(rows) == len(vecs)
     column, scale = quantize(vecs)  # the warehouse's stored form: the same integers and scales
-    assert np.array_equal(np.asarray(column.values), rows.q.ravel()) and np.array_equal(scale, rows.scale)
+    stored = np.frombuffer(b"".join(column.to_pylist()), np.int8)
+    assert np.array_equal(stored, rows.q.ravel()) and np.array_equal(scale, rows.scale)
     picked = np.array([0, 3, Int8Rows.BLOCK, len(vecs) - 1])
     assert np.array_equal(rows[picked], rows.dense()[picked])
     assert np.abs(rows.dense() - vecs).max() <= np.abs(vecs).max(axis=1).max() / 254 + 1e-6

@@ -63,7 +63,7 @@ def test_stored_vectors_are_int8_and_read_back_with_their_cosines_within_0_003()
     vectors = rng.standard_normal((500, 256)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     con = duckdb.connect()
-    con.execute("CREATE TABLE embeddings (namespace VARCHAR, kind VARCHAR, item_id VARCHAR, vector TINYINT[], scale FLOAT)")
+    con.execute("CREATE TABLE embeddings (namespace VARCHAR, kind VARCHAR, item_id VARCHAR, vector BLOB, scale FLOAT)")
     q, scale = quantize(vectors)
     con.register("v", pa.table({"item_id": [f"i{i:04d}" for i in range(500)], "vector": q, "scale": scale}))
     con.execute("INSERT INTO embeddings SELECT 'ns', 'entity', item_id, vector, scale FROM v")
@@ -87,15 +87,78 @@ def test_a_warehouse_with_float_vectors_is_quantized_once_on_open_and_an_old_sna
     with connect(settings) as con:
         kinds = dict(con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'embeddings'").fetchall())
         _, migrated = read_vectors(con, "default", "chunk")
-    assert kinds["vector"] == "TINYINT[]" and kinds["scale"] == "FLOAT"
+    assert kinds["vector"] == "BLOB" and kinds["scale"] == "FLOAT"
     assert np.allclose(migrated, vectors, atol=np.abs(vectors).max() / 254 + 1e-6)
+
+
+def test_a_warehouse_with_codes_as_lists_gets_the_same_codes_as_blobs_once_on_open_and_every_reader_reads_both(
+        tmp_path, sample_settings, caplog):
+    """Codes written as TINYINT[] (which DuckDB stores uncompressed) become one zstd-compressed BLOB per vector:
+    every reader (the KNN stage's, the query index's, exports' and Neo4j's floats) gets the same codes from the
+    old snapshot as it is and from the rewritten file, so no ranking can move."""
+    from lazyhippo.query.loader import _graph_dim, _stored_vectors
+    from lazyhippo.stores.warehouse import float_vector_sql, read_stored_vectors
+
+    settings = sample_settings.with_(home=tmp_path / "old")
+    settings.home.mkdir()
+    rng = np.random.default_rng(5)
+    codes = rng.integers(-127, 128, size=(70_000, 8)).astype(np.int8)  # more than one statement of the rewrite
+    scales = rng.random(70_000).astype(np.float32)
+    names = [f"e{i:05d}" for i in rng.permutation(70_000)]
+    old = duckdb.connect(str(settings.db_path))
+    old.execute("CREATE TABLE embeddings (namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL, "
+                "model VARCHAR NOT NULL, vector TINYINT[] NOT NULL, scale FLOAT NOT NULL, text_hash UBIGINT)")
+    old.register("v", pa.table({"item_id": names, "vector": pa.array(list(codes)), "scale": scales,
+                                "text_hash": pa.array(range(70_000), pa.uint64())}))
+    old.execute("INSERT INTO embeddings SELECT 'default', 'entity', item_id, 'm', vector, scale, text_hash FROM v")
+    old.unregister("v")
+    at = {n: i for i, n in enumerate(names)}
+    order = [at[n] for n in sorted(names)]
+
+    def read(con) -> tuple:
+        ids, q, s = read_stored_vectors(con, "default", "entity", batch=30_000)
+        loaded = _stored_vectors(con, "default", "entity", sorted(names), {n: i for i, n in enumerate(sorted(names))})
+        floats = con.execute(f"SELECT {float_vector_sql(con)} FROM embeddings WHERE item_id = ?", [names[0]]).fetchall()
+        return ids, q, s, loaded.q, loaded.scale, np.array(floats[0][0], dtype=np.float32), _graph_dim(con, {"ns": "default"})
+
+    snapshot = read(old)  # a snapshot published before: read as it is
+    old.close()
+    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
+        kind = con.execute("SELECT data_type FROM duckdb_columns() WHERE table_name = 'embeddings' "
+                           "AND column_name = 'vector'").fetchall()[0][0]
+        hashes = con.execute("SELECT item_id, text_hash FROM embeddings ORDER BY item_id").fetchall()
+        rewritten = read(con)
+    assert kind == "BLOB" and caplog.text.count("compressed codes") == 1
+    assert hashes == sorted((n, at[n]) for n in names)
+    for got in (snapshot, rewritten):
+        assert got[0] == sorted(names) and got[6] == 8
+        assert np.array_equal(got[1], codes[order]) and np.array_equal(got[2], scales[order])
+        assert np.array_equal(got[3], codes[order]) and np.array_equal(got[4], scales[order])
+        assert np.array_equal(got[5], codes[0] * scales[0])
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings):
+        pass
+    assert "rewriting" not in caplog.text  # once
 
 
 def test_vector_matrix_scales_each_row():
     q, scale = quantize(np.array([[0.5, -1.0], [2.0, 0.0]], dtype=np.float32))
-    assert q.to_pylist() == [[64, -127], [127, 0]]
+    assert [np.frombuffer(b, np.int8).tolist() for b in q.to_pylist()] == [[64, -127], [127, 0]]
     assert np.allclose(vector_matrix(pa.table({"vector": q, "scale": scale})), [[0.5, -1.0], [2.0, 0.0]], atol=0.01)
 
+
+
+def test_lh_vector_gives_each_rows_floats_and_null_where_a_row_has_no_vector():
+    """Exports join every row to its vector: a row without one gets NULL, the others their codes times scale."""
+    from lazyhippo.stores.warehouse import _with_functions
+
+    con = _with_functions(duckdb.connect())
+    q, scale = quantize(np.array([[0.5, -1.0], [2.0, 0.0]], dtype=np.float32))
+    con.register("v", pa.table({"i": [1, 2], "vector": q, "scale": scale}))
+    rows = con.execute("SELECT t.i, lh_vector(v.vector, v.scale) FROM range(4) t(i) LEFT JOIN v USING (i) "
+                       "ORDER BY t.i").fetchall()
+    assert [r[1] is None for r in rows] == [True, False, False, True]
+    assert np.allclose([rows[1][1], rows[2][1]], [[0.5, -1.0], [2.0, 0.0]], atol=0.01)
 
 TEXT = ("Ada Fenwick directed the Marlow Observatory in Cresswell from 1901 until her retirement. "
         "Tomas Reyes, her assistant at the Marlow Observatory, catalogued comets with Ada Fenwick and Mei Lin. "
@@ -533,13 +596,13 @@ def test_stored_vectors_come_in_id_order_from_rows_stored_in_any_order_batch_by_
     vectors = rng.standard_normal((300, 16)).astype(np.float32)
     names = [f"e{i:04d}" for i in rng.permutation(300)]  # stored in no id order
     con = duckdb.connect(str(tmp_path / "w.duckdb"))
-    con.execute("CREATE TABLE embeddings (namespace VARCHAR, kind VARCHAR, item_id VARCHAR, vector TINYINT[], scale FLOAT)")
+    con.execute("CREATE TABLE embeddings (namespace VARCHAR, kind VARCHAR, item_id VARCHAR, vector BLOB, scale FLOAT)")
     q, scale = quantize(vectors)
     con.register("v", pa.table({"item_id": names, "vector": q, "scale": scale}))
     con.execute("INSERT INTO embeddings SELECT 'ns', 'entity', item_id, vector, scale FROM v")
     con.execute("INSERT INTO embeddings SELECT 'ns', 'chunk', item_id, vector, scale FROM v")  # another kind
     ids, codes, scales = read_stored_vectors(con, "ns", "entity", batch=7)
-    expected = np.array(q.flatten().to_numpy(zero_copy_only=False)).reshape(300, 16)
+    expected = np.frombuffer(b"".join(q.to_pylist()), np.int8).reshape(300, 16)
     at = {n: i for i, n in enumerate(names)}
     assert ids == sorted(names)
     assert np.array_equal(codes, expected[[at[n] for n in ids]]) and np.array_equal(scales, scale[[at[n] for n in ids]])

@@ -285,7 +285,10 @@ _VECTOR_BATCH_ROWS = 8_192  # vectors read at once: 2 MB of int8 at 256 dimensio
 
 def _graph_dim(con, ns: dict) -> int:
     """Dimension of the entity vectors (a profile may embed passages with another model than the graph)."""
-    dims = _table(con, "SELECT len(vector) FROM embeddings WHERE namespace = $ns AND kind = 'entity' LIMIT 1", ns)
+    from lazyhippo.stores.warehouse import vector_length_sql
+
+    dims = _table(con, f"SELECT {vector_length_sql(con)} FROM embeddings WHERE namespace = $ns AND kind = 'entity' LIMIT 1",
+                  ns)
     return int(dims.column(0)[0].as_py()) if dims.num_rows else 0
 
 
@@ -945,10 +948,11 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
 
 
 def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]) -> Int8Rows:
-    """`_vectors` of the int8 form, as numpy arrays straight from DuckDB (a snapshot with float vectors, published
-    before the int8 form, goes through `_vectors`)."""
-    if not con.execute("SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() "
-                       "AND table_name = 'embeddings' AND column_name = 'scale'").fetchall():
+    """`_vectors` of codes stored as TINYINT[] (a snapshot published before the codes were BLOBs), as numpy arrays
+    straight from DuckDB; BLOBs of codes, read as they are, and a snapshot's float vectors go through `_vectors`."""
+    from lazyhippo.stores.warehouse import vector_type
+
+    if vector_type(con) != "TINYINT[]":
         return _vectors(con, ns, kind, ids)[0]
     p = {"ns": ns, "kind": kind}
     where = "FROM embeddings WHERE namespace = $ns AND kind = $kind"

@@ -99,6 +99,8 @@ def _with_functions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection
     con.create_function("lh_norm", norm_keys, [duckdb.sqltype("VARCHAR")], duckdb.sqltype("VARCHAR"),
                         type="arrow", side_effects=False)
     con.execute("CREATE OR REPLACE TEMP MACRO lh_entity_id(s) AS 'e_' || substr(sha256(lh_norm(s)), 1, 16)")
+    con.create_function("lh_vector", float_vectors, [duckdb.sqltype("BLOB"), duckdb.sqltype("FLOAT")],
+                        duckdb.sqltype("FLOAT[]"), type="arrow", null_handling="special", side_effects=False)
     return con
 
 
@@ -152,23 +154,33 @@ def _migrate_fingerprints(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _migrate_vectors(con: duckdb.DuckDBPyConnection) -> None:
-    """A warehouse written with float vectors: quantized once, the same way `quantize` does (a few seconds for
-    100k vectors), so an old home keeps its vectors and no embedding is computed again."""
-    found = con.execute("SELECT data_type FROM duckdb_columns() WHERE database_name = current_database() "
-                        "AND table_name = 'embeddings' AND column_name = 'vector'").fetchall()
-    if not found or found[0][0] != "FLOAT[]":
+    """A warehouse written with vectors as lists (int8 codes, or floats before them): rewritten once to a BLOB of
+    its int8 codes per row, the same codes (floats quantized as `quantize` does), so an old home keeps its vectors
+    and no embedding is computed again; VECTOR_MIGRATION_ROWS rows a statement (a read and its write)."""
+    import pyarrow as pa
+
+    if vector_type(con) not in ("TINYINT[]", "FLOAT[]"):
         return
+    log.warning("%s: rewriting the embeddings' vectors to compressed codes: once", con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0])
+    con.execute("SET enable_progress_bar = false")
     with transaction(con):
-        con.execute("ALTER TABLE embeddings RENAME TO lh_float_embeddings")
-        con.execute((SQL_DIR / "schema.sql").read_text())
-        con.execute("""INSERT INTO embeddings BY NAME
-            SELECT namespace, kind, item_id, model, text_hash, scale::FLOAT AS scale,
-                   list_transform(vector, lambda x: least(greatest(round(x / scale), -127), 127)::TINYINT) AS vector
-            FROM (SELECT *, greatest(list_max(list_transform(vector, lambda x: abs(x))), 1e-30) / 127 AS scale
-                  FROM lh_float_embeddings)""")
-        con.execute("DROP TABLE lh_float_embeddings")
+        con.execute("ALTER TABLE embeddings RENAME TO lh_old_embeddings")
+        con.execute(_schema_tables()["embeddings"])
+        cols = [c for c in stored_columns(con, "lh_old_embeddings") if c not in ("vector", "scale")]
+        last = con.execute("SELECT coalesce(max(rowid), -1) FROM lh_old_embeddings").fetchall()[0][0]
+        for start in range(0, last + 1, VECTOR_MIGRATION_ROWS):
+            part = con.sql(f"SELECT {', '.join(cols)}, {VECTOR_COLUMNS} FROM lh_old_embeddings "
+                           "WHERE rowid >= $a AND rowid < $b ORDER BY rowid",
+                           params={"a": start, "b": start + VECTOR_MIGRATION_ROWS}).to_arrow_table()
+            codes, scale = stored_rows(part)
+            insert_rows(con, "embeddings", pa.table({**{c: part.column(c) for c in cols},
+                                                     "vector": code_blobs(codes), "scale": scale}))
+        con.execute("DROP TABLE lh_old_embeddings")
+    con.execute("CHECKPOINT")
 
 
+VECTOR_MIGRATION_ROWS = 65_536  # 16 MB of codes at 256 dimensions
 _ZSTD_COLUMN = re.compile(r'"?(\w+)"? [A-Z]+(?:\[\])? USING COMPRESSION ZSTD', re.IGNORECASE)
 _GENERATED_COLUMN = re.compile(r'"?(\w+)"? [A-Z]+(?:\[\])? GENERATED ALWAYS AS', re.IGNORECASE)
 _SCHEMA_TABLES: dict[str, str] = {}
@@ -631,7 +643,8 @@ def counts(settings: Settings) -> dict[str, int]:
         return {t: count(con, t, settings.namespace) if t in tables else recorded.get(t, 0) for t in TABLES}
 
 
-# the stored vector columns: int8 `vector` and its `scale`; a snapshot published before holds a float `vector` alone
+# the stored vector columns: `vector`, each row's int8 codes as one BLOB, and its `scale`; a warehouse written before
+# holds the codes as TINYINT[] (or, before the int8 form, a float `vector` alone), which every reader here takes too
 VECTOR_COLUMNS = "COLUMNS('^(vector|scale)$')"
 
 
@@ -644,41 +657,91 @@ def int8_rows(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.rint(vectors / scale[:, None]), -127, 127).astype(np.int8), scale.astype(np.float32)
 
 
-def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-    """`int8_rows` of `vectors` as the list column `embeddings.vector` takes."""
-    q, scale = int8_rows(vectors)
+def code_blobs(codes: np.ndarray) -> pa.Array:
+    """int8 rows as the BLOBs `embeddings.vector` takes: the row's bytes, no copy."""
     import pyarrow as pa  # here, not with the module: a CLI query reads no Arrow
 
-    offsets = pa.array(np.arange(len(q) + 1, dtype=np.int32) * q.shape[1])
-    return pa.ListArray.from_arrays(offsets, pa.array(q.ravel())), scale
+    codes = np.ascontiguousarray(codes, dtype=np.int8)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(codes.shape[1] if codes.ndim == 2 else 0), len(codes),
+                                                [None, pa.py_buffer(codes)])
+
+
+def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """`int8_rows` of `vectors` as the column `embeddings.vector` takes, and their scales."""
+    q, scale = int8_rows(vectors)
+    return code_blobs(q), scale
+
+
+def _codes(col: pa.Array) -> np.ndarray:
+    """The rows of a `vector` column (BLOBs of int8 codes, or lists) as a 2-d array, of int8 for codes."""
+    import pyarrow as pa
+
+    if pa.types.is_binary(col.type) or pa.types.is_fixed_size_binary(col.type):
+        if pa.types.is_fixed_size_binary(col.type):
+            width = col.type.byte_width
+            start, end = col.offset * width, (col.offset + len(col)) * width
+        else:
+            offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset:col.offset + len(col) + 1]
+            start, end = int(offsets[0]), int(offsets[-1])
+            width = (end - start) // len(col) if len(col) else 0
+            if not np.all(np.diff(offsets) == width):
+                raise ValueError("stored vectors of different lengths in one kind")
+        data = col.buffers()[2 if pa.types.is_binary(col.type) else 1]
+        return np.frombuffer(data, dtype=np.int8)[start:end].reshape(len(col), width)
+    flat = col.flatten().to_numpy(zero_copy_only=False)
+    return flat.reshape(len(col), -1) if len(col) else flat.reshape(0, 0)
 
 
 def stored_rows(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """int8 rows and their scales of a table selected with VECTOR_COLUMNS (a float `vector` of a snapshot
     published before the int8 form is quantized as `quantize` does)."""
-    col = tbl.column("vector").combine_chunks()
-    flat = col.values.to_numpy(zero_copy_only=False)
-    flat = flat.reshape(tbl.num_rows, -1) if tbl.num_rows else flat.reshape(0, 0)
+    rows = _codes(tbl.column("vector").combine_chunks())
     if "scale" not in tbl.column_names:
-        return int8_rows(flat)
-    return flat.astype(np.int8, copy=False), tbl.column("scale").to_numpy().astype(np.float32, copy=False)
+        return int8_rows(rows)
+    return rows.astype(np.int8, copy=False), tbl.column("scale").to_numpy().astype(np.float32, copy=False)
 
 
 def vector_matrix(tbl: pa.Table) -> np.ndarray:
-    """float32 rows of a table selected with VECTOR_COLUMNS (in either stored form)."""
-    col = tbl.column("vector").combine_chunks()
-    flat = col.values.to_numpy(zero_copy_only=False).astype(np.float32)
-    mat = flat.reshape(tbl.num_rows, -1) if tbl.num_rows else flat.reshape(0, 0)
+    """float32 rows of a table selected with VECTOR_COLUMNS (in any stored form)."""
+    mat = _codes(tbl.column("vector").combine_chunks()).astype(np.float32)
     if "scale" in tbl.column_names:
         mat *= tbl.column("scale").to_numpy()[:, None]
     return mat
 
 
+def float_vectors(codes, scale):  # no annotations: DuckDB evaluates them, and Arrow is imported late
+    """The SQL function lh_vector(vector, scale): the float vectors of stored codes (NULL where a row has none),
+    a whole batch per call."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    codes, scale = codes.combine_chunks(), scale.combine_chunks()
+    valid = codes.is_valid()
+    have = codes.filter(valid)
+    values = _codes(have).astype(np.float32) * scale.filter(valid).to_numpy(zero_copy_only=False)[:, None]
+    lengths = np.where(valid.to_numpy(zero_copy_only=False), values.shape[1], 0)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(values.ravel(), pa.float32()), mask=pc.invert(valid))
+
+
+def vector_type(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The stored form of `embeddings.vector` (BLOB; TINYINT[] or FLOAT[] in a file written before), None without it."""
+    found = con.execute("SELECT data_type FROM duckdb_columns() WHERE database_name = current_database() "
+                        "AND table_name = 'embeddings' AND column_name = 'vector'").fetchall()
+    return found[0][0] if found else None
+
+
 def float_vector_sql(con: duckdb.DuckDBPyConnection, alias: str = "") -> str:
-    """A SQL expression of the float vector (for exports and Neo4j), on either stored form."""
-    scaled = con.execute("SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() "
-                         "AND table_name = 'embeddings' AND column_name = 'scale'").fetchall()
-    return f"list_transform({alias}vector, lambda x: x * {alias}scale)" if scaled else f"{alias}vector"
+    """A SQL expression of the float vector (for exports and Neo4j), on any stored form."""
+    kind = vector_type(con)
+    if kind == "BLOB":
+        return f"lh_vector({alias}vector, {alias}scale)"
+    return f"list_transform({alias}vector, lambda x: x * {alias}scale)" if kind == "TINYINT[]" else f"{alias}vector"
+
+
+def vector_length_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """A SQL expression of a stored vector's dimensions, on any stored form."""
+    return "octet_length(vector)" if vector_type(con) == "BLOB" else "len(vector)"
 
 
 def read_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: str) -> tuple[list[str], np.ndarray]:
@@ -704,13 +767,14 @@ def read_stored_vectors(con: duckdb.DuckDBPyConnection, namespace: str, kind: st
     order = pc.sort_indices(names).to_numpy()  # byte order, as DuckDB's ORDER BY on VARCHAR
     place = np.empty(len(order), dtype=np.int64)
     place[order] = np.arange(len(order))
-    dim = con.execute(f"SELECT coalesce(max(len(vector)), 0) {where}", params).fetchall()[0][0]
-    codes, scales = np.empty((len(order), dim), dtype=np.int8), np.empty(len(order), dtype=np.float32)
+    codes, scales = np.empty((len(order), 0), dtype=np.int8), np.empty(len(order), dtype=np.float32)
     at = 0
     for part in con.sql(f"SELECT item_id, {VECTOR_COLUMNS} {where}", params=params).to_arrow_reader(batch):
         if not part.column(0).equals(names.slice(at, part.num_rows).combine_chunks()):
             raise RuntimeError(f"embeddings of {kind}: the rows changed between two reads of one transaction")
         rows, scale = stored_rows(pa.Table.from_batches([part]))
+        if not at:  # sized by the first batch's rows
+            codes = np.empty((len(order), rows.shape[1]), dtype=np.int8)
         codes[place[at:at + len(rows)]], scales[place[at:at + len(rows)]] = rows, scale
         at += len(rows)
     return names.take(order).to_pylist(), codes, scales
