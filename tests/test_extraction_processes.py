@@ -49,41 +49,59 @@ def test_a_child_process_extracts_on_its_own_process(monkeypatch):
 
 
 class _Recording:
-    """An extractor whose calls and the cache writes between them are recorded in order."""
+    """An extractor whose submissions, and the cache writes between them, are recorded in order."""
 
-    name, model, prompt_version, batch, prefetch = "rec", "m", "v1", 256, True
+    name, model, prompt_version, batch = "rec", "m", "v1", 256
 
     def __init__(self, events: list):
         self.events = events
 
-    def extract(self, chunks):
-        import time
+    def submit_json(self, chunks):
+        from lazyhippo.models.extractors import Later, encode
 
-        self.events.append(("extract", len(chunks)))
-        time.sleep(0.2)
-        return [Extraction(entities=[{"name": c.chunk_id, "type": "X", "description": ""}]) for c in chunks]
+        self.events.append(("submit", len(chunks)))
+        return Later(lambda: [encode(Extraction(entities=[{"name": c.chunk_id, "type": "X", "description": ""}]))
+                              for c in chunks])
 
 
-def test_the_next_batch_is_extracted_while_one_is_cached_and_batches_are_even(tmp_path):
-    from lazyhippo.models.extractors import ExtractionCache, extract_chunks
-
-    events: list = []
+def _recording_cache(path, events):
+    from lazyhippo.models.extractors import ExtractionCache
 
     class Cache(ExtractionCache):
         def put_texts(self, items, sources):
-            import time
-
-            time.sleep(0.1)  # a slow write: the next batch has started meanwhile
             events.append(("cache", len(items)))
             super().put_texts(items, sources)
 
-    cache = Cache(tmp_path / "c.sqlite")
-    chunks = _chunks(300)
+    return Cache(path)
+
+
+def test_the_next_batches_are_under_way_while_one_is_cached_and_batches_are_even(tmp_path):
+    from lazyhippo.models.extractors import AHEAD, extract_chunks
+
+    events: list = []
+    cache = _recording_cache(tmp_path / "c.sqlite", events)
+    chunks = _chunks(600)
     run = extract_chunks(chunks, _Recording(events), cache)
-    assert [e for e in events if e[0] == "extract"] == [("extract", 150), ("extract", 150)]  # not 256 and 44
-    assert events[:3] == [("extract", 150), ("extract", 150), ("cache", 150)], "the second batch waited for the first's cache write"
-    assert sorted(run.results) == sorted(c.chunk_id for c in chunks) and run.computed == 300
-    assert extract_chunks(chunks, _Recording(events), cache).cached == 300  # every batch was cached
+    assert AHEAD == 2
+    # 3 even batches, not 256, 256 and 88; the third submitted before the first is cached
+    assert events == [("submit", 200), ("submit", 200), ("submit", 200), ("cache", 200), ("cache", 200),
+                      ("cache", 200)]
+    assert sorted(run.results) == sorted(c.chunk_id for c in chunks) and run.computed == 600
+    assert extract_chunks(chunks, _Recording(events), cache).cached == 600  # every batch was cached
+
+
+def test_over_processes_a_batch_is_queued_in_pieces_a_free_worker_takes(monkeypatch):
+    """Not one half per worker: a worker that finishes its piece takes the next, so neither waits on the other."""
+    from lazyhippo.models.extractors import PIPE_BATCH, Pieces, release_workers
+
+    monkeypatch.setenv("LAZYHIPPO_THREADS", "2")
+    chunks = _chunks(NlpExtractor.min_parallel + 10)
+    try:
+        submitted = NlpExtractor().submit_json(chunks)
+        assert isinstance(submitted, Pieces) and len(submitted.futures) == -(-len(chunks) // PIPE_BATCH)
+        assert len(submitted.result()) == len(chunks)
+    finally:
+        release_workers()
 
 
 def _pid() -> int:

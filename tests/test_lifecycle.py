@@ -53,9 +53,9 @@ class CountingExtractor(NlpExtractor):
         super().__init__()
         self.seen: list[str] = []
 
-    def extract_json(self, chunks):
+    def submit_json(self, chunks):
         self.seen += [c.chunk_id for c in chunks]
-        return super().extract_json(chunks)
+        return super().submit_json(chunks)
 
 
 def copy_corpus(dst: Path, skip: tuple[str, ...] = ()) -> Path:

@@ -191,7 +191,7 @@ def test_batches_stay_few_and_even_and_a_step_holds_one_object_of_its_batch_at_a
     assert abs(per_batch[0] - per_batch[1]) <= max(sizes.values())  # even, to one document
     seen = CountingExtractor()
     calls = []
-    seen.extract_json = lambda chunks: calls.append(len(chunks)) or CountingExtractor.extract_json(seen, chunks)
+    seen.submit_json = lambda chunks: calls.append(len(chunks)) or CountingExtractor.submit_json(seen, chunks)
     stats = [extract_batch(settings, objects, b.keys, seen) for b in batches]
     assert len(calls) == sum(len(b.keys) for b in batches) and max(calls) < max(per_batch)
     assert max(calls) <= 2 - 1 + max(sizes.values())  # an object closes once it holds batch_chunks
@@ -199,6 +199,30 @@ def test_batches_stay_few_and_even_and_a_step_holds_one_object_of_its_batch_at_a
     with connect(settings) as con:
         collect_parts(settings, con, objects, batches, stats)
     assert extracted(settings) == extracted(library_index)
+
+
+def test_a_step_submits_its_next_object_before_it_writes_the_parts_of_one(tmp_path):
+    """The workers extract the next object while the step writes one's parts: they never wait on those writes."""
+    settings = Settings(home=tmp_path / "h", source=str(SAMPLE_CORPUS))
+    with connect(settings) as con:
+        ingest_documents(settings, con)
+        build_chunks(settings, con)
+        (batch,), _ = plan_batches(settings, con, LocalObjectStore(tmp_path / "shared"), "r", batches=1,
+                                   batch_chunks=2)
+    events = []
+
+    class Recorded(LocalObjectStore):
+        def put(self, key, data):
+            events.append("part" if "/parts/" in key else "object")
+            return super().put(key, data)
+
+    seen = CountingExtractor()
+    seen.submit_json = lambda chunks: events.append("submit") or CountingExtractor.submit_json(seen, chunks)
+    stats = extract_batch(settings, Recorded(tmp_path / "shared"), batch.keys, seen)
+    assert len(batch.keys) > 2 and events.count("submit") == len(batch.keys)
+    assert events[:events.index("part")] == ["submit", "submit"]
+    assert events[-1] == "object" and events[-2] == "part"  # the last object's parts, then its bundle
+    assert stats["computed"] == len(seen.seen)
 
 
 def test_parts_a_home_kept_from_before_go_once_their_documents_are_loaded(tmp_path):

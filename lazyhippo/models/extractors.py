@@ -55,8 +55,8 @@ class Extractor(Protocol):
 
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]: ...
 
-    # optional: `extract_json(chunks) -> list[str | Exception]`, the extractions as JSON (`encode`), which
-    # `extract_chunks` then asks for instead
+    # optional: `submit_json(chunks) -> Submitted`, the extractions as JSON (`encode`) under way, which
+    # `extract_chunks` then asks for instead, a few batches ahead
 
 
 _EDGES = " \t\n'\"“”‘’.,;:[]#*"
@@ -436,25 +436,25 @@ class NlpExtractor:
         self.spacy_model = spacy_model
         self.model = spacy_model + {"tags": "+tagnp", "parser": "+np", "none": ""}[noun_phrases]
 
-    @property
-    def prefetch(self) -> bool:
-        """Over worker processes, `extract_chunks` asks for the next batch while it caches this one."""
-        return extract_processes() > 1
-
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction | Exception]:
         return [Extraction(**json.loads(x)) for x in self.extract_json(chunks)]
 
     def extract_json(self, chunks: Sequence[Chunk]) -> list[str | Exception]:
         """`extract`'s extractions as JSON (`encode`), as the workers hand them over."""
+        return self.submit_json(chunks).result()
+
+    def submit_json(self, chunks: Sequence[Chunk]) -> Submitted:
+        """`extract_json` under way: over worker processes, in pieces of PIPE_BATCH chunks queued at the pool,
+        so a worker that finishes takes the next piece, of this batch or the one submitted after it (halves per
+        worker left one core idle while the other finished its half, and both while the run's process wrote)."""
         items = [(c.title, c.text, c.section) for c in chunks]
         processes = extract_processes()
         started = bool(_POOL)  # once the workers hold the model, any batch is worth splitting
         if processes < 2 or len(items) < (2 if started else self.min_parallel):
-            return list(_nlp_extract(self.spacy_model, self.noun_phrases, items))
-        step = -(-len(items) // processes)
-        parts = [items[i:i + step] for i in range(0, len(items), step)]
-        futures = [_pool(processes).submit(_nlp_extract, self.spacy_model, self.noun_phrases, part) for part in parts]
-        return [x for f in futures for x in f.result()]
+            return Later(_nlp_extract, self.spacy_model, self.noun_phrases, items)
+        pool = _pool(processes)
+        return Pieces([pool.submit(_nlp_extract, self.spacy_model, self.noun_phrases, items[i:i + PIPE_BATCH])
+                       for i in range(0, len(items), PIPE_BATCH)])
 
 
 def _strings(*names: str, max_length: int = 160) -> dict:
@@ -575,11 +575,51 @@ def encode(extraction: Extraction) -> str:
     return dumps(payload(extraction))
 
 
-def _extract_json(extractor: Extractor, chunks: Sequence[Chunk]) -> list[str | Exception]:
-    """The extractor's results as JSON: its own (`extract_json`) where it has them, else its extractions encoded."""
-    if hasattr(extractor, "extract_json"):
-        return extractor.extract_json(chunks)
+class Submitted(Protocol):
+    """An extraction under way: its results (JSON or the chunk's exception) in the chunks' order."""
+
+    def result(self) -> list[str | Exception]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Later:
+    """An extraction done when its results are asked for: an extractor without workers of its own."""
+
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
+
+    def result(self) -> list[str | Exception]:
+        return list(self.call(*self.args))
+
+    def cancel(self) -> None:
+        pass
+
+
+class Pieces:
+    """An extraction queued at worker processes in pieces (futures), its results joined in order."""
+
+    def __init__(self, futures: list):
+        self.futures = futures
+
+    def result(self) -> list[str | Exception]:
+        return [x for f in self.futures for x in f.result()]
+
+    def cancel(self) -> None:
+        for f in self.futures:
+            f.cancel()
+
+
+def _encoded(extractor: Extractor, chunks: Sequence[Chunk]) -> list[str | Exception]:
     return [r if isinstance(r, Exception) else encode(r) for r in extractor.extract(chunks)]
+
+
+def _submit(extractor: Extractor, chunks: Sequence[Chunk]) -> Submitted:
+    """The extractor's results as JSON, under way: its own (`submit_json`) where it has them, else its
+    extractions encoded, when asked for."""
+    if hasattr(extractor, "submit_json"):
+        return extractor.submit_json(chunks)
+    return Later(_encoded, extractor, chunks)
 
 
 @dataclass
@@ -590,49 +630,69 @@ class ExtractionRun:
     computed: int
 
 
+AHEAD = 2  # batches under way at a time: the workers extract the next while the run's process caches one
+
+
+class PendingRun:
+    """`extract_chunks` begun: the cache read and the first AHEAD batches submitted; `finish` takes each batch's
+    results in order, caches them, and keeps AHEAD batches under way. A caller with more work (the next object
+    of a batch) begins it before finishing this one, so the workers never wait on the run's process."""
+
+    def __init__(self, chunks: Sequence[Chunk], extractor: Extractor, cache: ExtractionCache, batch: int = 256):
+        batch = getattr(extractor, "batch", batch)
+        self.extractor, self.cache = extractor, cache
+        self.keys = {c.chunk_id: ExtractionCache.key(c, extractor) for c in chunks}
+        self.sources = {self.keys[c.chunk_id]: c.text for c in chunks}  # what each cached extraction is packed against
+        hits = cache.get_texts(self.sources)
+        self.cached = len(hits)
+        self.results = {cid: hits[k] for cid, k in self.keys.items() if k in hits}
+        todo = [c for c in chunks if c.chunk_id not in self.results]
+        self.todo = len(todo)
+        size = -(-len(todo) // -(-len(todo) // batch)) if todo else batch  # even batches: no small last one
+        self.parts = [todo[i:i + size] for i in range(0, len(todo), size)]
+        self.submitted: list[Submitted] = []
+        self._submit_to(AHEAD)
+
+    def _submit_to(self, n: int) -> None:
+        while len(self.submitted) < min(n, len(self.parts)):
+            self.submitted.append(_submit(self.extractor, self.parts[len(self.submitted)]))
+
+    def finish(self, progress=None) -> ExtractionRun:
+        """An LLMError (endpoint down, wrong model) re-raises after caching what its batch finished; the batches
+        under way after it are dropped, not cached."""
+        results, failures, done = self.results, {}, 0
+        try:
+            for n, part in enumerate(self.parts):
+                extracted = self.submitted[n].result()
+                self._submit_to(n + 1 + AHEAD)
+                fresh = {}
+                fatal = None
+                for chunk, res in zip(part, extracted):
+                    if isinstance(res, LLMError):
+                        fatal = fatal or res
+                    elif isinstance(res, Exception):
+                        failures[chunk.chunk_id] = f"{type(res).__name__}: {res}"
+                    else:
+                        results[chunk.chunk_id] = res
+                        fresh[self.keys[chunk.chunk_id]] = res
+                self.cache.put_texts(fresh, self.sources)
+                if fatal is not None:
+                    raise fatal
+                done += len(part)
+                if progress:
+                    progress(done, self.todo)
+        except BaseException:
+            self.cancel()
+            raise
+        return ExtractionRun(results, failures, cached=self.cached, computed=self.todo - len(failures))
+
+    def cancel(self) -> None:
+        """The batches under way dropped (those a worker has begun run to their end)."""
+        for s in self.submitted:
+            s.cancel()
+
+
 def extract_chunks(chunks: Sequence[Chunk], extractor: Extractor, cache: ExtractionCache,
                    batch: int = 256, progress=None) -> ExtractionRun:
-    """Cache hits first, then the rest in batches; each batch's results are cached before the next one.
-    An LLMError (endpoint down, wrong model) re-raises after caching what its batch finished, so a re-run
-    calls the model only for what is missing."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    batch = getattr(extractor, "batch", batch)
-    keys = {c.chunk_id: ExtractionCache.key(c, extractor) for c in chunks}
-    sources = {keys[c.chunk_id]: c.text for c in chunks}  # what each cached extraction is packed against
-    hits = cache.get_texts(sources)
-    results = {cid: hits[k] for cid, k in keys.items() if k in hits}
-    todo = [c for c in chunks if c.chunk_id not in results]
-    failures: dict[str, str] = {}
-    size = -(-len(todo) // -(-len(todo) // batch)) if todo else batch  # even batches: no small last one
-    parts = [todo[i:i + size] for i in range(0, len(todo), size)]
-    ahead = ThreadPoolExecutor(1) if getattr(extractor, "prefetch", False) and len(parts) > 1 else None
-    pending = ahead.submit(_extract_json, extractor, parts[0]) if ahead else None
-    done = 0
-    try:
-        for n, part in enumerate(parts):
-            if ahead:
-                extracted = pending.result()
-                pending = ahead.submit(_extract_json, extractor, parts[n + 1]) if n + 1 < len(parts) else None
-            else:
-                extracted = _extract_json(extractor, part)
-            fresh = {}
-            fatal = None
-            for chunk, res in zip(part, extracted):
-                if isinstance(res, LLMError):
-                    fatal = fatal or res
-                elif isinstance(res, Exception):
-                    failures[chunk.chunk_id] = f"{type(res).__name__}: {res}"
-                else:
-                    results[chunk.chunk_id] = res
-                    fresh[keys[chunk.chunk_id]] = res
-            cache.put_texts(fresh, sources)
-            if fatal is not None:
-                raise fatal
-            done += len(part)
-            if progress:
-                progress(done, len(todo))
-    finally:
-        if ahead:  # an error stops here: the batch asked for ahead is dropped, not cached
-            ahead.shutdown(wait=False, cancel_futures=True)
-    return ExtractionRun(results, failures, cached=len(hits), computed=len(todo) - len(failures))
+    """Cache hits first, then the rest in batches, AHEAD under way; each batch's results are cached as they come."""
+    return PendingRun(chunks, extractor, cache, batch).finish(progress)

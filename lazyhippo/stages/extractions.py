@@ -29,6 +29,7 @@ from lazyhippo.models.extractors import (
     Extractor,
     LlmExtractor,
     NlpExtractor,
+    PendingRun,
     extract_chunks,
     release_workers,
 )
@@ -193,7 +194,8 @@ def extract_batch(settings: Settings, objects: ObjectStore, keys: Sequence[str],
     """Extract one batch, one object of chunks (`keys`) at a time, and write one part per document; a part
     already holding this signature is kept. Each object's parts also go out together as one bundle
     (`bundles`: [bundle key, its doc_ids]), so the collecting step reads a few objects instead of one per
-    document (reading 6k parts one by one was 19 s of a 2Wiki run) and holds one at a time."""
+    document (reading 6k parts one by one was 19 s of a 2Wiki run) and holds one at a time. The next object is
+    begun (read, and its extraction submitted) before this one's parts are written: the workers go on meanwhile."""
     extractor = extractor or _extractor(settings)
     llm = getattr(extractor, "llm", None)
     before = llm.meter.snapshot() if llm is not None else {}
@@ -201,11 +203,20 @@ def extract_batch(settings: Settings, objects: ObjectStore, keys: Sequence[str],
     bundles = []
     cache = ExtractionCache(settings.cache_dir / "extractions.sqlite")  # a local accelerator; parts are shared
     try:
-        for key in keys:
-            figures, bundle = _extract_object(settings, objects, key, extractor, cache)
-            totals.update(figures)
-            objects.put(_bundle_key(key), _parquet(bundle))
-            bundles.append([_bundle_key(key), bundle["doc_id"].unique(maintain_order=True).to_list()])
+        begun = None
+        for key in [*keys, None]:
+            following = _begin_object(settings, objects, key, extractor, cache) if key is not None else None
+            if begun is not None:
+                try:
+                    figures, bundle = _finish_object(settings, objects, begun)
+                except BaseException:
+                    if following is not None:  # its work, queued at the workers, is dropped
+                        following.run.cancel()
+                    raise
+                totals.update(figures)
+                objects.put(_bundle_key(begun.key), _parquet(bundle))
+                bundles.append([_bundle_key(begun.key), bundle["doc_id"].unique(maintain_order=True).to_list()])
+            begun = following
     finally:
         cache.close()
     usage = llm.meter.since(before) if llm is not None else []  # recorded by collect_parts, with the warehouse
@@ -213,11 +224,20 @@ def extract_batch(settings: Settings, objects: ObjectStore, keys: Sequence[str],
             "llm_usage": usage, "bundles": bundles}
 
 
-def _extract_object(settings: Settings, objects: ObjectStore, key: str, extractor: Extractor,
-                    cache: ExtractionCache) -> tuple[dict, pl.DataFrame]:
-    """One object of a batch: its figures and its documents' bundle rows (BUNDLE_SCHEMA); each document's
-    part is written to the object store as well."""
-    ns = settings.namespace
+@dataclass
+class _Begun:
+    """One object of a batch whose extraction is under way."""
+    key: str
+    extractor: Extractor
+    by_doc: dict[str, list[Chunk]]  # its chunks by document, in order
+    todo: list[Chunk]               # those of the documents without a part of this signature
+    kept: list[pl.DataFrame]        # those documents' bundle rows
+    run: PendingRun
+
+
+def _begin_object(settings: Settings, objects: ObjectStore, key: str, extractor: Extractor,
+                  cache: ExtractionCache) -> _Begun:
+    """One object of a batch read, its documents' parts of this signature kept and the rest submitted."""
     data = objects.get(key)
     chunks = [Chunk(**r) for r in pl.read_parquet(data).iter_rows(named=True)]
     listed = pl.read_parquet_metadata(data).get(STORED_PARTS)
@@ -225,16 +245,23 @@ def _extract_object(settings: Settings, objects: ObjectStore, key: str, extracto
     by_doc: dict[str, list[Chunk]] = defaultdict(list)
     for c in chunks:
         by_doc[c.doc_id].append(c)
-    todo, frames = [], []
+    todo, kept = [], []
     for doc_id, doc_chunks in by_doc.items():
-        part = _get(objects, part_key(ns, doc_id)) if stored is None or doc_id in stored else None
+        part = _get(objects, part_key(settings.namespace, doc_id)) if stored is None or doc_id in stored else None
         held = _decode_part(part, doc_id) if part else None
         if held is not None and held["signature"][0] == signature(doc_chunks, extractor):
-            frames.append(held)
+            kept.append(held)
         else:
             todo += doc_chunks
-    kept = len(frames)
-    run = extract_chunks(todo, extractor, cache)
+    return _Begun(key, extractor, by_doc, todo, kept, PendingRun(todo, extractor, cache))
+
+
+def _finish_object(settings: Settings, objects: ObjectStore, begun: _Begun) -> tuple[dict, pl.DataFrame]:
+    """A begun object's figures and its documents' bundle rows (BUNDLE_SCHEMA); each document's part is written
+    to the object store as well."""
+    ns, by_doc, todo, extractor = settings.namespace, begun.by_doc, begun.todo, begun.extractor
+    run = begun.run.finish()
+    frames = list(begun.kept)
     written = []
     for doc_id in {c.doc_id: None for c in todo}:
         rows = {"chunk_id": [c.chunk_id for c in by_doc[doc_id]],
@@ -248,8 +275,8 @@ def _extract_object(settings: Settings, objects: ObjectStore, key: str, extracto
         frames.append(frame.select(pl.lit(doc_id).alias("doc_id"), pl.lit(sig).alias("signature"), *PART_SCHEMA))
     _each(lambda item: objects.put(*item), written)
     bundle = pl.concat(frames) if frames else pl.DataFrame(schema=BUNDLE_SCHEMA)
-    return {"documents": len(by_doc), "parts_kept": kept, "chunks": len(chunks), "cached": run.cached,
-            "computed": run.computed, "failed": len(run.failures)}, bundle
+    return {"documents": len(by_doc), "parts_kept": len(begun.kept), "chunks": sum(map(len, by_doc.values())),
+            "cached": run.cached, "computed": run.computed, "failed": len(run.failures)}, bundle
 
 
 def collect_parts(settings: Settings, con: duckdb.DuckDBPyConnection, objects: ObjectStore, batches: list[Batch],
