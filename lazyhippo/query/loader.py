@@ -238,10 +238,12 @@ def _pydict(con, sql: str, params: dict, texts: tuple[str, ...] = ()) -> dict:
 
 
 def _strings(x):
-    """An Arrow string array of ids or names, a `Texts` one over its own buffers."""
+    """An Arrow string array of ids or names, a `Texts` one over its own buffers; a list packed first, since
+    `pa.array` of Python objects imports pandas (pyarrow's check for its types), which a query never needs."""
     import pyarrow as pa
 
-    return x.arrow().cast(pa.string()) if isinstance(x, Texts) else pa.array(x, pa.string())
+    texts = x if isinstance(x, Texts) else Texts.of_bytes([s.encode() for s in x])
+    return texts.arrow().cast(pa.string())
 
 
 def _vectors(con, ns: str, kind: str, ids: Sequence[str]) -> tuple[Int8Rows, str | None]:
@@ -275,8 +277,9 @@ def _found(names, keys) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    rows = pc.index_in(names.cast(pa.string()), value_set=keys).fill_null(-1)
-    return rows.to_numpy(zero_copy_only=False).astype(np.int64)
+    from lazyhippo.stores.warehouse import numbers
+
+    return numbers(pc.index_in(names.cast(pa.string()), value_set=keys), np.int32, null=-1).astype(np.int64)
 
 
 _BATCH_ROWS = 65_536  # rows read from DuckDB at once where a whole table's Arrow copy is not needed

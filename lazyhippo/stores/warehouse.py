@@ -672,6 +672,20 @@ def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
     return code_blobs(q), scale
 
 
+def numbers(col: "pa.Array | pa.ChunkedArray", dtype, null=0) -> np.ndarray:
+    """A fixed-width Arrow column as numpy, `null` where it has none: `to_numpy` and `fill_null` import pandas
+    (pyarrow's check for its types), which a query reading the index cache never needs."""
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    out = np.frombuffer(col.buffers()[1], dtype=dtype)[col.offset:col.offset + len(col)]
+    if col.null_count:
+        bits = np.unpackbits(np.frombuffer(col.buffers()[0], dtype=np.uint8), bitorder="little")
+        out = np.where(bits[col.offset:col.offset + len(col)].astype(bool), out, np.asarray(null, dtype=dtype))
+    return out
+
+
 def _codes(col: pa.Array) -> np.ndarray:
     """The rows of a `vector` column (BLOBs of int8 codes, or lists) as a 2-d array, of int8 for codes."""
     import pyarrow as pa
@@ -698,7 +712,7 @@ def stored_rows(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     rows = _codes(tbl.column("vector").combine_chunks())
     if "scale" not in tbl.column_names:
         return int8_rows(rows)
-    return rows.astype(np.int8, copy=False), tbl.column("scale").to_numpy().astype(np.float32, copy=False)
+    return rows.astype(np.int8, copy=False), numbers(tbl.column("scale"), np.float32)
 
 
 def vector_matrix(tbl: pa.Table) -> np.ndarray:
