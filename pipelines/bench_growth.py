@@ -210,7 +210,7 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
         home = folder / "home"
         load = os.getloadavg()
         with TreeRss() as rss, own_instance(home) as instance:
-            timed = _timed_index(home, folder / "source", None, instance=instance)
+            timed = _timed_index(home, folder / "source", None, instance=instance, progress=progress)
             spans = step_spans(instance, timed["run_ids"])
         settings = Settings(home=home, namespace="bench")
         progress(f"{n} documents: local route latency")

@@ -72,15 +72,20 @@ def dagster_cost(instance: dg.DagsterInstance, run_id: str, seconds: float) -> d
 
 
 def _timed_index(home: Path, source: Path, workers: int | None, namespace: str = "bench",
-                 instance: dg.DagsterInstance | None = None) -> dict:
+                 instance: dg.DagsterInstance | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Wall time of the whole `index` chain and of its per-document steps (first start to last end); `workers`
     None is the CLI's default in-process run, a number the multiprocess executor with that many processes. The
-    run goes to `instance`, by default the home's own (SQLite)."""
+    run goes to `instance`, by default the home's own (SQLite); `progress` gets a line as each step ends."""
     config = run_config({"lazyhippo": {"home": str(home), "source": str(source)}})
     tags = {"lazyhippo/bench": f"index-{workers or 'in-process'}"}
     instance = instance or instance_for(home)
     t0 = time.perf_counter()
-    result = index_run(instance, home, config, tags, namespace, workers)
+
+    def on_step(step: str, state: str) -> None:  # a line per step, so a run of an hour shows where it is in a log
+        if state != "started":
+            progress(f"  {step} {state} at {time.perf_counter() - t0:,.0f} s")
+
+    result = index_run(instance, home, config, tags, namespace, workers, on_step if progress else None)
     seconds = time.perf_counter() - t0
     if not result.success:
         raise RuntimeError(f"bench index run {result.run_id} failed (see `dagster dev`)")
@@ -169,9 +174,9 @@ def run_index_bench(corpus: Path, workdir: Path, workers: int = 2, limit: int | 
     instance = bench_postgres_instance(workdir) if storage == "postgres" else None
     for n in ((1, workers) if workers > 1 else ()):
         progress(f"full index with {n} worker process(es)")
-        out[f"full_{n}"] = _timed_index(workdir / f"home_{n}", source, n)
+        out[f"full_{n}"] = _timed_index(workdir / f"home_{n}", source, n, progress=progress)
     progress("full index in-process (the CLI default)")
-    out["full_in_process"] = _timed_index(workdir / "home_in_process", source, None, instance=instance)
+    out["full_in_process"] = _timed_index(workdir / "home_in_process", source, None, instance=instance, progress=progress)
     home = workdir / "home_in_process"
     progress("one changed document")
     _rewrite_jsonl(data, lambda rows: [{**r, "text": r["text"] + " (revised)"} if i == 0 else r for i, r in enumerate(rows)])

@@ -161,3 +161,16 @@ def test_the_growth_table_rounds_its_figures_and_says_how_loaded_the_machine_was
     assert table["seconds"] == 150.8 and table["local p95 ms"] == 25.3 and table["local p50 ms"] == 20.5
     assert table["load average at start"] == 0.3 and table["load average at end"] == 2.5
     assert table["  warehouse MB"] == 1.5
+
+
+def test_a_timed_index_tells_each_step_as_it_ends(tmp_path):
+    source = tmp_path / "source"
+    source.mkdir()
+    bench_index.write_jsonl_source(source, [json.dumps({"id": str(i), "title": f"Note {i}",
+                                                        "text": f"Ada Lovelace wrote note {i} in London."}) for i in range(3)])
+    lines: list[str] = []
+    with own_instance(tmp_path / "home") as instance:
+        bench_index._timed_index(tmp_path / "home", source, None, instance=instance, progress=lines.append)
+    ended = [line.split()[0] for line in lines]
+    assert "documents" in ended and "exports" in ended and "published_snapshot" in ended
+    assert all(" done at " in line and line.endswith(" s") for line in lines)
