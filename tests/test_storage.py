@@ -58,18 +58,24 @@ def test_beside_another_namespace_the_snapshot_is_a_copy_without_staging_tables_
     assert work["extracted_relations"] > 0 and counts(other) == work
 
 
-def test_stored_vectors_are_int8_and_read_back_with_their_cosines_within_0_003():
+def test_stored_vectors_are_int8_codes_of_31_levels_read_back_with_their_cosines_within_0_03():
+    """Each value is one of -15..15 steps of its row's largest magnitude, written as int8 x 8: 31 distinct bytes,
+    which zstd stores in about 5 bits, and every reader keeps its int8 arithmetic."""
     rng = np.random.default_rng(7)
     vectors = rng.standard_normal((500, 256)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     con = duckdb.connect()
     con.execute("CREATE TABLE embeddings (namespace VARCHAR, kind VARCHAR, item_id VARCHAR, vector BLOB, scale FLOAT)")
     q, scale = quantize(vectors)
+    codes = np.frombuffer(b"".join(q.to_pylist()), np.int8)
+    assert set(np.unique(codes)) == set(range(-120, 121, 8))
     con.register("v", pa.table({"item_id": [f"i{i:04d}" for i in range(500)], "vector": q, "scale": scale}))
     con.execute("INSERT INTO embeddings SELECT 'ns', 'entity', item_id, vector, scale FROM v")
     ids, back = read_vectors(con, "ns", "entity")
     assert back.dtype == np.float32 and back.shape == vectors.shape and ids[0] == "i0000"
-    assert np.abs(back @ back.T - vectors @ vectors.T).max() < 0.003
+    assert np.abs(back - vectors).max(axis=1).max() <= np.abs(vectors).max(axis=1).max() / 30 + 1e-6
+    back /= np.linalg.norm(back, axis=1, keepdims=True)
+    assert np.abs(back @ back.T - vectors @ vectors.T).max() < 0.03
 
 
 def test_a_warehouse_with_float_vectors_is_quantized_once_on_open_and_an_old_snapshot_still_reads(tmp_path, sample_settings):
@@ -88,16 +94,19 @@ def test_a_warehouse_with_float_vectors_is_quantized_once_on_open_and_an_old_sna
         kinds = dict(con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'embeddings'").fetchall())
         _, migrated = read_vectors(con, "default", "chunk")
     assert kinds["vector"] == "BLOB" and kinds["scale"] == "FLOAT"
-    assert np.allclose(migrated, vectors, atol=np.abs(vectors).max() / 254 + 1e-6)
+    assert np.allclose(migrated, vectors, atol=np.abs(vectors).max() * (1 / 254 + 1 / 30) + 1e-6)
 
 
-def test_a_warehouse_with_codes_as_lists_gets_the_same_codes_as_blobs_once_on_open_and_every_reader_reads_both(
-        tmp_path, sample_settings, caplog):
-    """Codes written as TINYINT[] (which DuckDB stores uncompressed) become one zstd-compressed BLOB per vector:
-    every reader (the KNN stage's, the query index's, exports' and Neo4j's floats) gets the same codes from the
-    old snapshot as it is and from the rewritten file, so no ranking can move."""
+@pytest.mark.parametrize("stored", ["TINYINT[]", "BLOB"])
+def test_a_warehouse_with_int8_codes_gets_31_level_blobs_once_on_open_and_every_reader_reads_both(
+        tmp_path, sample_settings, caplog, stored):
+    """Codes of all 255 levels, as TINYINT[] (which DuckDB stores uncompressed) or as the BLOBs written before,
+    are coded again to 31 levels, one zstd-compressed BLOB per vector; the KNN search recorded on the old codes is
+    forgotten so the next run searches again. Every reader (the KNN stage's, the query index's, exports' and
+    Neo4j's floats) reads the old snapshot as it is and the rewritten file in its new codes."""
     from lazyhippo.query.loader import _graph_dim, _stored_vectors
-    from lazyhippo.stores.warehouse import float_vector_sql, read_stored_vectors
+    from lazyhippo.stores.warehouse import (CODE_LEVELS, _with_functions, code_blobs, float_vector_sql, int8_rows,
+                                            read_stored_vectors)
 
     settings = sample_settings.with_(home=tmp_path / "old")
     settings.home.mkdir()
@@ -105,15 +114,20 @@ def test_a_warehouse_with_codes_as_lists_gets_the_same_codes_as_blobs_once_on_op
     codes = rng.integers(-127, 128, size=(70_000, 8)).astype(np.int8)  # more than one statement of the rewrite
     scales = rng.random(70_000).astype(np.float32)
     names = [f"e{i:05d}" for i in rng.permutation(70_000)]
-    old = duckdb.connect(str(settings.db_path))
+    old = _with_functions(duckdb.connect(str(settings.db_path)))
     old.execute("CREATE TABLE embeddings (namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL, "
-                "model VARCHAR NOT NULL, vector TINYINT[] NOT NULL, scale FLOAT NOT NULL, text_hash UBIGINT)")
-    old.register("v", pa.table({"item_id": names, "vector": pa.array(list(codes)), "scale": scales,
-                                "text_hash": pa.array(range(70_000), pa.uint64())}))
+                f"model VARCHAR NOT NULL, vector {stored} NOT NULL, scale FLOAT NOT NULL, text_hash UBIGINT)")
+    old.register("v", pa.table({"item_id": names, "scale": scales, "text_hash": pa.array(range(70_000), pa.uint64()),
+                                "vector": pa.array(list(codes)) if stored == "TINYINT[]" else code_blobs(codes)}))
     old.execute("INSERT INTO embeddings SELECT 'default', 'entity', item_id, 'm', vector, scale, text_hash FROM v")
     old.unregister("v")
+    old.execute("CREATE TABLE stage_inputs (namespace VARCHAR NOT NULL, stage VARCHAR NOT NULL, item_id VARCHAR "
+                "NOT NULL, fingerprint UBIGINT NOT NULL, detail VARCHAR)")
+    old.execute("INSERT INTO stage_inputs VALUES ('default', 'knn_edges', 'e00001', 1, NULL), "
+                "('default', 'communities', 'e00001', 1, NULL)")
     at = {n: i for i, n in enumerate(names)}
     order = [at[n] for n in sorted(names)]
+    recoded, rescaled = int8_rows(codes * scales[:, None], CODE_LEVELS)
 
     def read(con) -> tuple:
         ids, q, s = read_stored_vectors(con, "default", "entity", batch=30_000)
@@ -127,24 +141,36 @@ def test_a_warehouse_with_codes_as_lists_gets_the_same_codes_as_blobs_once_on_op
         kind = con.execute("SELECT data_type FROM duckdb_columns() WHERE table_name = 'embeddings' "
                            "AND column_name = 'vector'").fetchall()[0][0]
         hashes = con.execute("SELECT item_id, text_hash FROM embeddings ORDER BY item_id").fetchall()
+        stages = con.execute("SELECT DISTINCT stage FROM stage_inputs").fetchall()
         rewritten = read(con)
-    assert kind == "BLOB" and caplog.text.count("compressed codes") == 1
+    assert kind == "BLOB" and caplog.text.count("31-level codes") == 1 and stages == [("communities",)]
     assert hashes == sorted((n, at[n]) for n in names)
-    for got in (snapshot, rewritten):
+    for got, (q, s) in ((snapshot, (codes, scales)), (rewritten, (recoded, rescaled))):
         assert got[0] == sorted(names) and got[6] == 8
-        assert np.array_equal(got[1], codes[order]) and np.array_equal(got[2], scales[order])
-        assert np.array_equal(got[3], codes[order]) and np.array_equal(got[4], scales[order])
-        assert np.array_equal(got[5], codes[0] * scales[0])
+        assert np.array_equal(got[1], q[order]) and np.array_equal(got[2], s[order])
+        assert np.array_equal(got[3], q[order]) and np.array_equal(got[4], s[order])
+        assert np.array_equal(got[5], q[0] * s[0])
     caplog.clear()
     with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings):
         pass
     assert "rewriting" not in caplog.text  # once
 
 
+def test_a_new_home_stores_31_level_codes_and_opens_again_without_a_rewrite(tmp_path, sample_settings, caplog):
+    settings = sample_settings.with_(home=tmp_path / "new")
+    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"):
+        run_index(settings, run_id="codes")
+        with connect(settings) as con:
+            blobs = con.execute("SELECT vector FROM embeddings").fetchall()
+    assert blobs and "rewriting" not in caplog.text
+    codes = np.frombuffer(b"".join(b for (b,) in blobs), np.int8)
+    assert np.all(codes % 8 == 0) and np.abs(codes).max() == 120
+
+
 def test_vector_matrix_scales_each_row():
     q, scale = quantize(np.array([[0.5, -1.0], [2.0, 0.0]], dtype=np.float32))
-    assert [np.frombuffer(b, np.int8).tolist() for b in q.to_pylist()] == [[64, -127], [127, 0]]
-    assert np.allclose(vector_matrix(pa.table({"vector": q, "scale": scale})), [[0.5, -1.0], [2.0, 0.0]], atol=0.01)
+    assert [np.frombuffer(b, np.int8).tolist() for b in q.to_pylist()] == [[56, -120], [120, 0]]
+    assert np.allclose(vector_matrix(pa.table({"vector": q, "scale": scale})), [[7 / 15, -1.0], [2.0, 0.0]], atol=1e-6)
 
 
 
@@ -158,7 +184,7 @@ def test_lh_vector_gives_each_rows_floats_and_null_where_a_row_has_no_vector():
     rows = con.execute("SELECT t.i, lh_vector(v.vector, v.scale) FROM range(4) t(i) LEFT JOIN v USING (i) "
                        "ORDER BY t.i").fetchall()
     assert [r[1] is None for r in rows] == [True, False, False, True]
-    assert np.allclose([rows[1][1], rows[2][1]], [[0.5, -1.0], [2.0, 0.0]], atol=0.01)
+    assert np.allclose([rows[1][1], rows[2][1]], [[7 / 15, -1.0], [2.0, 0.0]], atol=1e-6)
 
 TEXT = ("Ada Fenwick directed the Marlow Observatory in Cresswell from 1901 until her retirement. "
         "Tomas Reyes, her assistant at the Marlow Observatory, catalogued comets with Ada Fenwick and Mei Lin. "
@@ -553,7 +579,7 @@ def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_comput
     bits, a fingerprint's text hashed (the KNN stage's with its text hashes as integers, the entities stage's
     entity ids kept as the detail)."""
     from lazyhippo.sources.files import sha
-    from lazyhippo.stages.incremental import PARAMS, fingerprint, knn_inputs, read_details, read_inputs
+    from lazyhippo.stages.incremental import PARAMS, fingerprint, read_details, read_inputs
 
     settings = Settings(home=tmp_path / "old")
     settings.home.mkdir()
@@ -575,8 +601,7 @@ def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_comput
     with connect(settings) as con:
         hashes = dict(con.execute("SELECT item_id, text_hash FROM embeddings").fetchall())
         assert hashes == {"e_1": fingerprint(texts["e_1"]), "e_2": fingerprint(texts["e_2"]), "e_3": None}
-        now = {i: fingerprint(v) for i, v in knn_inputs(con, "default", 10, 0.6).items()}
-        assert read_inputs(con, "default", "knn_edges") == now  # the KNN stage finds nothing changed
+        assert read_inputs(con, "default", "knn_edges") == {}  # searched again on the vectors' new codes
         assert read_inputs(con, "default", "entities") == {
             "c_1": fingerprint("3:-1234"), "c_2": fingerprint("1:77"), PARAMS: fingerprint("0:abc:offline")}
         assert read_details(con, "default", "entities") == {"c_1": "e_1 e_2", "c_2": ""}
@@ -585,7 +610,7 @@ def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_comput
         assert not con.execute("SELECT * FROM duckdb_tables() WHERE table_name LIKE 'lh_old%'").fetchall()
     with connect(settings) as con:  # once: opened again, the same rows
         assert dict(con.execute("SELECT item_id, text_hash FROM embeddings").fetchall()) == hashes
-        assert con.execute("SELECT count(*) FROM stage_inputs").fetchone()[0] == 9
+        assert con.execute("SELECT count(*) FROM stage_inputs").fetchone()[0] == 5  # 9 but the KNN search's 4
 
 
 def test_stored_vectors_come_in_id_order_from_rows_stored_in_any_order_batch_by_batch(tmp_path):
