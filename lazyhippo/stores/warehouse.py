@@ -656,8 +656,8 @@ def counts(settings: Settings) -> dict[str, int]:
 # holds the codes as TINYINT[] (or, before the int8 form, a float `vector` alone), which every reader here takes too
 VECTOR_COLUMNS = "COLUMNS('^(vector|scale)$')"
 # the stored codes: -15..15 steps of each vector's largest magnitude (5 bits), written as int8 (x 8) so every reader
-# keeps its int8 arithmetic; zstd stores the fewer distinct bytes in about 5 bits (41.3 -> 26.3 MB at 10,000
-# documents). 4 bits lowered close pairs' cosines enough to drop half the KNN edges PPR walks (>= 0.90); 6 bits
+# keeps its int8 arithmetic; zstd stores the fewer distinct bytes in fewer bits (41.3 -> 26.3 MB at 10,000
+# documents). 4 bits lowered close pairs' cosines enough to drop up to half the KNN edges PPR walks (>= 0.90); 6 bits
 # saved 4 MB less (docs/decisions.md, "Vector codes").
 CODE_LEVELS = 15
 CODE_FORM = f"int8 codes of {2 * CODE_LEVELS + 1} levels"  # the comment on `embeddings.vector` of a file in this form
