@@ -97,16 +97,13 @@ def test_a_warehouse_with_float_vectors_is_quantized_once_on_open_and_an_old_sna
     assert np.allclose(migrated, vectors, atol=np.abs(vectors).max() * (1 / 254 + 1 / 30) + 1e-6)
 
 
-@pytest.mark.parametrize("stored", ["TINYINT[]", "BLOB"])
-def test_a_warehouse_with_int8_codes_gets_31_level_blobs_once_on_open_and_every_reader_reads_both(
-        tmp_path, sample_settings, caplog, stored):
-    """Codes of all 255 levels, as TINYINT[] (which DuckDB stores uncompressed) or as the BLOBs written before,
-    are coded again to 31 levels, one zstd-compressed BLOB per vector; the KNN search recorded on the old codes is
-    forgotten so the next run searches again. Every reader (the KNN stage's, the query index's, exports' and
-    Neo4j's floats) reads the old snapshot as it is and the rewritten file in its new codes."""
+def test_a_warehouse_with_codes_as_lists_gets_the_same_codes_as_blobs_once_on_open_and_every_reader_reads_both(
+        tmp_path, sample_settings, caplog):
+    """Codes written as TINYINT[] (which DuckDB stores uncompressed) become one zstd-compressed BLOB per vector:
+    every reader (the KNN stage's, the query index's, exports' and Neo4j's floats) gets the same codes from the
+    old snapshot as it is and from the rewritten file, so no ranking can move."""
     from lazyhippo.query.loader import _graph_dim, _stored_vectors
-    from lazyhippo.stores.warehouse import (CODE_LEVELS, _with_functions, code_blobs, float_vector_sql, int8_rows,
-                                            read_stored_vectors)
+    from lazyhippo.stores.warehouse import float_vector_sql, read_stored_vectors
 
     settings = sample_settings.with_(home=tmp_path / "old")
     settings.home.mkdir()
@@ -114,20 +111,15 @@ def test_a_warehouse_with_int8_codes_gets_31_level_blobs_once_on_open_and_every_
     codes = rng.integers(-127, 128, size=(70_000, 8)).astype(np.int8)  # more than one statement of the rewrite
     scales = rng.random(70_000).astype(np.float32)
     names = [f"e{i:05d}" for i in rng.permutation(70_000)]
-    old = _with_functions(duckdb.connect(str(settings.db_path)))
+    old = duckdb.connect(str(settings.db_path))
     old.execute("CREATE TABLE embeddings (namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR NOT NULL, "
-                f"model VARCHAR NOT NULL, vector {stored} NOT NULL, scale FLOAT NOT NULL, text_hash UBIGINT)")
-    old.register("v", pa.table({"item_id": names, "scale": scales, "text_hash": pa.array(range(70_000), pa.uint64()),
-                                "vector": pa.array(list(codes)) if stored == "TINYINT[]" else code_blobs(codes)}))
+                "model VARCHAR NOT NULL, vector TINYINT[] NOT NULL, scale FLOAT NOT NULL, text_hash UBIGINT)")
+    old.register("v", pa.table({"item_id": names, "vector": pa.array(list(codes)), "scale": scales,
+                                "text_hash": pa.array(range(70_000), pa.uint64())}))
     old.execute("INSERT INTO embeddings SELECT 'default', 'entity', item_id, 'm', vector, scale, text_hash FROM v")
     old.unregister("v")
-    old.execute("CREATE TABLE stage_inputs (namespace VARCHAR NOT NULL, stage VARCHAR NOT NULL, item_id VARCHAR "
-                "NOT NULL, fingerprint UBIGINT NOT NULL, detail VARCHAR)")
-    old.execute("INSERT INTO stage_inputs VALUES ('default', 'knn_edges', 'e00001', 1, NULL), "
-                "('default', 'communities', 'e00001', 1, NULL)")
     at = {n: i for i, n in enumerate(names)}
     order = [at[n] for n in sorted(names)]
-    recoded, rescaled = int8_rows(codes * scales[:, None], CODE_LEVELS)
 
     def read(con) -> tuple:
         ids, q, s = read_stored_vectors(con, "default", "entity", batch=30_000)
@@ -141,15 +133,14 @@ def test_a_warehouse_with_int8_codes_gets_31_level_blobs_once_on_open_and_every_
         kind = con.execute("SELECT data_type FROM duckdb_columns() WHERE table_name = 'embeddings' "
                            "AND column_name = 'vector'").fetchall()[0][0]
         hashes = con.execute("SELECT item_id, text_hash FROM embeddings ORDER BY item_id").fetchall()
-        stages = con.execute("SELECT DISTINCT stage FROM stage_inputs").fetchall()
         rewritten = read(con)
-    assert kind == "BLOB" and caplog.text.count("31-level codes") == 1 and stages == [("communities",)]
+    assert kind == "BLOB" and caplog.text.count("compressed codes") == 1
     assert hashes == sorted((n, at[n]) for n in names)
-    for got, (q, s) in ((snapshot, (codes, scales)), (rewritten, (recoded, rescaled))):
+    for got in (snapshot, rewritten):
         assert got[0] == sorted(names) and got[6] == 8
-        assert np.array_equal(got[1], q[order]) and np.array_equal(got[2], s[order])
-        assert np.array_equal(got[3], q[order]) and np.array_equal(got[4], s[order])
-        assert np.array_equal(got[5], q[0] * s[0])
+        assert np.array_equal(got[1], codes[order]) and np.array_equal(got[2], scales[order])
+        assert np.array_equal(got[3], codes[order]) and np.array_equal(got[4], scales[order])
+        assert np.array_equal(got[5], codes[0] * scales[0])
     caplog.clear()
     with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings):
         pass
@@ -165,6 +156,27 @@ def test_a_new_home_stores_31_level_codes_and_opens_again_without_a_rewrite(tmp_
     assert blobs and "rewriting" not in caplog.text
     codes = np.frombuffer(b"".join(b for (b,) in blobs), np.int8)
     assert np.all(codes % 8 == 0) and np.abs(codes).max() == 120
+
+
+def test_a_home_of_255_level_codes_keeps_them_beside_the_31_level_codes_its_updates_add(tmp_path, sample_settings, caplog):
+    """Every reader takes int8 codes of any number of levels: a home written before keeps its codes (coding them
+    again would grow its file, which DuckDB never shrinks, and redo its KNN search)."""
+    from lazyhippo.stores.warehouse import code_blobs, int8_rows, read_stored_vectors
+
+    settings = sample_settings.with_(home=tmp_path / "old")
+    run_index(settings, run_id="first")
+    with connect(settings) as con:
+        item = con.execute("SELECT min(item_id) FROM embeddings WHERE kind = 'chunk'").fetchall()[0][0]
+        old, old_scale = int8_rows(np.random.default_rng(5).standard_normal((1, 256)))  # 255 levels, as written before
+        con.execute("UPDATE embeddings SET vector = ?, scale = ? WHERE kind = 'chunk' AND item_id = ?",
+                    [code_blobs(old).to_pylist()[0], float(old_scale[0]), item])
+    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
+        ids, codes, scales = read_stored_vectors(con, "default", "chunk")
+    assert "rewriting" not in caplog.text
+    assert np.array_equal(codes[ids.index(item)], old[0]) and scales[ids.index(item)] == old_scale[0]
+    assert len(np.unique(codes[ids.index(item)])) > 31
+    others = np.delete(codes, ids.index(item), axis=0)
+    assert len(others) and np.all(others % 8 == 0) and np.abs(others).max() == 120
 
 
 def test_vector_matrix_scales_each_row():
@@ -579,7 +591,7 @@ def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_comput
     bits, a fingerprint's text hashed (the KNN stage's with its text hashes as integers, the entities stage's
     entity ids kept as the detail)."""
     from lazyhippo.sources.files import sha
-    from lazyhippo.stages.incremental import PARAMS, fingerprint, read_details, read_inputs
+    from lazyhippo.stages.incremental import PARAMS, fingerprint, knn_inputs, read_details, read_inputs
 
     settings = Settings(home=tmp_path / "old")
     settings.home.mkdir()
@@ -601,7 +613,8 @@ def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_comput
     with connect(settings) as con:
         hashes = dict(con.execute("SELECT item_id, text_hash FROM embeddings").fetchall())
         assert hashes == {"e_1": fingerprint(texts["e_1"]), "e_2": fingerprint(texts["e_2"]), "e_3": None}
-        assert read_inputs(con, "default", "knn_edges") == {}  # searched again on the vectors' new codes
+        now = {i: fingerprint(v) for i, v in knn_inputs(con, "default", 10, 0.6).items()}
+        assert read_inputs(con, "default", "knn_edges") == now  # the KNN stage finds nothing changed
         assert read_inputs(con, "default", "entities") == {
             "c_1": fingerprint("3:-1234"), "c_2": fingerprint("1:77"), PARAMS: fingerprint("0:abc:offline")}
         assert read_details(con, "default", "entities") == {"c_1": "e_1 e_2", "c_2": ""}
@@ -610,7 +623,7 @@ def test_a_warehouse_with_hex_fingerprints_gets_the_integers_this_version_comput
         assert not con.execute("SELECT * FROM duckdb_tables() WHERE table_name LIKE 'lh_old%'").fetchall()
     with connect(settings) as con:  # once: opened again, the same rows
         assert dict(con.execute("SELECT item_id, text_hash FROM embeddings").fetchall()) == hashes
-        assert con.execute("SELECT count(*) FROM stage_inputs").fetchone()[0] == 5  # 9 but the KNN search's 4
+        assert con.execute("SELECT count(*) FROM stage_inputs").fetchone()[0] == 9
 
 
 def test_stored_vectors_come_in_id_order_from_rows_stored_in_any_order_batch_by_batch(tmp_path):

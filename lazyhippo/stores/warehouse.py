@@ -154,20 +154,17 @@ def _migrate_fingerprints(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _migrate_vectors(con: duckdb.DuckDBPyConnection) -> None:
-    """A warehouse whose vectors are not in this version's stored form (CODE_FORM: int8 codes of all 255 levels,
-    as BLOBs or lists, or floats before them) is rewritten once: each row's vector coded again to CODE_LEVELS from
-    what it holds, so an old home keeps its vectors and no embedding is computed again; VECTOR_MIGRATION_ROWS rows a
-    statement (a read and its write). The KNN search recorded on the old codes is forgotten: the next run searches
-    every entity on the new ones, as a fresh home would."""
+    """A warehouse written with vectors as lists (int8 codes, or floats before them): rewritten once to a BLOB of
+    its int8 codes per row, the same codes (floats quantized as `quantize` does), so an old home keeps its vectors
+    and no embedding is computed again; VECTOR_MIGRATION_ROWS rows a statement (a read and its write). Codes of
+    any number of levels are read alike: a home's int8 codes of 255 levels stay as written beside the 31-level
+    codes its updates add (coding them again would grow the file, which DuckDB never shrinks, and redo its KNN)."""
     import pyarrow as pa
 
-    kind, form = _vector_column(con)
-    if kind is None or form == CODE_FORM:
+    if vector_type(con) not in ("TINYINT[]", "FLOAT[]"):
         return
-    if con.execute("SELECT count(*) FROM embeddings").fetchall()[0][0]:
-        log.warning("%s: rewriting the embeddings' vectors to compressed %d-level codes: once", con.execute(
-            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0],
-            2 * CODE_LEVELS + 1)
+    log.warning("%s: rewriting the embeddings' vectors to compressed codes: once", con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()[0])
     con.execute("SET enable_progress_bar = false")
     with transaction(con):
         con.execute("ALTER TABLE embeddings RENAME TO lh_old_embeddings")
@@ -179,17 +176,13 @@ def _migrate_vectors(con: duckdb.DuckDBPyConnection) -> None:
                            "WHERE rowid >= $a AND rowid < $b ORDER BY rowid",
                            params={"a": start, "b": start + VECTOR_MIGRATION_ROWS}).to_arrow_table()
             codes, scale = stored_rows(part)
-            vector, scale = quantize(codes.astype(np.float32) * scale[:, None])
             insert_rows(con, "embeddings", pa.table({**{c: part.column(c) for c in cols},
-                                                     "vector": vector, "scale": scale}))
+                                                     "vector": code_blobs(codes), "scale": scale}))
         con.execute("DROP TABLE lh_old_embeddings")
-        con.execute(f"COMMENT ON COLUMN embeddings.vector IS '{CODE_FORM}'")
-        if last >= 0:
-            con.execute("DELETE FROM stage_inputs WHERE stage = 'knn_edges'")
     con.execute("CHECKPOINT")
 
 
-VECTOR_MIGRATION_ROWS = 65_536  # 16 MB of codes at 256 dimensions (64 MB as floats while coded again)
+VECTOR_MIGRATION_ROWS = 65_536  # 16 MB of codes at 256 dimensions
 _ZSTD_COLUMN = re.compile(r'"?(\w+)"? [A-Z]+(?:\[\])? USING COMPRESSION ZSTD', re.IGNORECASE)
 _GENERATED_COLUMN = re.compile(r'"?(\w+)"? [A-Z]+(?:\[\])? GENERATED ALWAYS AS', re.IGNORECASE)
 _SCHEMA_TABLES: dict[str, str] = {}
@@ -660,7 +653,6 @@ VECTOR_COLUMNS = "COLUMNS('^(vector|scale)$')"
 # documents). 4 bits lowered close pairs' cosines enough to drop up to half the KNN edges PPR walks (>= 0.90); 6 bits
 # saved 4 MB less (docs/decisions.md, "Vector codes").
 CODE_LEVELS = 15
-CODE_FORM = f"int8 codes of {2 * CODE_LEVELS + 1} levels"  # the comment on `embeddings.vector` of a file in this form
 
 
 def int8_rows(vectors: np.ndarray, levels: int = 127) -> tuple[np.ndarray, np.ndarray]:
@@ -731,7 +723,7 @@ def _codes(col: pa.Array) -> np.ndarray:
 
 def stored_rows(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """int8 rows and their scales of a table selected with VECTOR_COLUMNS (a float `vector` of a snapshot
-    published before the int8 form is quantized as `quantize` does)."""
+    published before the int8 form is quantized to int8 codes of 255 levels)."""
     rows = _codes(tbl.column("vector").combine_chunks())
     if "scale" not in tbl.column_names:
         return int8_rows(rows)
@@ -763,14 +755,9 @@ def float_vectors(codes, scale):  # no annotations: DuckDB evaluates them, and A
 
 def vector_type(con: duckdb.DuckDBPyConnection) -> str | None:
     """The stored form of `embeddings.vector` (BLOB; TINYINT[] or FLOAT[] in a file written before), None without it."""
-    return _vector_column(con)[0]
-
-
-def _vector_column(con: duckdb.DuckDBPyConnection) -> tuple[str | None, str | None]:
-    """The type of `embeddings.vector` and its comment (CODE_FORM once its codes are in that form)."""
-    found = con.execute("SELECT data_type, comment FROM duckdb_columns() WHERE database_name = current_database() "
+    found = con.execute("SELECT data_type FROM duckdb_columns() WHERE database_name = current_database() "
                         "AND table_name = 'embeddings' AND column_name = 'vector'").fetchall()
-    return found[0] if found else (None, None)
+    return found[0][0] if found else None
 
 
 def float_vector_sql(con: duckdb.DuckDBPyConnection, alias: str = "") -> str:
