@@ -1,23 +1,24 @@
-"""What coarser vector codes would cost: int8 (the stored form) and 4-bit codes against the float vectors.
+"""What coarser vector codes cost: int8 and 6-, 5- and 4-bit codes against the float vectors.
 
     python scripts/vector_codes_cost.py WAREHOUSE [--namespace bench] [--embedder static-minilm]
 
 The entities' names and up to 20,000 facts of WAREHOUSE embedded again as floats; for each code, the cosine error
 over 20,000 random pairs, and the share of the KNN stage's edges (top `knn_top_k` at `knn_cutoff`, Settings'
-defaults) of 4,000 entities against all that the codes find. 4-bit: -7..7 by each vector's largest magnitude
-(two a byte), read as the int8 code x 18, or Lloyd-Max levels of a Gaussian by the vector's RMS. Then the bytes of
-the embeddings table copied alone with its codes made 4-bit (from the stored codes), as BLOBs with zstd.
+defaults) of 4,000 entities against all that the codes find. n-bit: -(2^(n-1) - 1)..2^(n-1) - 1 steps of each
+vector's largest magnitude, written as int8 (`int8_rows` with those levels); 4-bit also as Lloyd-Max levels of a
+Gaussian by the vector's RMS. Then the bytes of the embeddings table copied alone with its codes made n-bit (from
+the stored codes), as BLOBs with zstd.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 
 from lazyhippo.models.embedders import get_embedder
 from lazyhippo.settings import Settings
@@ -31,19 +32,14 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def as_int8(x: np.ndarray) -> np.ndarray:
-    q, s = int8_rows(x)
-    return q.astype(np.float32) * s[:, None]
+BITS = {"int8": 127, "6-bit": 31, "5-bit": 15, "4-bit": 7}
 
 
-def four_bit_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    scale = np.maximum(np.abs(x).max(axis=1), 1e-30) / 7
-    return np.clip(np.rint(x / scale[:, None]), -7, 7).astype(np.int8), scale
-
-
-def as_four_bit(x: np.ndarray) -> np.ndarray:
-    q, s = four_bit_codes(x)
-    return (q * 18).astype(np.float32) * (s / 18)[:, None]
+def coded(levels: int):
+    def code(x: np.ndarray) -> np.ndarray:
+        q, s = int8_rows(x, levels)
+        return q.astype(np.float32) * s[:, None]
+    return code
 
 
 def as_lloyd(x: np.ndarray) -> np.ndarray:
@@ -52,7 +48,7 @@ def as_lloyd(x: np.ndarray) -> np.ndarray:
     return (np.sign(x) * np.rint(LLOYD / LLOYD[-1] * 127)[level]).astype(np.float32) * (rms * LLOYD[-1] / 127)[:, None]
 
 
-CODES = {"int8": as_int8, "4-bit": as_four_bit, "4-bit Lloyd-Max": as_lloyd}
+CODES = {**{name: coded(levels) for name, levels in BITS.items()}, "4-bit Lloyd-Max": as_lloyd}
 
 
 def errors(label: str, f: np.ndarray, rng: np.random.Generator) -> None:
@@ -81,19 +77,21 @@ def table_bytes(path: Path) -> None:
     tbl = con.sql("SELECT namespace, kind, item_id, model, vector, scale, text_hash FROM s.embeddings "
                   "ORDER BY rowid").to_arrow_table()
     codes, scale = stored_rows(tbl)
-    q, _ = four_bit_codes(codes.astype(np.float32) * scale[:, None])
-    nibbles = (q + 8).astype(np.uint8)
-    tbl = tbl.set_column(4, "vector", code_blobs((nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).view(np.int8)))
+    floats = codes.astype(np.float32) * scale[:, None]
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        one = Path(tmp) / "embeddings.duckdb"
-        con.execute(f"ATTACH '{one}' AS o (BLOCK_SIZE {BLOCK_SIZE})")
-        con.execute("CREATE TABLE o.embeddings (namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id VARCHAR "
-                    "NOT NULL, model VARCHAR NOT NULL, vector BLOB USING COMPRESSION zstd NOT NULL, scale FLOAT NOT "
-                    "NULL, text_hash UBIGINT)")
-        con.register("t", tbl)
-        con.execute("INSERT INTO o.embeddings SELECT * FROM t")
-        con.execute("DETACH o")
-        print(f"embeddings with 4-bit codes, copied alone: {one.stat().st_size / 1e6:.1f} MB")
+        for name, levels in BITS.items():
+            q, s = int8_rows(floats, levels)
+            one = Path(tmp) / f"{levels}.duckdb"
+            con.execute(f"ATTACH '{one}' AS o (BLOCK_SIZE {BLOCK_SIZE})")
+            con.execute("CREATE TABLE o.embeddings (namespace VARCHAR NOT NULL, kind VARCHAR NOT NULL, item_id "
+                        "VARCHAR NOT NULL, model VARCHAR NOT NULL, vector BLOB USING COMPRESSION zstd NOT NULL, "
+                        "scale FLOAT NOT NULL, text_hash UBIGINT)")
+            con.register("t", tbl.set_column(4, "vector", code_blobs(q)).set_column(5, "scale", pa.array(s)))
+            con.execute("INSERT INTO o.embeddings SELECT * FROM t")
+            con.execute("DETACH o")
+            con.unregister("t")
+            print(f"embeddings with {name} codes, copied alone: {one.stat().st_size / 1e6:.1f} MB", flush=True)
+            one.unlink()
 
 
 def main() -> None:

@@ -1266,19 +1266,19 @@ def test_loaded_lookups_are_the_warehouse_rows(qsettings):
 
 def test_int8_rows_give_the_stored_values_where_read_and_every_product_across_blocks():
     from lazyhippo.query.nearest import Int8Rows
-    from lazyhippo.stores.warehouse import int8_rows, quantize
+    from lazyhippo.stores.warehouse import CODE_LEVELS, int8_rows, quantize
 
     rng = np.random.default_rng(7)
     vecs = rng.normal(size=(2 * Int8Rows.BLOCK + 5, 16)).astype(np.float32)
     vecs[3] = 0.0  # an item without a vector
-    rows = Int8Rows(*int8_rows(vecs))
+    rows = Int8Rows(*int8_rows(vecs, CODE_LEVELS))
     assert rows.q.dtype == np.int8 and rows.shape == vecs.shape and len(rows) == len(vecs)
     column, scale = quantize(vecs)  # the warehouse's stored form: the same integers and scales
     stored = np.frombuffer(b"".join(column.to_pylist()), np.int8)
     assert np.array_equal(stored, rows.q.ravel()) and np.array_equal(scale, rows.scale)
     picked = np.array([0, 3, Int8Rows.BLOCK, len(vecs) - 1])
     assert np.array_equal(rows[picked], rows.dense()[picked])
-    assert np.abs(rows.dense() - vecs).max() <= np.abs(vecs).max(axis=1).max() / 254 + 1e-6
+    assert np.abs(rows.dense() - vecs).max() <= np.abs(vecs).max(axis=1).max() / (2 * CODE_LEVELS) + 1e-6
     x = rng.normal(size=16).astype(np.float32)
     assert np.allclose(rows @ x, rows.dense() @ x, rtol=1e-5, atol=1e-5) and (rows @ x)[3] == 0.0
     empty = Int8Rows.zeros(0, 16)

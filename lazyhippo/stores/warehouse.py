@@ -156,7 +156,9 @@ def _migrate_fingerprints(con: duckdb.DuckDBPyConnection) -> None:
 def _migrate_vectors(con: duckdb.DuckDBPyConnection) -> None:
     """A warehouse written with vectors as lists (int8 codes, or floats before them): rewritten once to a BLOB of
     its int8 codes per row, the same codes (floats quantized as `quantize` does), so an old home keeps its vectors
-    and no embedding is computed again; VECTOR_MIGRATION_ROWS rows a statement (a read and its write)."""
+    and no embedding is computed again; VECTOR_MIGRATION_ROWS rows a statement (a read and its write). Codes of
+    any number of levels are read alike: a home's int8 codes of 255 levels stay as written beside the 31-level
+    codes its updates add (coding them again would grow the file, which DuckDB never shrinks, and redo its KNN)."""
     import pyarrow as pa
 
     if vector_type(con) not in ("TINYINT[]", "FLOAT[]"):
@@ -646,15 +648,24 @@ def counts(settings: Settings) -> dict[str, int]:
 # the stored vector columns: `vector`, each row's int8 codes as one BLOB, and its `scale`; a warehouse written before
 # holds the codes as TINYINT[] (or, before the int8 form, a float `vector` alone), which every reader here takes too
 VECTOR_COLUMNS = "COLUMNS('^(vector|scale)$')"
+# the stored codes: -15..15 steps of each vector's largest magnitude (5 bits), written as int8 (x 8) so every reader
+# keeps its int8 arithmetic; zstd stores the fewer distinct bytes in fewer bits (41.3 -> 26.3 MB at 10,000
+# documents). 4 bits lowered close pairs' cosines enough to drop up to half the KNN edges PPR walks (>= 0.90); 6 bits
+# saved 4 MB less (docs/decisions.md, "Vector codes").
+CODE_LEVELS = 15
 
 
-def int8_rows(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of int8 and a float32 scale per row (its largest magnitude / 127): the stored form of `vectors`."""
+def int8_rows(vectors: np.ndarray, levels: int = 127) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of int8 and a float32 scale per row: each value rounded to one of -levels..levels steps of its row's
+    largest magnitude / levels, written as that step x (127 // levels), so every reader keeps int8 arithmetic
+    whatever the levels (fewer levels: fewer distinct bytes, which zstd stores in fewer bits)."""
     vectors = np.asarray(vectors, dtype=np.float32)
     if vectors.ndim != 2:
         vectors = vectors.reshape(len(vectors), -1)
-    scale = np.maximum(np.abs(vectors).max(axis=1, initial=0.0), 1e-30) / 127
-    return np.clip(np.rint(vectors / scale[:, None]), -127, 127).astype(np.int8), scale.astype(np.float32)
+    step = 127 // levels
+    scale = np.maximum(np.abs(vectors).max(axis=1, initial=0.0), 1e-30) / levels
+    codes = np.clip(np.rint(vectors / scale[:, None]), -levels, levels).astype(np.int8)
+    return (codes * np.int8(step) if step > 1 else codes), (scale / step).astype(np.float32)
 
 
 def code_blobs(codes: np.ndarray) -> pa.Array:
@@ -667,8 +678,8 @@ def code_blobs(codes: np.ndarray) -> pa.Array:
 
 
 def quantize(vectors: np.ndarray) -> tuple[pa.Array, np.ndarray]:
-    """`int8_rows` of `vectors` as the column `embeddings.vector` takes, and their scales."""
-    q, scale = int8_rows(vectors)
+    """`int8_rows` of `vectors` at CODE_LEVELS as the column `embeddings.vector` takes, and their scales."""
+    q, scale = int8_rows(vectors, CODE_LEVELS)
     return code_blobs(q), scale
 
 
@@ -679,7 +690,11 @@ def numbers(col: "pa.Array | pa.ChunkedArray", dtype, null=0) -> np.ndarray:
 
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    out = np.frombuffer(col.buffers()[1], dtype=dtype)[col.offset:col.offset + len(col)]
+    if pa.types.is_boolean(col.type):  # one bit a value
+        out = np.unpackbits(np.frombuffer(col.buffers()[1], dtype=np.uint8), bitorder="little")
+        out = out[col.offset:col.offset + len(col)].astype(dtype)
+    else:
+        out = np.frombuffer(col.buffers()[1], dtype=dtype)[col.offset:col.offset + len(col)]
     if col.null_count:
         bits = np.unpackbits(np.frombuffer(col.buffers()[0], dtype=np.uint8), bitorder="little")
         out = np.where(bits[col.offset:col.offset + len(col)].astype(bool), out, np.asarray(null, dtype=dtype))
@@ -708,7 +723,7 @@ def _codes(col: pa.Array) -> np.ndarray:
 
 def stored_rows(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """int8 rows and their scales of a table selected with VECTOR_COLUMNS (a float `vector` of a snapshot
-    published before the int8 form is quantized as `quantize` does)."""
+    published before the int8 form is quantized to int8 codes of 255 levels)."""
     rows = _codes(tbl.column("vector").combine_chunks())
     if "scale" not in tbl.column_names:
         return int8_rows(rows)
@@ -719,7 +734,7 @@ def vector_matrix(tbl: pa.Table) -> np.ndarray:
     """float32 rows of a table selected with VECTOR_COLUMNS (in any stored form)."""
     mat = _codes(tbl.column("vector").combine_chunks()).astype(np.float32)
     if "scale" in tbl.column_names:
-        mat *= tbl.column("scale").to_numpy()[:, None]
+        mat *= numbers(tbl.column("scale"), np.float32)[:, None]
     return mat
 
 
@@ -732,8 +747,8 @@ def float_vectors(codes, scale):  # no annotations: DuckDB evaluates them, and A
     codes, scale = codes.combine_chunks(), scale.combine_chunks()
     valid = codes.is_valid()
     have = codes.filter(valid)
-    values = _codes(have).astype(np.float32) * scale.filter(valid).to_numpy(zero_copy_only=False)[:, None]
-    lengths = np.where(valid.to_numpy(zero_copy_only=False), values.shape[1], 0)
+    values = _codes(have).astype(np.float32) * numbers(scale.filter(valid), np.float32)[:, None]
+    lengths = np.where(numbers(valid, np.bool_), values.shape[1], 0)
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
     return pa.ListArray.from_arrays(offsets, pa.array(values.ravel(), pa.float32()), mask=pc.invert(valid))
 
