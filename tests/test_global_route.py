@@ -34,13 +34,14 @@ def test_step_two_hub_entities_of_the_best_communities_seed_ppr(sample_settings)
     res = answer_question(sample_settings, SPECIFIC_Q, route="global", llm=None, config=strict)
     assert res.diagnostics["fallback"] == "community_seeds" and res.diagnostics["hub_seeds"] > 0
     assert res.context and "No relevant information" not in res.answer
-    # the hubs really seed the walk: without them the graph's own order (no BM25 fusion, which on nine documents
-    # settles the first eight places alone) ranks differently
+    # the hubs really seed the walk: without them the graph's own scores (no BM25 fusion, which on nine documents
+    # settles the first eight places alone) are those of the local route (step three); with them the walk's mass
+    # moves, whether or not it reorders nine documents' passages
     graph_order = {"lexical_weight": 0.0, "chunks_per_document": 0}
-    seeded = [c.chunk_id for c in retrieve(sample_settings, SPECIFIC_Q, route="global", top_k=8,
-                                           config=strict.with_(local=graph_order))]
-    plain = [c.chunk_id for c in retrieve(sample_settings, SPECIFIC_Q, route="local", top_k=8,
-                                          config=QueryConfig().with_(local=graph_order))]
+    seeded = [(c.chunk_id, c.score) for c in retrieve(sample_settings, SPECIFIC_Q, route="global", top_k=8,
+                                                      config=strict.with_(local=graph_order))]
+    plain = [(c.chunk_id, c.score) for c in retrieve(sample_settings, SPECIFIC_Q, route="local", top_k=8,
+                                                     config=QueryConfig().with_(local=graph_order))]
     assert seeded and seeded != plain
 
 
