@@ -132,3 +132,19 @@ def test_release_workers_stops_the_extraction_processes():
     assert not any(alive(p) for p in pids)
     assert extractors._pool(2) is not pool
     extractors.release_workers()
+
+
+def test_a_worker_keeps_no_word_of_the_texts_it_extracted():
+    """A worker extracts for the whole run: the words its texts add to spaCy's vocabulary are dropped after each
+    batch, so its memory stays flat however many new words the corpus brings, and the same text extracts alike
+    before and after other texts were extracted."""
+    from lazyhippo.models import extractors
+
+    extractor = NlpExtractor()
+    nlp = extractors._spacy(extractor.spacy_model, extractor.noun_phrases == "parser")
+    items = [("Zorblax Quenterby", f"Zorblax Quenterby met Vindralia Oskwith{i} at Plumtrel Harbour in 1931.", None)
+             for i in range(40)]
+    strings, first = len(nlp.vocab.strings), extractors._nlp_extract(extractor.spacy_model, extractor.noun_phrases, items)
+    assert len(nlp.vocab.strings) == strings
+    assert extractors._nlp_extract(extractor.spacy_model, extractor.noun_phrases, items[::-1]) == first[::-1]
+    assert any("Zorblax" in x for x in first)

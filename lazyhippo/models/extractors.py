@@ -365,23 +365,27 @@ def _nlp_extract(model: str, noun_phrases: str, items: Sequence[tuple[str, str, 
     assigned to sentences by offset. JSON, because a worker's text crosses to the run's process for a tenth of
     the objects' pickling, and goes to the cache and the parts as it is."""
     nlp = _spacy(model, noun_phrases == "parser")
-    out: list[str] = []
-    for (title, text, section), doc in zip(items, nlp.pipe((t for _, t, _ in items), batch_size=PIPE_BATCH)):
-        sentences = [(sent_text, []) for sent_text in split_sentences(text)]
-        spans = [(s.text, s.label, s.start) for s in sorted(_spans(doc, text, title, section, noun_phrases),
-                                                            key=lambda s: s.start)]
-        bounds, pos = [], 0
-        for sent_text, _ in sentences:
-            start = text.find(sent_text[:20], pos)
-            start = pos if start < 0 else start
-            bounds.append(start)
-            pos = start + len(sent_text)
-        for span, label, start in spans:
-            idx = max((i for i, b in enumerate(bounds) if b <= start), default=0)
-            if sentences:
-                sentences[idx][1].append((span, label))
-        out.append(encode(_sentence_graph(title, sentences)))
-    return out
+    with nlp.memory_zone():  # the words a batch adds to the vocabulary go with it: a worker's grew with every new one
+        return [_extraction(doc, title, text, section, noun_phrases) for (title, text, section), doc in
+                zip(items, nlp.pipe((t for _, t, _ in items), batch_size=PIPE_BATCH))]
+
+
+def _extraction(doc, title: str, text: str, section: str | None, noun_phrases: str) -> str:
+    """One passage's extraction (`_nlp_extract`) from its spaCy doc, as JSON."""
+    sentences = [(sent_text, []) for sent_text in split_sentences(text)]
+    spans = [(s.text, s.label, s.start) for s in sorted(_spans(doc, text, title, section, noun_phrases),
+                                                        key=lambda s: s.start)]
+    bounds, pos = [], 0
+    for sent_text, _ in sentences:
+        start = text.find(sent_text[:20], pos)
+        start = pos if start < 0 else start
+        bounds.append(start)
+        pos = start + len(sent_text)
+    for span, label, start in spans:
+        idx = max((i for i, b in enumerate(bounds) if b <= start), default=0)
+        if sentences:
+            sentences[idx][1].append((span, label))
+    return encode(_sentence_graph(title, sentences))
 
 
 def extract_processes() -> int:
