@@ -15,12 +15,12 @@ from lazyhippo.query.types import hub_entities
 
 
 def _chain_index(n_entities: int, n_chunks: int, pairs: list[tuple[int, int]]):
-    """What SubgraphPPR.expand reads of an index: the adjacency (entities first), entity document
-    frequencies and the chunk count."""
+    """What SubgraphPPR.expand reads of an index: the graph's structure by column (entities first), entity
+    document frequencies and the chunk count."""
     n = n_entities + n_chunks
     rows, cols = zip(*pairs)
-    adj = sp.csr_matrix((np.ones(2 * len(pairs)), (rows + cols, cols + rows)), shape=(n, n))
-    return SimpleNamespace(graph=SimpleNamespace(adjacency=adj), n_entities=n_entities, n_chunks=n_chunks,
+    adj = sp.csc_matrix((np.ones(2 * len(pairs)), (rows + cols, cols + rows)), shape=(n, n))
+    return SimpleNamespace(graph=SimpleNamespace(columns32=adj), n_entities=n_entities, n_chunks=n_chunks,
                            entities=SimpleNamespace(df=np.ones(n_entities)))
 
 

@@ -116,16 +116,20 @@ class Communities:
     vecs: Int8Rows
     members: list[np.ndarray]         # entity indices per community
     tokens: list[set[str]]
-    coverage: np.ndarray              # (n_chunks, n_communities): member entities each chunk mentions
+    coverage: sp.csc_matrix           # (n_chunks, n_communities): member entities each chunk mentions (sorted,
+                                      # no zeros); sparse: a chunk names few communities' members (dense: 110 MB
+                                      # at 100,000 documents)
     levels: np.ndarray                # level of each community (0: coarsest)
 
 
 @dataclass(frozen=True)
 class Graph:
     """Entity+passage graph: nodes 0..n_entities-1 are entities, then chunks. The adjacency is symmetric, so its
-    CSR structure is also that of the transition by rows and by columns: the three share one copy of it."""
+    CSR structure is also that of the transition by rows and by columns: the two share one copy of it. The walks
+    read only the transitions, so the float64 adjacency is held as the triangle the disk cache stores (8 bytes
+    an edge less: 300 MB at 100,000 documents)."""
 
-    adjacency: sp.csr_matrix
+    adjacency: "_Triangle | sp.csr_matrix"  # `adjacency_matrix()` rebuilds it to the bit
     dangling: np.ndarray
     node_ids: "NodeIds"
     node_pos: "NodePositions"
@@ -134,6 +138,14 @@ class Graph:
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
     columns32: sp.csc_matrix          # transition32 by column: a sparse vector's product reads its columns only
     degree: np.ndarray                # weighted degree per node (adjacency row sums; the graph is symmetric)
+
+    @property
+    def edges(self) -> int:
+        """Entries of the adjacency (each edge both ways)."""
+        return int(self.columns32.nnz)
+
+    def adjacency_matrix(self) -> sp.csr_matrix:
+        return _matrix(self.adjacency)
 
 
 @dataclass(frozen=True)
@@ -530,12 +542,16 @@ def _members(con, ns: dict, n_communities: int) -> list[np.ndarray]:
     return members
 
 
-def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> np.ndarray:
-    """(n_chunks, n_communities): how many of each community's entities each chunk mentions."""
+def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> sp.csc_matrix:
+    """(n_chunks, n_communities): how many of each community's entities each chunk mentions, by community (the
+    global route reads a community's chunks)."""
     rows = np.concatenate(members) if members else np.zeros(0, dtype=np.int64)
     cols = np.repeat(np.arange(len(members)), [len(m) for m in members])
     e2c = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(counts.shape[1], len(members)))
-    return np.asarray(((counts > 0).astype(np.float32) @ e2c).todense())
+    coverage = sp.csc_matrix((counts > 0).astype(np.float32) @ e2c)
+    coverage.eliminate_zeros()
+    coverage.sort_indices()
+    return coverage
 
 
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
@@ -547,8 +563,11 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     release_cache(con)
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
+    adjacency.sort_indices()
+    triangle = _Triangle.of(adjacency)  # before the transitions: its transpose's copy is then the peak alone
     t32, columns32, degree = _transitions(adjacency)
-    return Graph(adjacency=adjacency, dangling=degree <= 0,
+    del adjacency
+    return Graph(adjacency=triangle, dangling=degree <= 0,
                  node_ids=NodeIds(entities.ids, chunks.ids), node_pos=NodePositions(entity_pos, chunks.pos), params=params,
                  transition32=t32, matvec32=parallel_matvec(t32), columns32=columns32, degree=degree)
 
@@ -615,7 +634,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     seconds = time.perf_counter() - t0
     stats = {"chunks": len(chunks.ids), "entities": len(entities.ids), "facts": len(facts.ids),
              "communities": len(communities.ids), "graph_nodes": len(graph.node_ids),
-             "graph_edges": int(graph.adjacency.nnz), "load_seconds": round(seconds, 3)}
+             "graph_edges": graph.edges, "load_seconds": round(seconds, 3)}
     return GraphIndex(namespace=namespace, db_path=db_path, loaded_at=time.time(), load_seconds=seconds, dim=dim,
                       embedding_model=model, chunks=chunks, entities=entities, mentions=mentions, facts=facts,
                       communities=communities, graph=graph,
@@ -704,7 +723,7 @@ def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> Graph
     with connect(settings, read_only=True) as con:
         graph = _graph(con, {"ns": settings.namespace}, params, base.chunks, base.entities, base.mentions)
     return replace(base, graph=graph, loaded_at=time.time(), load_seconds=time.perf_counter() - t0,
-                   stats={**base.stats, "graph_edges": int(graph.adjacency.nnz)})
+                   stats={**base.stats, "graph_edges": graph.edges})
 
 
 _CACHE_DIR = ".index-cache"
@@ -780,7 +799,7 @@ def _slim(name: str, part):
     if name == "communities":
         return replace(part, vecs=None, coverage=None)
     if name == "graph":
-        return replace(part, adjacency=_Triangle.of(part.adjacency), dangling=None, degree=None, node_ids=None,
+        return replace(part, dangling=None, degree=None, node_ids=None,
                        node_pos=None, transition32=None, columns32=None, matvec32=None)
     return part
 
@@ -907,6 +926,10 @@ class _Triangle:
         return m
 
 
+def _matrix(adjacency: "_Triangle | sp.csr_matrix") -> sp.csr_matrix:
+    return adjacency.matrix() if isinstance(adjacency, _Triangle) else adjacency
+
+
 def _coded(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of `data` and each entry's index among them in the smallest unsigned type, `np.unique`'s
     with `return_inverse`, by blocks: its sort permutation and inverse were two int64 arrays of every entry."""
@@ -930,8 +953,7 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
     vecs = {kind: _fit_dim(_stored_vectors(con, ns, kind, ids, pos), idx.dim) for kind, ids, pos in
             (("entity", idx.entities.ids, entity_pos), ("fact", idx.facts.ids, fact_pos),
              ("community", idx.communities.ids, _positions(idx.communities.ids)))}
-    adjacency = idx.graph.adjacency.matrix() if isinstance(idx.graph.adjacency, _Triangle) else idx.graph.adjacency
-    t32, columns32, degree = _transitions(adjacency)
+    t32, columns32, degree = _transitions(_matrix(idx.graph.adjacency))
     counts, fact_entities = _csr(idx.mentions.counts), _csr(idx.facts.entities)
     df, idf = _entity_df(counts)
     return replace(
@@ -945,7 +967,7 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
                       near=_with_rows(idx.facts.near, vecs["fact"])),
         communities=replace(idx.communities, vecs=vecs["community"],
                             coverage=_coverage(counts, idx.communities.members)),
-        graph=replace(idx.graph, adjacency=adjacency, dangling=degree <= 0, degree=degree,
+        graph=replace(idx.graph, dangling=degree <= 0, degree=degree,
                       node_ids=NodeIds(idx.entities.ids, idx.chunks.ids), node_pos=NodePositions(entity_pos, chunk_pos),
                       transition32=t32, columns32=columns32, matvec32=parallel_matvec(t32)))
 

@@ -31,11 +31,11 @@ class SubgraphPPR:
     def expand(self, index, start: np.ndarray) -> np.ndarray:
         """Node indices within `max_hops` of `start`, breadth-first, sorted; no further hop once the subgraph holds
         `max_nodes` or the last hop added fewer than `min_new_nodes`."""
-        adj = index.graph.adjacency
+        by_column = index.graph.columns32  # the adjacency's structure: column j lists the neighbours of j
         n_e = index.n_entities
-        expandable = np.ones(adj.shape[0], dtype=bool)
+        expandable = np.ones(by_column.shape[0], dtype=bool)
         expandable[:n_e] = ~hub_entities(index, self.hub_df_share, self.params.hub_top_share)
-        seen = np.zeros(adj.shape[0], dtype=bool)
+        seen = np.zeros(by_column.shape[0], dtype=bool)
         seen[start] = True
         frontier = start
         size = int(seen.sum())
@@ -45,7 +45,7 @@ class SubgraphPPR:
             if not len(frontier) or size >= self.max_nodes:
                 break
             reached = np.zeros_like(seen)
-            reached[adj[frontier].indices] = True
+            reached[by_column[:, frontier].indices] = True
             reached &= ~seen
             frontier = np.flatnonzero(reached)
             if not len(frontier):
