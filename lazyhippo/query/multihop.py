@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lazyhippo.graph.ppr import personalized_pagerank
+from lazyhippo.graph.ppr import parallel_matvec, personalized_pagerank
 from lazyhippo.query.config import MultiHopParams
 from lazyhippo.query.types import hub_entities
 
@@ -84,18 +84,25 @@ class SubgraphPPR:
 def subgraph_walk(graph, inside: np.ndarray):
     """The random walk confined to the nodes marked `inside`, without building the subgraph: for the symmetric
     adjacency A, a step of the subgraph's walk is `mask * A (x / deg_S)`, with deg_S the degree counted inside
-    the subgraph, and `A y` is the index's precomputed transition applied to `y * degree`. Returns what
-    `personalized_pagerank` takes: a matrix (for its shape), the subgraph's dangling nodes and the step."""
-    mv = graph.matvec32 or graph.transition32.dot
+    the subgraph, and `A y` is the index's precomputed transition T = A D^-1 applied to `y * degree`, or, where
+    the index holds T by columns only, `degree * (T^T y)` (T^T = D^-1 A: the columns' arrays read as rows).
+    Returns what `personalized_pagerank` takes: a matrix (for its shape), the subgraph's dangling nodes and the step."""
     mask = inside.astype(np.float32)
     full = graph.degree.astype(np.float32)
-    deg = mv(mask * full) * mask
+    one = np.ones_like(full)
+    if graph.transition32 is not None:
+        mv, before, after = graph.matvec32 or graph.transition32.dot, full, one
+    else:
+        rows = graph.columns32.T  # a CSR view of the same arrays
+        mv, before, after = parallel_matvec(rows) or rows.dot, one, full
+    deg = after * mv(mask * before) * mask
     dangling = inside & (deg <= 0)
     inv = np.zeros_like(deg)
     inv[deg > 0] = 1.0 / deg[deg > 0]
-    scale = inv * full
+    scale = inv * before
+    kept = mask * after
 
     def step(x: np.ndarray) -> np.ndarray:
-        return mask * mv(x * scale)
+        return kept * mv(x * scale)
 
-    return graph.transition32, dangling, step
+    return graph.columns32, dangling, step
