@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import scipy.sparse as sp
 
+from lazyhippo.graph import ppr
 from lazyhippo.graph.algorithms import positions
 from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
-from lazyhippo.graph import ppr
 from lazyhippo.graph.ppr import parallel_matvec
 from lazyhippo.query.nearest import Clusters, CosineBound, Int8Rows
 from lazyhippo.query.packing import Ascending, Texts, unpacked
@@ -127,8 +127,8 @@ class Communities:
 class Graph:
     """Entity+passage graph: nodes 0..n_entities-1 are entities, then chunks. The adjacency is symmetric, so its
     CSR structure is also that of the transition by rows and by columns: the two share one copy of it. The walks
-    read only the transitions, so the float64 adjacency is held as the triangle the disk cache stores (8 bytes
-    an edge less: 300 MB at 100,000 documents)."""
+    read only the transitions, so the float64 adjacency is held as the triangle the disk cache stores (2.3-3.6
+    bytes an entry at 10,000-50,000 documents against 8)."""
 
     adjacency: "_Triangle | sp.csr_matrix"  # `adjacency_matrix()` rebuilds it to the bit
     dangling: np.ndarray
@@ -591,8 +591,9 @@ def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
 def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix | None, sp.csc_matrix, np.ndarray]:
     """The walk's column-stochastic transition (`transition_matrix`, to the same float32 values) by rows and by
     columns, and the weighted degrees; by rows only below `PUSH_MIN_EDGES` entries, as a larger graph's walk
-    (forward push) reads only the columns (4 bytes an entry: 152 MB at 100,000 documents). Made from the adjacency's arrays directly: the transpose of A scaled by
-    1 / degree per row is, in CSC form, A's own CSR structure, so only the by-rows form needs a conversion
+    (forward push) reads only the columns (4 bytes an entry: 150 MB at 100,000 documents). Made from the
+    adjacency's arrays directly: the transpose of A scaled by 1 / degree per row is, in CSC form, A's own CSR
+    structure, so only the by-rows form needs a conversion
     (0.05-0.3 s at 2.6M edges against 0.6 s: a cached index pays it on every load). Where that form has the
     adjacency's structure (a symmetric graph), the three share one copy of it."""
     a = adjacency if sp.isspmatrix_csr(adjacency) and adjacency.dtype == np.float64 \
