@@ -250,7 +250,8 @@ def test_neo4j_ppr_ranks_like_the_embedded_store(runs: Runs, neo4j_store):
 
     idx = load_index(runs.neo)
     served = served_adjacency(read_served_edges(neo4j_store.client, runs.neo.namespace, "v"), idx, idx.graph.params)
-    assert served.nnz == idx.graph.adjacency.nnz and (served != idx.graph.adjacency).nnz == 0  # the same graph
+    adjacency = idx.graph.adjacency_matrix()
+    assert served.nnz == adjacency.nnz and (served != adjacency).nnz == 0  # the same graph
     p = np.zeros(len(idx.graph.node_ids))
     p[0], p[3], p[idx.n_entities + 1] = 1.0, 0.4, 0.7  # two entities and a passage
     backend = neo4j_store.ppr_backend(runs.neo.namespace)

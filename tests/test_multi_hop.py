@@ -15,12 +15,12 @@ from lazyhippo.query.types import hub_entities
 
 
 def _chain_index(n_entities: int, n_chunks: int, pairs: list[tuple[int, int]]):
-    """What SubgraphPPR.expand reads of an index: the adjacency (entities first), entity document
-    frequencies and the chunk count."""
+    """What SubgraphPPR.expand reads of an index: the graph's structure by column (entities first), entity
+    document frequencies and the chunk count."""
     n = n_entities + n_chunks
     rows, cols = zip(*pairs)
-    adj = sp.csr_matrix((np.ones(2 * len(pairs)), (rows + cols, cols + rows)), shape=(n, n))
-    return SimpleNamespace(graph=SimpleNamespace(adjacency=adj), n_entities=n_entities, n_chunks=n_chunks,
+    adj = sp.csc_matrix((np.ones(2 * len(pairs)), (rows + cols, cols + rows)), shape=(n, n))
+    return SimpleNamespace(graph=SimpleNamespace(columns32=adj), n_entities=n_entities, n_chunks=n_chunks,
                            entities=SimpleNamespace(df=np.ones(n_entities)))
 
 
@@ -78,3 +78,33 @@ def test_hubs_are_the_most_named_entities_of_any_corpus():
     large = SimpleNamespace(n_chunks=6_000, entities=SimpleNamespace(df=df))
     assert np.array_equal(hub_entities(large, 0.05, 0.01), df > 300)
     assert hub_entities(small, 0.05).sum() == 5  # the share alone (the bridge's rule): all in 3 passages or more
+
+
+def test_a_graph_held_by_its_columns_only_walks_the_same_subgraph(sample_settings, monkeypatch):
+    """From `PUSH_MIN_EDGES` entries on, the index holds the transition by columns only (the push reads nothing
+    else), built or cached; the multi_hop walk then reads those columns as rows, to the same scores but for float32
+    rounding."""
+    from lazyhippo.graph import ppr
+    from lazyhippo.query.loader import clear_cache, load_index
+
+    clear_cache()
+    full = load_index(sample_settings)
+    p = np.zeros(len(full.graph.node_ids))
+    p[[0, full.n_entities + 1]] = 1.0  # an entity and a passage
+    expected = SubgraphPPR(MultiHopParams(levels=2), 1.0).run(full, p, 0.5, 1e-8, 200)
+    monkeypatch.setattr(ppr, "PUSH_MIN_EDGES", 1)
+    try:
+        for how in ("cached", "built"):
+            clear_cache()
+            columns = load_index(sample_settings)
+            g = columns.graph
+            assert bool(columns.stats.get("cached")) == (how == "cached")
+            assert g.transition32 is None and g.matvec32 is None and (g.columns32 != full.graph.columns32).nnz == 0
+            walk = SubgraphPPR(MultiHopParams(levels=2), 1.0)
+            scores = walk.run(columns, p, 0.5, 1e-8, 200)
+            assert len(walk.nodes) > 2 and np.array_equal(scores > 0, expected > 0)
+            assert np.abs(scores - expected).sum() < 1e-5
+            for cache in (sample_settings.home / "published" / ".index-cache").glob("*.pickle"):
+                cache.unlink()  # the second load builds
+    finally:
+        clear_cache()

@@ -333,7 +333,7 @@ def test_multi_hop_runs_ppr_only_within_its_levels_of_the_linked_entities(qsetti
     seed = idx.entities.pos[next(e for e, n in zip(idx.entities.ids, idx.entities.names) if n == "Ada Fenwick")]
     p = np.zeros(len(idx.graph.node_ids))
     p[seed] = 1.0
-    adj = idx.graph.adjacency
+    adj = idx.graph.adjacency_matrix()
     one_hop = set(adj[seed].indices) | {seed}
     backend = SubgraphPPR(MultiHopParams(levels=1), hub_df_share=1.0)
     scores = backend.run(idx, p, 0.5, 1e-8, 200)

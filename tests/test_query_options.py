@@ -93,7 +93,7 @@ def test_another_knn_threshold_walks_another_graph_sharing_the_rest(pool, sample
     warm = pool.get("default")
     _, config, index = pool._chosen(warm, {"knn_threshold": 0.0})
     assert config.graph.synonym_min_score == 0.0 and index is not warm.index
-    assert index.graph.adjacency.nnz > warm.index.graph.adjacency.nnz  # every KNN edge joins the walk
+    assert index.graph.edges > warm.index.graph.edges  # every KNN edge joins the walk
     assert index.chunks is warm.index.chunks and index.entities is warm.index.entities  # only the graph is new
     assert pool._chosen(warm, {"knn_threshold": 0.0})[2] is index  # built once
     assert pool._chosen(warm, None)[2] is warm.index

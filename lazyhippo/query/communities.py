@@ -86,10 +86,11 @@ def map_communities(idx: GraphIndex, q: PreparedQuery, p: GlobalParams, broad: b
     kw = set(q.keywords)
     out = []
     for ci in top:
-        touched = idx.communities.coverage[:, ci]
-        cand = np.flatnonzero(touched > 0)
+        coverage = idx.communities.coverage  # by community, its chunks ascending
+        span = slice(coverage.indptr[ci], coverage.indptr[ci + 1])
+        cand, touched = coverage.indices[span].astype(np.int64), coverage.data[span]
         # a chunk speaks for the community in proportion to how much of it the chunk mentions
-        cover = np.log1p(touched[cand]) / np.log1p(max(float(touched.max()) if len(cand) else 1.0, 1.0)) if len(cand) else cand
+        cover = np.log1p(touched) / np.log1p(max(float(touched.max()) if len(cand) else 1.0, 1.0)) if len(cand) else cand
         if broad:
             local_rel = 0.5 * rel[cand] + 0.5 * cover if len(cand) else cand
         else:

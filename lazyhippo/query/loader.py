@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import scipy.sparse as sp
 
+from lazyhippo.graph import ppr
 from lazyhippo.graph.algorithms import positions
 from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
@@ -116,24 +117,37 @@ class Communities:
     vecs: Int8Rows
     members: list[np.ndarray]         # entity indices per community
     tokens: list[set[str]]
-    coverage: np.ndarray              # (n_chunks, n_communities): member entities each chunk mentions
+    coverage: sp.csc_matrix           # (n_chunks, n_communities): member entities each chunk mentions (sorted,
+                                      # no zeros); sparse: a chunk names few communities' members (dense: 110 MB
+                                      # at 100,000 documents)
     levels: np.ndarray                # level of each community (0: coarsest)
 
 
 @dataclass(frozen=True)
 class Graph:
     """Entity+passage graph: nodes 0..n_entities-1 are entities, then chunks. The adjacency is symmetric, so its
-    CSR structure is also that of the transition by rows and by columns: the three share one copy of it."""
+    CSR structure is also that of the transition by rows and by columns: the two share one copy of it. The walks
+    read only the transitions, so the float64 adjacency is held as the triangle the disk cache stores (2.3-3.6
+    bytes an entry at 10,000-50,000 documents against 8)."""
 
-    adjacency: sp.csr_matrix
+    adjacency: "_Triangle | sp.csr_matrix"  # `adjacency_matrix()` rebuilds it to the bit
     dangling: np.ndarray
     node_ids: "NodeIds"
     node_pos: "NodePositions"
     params: GraphParams
-    transition32: sp.csr_matrix       # column-stochastic, float32: half the memory traffic of float64
+    transition32: sp.csr_matrix | None  # column-stochastic, float32: half the memory traffic of float64; None
+                                      # from `PUSH_MIN_EDGES` entries on, where the walk reads only the columns
     matvec32: Callable | None         # row-blocked parallel product of transition32 (None: plain product)
     columns32: sp.csc_matrix          # transition32 by column: a sparse vector's product reads its columns only
     degree: np.ndarray                # weighted degree per node (adjacency row sums; the graph is symmetric)
+
+    @property
+    def edges(self) -> int:
+        """Entries of the adjacency (each edge both ways)."""
+        return int(self.columns32.nnz)
+
+    def adjacency_matrix(self) -> sp.csr_matrix:
+        return _matrix(self.adjacency)
 
 
 @dataclass(frozen=True)
@@ -530,12 +544,16 @@ def _members(con, ns: dict, n_communities: int) -> list[np.ndarray]:
     return members
 
 
-def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> np.ndarray:
-    """(n_chunks, n_communities): how many of each community's entities each chunk mentions."""
+def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> sp.csc_matrix:
+    """(n_chunks, n_communities): how many of each community's entities each chunk mentions, by community (the
+    global route reads a community's chunks)."""
     rows = np.concatenate(members) if members else np.zeros(0, dtype=np.int64)
     cols = np.repeat(np.arange(len(members)), [len(m) for m in members])
     e2c = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(counts.shape[1], len(members)))
-    return np.asarray(((counts > 0).astype(np.float32) @ e2c).todense())
+    coverage = sp.csc_matrix((counts > 0).astype(np.float32) @ e2c)
+    coverage.eliminate_zeros()
+    coverage.sort_indices()
+    return coverage
 
 
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
@@ -547,10 +565,13 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     release_cache(con)
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
+    adjacency.sort_indices()
+    triangle = _Triangle.of(adjacency)  # before the transitions: its transpose's copy is then the peak alone
     t32, columns32, degree = _transitions(adjacency)
-    return Graph(adjacency=adjacency, dangling=degree <= 0,
+    del adjacency
+    return Graph(adjacency=triangle, dangling=degree <= 0,
                  node_ids=NodeIds(entities.ids, chunks.ids), node_pos=NodePositions(entity_pos, chunks.pos), params=params,
-                 transition32=t32, matvec32=parallel_matvec(t32), columns32=columns32, degree=degree)
+                 transition32=t32, matvec32=_matvec(t32), columns32=columns32, degree=degree)
 
 
 def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
@@ -567,10 +588,12 @@ def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
                          (("source", np.int32), ("target", np.int32), ("weight", np.float64))))
 
 
-def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix, np.ndarray]:
+def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix | None, sp.csc_matrix, np.ndarray]:
     """The walk's column-stochastic transition (`transition_matrix`, to the same float32 values) by rows and by
-    columns, and the weighted degrees. Made from the adjacency's arrays directly: the transpose of A scaled by
-    1 / degree per row is, in CSC form, A's own CSR structure, so only the by-rows form needs a conversion
+    columns, and the weighted degrees; by rows only below `PUSH_MIN_EDGES` entries, as a larger graph's walk
+    (forward push) reads only the columns (4 bytes an entry: 150 MB at 100,000 documents). Made from the
+    adjacency's arrays directly: the transpose of A scaled by 1 / degree per row is, in CSC form, A's own CSR
+    structure, so only the by-rows form needs a conversion
     (0.05-0.3 s at 2.6M edges against 0.6 s: a cached index pays it on every load). Where that form has the
     adjacency's structure (a symmetric graph), the three share one copy of it."""
     a = adjacency if sp.isspmatrix_csr(adjacency) and adjacency.dtype == np.float64 \
@@ -583,12 +606,19 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix, sp.csc_matrix
     scaled *= a.data
     columns32 = sp.csc_matrix((scaled.astype(np.float32), a.indices, a.indptr), shape=a.shape[::-1])
     del scaled
+    if a.nnz >= ppr.PUSH_MIN_EDGES:
+        columns32.indptr, columns32.indices = a.indptr, a.indices
+        return None, columns32, degree
     t32 = columns32.tocsr()
     t32.sort_indices()
     for m in (t32, columns32):
         if np.array_equal(m.indptr, a.indptr) and np.array_equal(m.indices, a.indices):
             m.indptr, m.indices = a.indptr, a.indices
     return t32, columns32, degree
+
+
+def _matvec(t32: sp.csr_matrix | None) -> Callable | None:
+    return None if t32 is None else parallel_matvec(t32)
 
 
 def build_index(con, namespace: str, db_path: str, params: GraphParams) -> GraphIndex:
@@ -615,7 +645,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     seconds = time.perf_counter() - t0
     stats = {"chunks": len(chunks.ids), "entities": len(entities.ids), "facts": len(facts.ids),
              "communities": len(communities.ids), "graph_nodes": len(graph.node_ids),
-             "graph_edges": int(graph.adjacency.nnz), "load_seconds": round(seconds, 3)}
+             "graph_edges": graph.edges, "load_seconds": round(seconds, 3)}
     return GraphIndex(namespace=namespace, db_path=db_path, loaded_at=time.time(), load_seconds=seconds, dim=dim,
                       embedding_model=model, chunks=chunks, entities=entities, mentions=mentions, facts=facts,
                       communities=communities, graph=graph,
@@ -704,7 +734,7 @@ def _regraph(settings: Settings, base: GraphIndex, params: GraphParams) -> Graph
     with connect(settings, read_only=True) as con:
         graph = _graph(con, {"ns": settings.namespace}, params, base.chunks, base.entities, base.mentions)
     return replace(base, graph=graph, loaded_at=time.time(), load_seconds=time.perf_counter() - t0,
-                   stats={**base.stats, "graph_edges": int(graph.adjacency.nnz)})
+                   stats={**base.stats, "graph_edges": graph.edges})
 
 
 _CACHE_DIR = ".index-cache"
@@ -780,7 +810,7 @@ def _slim(name: str, part):
     if name == "communities":
         return replace(part, vecs=None, coverage=None)
     if name == "graph":
-        return replace(part, adjacency=_Triangle.of(part.adjacency), dangling=None, degree=None, node_ids=None,
+        return replace(part, dangling=None, degree=None, node_ids=None,
                        node_pos=None, transition32=None, columns32=None, matvec32=None)
     return part
 
@@ -907,6 +937,10 @@ class _Triangle:
         return m
 
 
+def _matrix(adjacency: "_Triangle | sp.csr_matrix") -> sp.csr_matrix:
+    return adjacency.matrix() if isinstance(adjacency, _Triangle) else adjacency
+
+
 def _coded(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of `data` and each entry's index among them in the smallest unsigned type, `np.unique`'s
     with `return_inverse`, by blocks: its sort permutation and inverse were two int64 arrays of every entry."""
@@ -930,8 +964,7 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
     vecs = {kind: _fit_dim(_stored_vectors(con, ns, kind, ids, pos), idx.dim) for kind, ids, pos in
             (("entity", idx.entities.ids, entity_pos), ("fact", idx.facts.ids, fact_pos),
              ("community", idx.communities.ids, _positions(idx.communities.ids)))}
-    adjacency = idx.graph.adjacency.matrix() if isinstance(idx.graph.adjacency, _Triangle) else idx.graph.adjacency
-    t32, columns32, degree = _transitions(adjacency)
+    t32, columns32, degree = _transitions(_matrix(idx.graph.adjacency))
     counts, fact_entities = _csr(idx.mentions.counts), _csr(idx.facts.entities)
     df, idf = _entity_df(counts)
     return replace(
@@ -945,9 +978,9 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
                       near=_with_rows(idx.facts.near, vecs["fact"])),
         communities=replace(idx.communities, vecs=vecs["community"],
                             coverage=_coverage(counts, idx.communities.members)),
-        graph=replace(idx.graph, adjacency=adjacency, dangling=degree <= 0, degree=degree,
+        graph=replace(idx.graph, dangling=degree <= 0, degree=degree,
                       node_ids=NodeIds(idx.entities.ids, idx.chunks.ids), node_pos=NodePositions(entity_pos, chunk_pos),
-                      transition32=t32, columns32=columns32, matvec32=parallel_matvec(t32)))
+                      transition32=t32, columns32=columns32, matvec32=_matvec(t32)))
 
 
 def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]) -> Int8Rows:

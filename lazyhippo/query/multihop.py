@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lazyhippo.graph.ppr import personalized_pagerank
+from lazyhippo.graph.ppr import parallel_matvec, personalized_pagerank
 from lazyhippo.query.config import MultiHopParams
 from lazyhippo.query.types import hub_entities
 
@@ -31,11 +31,11 @@ class SubgraphPPR:
     def expand(self, index, start: np.ndarray) -> np.ndarray:
         """Node indices within `max_hops` of `start`, breadth-first, sorted; no further hop once the subgraph holds
         `max_nodes` or the last hop added fewer than `min_new_nodes`."""
-        adj = index.graph.adjacency
+        by_column = index.graph.columns32  # the adjacency's structure: column j lists the neighbours of j
         n_e = index.n_entities
-        expandable = np.ones(adj.shape[0], dtype=bool)
+        expandable = np.ones(by_column.shape[0], dtype=bool)
         expandable[:n_e] = ~hub_entities(index, self.hub_df_share, self.params.hub_top_share)
-        seen = np.zeros(adj.shape[0], dtype=bool)
+        seen = np.zeros(by_column.shape[0], dtype=bool)
         seen[start] = True
         frontier = start
         size = int(seen.sum())
@@ -45,7 +45,7 @@ class SubgraphPPR:
             if not len(frontier) or size >= self.max_nodes:
                 break
             reached = np.zeros_like(seen)
-            reached[adj[frontier].indices] = True
+            reached[by_column[:, frontier].indices] = True
             reached &= ~seen
             frontier = np.flatnonzero(reached)
             if not len(frontier):
@@ -84,18 +84,25 @@ class SubgraphPPR:
 def subgraph_walk(graph, inside: np.ndarray):
     """The random walk confined to the nodes marked `inside`, without building the subgraph: for the symmetric
     adjacency A, a step of the subgraph's walk is `mask * A (x / deg_S)`, with deg_S the degree counted inside
-    the subgraph, and `A y` is the index's precomputed transition applied to `y * degree`. Returns what
-    `personalized_pagerank` takes: a matrix (for its shape), the subgraph's dangling nodes and the step."""
-    mv = graph.matvec32 or graph.transition32.dot
+    the subgraph, and `A y` is the index's precomputed transition T = A D^-1 applied to `y * degree`, or, where
+    the index holds T by columns only, `degree * (T^T y)` (T^T = D^-1 A: the columns' arrays read as rows).
+    Returns what `personalized_pagerank` takes: a matrix (for its shape), the subgraph's dangling nodes and the step."""
     mask = inside.astype(np.float32)
     full = graph.degree.astype(np.float32)
-    deg = mv(mask * full) * mask
+    one = np.ones_like(full)
+    if graph.transition32 is not None:
+        mv, before, after = graph.matvec32 or graph.transition32.dot, full, one
+    else:
+        rows = graph.columns32.T  # a CSR view of the same arrays
+        mv, before, after = parallel_matvec(rows) or rows.dot, one, full
+    deg = after * mv(mask * before) * mask
     dangling = inside & (deg <= 0)
     inv = np.zeros_like(deg)
     inv[deg > 0] = 1.0 / deg[deg > 0]
-    scale = inv * full
+    scale = inv * before
+    kept = mask * after
 
     def step(x: np.ndarray) -> np.ndarray:
-        return mask * mv(x * scale)
+        return kept * mv(x * scale)
 
-    return graph.transition32, dangling, step
+    return graph.columns32, dangling, step
