@@ -5,7 +5,9 @@ its peak resident memory, seconds and the cache file's size.
 
 `build` deletes `published/.index-cache/` first, so the index is built and written as the context check's first
 load does; `cached` reads the file a `build` left. Prints JSON: resident MB before (base), the process's peak
-(ru_maxrss), the peak sampled every 0.05 s, resident MB after, seconds, the cache's MB and the load average.
+(ru_maxrss), the peak sampled every 0.05 s, resident MB after, seconds, the cache's MB, the load average, and the
+MB each part of the index holds (`part_mb`: arrays by their buffers, each buffer once, and Python objects by
+`sys.getsizeof`; an array mapped from the cache file counts as held).
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ import json
 import os
 import resource
 import shutil
+import sys
 import threading
 import time
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
 
 from lazyhippo.query.loader import load_index
 from lazyhippo.stores.namespaces import namespace_settings
@@ -25,6 +32,41 @@ from lazyhippo.stores.namespaces import namespace_settings
 
 def resident_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def held_bytes(obj, seen: set) -> int:
+    """Bytes `obj` holds and everything it refers to that `seen` does not hold yet (ids of objects and buffers)."""
+    if id(obj) in seen or obj is None or isinstance(obj, (type, bool, int, float)):
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        base = obj
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        key = ("buffer", base.__array_interface__["data"][0])
+        if key in seen:
+            return 0
+        seen.add(key)
+        return base.nbytes
+    if sp.issparse(obj):
+        return sum(held_bytes(getattr(obj, a, None), seen) for a in ("data", "indices", "indptr"))
+    own = sys.getsizeof(obj)
+    if isinstance(obj, (str, bytes, bytearray, memoryview)):
+        return own
+    if isinstance(obj, dict):
+        return own + sum(held_bytes(k, seen) + held_bytes(v, seen) for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return own + sum(held_bytes(x, seen) for x in obj)
+    if is_dataclass(obj):
+        return own + sum(held_bytes(getattr(obj, f.name), seen) for f in fields(obj))
+    return own + held_bytes(getattr(obj, "__dict__", None), seen)
+
+
+def part_mb(idx) -> dict[str, float]:
+    """MB per part of the index, in the order of its fields (a buffer two parts share counts in the first)."""
+    seen: set = set()
+    return {f.name: round(held_bytes(getattr(idx, f.name), seen) / 1e6, 1) for f in fields(idx)
+            if is_dataclass(getattr(idx, f.name)) or f.name == "lexical"}
 
 
 def main() -> None:
@@ -55,7 +97,7 @@ def main() -> None:
                       "sampled_peak_mb": round(max(samples, default=base)), "end_mb": round(resident_mb()),
                       "seconds": round(seconds, 2),
                       "cache_mb": round(sum(p.stat().st_size for p in cache.glob("*.pickle")) / 1e6, 1),
-                      "load": os.getloadavg()}))
+                      "load": os.getloadavg(), "part_mb": part_mb(idx)}))
 
 
 if __name__ == "__main__":
