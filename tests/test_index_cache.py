@@ -211,7 +211,7 @@ def _same(a, b, path: str = "index") -> None:
         for k in vars(a):
             _same(getattr(a, k), getattr(b, k), f"{path}.{k}")
     elif hasattr(a, "packed"):  # a Vocabulary
-        assert a.packed == b.packed and a.ends == b.ends and a.ids == b.ids, path
+        assert a.packed == b.packed and a.ends == b.ends and a.ids == b.ids and a.crcs == b.crcs, path
     else:
         assert a == b, path
 
@@ -328,11 +328,16 @@ def test_bm25_is_pickled_as_term_counts_and_scores_the_same():
 
 
 def test_bm25_vocabulary_is_the_token_map():
-    """The packed vocabulary answers as the dict of tokens it is made from: every token's id, membership, length,
-    its tokens, a missing token, and the same after pickling."""
+    """The packed vocabulary answers as the dict of tokens it is made from: every token's id (two of them with
+    the same CRC-32), membership, length, its tokens, a missing token (one with a CRC-32 held), and the same after
+    pickling."""
+    from zlib import crc32
+
     from lazyhippo.query.lexical import Vocabulary
 
-    vocab = {t: i for i, t in enumerate(["zeta", "", "Ærø", "a", "ab", "東京", "b", "aa", "w10", "w1"])}
+    assert crc32(b"plumless") == crc32(b"buckeroo")
+    tokens = ["zeta", "", "Ærø", "a", "ab", "東京", "b", "aa", "w10", "w1", "plumless", "buckeroo"]
+    vocab = {t: i for i, t in enumerate(tokens)}
     packed = Vocabulary.of(vocab)
     for v in (packed, pickle.loads(pickle.dumps(packed, protocol=5))):
         assert len(v) == len(vocab) and set(v) == set(vocab) and dict(v) == vocab
@@ -342,3 +347,4 @@ def test_bm25_vocabulary_is_the_token_map():
         with pytest.raises(KeyError):
             v["w"]
     assert len(Vocabulary.of({})) == 0 and "a" not in Vocabulary.of({})
+    assert "buckeroo" not in Vocabulary.of({"plumless": 0}) and Vocabulary.of({"plumless": 0})["plumless"] == 0

@@ -10,8 +10,10 @@ version that scores otherwise).
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from zlib import crc32
 
 import bm25s
 import numpy as np
@@ -72,26 +74,30 @@ class FlatBM25(bm25s.BM25):
         np.cumsum(np.bincount(pairs // n_docs, minlength=n_vocab), out=indptr[1:])
         return {"indices": (pairs % n_docs).astype(self.int_dtype), "indptr": indptr, "num_docs": n_docs}
 
-    def column(self, token_id: int) -> np.ndarray:
-        """The scores of one token's entries, bm25s's `data` of that column: its idf (from the token's document
-        frequency, in Python floats, then float32) times each entry's tf component (float64), stored in float32."""
+    def columns(self, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """These tokens' entries one column after another: their texts, their scores (bm25s's `data`: the token's
+        idf, from its document frequency in Python floats, then float32, times the entry's tf component, in
+        float64, stored in float32) and where each column ends. All columns' formulas run at once: a column at a
+        time took 26 us a token."""
         s = self.scores
-        a, b = s["indptr"][token_id], s["indptr"][token_id + 1]
-        idf = np.full(b - a, _select_idf_scorer(self.idf_method)(int(b - a), N=s["num_docs"]), dtype=self.dtype)
-        tfc = _select_tfc_scorer(self.method)(tf_array=self.counts[a:b].astype(self.dtype),
-                                             l_d=self.lengths[s["indices"][a:b]], l_avg=self.avg_doc_len,
-                                             k1=self.k1, b=self.b, delta=self.delta)
-        return (idf * tfc).astype(self.dtype)
+        starts, ends = s["indptr"][token_ids], s["indptr"][np.add(token_ids, 1)]
+        entries = np.concatenate([np.arange(a, b) for a, b in zip(starts.tolist(), ends.tolist())] or [[]])
+        entries = entries.astype(np.int64)
+        texts = s["indices"][entries]
+        idf_of = _select_idf_scorer(self.idf_method)
+        idf = np.array([idf_of(int(d), N=s["num_docs"]) for d in ends - starts], dtype=self.dtype)
+        tfc = _select_tfc_scorer(self.method)(tf_array=self.counts[entries].astype(self.dtype), l_d=self.lengths[texts],
+                                             l_avg=self.avg_doc_len, k1=self.k1, b=self.b, delta=self.delta)
+        return texts, (np.repeat(idf, ends - starts) * tfc).astype(self.dtype), np.cumsum(ends - starts)
 
     def get_scores_from_ids(self, query_tokens_ids, weight_mask=None) -> np.ndarray:
         """Each text's summed score over the query's tokens, column after column as bm25s's
         `_compute_relevance_from_scores` adds them (a token's column holds a text once, so `+=` is its `add.at`).
         A token without a column (bm25s's "" added to the vocabulary) adds nothing."""
-        s = self.scores
-        scores = np.zeros(s["num_docs"], dtype=self.dtype)
-        for i in query_tokens_ids:
-            if i + 1 < len(s["indptr"]):
-                scores[s["indices"][s["indptr"][i]:s["indptr"][i + 1]]] += self.column(i)
+        scores = np.zeros(self.scores["num_docs"], dtype=self.dtype)
+        texts, data, ends = self.columns([i for i in query_tokens_ids if i + 1 < len(self.scores["indptr"])])
+        for a, b in zip([0, *ends.tolist()], ends.tolist()):
+            scores[texts[a:b]] += data[a:b]
         if weight_mask is not None:
             scores *= weight_mask
         return scores
@@ -107,35 +113,35 @@ class FlatBM25(bm25s.BM25):
 
 
 class Vocabulary(Mapping):
-    """token -> column id, read-only: the tokens' UTF-8 bytes sorted and packed in one string, found by binary
-    search, with each one's end offset and id (8 bytes a token beside its text). A dict of 64k str keys and int
-    values held 7.3 MB; this holds about 1."""
+    """token -> column id, read-only: the tokens' UTF-8 bytes packed in one string in the order of their CRC-32,
+    each found by bisecting the sorted CRCs (C-level) and comparing the bytes of the few with its CRC; 12 bytes a
+    token beside its text. A dict of 64k str keys and int values held 7.3 MB; this holds about 1.3. A binary search
+    by the tokens' own bytes, one Python step per halving, took 15 us a lookup against the dict's 0.5."""
 
-    __slots__ = ("packed", "ends", "ids")
+    __slots__ = ("packed", "ends", "ids", "crcs")
 
-    def __init__(self, packed: bytes, ends: array, ids: array):
-        self.packed, self.ends, self.ids = packed, ends, ids
+    def __init__(self, packed: bytes, ends: array, ids: array, crcs: array):
+        self.packed, self.ends, self.ids, self.crcs = packed, ends, ids, crcs
 
     @classmethod
     def of(cls, vocab: dict[str, int]) -> "Vocabulary":
-        """Sorted as str (code points order UTF-8 bytes alike), so no bytes object a token is made at once."""
-        keys = sorted(vocab)
+        keys = list(vocab)
+        crcs = np.fromiter((crc32(k.encode()) for k in keys), dtype=np.uint32, count=len(keys))
+        order = np.argsort(crcs, kind="stable").tolist()
+        keys = [keys[i] for i in order]
         ends = np.cumsum(np.fromiter((len(k.encode()) for k in keys), dtype=np.int64, count=len(keys)))
-        return cls("".join(keys).encode(), array("I", ends.astype(np.uint32)), array("i", (vocab[k] for k in keys)))
+        return cls("".join(keys).encode(), array("I", ends.astype(np.uint32).tobytes()),
+                   array("i", (vocab[k] for k in keys)), array("I", crcs[order].tobytes()))
 
     def _find(self, token: str) -> int:
-        """The sorted position of `token`, or -1."""
-        key, packed, ends = token.encode(), self.packed, self.ends
-        lo, hi = 0, len(ends)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            k = packed[ends[mid - 1] if mid else 0:ends[mid]]
-            if k < key:
-                lo = mid + 1
-            elif k > key:
-                hi = mid
-            else:
-                return mid
+        """The position of `token`, or -1."""
+        key = token.encode()
+        crc, crcs, ends = crc32(key), self.crcs, self.ends
+        m = bisect_left(crcs, crc)
+        while m < len(crcs) and crcs[m] == crc:
+            if self.packed[ends[m - 1] if m else 0:ends[m]] == key:
+                return m
+            m += 1
         return -1
 
     def get(self, token, default=None):
