@@ -200,7 +200,7 @@ def test_bm25_holds_counts_not_scores():
     assert not any(isinstance(v, np.ndarray) and len(v) == entries and v.dtype.kind == "f" for v in held)
     assert not hasattr(bm25, "unique_token_ids_set")
     arrays = sum(v.nbytes for v in held if isinstance(v, np.ndarray))
-    vocab = sum(sys.getsizeof(x) for x in (lex.vocab.packed, lex.vocab.ends, lex.vocab.ids))
+    vocab = sum(sys.getsizeof(x) for x in (lex.vocab.packed, lex.vocab.ends, lex.vocab.ids, lex.vocab.crcs))
     assert arrays < 5 * entries + 16 * len(lex.vocab) + 4 * lex.size and vocab < 24 * len(lex.vocab)
     scores, peak = _peak(lambda: lex.scores(["token1", "token2"]))
     assert peak < 4 * entries  # the score of every entry is never made
