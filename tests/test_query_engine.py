@@ -1233,6 +1233,9 @@ def test_bm25_index_built_in_numpy_is_the_one_bm25s_builds():
     for query in (["w1"], ["w3", "w7", "aero"], ["sao", "w1", "w399"], ["the", "w3", "the", "of"]):
         assert lex.scores(query).tobytes() == np.asarray(ref.get_scores(query), dtype=np.float32).tobytes()
     assert lex.holders("w1").tolist() == sorted({k for k, d in enumerate(docs) if "w1" in tokens(d)})
+    no_empty = Lexical.build(docs[:3])  # "" is in bm25s's vocabulary without a column: it adds nothing
+    assert "" in no_empty.vocab and not no_empty.scores([""]).any()
+    assert no_empty.scores(["", "w1"]).tobytes() == no_empty.scores(["w1"]).tobytes()
 
 
 def test_loaded_lookups_are_the_warehouse_rows(qsettings):

@@ -79,10 +79,10 @@ class FlatBM25(bm25s.BM25):
         idf, from its document frequency in Python floats, then float32, times the entry's tf component, in
         float64, stored in float32) and where each column ends. All columns' formulas run at once: a column at a
         time took 26 us a token."""
-        s = self.scores
-        starts, ends = s["indptr"][token_ids], s["indptr"][np.add(token_ids, 1)]
-        entries = np.concatenate([np.arange(a, b) for a, b in zip(starts.tolist(), ends.tolist())] or [[]])
-        entries = entries.astype(np.int64)
+        s, token_ids = self.scores, np.asarray(token_ids, dtype=np.int64)
+        starts, ends = s["indptr"][token_ids], s["indptr"][token_ids + 1]
+        entries = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts.tolist(), ends.tolist())]
+                                 or [np.zeros(0, dtype=np.int64)])
         texts = s["indices"][entries]
         idf_of = _select_idf_scorer(self.idf_method)
         idf = np.array([idf_of(int(d), N=s["num_docs"]) for d in ends - starts], dtype=self.dtype)
@@ -116,7 +116,8 @@ class Vocabulary(Mapping):
     """token -> column id, read-only: the tokens' UTF-8 bytes packed in one string in the order of their CRC-32,
     each found by bisecting the sorted CRCs (C-level) and comparing the bytes of the few with its CRC; 12 bytes a
     token beside its text. A dict of 64k str keys and int values held 7.3 MB; this holds about 1.3. A binary search
-    by the tokens' own bytes, one Python step per halving, took 15 us a lookup against the dict's 0.5."""
+    by the tokens' own bytes, one Python step per halving, took 15 us a lookup on a loaded host; this one 2-3.5, the
+dict 0.07."""
 
     __slots__ = ("packed", "ends", "ids", "crcs")
 
