@@ -78,9 +78,9 @@ def test_bm25_token_pairs_are_counted_in_place():
     assert [len(x) for x in empty] == [0, 0]
 
 
-def test_bm25_scores_by_blocks_are_the_whole_matrix_scores(monkeypatch):
-    """Scored a block of entries at a time (here 37, so every block boundary falls inside some token's column),
-    the matrix is the one scored at once, bit for bit."""
+def test_bm25_counts_by_blocks_are_the_whole_matrix_counts(monkeypatch):
+    """Counted a block of distinct pairs at a time (here 37, so every block boundary falls inside some token's
+    column), the matrix is the one counted at once, and scores the same, bit for bit."""
     from lazyhippo.query import lexical
 
     rng = np.random.default_rng(3)
@@ -89,9 +89,11 @@ def test_bm25_scores_by_blocks_are_the_whole_matrix_scores(monkeypatch):
     whole = lexical.Lexical.build(docs)
     monkeypatch.setattr(lexical, "_BLOCK", 37)
     blocked = lexical.Lexical.build(docs)
-    assert len(whole.bm25.scores["data"]) > 37 * 100
-    for part in ("data", "indices", "indptr"):
+    assert len(whole.bm25.counts) > 37 * 100
+    for part in ("indices", "indptr"):
         assert np.asarray(blocked.bm25.scores[part]).tobytes() == np.asarray(whole.bm25.scores[part]).tobytes()
+    assert blocked.bm25.counts.tobytes() == whole.bm25.counts.tobytes()
+    assert blocked.scores(["w1", "the", "w7"]).tobytes() == whole.scores(["w1", "the", "w7"]).tobytes()
 
 
 def _symmetric(n: int, m: int, seed: int) -> sp.csr_matrix:
@@ -181,19 +183,27 @@ def test_community_members_are_read_as_entity_positions_not_id_tuples(tmp_path):
     assert peak < 25 * pairs  # the result's 8 bytes a pair, each entity's finest community and rank
 
 
-def test_bm25_scores_are_made_in_small_blocks():
-    """The scores of 3M entries take their own float32 array and a bounded block of temporaries: the formulas'
-    temporaries over 4M entries at once took ten times the scores."""
-    from lazyhippo.query.lexical import FlatBM25
+def test_bm25_holds_counts_not_scores():
+    """A BM25 index holds a byte of term count and four of text position an entry, and its vocabulary packed: the
+    float32 score of every entry, a set of every token id and a dict of the tokens took 16 to 20 bytes an entry
+    of the 10,000-document home's indexes, and a query scores its tokens' columns only."""
+    import sys
+
+    from lazyhippo.query.lexical import Lexical
 
     rng = np.random.default_rng(5)
-    n_docs, n_vocab, n = 100_000, 5000, 3_000_000
-    indptr = np.zeros(n_vocab + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rng.integers(0, n_vocab, n), minlength=n_vocab), out=indptr[1:])
-    indices = rng.integers(0, n_docs, n).astype(np.int32)
-    tf = rng.integers(1, 5, n).astype(np.uint8)
-    scores, peak = _peak(lambda: FlatBM25()._scored(tf, indices, indptr, n_docs))
-    assert len(scores) == n and peak < 3 * scores.nbytes
+    words = [f"token{i}" for i in range(20_000)]
+    docs = [" ".join(rng.choice(words, rng.integers(5, 40))) for _ in range(5000)]
+    lex = Lexical.build(docs)
+    bm25, entries = lex.bm25, len(lex.bm25.counts)
+    held = [*vars(bm25).values(), *bm25.scores.values()]
+    assert not any(isinstance(v, np.ndarray) and len(v) == entries and v.dtype.kind == "f" for v in held)
+    assert not hasattr(bm25, "unique_token_ids_set")
+    arrays = sum(v.nbytes for v in held if isinstance(v, np.ndarray))
+    vocab = sum(sys.getsizeof(x) for x in (lex.vocab.packed, lex.vocab.ends, lex.vocab.ids, lex.vocab.crcs))
+    assert arrays < 5 * entries + 16 * len(lex.vocab) + 4 * lex.size and vocab < 24 * len(lex.vocab)
+    scores, peak = _peak(lambda: lex.scores(["token1", "token2"]))
+    assert peak < 4 * entries  # the score of every entry is never made
 
 
 def test_facts_and_vectors_read_by_batches_are_the_index_read_at_once(tmp_path, monkeypatch):
@@ -226,4 +236,6 @@ def test_facts_and_vectors_read_by_batches_are_the_index_read_at_once(tmp_path, 
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
     for part in ("indptr", "indices", "data"):
         assert getattr(whole.facts.entities, part).tobytes() == getattr(batched.facts.entities, part).tobytes()
-    assert whole.facts.lexical.bm25.scores["data"].tobytes() == batched.facts.lexical.bm25.scores["data"].tobytes()
+    a, b = whole.facts.lexical.bm25, batched.facts.lexical.bm25
+    assert a.counts.tobytes() == b.counts.tobytes() and a.lengths.tobytes() == b.lengths.tobytes()
+    assert a.scores["indices"].tobytes() == b.scores["indices"].tobytes()

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from lazyhippo.graph.passage import GraphParams
 from lazyhippo.index import run_index
@@ -236,9 +237,11 @@ def _same(a, b, path: str = "index") -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             _same(x, y, f"{path}[{i}]")
     elif hasattr(a, "vocab_dict"):  # a BM25 index
-        _same(a.scores, b.scores, f"{path}.scores")
-        _same(a.vocab_dict, b.vocab_dict, f"{path}.vocab_dict")
-        assert a.unique_token_ids_set == b.unique_token_ids_set, path
+        assert vars(a).keys() == vars(b).keys(), path
+        for k in vars(a):
+            _same(getattr(a, k), getattr(b, k), f"{path}.{k}")
+    elif hasattr(a, "packed"):  # a Vocabulary
+        assert a.packed == b.packed and a.ends == b.ends and a.ids == b.ids and a.crcs == b.crcs, path
     else:
         assert a == b, path
 
@@ -346,9 +349,32 @@ def test_bm25_is_pickled_as_term_counts_and_scores_the_same():
     lex = Lexical.build(docs)
     data = pickle.dumps(lex, protocol=5)
     s = lex.bm25.scores
-    assert len(data) < 0.5 * (s["data"].nbytes + s["indices"].nbytes + s["indptr"].nbytes) + 40 * len(lex.vocab)
+    assert len(data) < 0.5 * (4 * len(lex.bm25.counts) + s["indices"].nbytes + s["indptr"].nbytes) + 40 * len(lex.vocab)
     back = pickle.loads(data)
     _same(lex.bm25, back.bm25, "bm25")
     assert back.vocab is back.bm25.vocab_dict and back.size == lex.size
     for query in (["w1"], ["w3", "w7", "nothing"], ["w2999", "w1", "w10"]):
         assert np.array_equal(lex.scores(query), back.scores(query))
+
+
+def test_bm25_vocabulary_is_the_token_map():
+    """The packed vocabulary answers as the dict of tokens it is made from: every token's id (two of them with
+    the same CRC-32), membership, length, its tokens, a missing token (one with a CRC-32 held), and the same after
+    pickling."""
+    from zlib import crc32
+
+    from lazyhippo.query.lexical import Vocabulary
+
+    assert crc32(b"plumless") == crc32(b"buckeroo")
+    tokens = ["zeta", "", "Ærø", "a", "ab", "東京", "b", "aa", "w10", "w1", "plumless", "buckeroo"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    packed = Vocabulary.of(vocab)
+    for v in (packed, pickle.loads(pickle.dumps(packed, protocol=5))):
+        assert len(v) == len(vocab) and set(v) == set(vocab) and dict(v) == vocab
+        assert all(v[t] == i and t in v and v.get(t) == i for t, i in vocab.items())
+        for missing in ("w", "zz", "東", "aaa", "0"):
+            assert missing not in v and v.get(missing) is None and v.get(missing, -1) == -1
+        with pytest.raises(KeyError):
+            v["w"]
+    assert len(Vocabulary.of({})) == 0 and "a" not in Vocabulary.of({})
+    assert "buckeroo" not in Vocabulary.of({"plumless": 0}) and Vocabulary.of({"plumless": 0})["plumless"] == 0

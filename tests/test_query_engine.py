@@ -1208,8 +1208,9 @@ def test_query_work_runs_on_one_blas_thread(qsettings, monkeypatch):
 
 
 def test_bm25_index_built_in_numpy_is_the_one_bm25s_builds():
-    """lexical.FlatBM25 builds the score matrix with array operations: the same vocabulary, the same scores
-    per text and token (bit for bit), the same holders, as bm25s's own loop over the texts."""
+    """lexical.FlatBM25 builds the index with array operations and scores a query's columns from term counts: the
+    same vocabulary, the same scores per text and token (bit for bit), the same query scores and holders, as
+    bm25s's own loop over the texts and its precomputed score matrix."""
     import bm25s
 
     from lazyhippo.query.lexical import Lexical
@@ -1227,10 +1228,14 @@ def test_bm25_index_built_in_numpy_is_the_one_bm25s_builds():
         if i + 1 < len(ref.scores["indptr"]):
             a, b = slice(*ref.scores["indptr"][i:i + 2]), slice(*lex.bm25.scores["indptr"][j:j + 2])
             assert np.array_equal(ref.scores["indices"][a], lex.bm25.scores["indices"][b])
-            assert np.array_equal(ref.scores["data"][a], lex.bm25.scores["data"][b])
-    for query in (["w1"], ["w3", "w7", "aero"], ["sao", "w1", "w399"]):
-        assert np.array_equal(lex.scores(query), np.asarray(ref.get_scores(query), dtype=np.float32))
+            texts, data, _ = lex.bm25.columns([j])
+            assert np.array_equal(ref.scores["indices"][a], texts) and ref.scores["data"][a].tobytes() == data.tobytes()
+    for query in (["w1"], ["w3", "w7", "aero"], ["sao", "w1", "w399"], ["the", "w3", "the", "of"]):
+        assert lex.scores(query).tobytes() == np.asarray(ref.get_scores(query), dtype=np.float32).tobytes()
     assert lex.holders("w1").tolist() == sorted({k for k, d in enumerate(docs) if "w1" in tokens(d)})
+    no_empty = Lexical.build(docs[:3])  # "" is in bm25s's vocabulary without a column: it adds nothing
+    assert "" in no_empty.vocab and not no_empty.scores([""]).any()
+    assert no_empty.scores(["", "w1"]).tobytes() == no_empty.scores(["w1"]).tobytes()
 
 
 def test_loaded_lookups_are_the_warehouse_rows(qsettings):

@@ -1,16 +1,19 @@
 """BM25 over one collection of texts (bm25s), its index built in numpy instead of one Python loop per text.
 
 bm25s scores every (text, token) pair in a loop over the texts; here the same formulas run once over all
-pairs (`FlatBM25.build_index_from_ids`, the method bm25s documents for building the index another way) with
-bm25s's own idf and tf formulas, so the score matrix is the one bm25s builds (a test compares them bit for bit,
-and so catches a bm25s version that builds otherwise), in a fifth of the time on 2Wiki's 21k facts.
+pairs (`FlatBM25.build_index_from_ids`, the method bm25s documents for building the index another way), in a
+fifth of the time on 2Wiki's 21k facts. Scores come from term counts by bm25s's own idf and tf formulas, so every
+column's scores are those of the matrix bm25s builds (a test compares them bit for bit, and so catches a bm25s
+version that scores otherwise).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from zlib import crc32
 
 import bm25s
 import numpy as np
@@ -40,11 +43,21 @@ class TokenIds:
 
 
 class FlatBM25(bm25s.BM25):
-    """bm25s.BM25 whose index is built from a `TokenIds` corpus with array operations. It keeps each (token,
-    text) pair's count beside its score, and is pickled with the counts in their smallest integer type instead of
-    the float32 scores, which unpickling computes again by the same formulas (a third less in the index cache)."""
+    """bm25s.BM25 whose index is built from a `TokenIds` corpus with array operations. It holds each (token, text)
+    pair's count in its smallest integer type, not its float32 score: a query scores only its tokens' columns, by
+    bm25s's formulas over the counts and the texts' lengths, to the same float32 values (the scores of every pair
+    were four bytes an entry, a fifth of the index, and a cached load computed them all again). Its vocabulary is
+    a `Vocabulary`; bm25s's `unique_token_ids_set`, which only `retrieve` reads (never called here), is not kept."""
 
-    counts: np.ndarray  # each entry's term frequency, aligned with scores["data"] (token-major, texts ascending)
+    counts: np.ndarray  # each entry's term frequency, aligned with scores["indices"] (token-major, texts ascending)
+    lengths: np.ndarray  # each text's number of tokens
+    avg_doc_len: float
+
+    def index(self, corpus, create_empty_token=True, show_progress=True, leave_progress=False):
+        super().index(corpus, create_empty_token=create_empty_token, show_progress=show_progress,
+                      leave_progress=leave_progress)
+        self.vocab_dict = Vocabulary.of(self.vocab_dict)
+        del self.unique_token_ids_set
 
     def build_index_from_ids(self, unique_token_ids, corpus_token_ids, show_progress=True, leave_progress=False):
         if self.method in self.methods_requiring_nonoccurrence:
@@ -55,52 +68,106 @@ class FlatBM25(bm25s.BM25):
         pairs, tf = _counted(flat, lengths, n_docs)
         self.nonoccurrence_array = None
         self.counts = tf.astype(np.min_scalar_type(int(tf.max(initial=0))))
+        self.lengths = lengths.astype(np.min_scalar_type(int(lengths.max(initial=0))))
+        self.avg_doc_len = float(np.asarray(lengths, dtype=np.int64).mean())  # as bm25s: the mean of the int lengths
         indptr = np.zeros(n_vocab + 1, dtype=np.int64)
         np.cumsum(np.bincount(pairs // n_docs, minlength=n_vocab), out=indptr[1:])
-        indices = (pairs % n_docs).astype(self.int_dtype)
-        return {"data": self._scored(self.counts, indices, indptr, n_docs), "indices": indices, "indptr": indptr,
-                "num_docs": n_docs}
+        return {"indices": (pairs % n_docs).astype(self.int_dtype), "indptr": indptr, "num_docs": n_docs}
 
-    def _scored(self, tf: np.ndarray, indices: np.ndarray, indptr: np.ndarray, n_docs: int) -> np.ndarray:
-        """The score of each entry of the CSC matrix by its term frequency, with bm25s's own idf and tf formulas
-        (a text's length is the sum of its tokens' counts). By blocks of entries, each entry's arithmetic the same:
-        the formulas' float64 temporaries over all 30M entries of 1.09M facts took 1.2 GB at once."""
-        lengths = np.zeros(n_docs, dtype=np.float64)
-        for a in range(0, len(tf), _BLOCK):  # whole counts: their float sums are exact in any order
-            lengths += np.bincount(indices[a:a + _BLOCK], weights=tf[a:a + _BLOCK], minlength=n_docs)
-        lengths = lengths.astype(np.int64)
-        avg_doc_len = lengths.mean()  # as bm25s: the mean of the int lengths
-        df = np.diff(indptr)
-        idf_of = _select_idf_scorer(self.idf_method)   # per distinct document frequency, in Python floats as bm25s
-        values, where = np.unique(df, return_inverse=True)
-        idf = np.array([idf_of(int(d), N=n_docs) if d else 0.0 for d in values])[where].astype(self.dtype)
-        tfc_of = _select_tfc_scorer(self.method)
-        out = np.empty(len(tf), dtype=self.dtype)
-        for a in range(0, len(tf), _BLOCK):
-            b = min(a + _BLOCK, len(tf))
-            token = np.searchsorted(indptr, np.arange(a, b), side="right") - 1  # each entry's token (its column)
-            tfc = tfc_of(tf_array=tf[a:b].astype(self.dtype), l_d=lengths[indices[a:b]], l_avg=avg_doc_len,
-                         k1=self.k1, b=self.b, delta=self.delta)
-            out[a:b] = idf[token] * tfc
-        return out
+    def columns(self, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """These tokens' entries one column after another: their texts, their scores (bm25s's `data`: the token's
+        idf, from its document frequency in Python floats, then float32, times the entry's tf component, in
+        float64, stored in float32) and where each column ends. All columns' formulas run at once: a column at a
+        time took 26 us a token."""
+        s, token_ids = self.scores, np.asarray(token_ids, dtype=np.int64)
+        starts, ends = s["indptr"][token_ids], s["indptr"][token_ids + 1]
+        entries = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts.tolist(), ends.tolist())]
+                                 or [np.zeros(0, dtype=np.int64)])
+        texts = s["indices"][entries]
+        idf_of = _select_idf_scorer(self.idf_method)
+        idf = np.array([idf_of(int(d), N=s["num_docs"]) for d in ends - starts], dtype=self.dtype)
+        tfc = _select_tfc_scorer(self.method)(tf_array=self.counts[entries].astype(self.dtype), l_d=self.lengths[texts],
+                                             l_avg=self.avg_doc_len, k1=self.k1, b=self.b, delta=self.delta)
+        return texts, (np.repeat(idf, ends - starts) * tfc).astype(self.dtype), np.cumsum(ends - starts)
+
+    def get_scores_from_ids(self, query_tokens_ids, weight_mask=None) -> np.ndarray:
+        """Each text's summed score over the query's tokens, column after column as bm25s's
+        `_compute_relevance_from_scores` adds them (a token's column holds a text once, so `+=` is its `add.at`).
+        A token without a column (bm25s's "" added to the vocabulary) adds nothing."""
+        scores = np.zeros(self.scores["num_docs"], dtype=self.dtype)
+        texts, data, ends = self.columns([i for i in query_tokens_ids if i + 1 < len(self.scores["indptr"])])
+        for a, b in zip([0, *ends.tolist()], ends.tolist()):
+            scores[texts[a:b]] += data[a:b]
+        if weight_mask is not None:
+            scores *= weight_mask
+        return scores
 
     def __getstate__(self) -> dict:
-        vocab, s = self.vocab_dict, self.scores
-        return {**vars(self), "scores": {**s, "data": None, "indices": Ascending.of(s["indices"], s["indptr"])},
-                "unique_token_ids_set": None,
-                "vocab_dict": (list(vocab), np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab)))}
+        s = self.scores
+        return {**vars(self), "scores": {**s, "indices": Ascending.of(s["indices"], s["indptr"])}}
 
     def __setstate__(self, state: dict) -> None:
         vars(self).update(state)
-        keys, ids = state["vocab_dict"]
-        self.vocab_dict = dict(zip(keys, ids.tolist()))
-        self.unique_token_ids_set = set(self.vocab_dict.values())
         s = self.scores
-        indices = unpacked(s["indices"], s["indptr"])
-        self.scores = {**s, "indices": indices, "data": self._scored(self.counts, indices, s["indptr"], s["num_docs"])}
+        self.scores = {**s, "indices": unpacked(s["indices"], s["indptr"])}
 
 
-_BLOCK = 1 << 18  # entries scored at once: ~20 MB of temporaries (1 << 22 held 190 MB for 30M entries)
+class Vocabulary(Mapping):
+    """token -> column id, read-only: the tokens' UTF-8 bytes packed in one string in the order of their CRC-32,
+    each found by bisecting the sorted CRCs (C-level) and comparing the bytes of the few with its CRC; 12 bytes a
+    token beside its text. A dict of 64k str keys and int values held 7.3 MB; this holds about 1.3. A binary search
+    by the tokens' own bytes, one Python step per halving, took 15 us a lookup on a loaded host; this one 2-3.5, the
+dict 0.07."""
+
+    __slots__ = ("packed", "ends", "ids", "crcs")
+
+    def __init__(self, packed: bytes, ends: array, ids: array, crcs: array):
+        self.packed, self.ends, self.ids, self.crcs = packed, ends, ids, crcs
+
+    @classmethod
+    def of(cls, vocab: dict[str, int]) -> "Vocabulary":
+        keys = list(vocab)
+        crcs = np.fromiter((crc32(k.encode()) for k in keys), dtype=np.uint32, count=len(keys))
+        order = np.argsort(crcs, kind="stable").tolist()
+        keys = [keys[i] for i in order]
+        ends = np.cumsum(np.fromiter((len(k.encode()) for k in keys), dtype=np.int64, count=len(keys)))
+        return cls("".join(keys).encode(), array("I", ends.astype(np.uint32).tobytes()),
+                   array("i", (vocab[k] for k in keys)), array("I", crcs[order].tobytes()))
+
+    def _find(self, token: str) -> int:
+        """The position of `token`, or -1."""
+        key = token.encode()
+        crc, crcs, ends = crc32(key), self.crcs, self.ends
+        m = bisect_left(crcs, crc)
+        while m < len(crcs) and crcs[m] == crc:
+            if self.packed[ends[m - 1] if m else 0:ends[m]] == key:
+                return m
+            m += 1
+        return -1
+
+    def get(self, token, default=None):
+        m = self._find(token) if isinstance(token, str) else -1
+        return self.ids[m] if m >= 0 else default
+
+    def __getitem__(self, token: str) -> int:
+        if (i := self.get(token)) is None:
+            raise KeyError(token)
+        return i
+
+    def __contains__(self, token) -> bool:
+        return self.get(token) is not None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self):
+        packed, start = self.packed, 0
+        for end in self.ends:
+            yield packed[start:end].decode()
+            start = end
+
+
+_BLOCK = 1 << 18  # distinct pairs' counts made at once
 
 
 def _counted(flat: np.ndarray, lengths: np.ndarray, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +198,7 @@ class Lexical:
     """BM25 over one collection of texts (the chunks, the facts), by the query engine's folded tokens."""
 
     bm25: object | None
-    vocab: dict[str, int]
+    vocab: Mapping[str, int]
     size: int
 
     @classmethod
@@ -148,10 +215,10 @@ class Lexical:
 
     def scores(self, keywords: list[str]) -> np.ndarray:
         """One BM25 score per text (zeros when no keyword is in the vocabulary)."""
-        toks = [t for t in keywords if t in self.vocab]
-        if self.bm25 is None or not toks:
+        ids = [i for t in keywords if (i := self.vocab.get(t)) is not None]
+        if self.bm25 is None or not ids:
             return np.zeros(self.size, dtype=np.float32)
-        return np.asarray(self.bm25.get_scores(toks), dtype=np.float32)
+        return np.asarray(self.bm25.get_scores_from_ids(ids), dtype=np.float32)
 
     def idf(self, keywords: list[str]) -> np.ndarray:
         """How rare each keyword is among the texts, ln((N + 1) / (df + 1)): a word no text holds weighs most."""
