@@ -172,20 +172,23 @@ class Rows(Mapping):
         order = pc.sort_indices(ids.arrow()).to_numpy().astype(np.int32)  # a stable sort
         return cls(ids, None if np.array_equal(order, np.arange(len(order))) else order)
 
-    def _key(self, i: int) -> str:
-        return self.ids[i if self.order is None else int(self.order[i])]
-
     def __getitem__(self, key: str) -> int:
+        """Compared as UTF-8 bytes, none decoded."""
+        if not isinstance(key, str):
+            raise KeyError(key)
+        want, data, offsets, order = key.encode(), self.ids.data, self.ids.offsets, self.order
         lo, hi = 0, len(self.ids)
         while lo < hi:  # the first row past the key
             mid = (lo + hi) // 2
-            if key < self._key(mid):
+            row = mid if order is None else order[mid]
+            if want < data[offsets[row]:offsets[row + 1]].tobytes():
                 hi = mid
             else:
                 lo = mid + 1
-        if not lo or self._key(lo - 1) != key:
+        row = lo - 1 if order is None else int(order[lo - 1])
+        if not lo or data[offsets[row]:offsets[row + 1]].tobytes() != want:
             raise KeyError(key)
-        return lo - 1 if self.order is None else int(self.order[lo - 1])
+        return row
 
     def __iter__(self):
         return iter(self.ids)
