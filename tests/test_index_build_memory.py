@@ -239,3 +239,28 @@ def test_facts_and_vectors_read_by_batches_are_the_index_read_at_once(tmp_path, 
     a, b = whole.facts.lexical.bm25, batched.facts.lexical.bm25
     assert a.counts.tobytes() == b.counts.tobytes() and a.lengths.tobytes() == b.lengths.tobytes()
     assert a.scores["indices"].tobytes() == b.scores["indices"].tobytes()
+
+
+def test_id_maps_are_the_packed_ids_found_by_binary_search():
+    """Id -> row over packed ids is the dict of them (the last row of an id given twice), ascending or not, beyond
+    Latin-1 too, in a fraction of the dict's bytes; (document, position) -> row likewise."""
+    import sys
+
+    from lazyhippo.query.packing import DocRows, Rows, Texts
+
+    ids = ["b", "a", "é", "ab", "€", "a", "", "z𝔸", "aa"]
+    rows = Rows.of(Texts.of_bytes([s.encode() for s in ids]))
+    assert rows.order is not None and dict(rows) == dict(zip(ids, range(len(ids))))
+    assert all(rows[k] == v for k, v in dict(zip(ids, range(len(ids)))).items())
+    assert all(rows.get(k) is None for k in ("c", "b\0", "ä", " ", "zz"))
+    ascending = [f"e{i:06d}" for i in range(20_000)]
+    packed = Texts.of_bytes([s.encode() for s in ascending])
+    rows = Rows.of(packed)
+    assert rows.order is None and rows["e012345"] == 12345 and "e1" not in rows
+    as_dict = dict(zip(ascending, range(len(ascending))))
+    assert packed.data.nbytes + packed.offsets.nbytes < (sys.getsizeof(as_dict) + sum(map(sys.getsizeof, as_dict))) / 4
+    docs = ["d1", "d1", "d1", "d2", "d3", "d3"]
+    where = DocRows.of(docs, np.array([0, 1, 1, 0, 2, 5]))
+    assert dict(where) == {("d1", 0): 0, ("d1", 1): 2, ("d2", 0): 3, ("d3", 2): 4, ("d3", 5): 5}
+    assert all(where.get(k) is None for k in (("d1", 2), ("d0", 0), ("d3", 3), ("d4", 0)))
+    assert DocRows.of(["d2", "d1"], np.array([0, 0])) is None and DocRows.of(docs, np.array([0, 2, 1, 0, 0, 0])) is None

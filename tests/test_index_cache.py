@@ -168,8 +168,11 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
     # coverage a product of the mentions; and the graph's node ids and positions are the parts' own
     assert slim.facts.by_entity is None and slim.communities.coverage is None
     assert slim.graph.node_ids is None and slim.graph.node_pos is None
-    # what a load derives again: id -> row maps, degrees, the entities' document frequencies, the rows' projections
-    assert slim.chunks.pos is None and slim.entities.pos is None and slim.graph.degree is None
+    # the id -> row maps are the packed ids themselves (and, for ids out of order, their order), no dict
+    assert slim.chunks.pos.ids is slim.chunks.ids and slim.entities.pos.ids is slim.entities.ids
+    assert slim.entities.pos.order is None and slim.chunks.doc_pos.doc_ids is slim.chunks.doc_ids
+    # what a load derives again: degrees, the entities' document frequencies, the rows' projections
+    assert slim.graph.degree is None
     assert slim.entities.df is None and slim.entities.near.head is None and slim.facts.near.head is None
     assert slim.chunks.ids == built.chunks.ids and slim.graph.adjacency.matrix().nnz == built.graph.edges
     clear_cache()
@@ -178,7 +181,7 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
     assert (cached.communities.coverage != built.communities.coverage).nnz == 0
     assert dict(cached.graph.node_pos) == {**built.entities.pos, **{c: built.n_entities + i for i, c in
                                                                      enumerate(built.chunks.ids)}}
-    assert list(cached.graph.node_ids) == built.entities.ids + built.chunks.ids
+    assert list(cached.graph.node_ids) == [*built.entities.ids, *built.chunks.ids]
     whole = pickle.dumps(replace(built, graph=replace(built.graph, matvec32=None)), protocol=5)
     assert cache.stat().st_size < len(whole) - sum(len(t) for t in [*built.chunks.texts, *built.facts.texts])
 

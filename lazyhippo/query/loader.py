@@ -42,7 +42,7 @@ from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
 from lazyhippo.graph.ppr import parallel_matvec
 from lazyhippo.query.nearest import Clusters, CosineBound, Int8Rows
-from lazyhippo.query.packing import Ascending, Texts, unpacked
+from lazyhippo.query.packing import Ascending, DocRows, Rows, Texts, unpacked
 from lazyhippo.query.text import norm_key, tokens
 from lazyhippo.settings import Settings
 
@@ -54,8 +54,8 @@ if TYPE_CHECKING:  # bm25s and pyarrow are imported when an index is built, not 
 class Chunks:
     """Passages; row order = chunk index."""
 
-    ids: list[str]
-    pos: dict[str, int]
+    ids: "Texts"
+    pos: "Rows"
     doc_ids: list[str]
     titles: list[str]
     sections: list[str | None]
@@ -67,14 +67,14 @@ class Chunks:
     sources: list[str]
     vecs: Int8Rows                    # (n_chunks, dim), zero rows where a chunk has no vector
     title_index: KeyRows              # norm_key(document title) -> chunk indices
-    doc_pos: dict[tuple[str, int], int]  # (doc_id, position) -> chunk index, for neighbours
+    doc_pos: Mapping[tuple[str, int], int]  # (doc_id, position) -> chunk index, for neighbours
     near: Clusters | None = None      # from `APPROX_MIN_ROWS` chunks: the question's passages by clusters
 
 
 @dataclass(frozen=True)
 class Entities:
-    ids: list[str]
-    pos: dict[str, int]
+    ids: "Texts"
+    pos: "Rows"
     names: "Texts"
     types: list[str]
     vecs: Int8Rows
@@ -191,11 +191,11 @@ class GraphIndex:
 
 @dataclass(frozen=True, eq=False)
 class NodeIds(Sequence):
-    """The graph's node ids, the entities' then the chunks', read through the parts' own lists: a list of them
+    """The graph's node ids, the entities' then the chunks', read through the parts' own ids: a list of them
     all was a million more pointers in memory and 25 MB of the disk cache at 100,000 documents."""
 
-    entities: list[str]
-    chunks: list[str]
+    entities: Sequence[str]
+    chunks: Sequence[str]
 
     def __len__(self) -> int:
         return len(self.entities) + len(self.chunks)
@@ -216,8 +216,8 @@ class NodePositions(Mapping):
     """Node id -> node index, read through the entities' and chunks' own maps (a dict of every node was 100 MB
     at 100,000 documents)."""
 
-    entities: dict[str, int]
-    chunks: dict[str, int]
+    entities: Mapping[str, int]
+    chunks: Mapping[str, int]
 
     def __getitem__(self, key: str) -> int:
         c = self.chunks.get(key)
@@ -344,22 +344,22 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
         SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, c.text, c.content_hash, c.n_tokens,
                coalesce(d.source, c.doc_id) AS source
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
-        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts=("text",))
+        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts=("chunk_id", "text"))
     ids = ch["chunk_id"]
-    pos = _positions(ids)
+    pos = Rows.of(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
     positions = np.asarray(ch["position"], dtype=np.int64)
-    # a document's id, title, section and source once, not once per passage
-    return Chunks(ids=ids, pos=pos, doc_ids=_shared(ch["doc_id"]), titles=_shared([t or "" for t in ch["title"]]),
+    doc_ids = _shared(ch["doc_id"])  # a document's id, title, section and source once, not once per passage
+    return Chunks(ids=ids, pos=pos, doc_ids=doc_ids, titles=_shared([t or "" for t in ch["title"]]),
                   sections=_shared(ch["section"]), pages=ch["page"], positions=positions, texts=ch["text"],
                   content_hashes=ch["content_hash"], n_tokens=np.asarray(ch["n_tokens"], dtype=np.int64),
                   sources=_shared(ch["source"]), vecs=vecs, title_index=_index_of(ch["title"]),
-                  doc_pos=_doc_positions(ch["doc_id"], positions), near=Clusters.of_large(vecs)), model
+                  doc_pos=_doc_positions(doc_ids, positions), near=Clusters.of_large(vecs)), model
 
 
-def _mention_counts(con, ns: dict, chunk_ids: list[str], entity_ids: list[str]) -> sp.csr_matrix:
+def _mention_counts(con, ns: dict, chunk_ids: Texts, entity_ids: Texts) -> sp.csr_matrix:
     mt = _table(con, "SELECT chunk_id, entity_id, count FROM mentions WHERE namespace = $ns", ns)
-    rows, cols = positions(chunk_ids, mt.column("chunk_id")), positions(entity_ids, mt.column("entity_id"))
+    rows, cols = (positions(_strings(ids), mt.column(key)) for ids, key in ((chunk_ids, "chunk_id"), (entity_ids, "entity_id")))
     keep = (rows >= 0) & (cols >= 0)
     vals = mt.column("count").to_numpy().astype(np.float32)[keep]
     return sp.csr_matrix((vals, (rows[keep], cols[keep])), shape=(len(chunk_ids), len(entity_ids)), dtype=np.float32)
@@ -367,10 +367,10 @@ def _mention_counts(con, ns: dict, chunk_ids: list[str], entity_ids: list[str]) 
 
 def _entities(con, ns: dict, en: dict, counts: sp.csr_matrix, scores, dim: int) -> Entities:
     ids = en["entity_id"]
-    pos = _positions(ids)
+    pos = Rows.of(ids)
     df, idf = _entity_df(counts)
     pagerank = np.zeros(len(ids))
-    rows = positions(ids, scores.column("entity_id"))
+    rows = positions(_strings(ids), scores.column("entity_id"))
     keep = rows >= 0
     pagerank[rows[keep]] = scores.column("pagerank").to_numpy()[keep]
     vecs, _ = _vectors(con, ns["ns"], "entity", ids)
@@ -393,8 +393,8 @@ def _positions(ids: list) -> dict:
     return dict(zip(ids, range(len(ids))))
 
 
-def _doc_positions(doc_ids: list[str], positions: np.ndarray) -> dict[tuple[str, int], int]:
-    return _positions(list(zip(doc_ids, positions.tolist())))
+def _doc_positions(doc_ids: list[str], positions: np.ndarray) -> Mapping[tuple[str, int], int]:
+    return DocRows.of(doc_ids, positions) or _positions(list(zip(doc_ids, positions.tolist())))
 
 
 def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Mentions:
@@ -416,7 +416,7 @@ def _mentions(counts: sp.csr_matrix, chunks: Chunks, entities: Entities) -> Ment
     return Mentions(counts=counts, title_entity=title_entity, title_base_entity=title_base_entity)
 
 
-def _facts(con, ns: dict, chunks: Chunks, entity_ids: list[str], dim: int) -> Facts:
+def _facts(con, ns: dict, chunks: Chunks, entity_ids: Texts, dim: int) -> Facts:
     """Read by batches, entity lists flattened in Arrow: no loop over a million facts and their entity lists, and
     never the whole table in Arrow (its entity id lists and their flattened copy: +83 MB at 10,000 documents)."""
     import pyarrow as pa
@@ -631,7 +631,7 @@ def build_index(con, namespace: str, db_path: str, params: GraphParams) -> Graph
     chunks, model = _chunks(con, ns)
     dim = _graph_dim(con, ns) or chunks.vecs.shape[1]
     en = _pydict(con, "SELECT entity_id, name, type FROM entities WHERE namespace = $ns ORDER BY entity_id", ns,
-                 texts=("name",))
+                 texts=("entity_id", "name"))
     counts = _mention_counts(con, ns, chunks.ids, en["entity_id"])
     scores = _table(con, "SELECT entity_id, pagerank FROM entity_scores WHERE namespace = $ns", ns)
     entities = _entities(con, ns, en, counts, scores, dim)
@@ -793,15 +793,15 @@ def _slim(name: str, part):
     """What the disk cache holds of one part of the index: the part without what the snapshot beside it already
     stores compactly (the int8 vectors, the passage and fact texts) or what is quick to derive (the walk's
     transition and the degrees, from the adjacency; the nearest-row bounds' projections, from the vectors and the
-    axes; id -> row maps and the graph's node ids, from the id lists; the entities' document frequencies, from
+    axes; the graph's node ids and maps, from the parts' ids and maps; the entities' document frequencies, from
     the mentions), with the adjacency as one triangle and integer-valued matrices in small integer types: at
     10,000 documents 212 MB of cache held 78 MB of such vectors and texts and 21 MB of transition values; at
     100,000, 1,566 MB held 49 MB of facts by entity (a transpose) and 110 MB of passages' community coverage (a
     product of the mentions)."""
     if name == "chunks":
-        return replace(part, vecs=None, texts=None, pos=None, doc_pos=None)
+        return replace(part, vecs=None, texts=None)
     if name == "entities":
-        return replace(part, vecs=None, pos=None, df=None, idf=None, near=_axes_only(part.near))
+        return replace(part, vecs=None, df=None, idf=None, near=_axes_only(part.near))
     if name == "mentions":
         return replace(part, counts=_IntegerCSR.of(part.counts))
     if name == "facts":
@@ -959,31 +959,28 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
     Read through DuckDB's numpy results, not Arrow: importing Arrow (and what its conversions import) took longer
     than the rest of a cached load."""
     ns = idx.namespace
-    chunk_pos, entity_pos, fact_pos = (_positions(ids) for ids in (idx.chunks.ids, idx.entities.ids, idx.facts.ids))
-    chunk_vecs = _stored_vectors(con, ns, "chunk", idx.chunks.ids, chunk_pos)
-    vecs = {kind: _fit_dim(_stored_vectors(con, ns, kind, ids, pos), idx.dim) for kind, ids, pos in
-            (("entity", idx.entities.ids, entity_pos), ("fact", idx.facts.ids, fact_pos),
-             ("community", idx.communities.ids, _positions(idx.communities.ids)))}
+    chunk_vecs = _stored_vectors(con, ns, "chunk", idx.chunks.ids)
+    vecs = {kind: _fit_dim(_stored_vectors(con, ns, kind, ids), idx.dim) for kind, ids in
+            (("entity", idx.entities.ids), ("fact", idx.facts.ids), ("community", idx.communities.ids))}
     t32, columns32, degree = _transitions(_matrix(idx.graph.adjacency))
     counts, fact_entities = _csr(idx.mentions.counts), _csr(idx.facts.entities)
     df, idf = _entity_df(counts)
     return replace(
-        idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=_texts(con, "chunks", "chunk_id", ns, chunk_pos),
-                            pos=chunk_pos, doc_pos=_doc_positions(idx.chunks.doc_ids, idx.chunks.positions)),
-        entities=replace(idx.entities, vecs=vecs["entity"], pos=entity_pos, df=df, idf=idf,
+        idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=_texts(con, "chunks", "chunk_id", ns, idx.chunks.ids)),
+        entities=replace(idx.entities, vecs=vecs["entity"], df=df, idf=idf,
                          near=_with_rows(idx.entities.near, vecs["entity"])),
         mentions=replace(idx.mentions, counts=counts),
-        facts=replace(idx.facts, vecs=vecs["fact"], texts=_texts(con, "facts", "fact_id", ns, fact_pos),
+        facts=replace(idx.facts, vecs=vecs["fact"], texts=_texts(con, "facts", "fact_id", ns, idx.facts.ids),
                       entities=fact_entities, by_entity=fact_entities.T.tocsr(),
                       near=_with_rows(idx.facts.near, vecs["fact"])),
         communities=replace(idx.communities, vecs=vecs["community"],
                             coverage=_coverage(counts, idx.communities.members)),
         graph=replace(idx.graph, dangling=degree <= 0, degree=degree,
-                      node_ids=NodeIds(idx.entities.ids, idx.chunks.ids), node_pos=NodePositions(entity_pos, chunk_pos),
+                      node_ids=NodeIds(idx.entities.ids, idx.chunks.ids), node_pos=NodePositions(idx.entities.pos, idx.chunks.pos),
                       transition32=t32, columns32=columns32, matvec32=_matvec(t32)))
 
 
-def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]) -> Int8Rows:
+def _stored_vectors(con, ns: str, kind: str, ids: Sequence[str]) -> Int8Rows:
     """`_vectors` of codes stored as TINYINT[] (a snapshot published before the codes were BLOBs), as numpy arrays
     straight from DuckDB; BLOBs of codes, read as they are, and a snapshot's float vectors go through `_vectors`."""
     from lazyhippo.stores.warehouse import vector_type
@@ -1003,6 +1000,7 @@ def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]
     flat = con.execute(f"SELECT unnest(vector) AS v {where}", p).fetchnumpy()["v"]
     if len(flat) != len(head["item_id"]) * dim:
         raise KeyError(f"the {kind} vectors changed while they were read")
+    pos = _positions(ids)
     rows = np.fromiter((pos.get(i, -1) for i in head["item_id"]), dtype=np.int64, count=len(head["item_id"]))
     keep = rows >= 0
     out = Int8Rows.zeros(len(ids), dim)
@@ -1011,11 +1009,12 @@ def _stored_vectors(con, ns: str, kind: str, ids: list[str], pos: dict[str, int]
     return out
 
 
-def _texts(con, table: str, key: str, ns: str, pos: dict[str, int]) -> Texts:
-    """The `text` of `table`'s rows in the order `pos` gives their keys; KeyError when a key has no row. Read by
+def _texts(con, table: str, key: str, ns: str, ids: Sequence[str]) -> Texts:
+    """The `text` of `table`'s rows in the order of their keys `ids`; KeyError when a key has no row. Read by
     batches, each text kept as its UTF-8 bytes until all are joined: all rows as Python tuples of strings took
-    more than the texts' buffer."""
-    out: list = [None] * len(pos)
+    more than the texts' buffer. The keys' dict lives for the read only."""
+    pos = _positions(ids)
+    out: list = [None] * len(ids)
     con.execute(f"SELECT {key}, text FROM {table} WHERE namespace = ?", [ns])
     while rows := con.fetchmany(_BATCH_ROWS):
         for k, text in rows:

@@ -52,16 +52,21 @@ def served_adjacency(edges: ServedEdges, index, params: GraphParams) -> sp.csr_m
     know are left out, as the loader leaves out rows without an entity. Which entity a passage's title names
     is derived from names and titles the way the loader derives it (`index.mentions.title_entity`), so the
     title edges are the same on both stores."""
-    epos, cpos = index.entities.pos, index.chunks.pos
-    n_e, n_p = len(index.entities.ids), len(index.chunks.ids)
-    kept = [(cpos[c], epos[e], float(n)) for c, e, n in edges.mentions if c in cpos and e in epos]
-    rows, cols, counts = (np.asarray(x) for x in zip(*kept)) if kept else ([], [], [])
+    from lazyhippo.graph.algorithms import positions
+
+    entity_ids, chunk_ids = index.entities.ids.arrow(), index.chunks.ids.arrow()  # looked up in Arrow, at once
+    n_e, n_p = len(entity_ids), len(chunk_ids)
+    mentions = edges.mentions
+    rows = positions(chunk_ids, [c for c, _, _ in mentions])
+    cols = positions(entity_ids, [e for _, e, _ in mentions])
+    keep = (rows >= 0) & (cols >= 0)
+    counts = np.asarray([n for _, _, n in mentions], dtype=np.float32).reshape(-1)[keep]
     # one (chunk, entity) entry per mention row, in canonical order, as the loader's count matrix has it
-    counts_m = sp.coo_matrix((np.asarray(counts, dtype=np.float32), (rows, cols)), shape=(n_p, n_e)).tocsr().tocoo()
+    counts_m = sp.coo_matrix((counts, (rows[keep], cols[keep])), shape=(n_p, n_e)).tocsr().tocoo()
     is_title = index.mentions.title_entity[counts_m.row] == counts_m.col
     return passage_adjacency(
         params, n_e, n_p, [edges.entity_types.get(e, "") for e in index.entities.ids],
-        EntityEdges.of(index.entities.ids, *edges.relations), EntityEdges.of(index.entities.ids, *edges.synonyms),
+        EntityEdges.of(entity_ids, *edges.relations), EntityEdges.of(entity_ids, *edges.synonyms),
         counts_m, is_title)
 
 
