@@ -42,7 +42,7 @@ from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
 from lazyhippo.graph.ppr import parallel_matvec
 from lazyhippo.query.nearest import Clusters, CosineBound, Int8Rows
-from lazyhippo.query.packing import Ascending, DocRows, Rows, Texts, unpacked
+from lazyhippo.query.packing import Ascending, DocRows, KeyRows, Rows, Texts, unpacked
 from lazyhippo.query.text import norm_key, tokens
 from lazyhippo.settings import Settings
 
@@ -62,7 +62,7 @@ class Chunks:
     pages: list[int | None]
     positions: np.ndarray
     texts: "Texts"
-    content_hashes: list[str]
+    content_hashes: "Texts"
     n_tokens: np.ndarray
     sources: list[str]
     vecs: Int8Rows                    # (n_chunks, dim), zero rows where a chunk has no vector
@@ -313,30 +313,10 @@ def _fit_dim(mat: Int8Rows, dim: int) -> Int8Rows:
     return mat if mat.shape[1] == dim else Int8Rows.zeros(len(mat), dim)
 
 
-class KeyRows(dict):
-    """norm_key -> row indices: pickled as one flat array and offsets, since tens of thousands of small numpy
-    arrays take most of the time of loading a cached index."""
-
-    def __reduce__(self):
-        rows = [np.asarray(v, dtype=np.int64) for v in self.values()]
-        flat = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-        return _key_rows, (list(self), flat, np.cumsum([len(r) for r in rows])[:-1])
-
-
-def _key_rows(keys: list[str], flat: np.ndarray, cuts: np.ndarray) -> KeyRows:
-    """The views np.split gives, by slicing: its per-piece bookkeeping took ten times as long on 42k keys."""
-    bounds = [0, *cuts.tolist(), len(flat)]
-    return KeyRows(zip(keys, [flat[a:b] for a, b in zip(bounds, bounds[1:])]))
-
-
 def _index_of(keys) -> KeyRows:
-    """norm_key(key) -> indices of the rows carrying it, in row order (keys in order of first appearance; empty
-    keys and nulls left out). Keyed and grouped in Arrow and numpy: no Python call per row."""
+    """norm_key(key) -> indices of the rows carrying it, in row order (empty keys and nulls left out)."""
     encoded = norm_keys(_strings(keys)).dictionary_encode()
-    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    rows = np.argsort(codes, kind="stable")[np.count_nonzero(codes < 0):]  # by key, row order kept within one
-    groups = np.split(rows, np.cumsum(np.bincount(codes[codes >= 0], minlength=len(encoded.dictionary)))[:-1])
-    return KeyRows((k, g) for k, g in zip(encoded.dictionary.to_pylist(), groups) if k)
+    return KeyRows.of(encoded.dictionary, encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False))
 
 
 def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
@@ -344,7 +324,7 @@ def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
         SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, c.text, c.content_hash, c.n_tokens,
                coalesce(d.source, c.doc_id) AS source
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
-        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts=("chunk_id", "text"))
+        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts=("chunk_id", "text", "content_hash"))
     ids = ch["chunk_id"]
     pos = Rows.of(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
