@@ -565,6 +565,7 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     release_cache(con)
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
+    del edges, mc  # the edges' columns (16 bytes a relation) before the triangle's and the transitions' copies
     adjacency.sort_indices()
     triangle = _Triangle.of(adjacency)  # before the transitions: its transpose's copy is then the peak alone
     t32, columns32, degree = _transitions(adjacency)
@@ -602,10 +603,7 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix | None, sp.csc
     degree = np.asarray(a.sum(axis=1)).ravel()
     inv = np.zeros_like(degree)
     inv[degree > 0] = 1.0 / degree[degree > 0]
-    scaled = np.repeat(inv, np.diff(a.indptr))  # each entry's 1 / degree of its row
-    scaled *= a.data
-    columns32 = sp.csc_matrix((scaled.astype(np.float32), a.indices, a.indptr), shape=a.shape[::-1])
-    del scaled
+    columns32 = sp.csc_matrix((_scaled32(a, inv), a.indices, a.indptr), shape=a.shape[::-1])
     if a.nnz >= ppr.PUSH_MIN_EDGES:
         columns32.indptr, columns32.indices = a.indptr, a.indices
         return None, columns32, degree
@@ -615,6 +613,22 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix | None, sp.csc
         if np.array_equal(m.indptr, a.indptr) and np.array_equal(m.indices, a.indices):
             m.indptr, m.indices = a.indptr, a.indices
     return t32, columns32, degree
+
+
+def _scaled32(a: sp.csr_matrix, inv: np.ndarray) -> np.ndarray:
+    """Each entry of `a` times its row's `inv`, in float32, by blocks of rows: the float64 products of all the
+    entries beside their float32 copy were 12 bytes an entry at once."""
+    out = np.empty(a.nnz, dtype=np.float32)
+    cuts = np.unique(np.searchsorted(a.indptr, np.arange(0, a.nnz, _SCALE_BLOCK), side="right") - 1)
+    for r0, r1 in zip(cuts, [*cuts[1:], a.shape[0]]):
+        s, e = a.indptr[r0], a.indptr[r1]
+        block = np.repeat(inv[r0:r1], np.diff(a.indptr[r0:r1 + 1]))
+        block *= a.data[s:e]
+        out[s:e] = block
+    return out
+
+
+_SCALE_BLOCK = 1 << 20  # entries scaled at once
 
 
 def _matvec(t32: sp.csr_matrix | None) -> Callable | None:
@@ -888,11 +902,11 @@ class _Triangle:
         mirrored = a.tocsc()
         if not (np.array_equal(mirrored.indptr, a.indptr) and np.array_equal(mirrored.indices, a.indices)):
             return a
-        rows = np.repeat(np.arange(n, dtype=a.indices.dtype), np.diff(a.indptr))
-        upper = a.indices >= rows
         bits = f"u{a.data.dtype.itemsize}"  # compared bit for bit
         differs = a.data.view(bits) != mirrored.data.view(bits)
-        del mirrored
+        del mirrored  # before the rows and the triangle's mask: the three beside it were the graph build's peak
+        rows = np.repeat(np.arange(n, dtype=a.indices.dtype), np.diff(a.indptr))
+        upper = a.indices >= rows
         differs &= ~upper
         fixed_at = np.flatnonzero(differs)
         del differs
