@@ -545,6 +545,7 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
     release_cache(con)
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
+    del edges, mc  # the edges' columns (16 bytes a relation) before the triangle's and the transitions' copies
     adjacency.sort_indices()
     triangle = _Triangle.of(adjacency)  # before the transitions: its transpose's copy is then the peak alone
     t32, columns32, degree = _transitions(adjacency)
@@ -557,14 +558,18 @@ def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entitie
 def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
     """The edges of `table` over entity positions (the rank of the id, as `entities.ids` is ordered), joined in
     DuckDB: 13.7M relations read as two columns of ids took 3 GB of Arrow strings to look up. In the table's own
-    order, as `passage_adjacency` sums duplicates in the order it meets them; edges to no entity are left out."""
+    order, as `passage_adjacency` sums duplicates in the order it meets them, put so by a numpy sort of the row
+    ids: DuckDB's ORDER BY held 120 MB more at 50,000 documents (6.6M relations) and took longer; edges to no
+    entity are left out."""
     rows = con.execute(f"""
         WITH e AS (SELECT entity_id, row_number() OVER (ORDER BY entity_id) - 1 AS pos
                    FROM entities WHERE namespace = $ns)
-        SELECT s.pos::INTEGER AS source, t.pos::INTEGER AS target, coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
+        SELECT r.rowid AS at, s.pos::INTEGER AS source, t.pos::INTEGER AS target,
+               coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
         FROM {table} r JOIN e s ON s.entity_id = r.source_id JOIN e t ON t.entity_id = r.target_id
-        WHERE r.namespace = $ns ORDER BY r.rowid""", ns).fetchnumpy()
-    return EntityEdges(*(np.asarray(rows[c], dtype=d) for c, d in
+        WHERE r.namespace = $ns""", ns).fetchnumpy()
+    order = np.argsort(np.asarray(rows.pop("at")), kind="stable")
+    return EntityEdges(*(np.asarray(rows.pop(c), dtype=d)[order] for c, d in
                          (("source", np.int32), ("target", np.int32), ("weight", np.float64))))
 
 
@@ -582,10 +587,7 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix | None, sp.csc
     degree = np.asarray(a.sum(axis=1)).ravel()
     inv = np.zeros_like(degree)
     inv[degree > 0] = 1.0 / degree[degree > 0]
-    scaled = np.repeat(inv, np.diff(a.indptr))  # each entry's 1 / degree of its row
-    scaled *= a.data
-    columns32 = sp.csc_matrix((scaled.astype(np.float32), a.indices, a.indptr), shape=a.shape[::-1])
-    del scaled
+    columns32 = sp.csc_matrix((_scaled32(a, inv), a.indices, a.indptr), shape=a.shape[::-1])
     if a.nnz >= ppr.PUSH_MIN_EDGES:
         columns32.indptr, columns32.indices = a.indptr, a.indices
         return None, columns32, degree
@@ -595,6 +597,22 @@ def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix | None, sp.csc
         if np.array_equal(m.indptr, a.indptr) and np.array_equal(m.indices, a.indices):
             m.indptr, m.indices = a.indptr, a.indices
     return t32, columns32, degree
+
+
+def _scaled32(a: sp.csr_matrix, inv: np.ndarray) -> np.ndarray:
+    """Each entry of `a` times its row's `inv`, in float32, by blocks of rows: the float64 products of all the
+    entries beside their float32 copy were 12 bytes an entry at once."""
+    out = np.empty(a.nnz, dtype=np.float32)
+    cuts = np.unique(np.searchsorted(a.indptr, np.arange(0, a.nnz, _SCALE_BLOCK), side="right") - 1)
+    for r0, r1 in zip(cuts, [*cuts[1:], a.shape[0]]):
+        s, e = a.indptr[r0], a.indptr[r1]
+        block = np.repeat(inv[r0:r1], np.diff(a.indptr[r0:r1 + 1]))
+        block *= a.data[s:e]
+        out[s:e] = block
+    return out
+
+
+_SCALE_BLOCK = 1 << 20  # entries scaled at once
 
 
 def _matvec(t32: sp.csr_matrix | None) -> Callable | None:
@@ -868,11 +886,11 @@ class _Triangle:
         mirrored = a.tocsc()
         if not (np.array_equal(mirrored.indptr, a.indptr) and np.array_equal(mirrored.indices, a.indices)):
             return a
-        rows = np.repeat(np.arange(n, dtype=a.indices.dtype), np.diff(a.indptr))
-        upper = a.indices >= rows
         bits = f"u{a.data.dtype.itemsize}"  # compared bit for bit
         differs = a.data.view(bits) != mirrored.data.view(bits)
-        del mirrored
+        del mirrored  # before the rows and the triangle's mask: the three beside it were the graph build's peak
+        rows = np.repeat(np.arange(n, dtype=a.indices.dtype), np.diff(a.indptr))
+        upper = a.indices >= rows
         differs &= ~upper
         fixed_at = np.flatnonzero(differs)
         del differs
