@@ -117,13 +117,8 @@ def test_the_cache_keeps_vectors_as_int8_and_one_copy_of_the_graph_structure(tmp
     assert (g.columns32 != g.transition32.tocsc()).nnz == 0  # the column form is still the transition's
 
 
-def test_an_index_holds_the_walks_transitions_not_the_float64_adjacency_nor_a_dense_coverage(tmp_path):
-    """Built or read from the cache, the graph holds the float64 adjacency only as its triangle (no per-edge array
-    of float64) and the passages' community coverage sparse; both still give the matrices they stood for."""
-    import scipy.sparse as sp
-
-    from lazyhippo.query.loader import _Triangle
-
+def _built_and_cached(tmp_path) -> tuple:
+    """The sample corpus's settings and index, as built and as read from the cache the build wrote."""
     settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
     run_index(settings)
     clear_cache()
@@ -131,6 +126,17 @@ def test_an_index_holds_the_walks_transitions_not_the_float64_adjacency_nor_a_de
     clear_cache()
     cached = load_index(settings)
     assert cached.stats["cached"] and not built.stats.get("cached")
+    return settings, built, cached
+
+
+def test_an_index_holds_the_walks_transitions_not_the_float64_adjacency_nor_a_dense_coverage(tmp_path):
+    """Built or read from the cache, the graph holds the float64 adjacency only as its triangle (no per-edge array
+    of float64) and the passages' community coverage sparse; both still give the matrices they stood for."""
+    import scipy.sparse as sp
+
+    from lazyhippo.query.loader import _Triangle
+
+    settings, built, cached = _built_and_cached(tmp_path)
     for idx in (built, cached):
         g = idx.graph
         per_edge = [v for part in vars(g).values() for v in (vars(part).values() if sp.issparse(part) else [part])
@@ -253,13 +259,7 @@ def test_a_cached_load_is_the_built_index_to_the_bit(tmp_path):
     """Everything a load derives again from the compact cache (the adjacency from its triangle, BM25 scores from
     term counts, the nearest-row projections from the vectors, id maps, degrees, document frequencies) is what
     building gives: every array to the bit, every map in the same order."""
-    settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
-    run_index(settings)
-    clear_cache()
-    built = load_index(settings)
-    clear_cache()
-    cached = load_index(settings)
-    assert cached.stats["cached"] and not built.stats.get("cached")
+    settings, built, cached = _built_and_cached(tmp_path)
     _same(built, cached)
     for lexical in (cached.lexical, cached.facts.lexical):
         assert lexical.vocab is lexical.bm25.vocab_dict  # the vocabulary held once
