@@ -13,7 +13,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.stages.common import with_namespace
 from lazyhippo.stages.results import CommunitiesResult
 from lazyhippo.stores.graphs import GraphStore
-from lazyhippo.stores.warehouse import community_members, replace_rows, transaction
+from lazyhippo.stores.warehouse import community_members, release_cache, replace_rows, transaction
 
 
 def entity_graph(con: duckdb.DuckDBPyConnection, namespace: str) -> tuple[list[str], MergedGraph]:
@@ -54,6 +54,7 @@ def build_communities(settings: Settings, con: duckdb.DuckDBPyConnection, store:
         return _communities_result(con, ns, algorithm, reused=True)
     nodes, edges = entity_graph(con, ns)
     initial = _seeds(con, ns, nodes, len(resolutions)) if algorithm == "leiden" else None
+    release_cache(con)  # what the edges' sort and joins left cached (~430 MB at 50,000 documents) goes before igraph
     comm, seeded = store.communities(ns, nodes, edges, algorithm, initial, resolutions), initial is not None
     # each phase's objects go before the next one starts: the levels' dicts (one per level, an entry per entity)
     # before PageRank's adjacency is built, the edges before the rows are written
