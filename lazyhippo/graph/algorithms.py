@@ -418,7 +418,9 @@ def merge_sorted(batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], c
         m += 1
     if pairs is None:
         return MergedGraph(np.empty((0, 2), dtype=np.int64), np.empty(0))
-    return MergedGraph(pairs[:m], weights[:m])
+    pairs.resize((m, 2), refcheck=False)  # in place: the rows merged away go back now, not when the graph does
+    weights.resize(m, refcheck=False)
+    return MergedGraph(pairs, weights)
 
 
 def renumbered_by_size(membership: list[int]) -> list[int]:
@@ -502,21 +504,41 @@ def pagerank(node_ids: list[str], edges: "MergedGraph | Edges | Iterable[tuple[s
     inv = np.zeros_like(out_w)
     inv[~dangling] = 1.0 / out_w[~dangling]
     # column-stochastic transition (ppr.transition_matrix): M[i, j] = A[j, i] / w_j, and A is symmetric, so M is
-    # A's own layout with each entry scaled by its column's 1 / w_j: the same bits, its index arrays shared
-    adjacency.data *= inv[adjacency.indices]
+    # A's own layout with each entry scaled by its column's 1 / w_j: the same bits, its index arrays shared; a
+    # block at a time, so the factors are never a second array as long as the data
+    for start in range(0, adjacency.nnz, CSR_BLOCK):
+        adjacency.data[start:start + CSR_BLOCK] *= inv[adjacency.indices[start:start + CSR_BLOCK]]
     scores = personalized_pagerank(adjacency, np.ones(n), damping, tol=1e-13, max_iter=1000, dangling=dangling).scores
     return dict(zip(node_ids, scores.tolist()))
 
 
+CSR_BLOCK = 1 << 20  # entries placed or scaled at a time while a graph's CSR is built: 8 MB per temporary
+
+
 def symmetric_csr(n: int, merged: MergedGraph):
     """Both directions of the merged graph as one canonical CSR matrix (sorted indices, one entry per pair),
-    built from the (smaller, larger) pairs in key order: they already are the upper triangle's rows, so no
-    COO triplets of both directions (three arrays of 2m entries) are sorted."""
+    written straight into its final arrays from the (smaller, larger) pairs in key order, a block of pairs at
+    a time: row i holds the pairs (j, i) first (j < i, met in the order of j) and then (i, j) (j > i, in the
+    order of j), so no transpose and no sum of two matrices (three times the result's memory) is made."""
     import scipy.sparse as sp
 
-    index = np.int32 if n < 2**31 and len(merged) < 2**30 else np.int64
-    rows, cols = merged.pairs[:, 0], merged.pairs[:, 1].astype(index)
-    indptr = np.zeros(n + 1, dtype=index)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    upper = sp.csr_matrix((merged.weights, cols, indptr), shape=(n, n))
-    return (upper + upper.T).tocsr()
+    index = np.int32 if n < 2**31 and 2 * len(merged) < 2**31 else np.int64
+    lo, hi, w = merged.pairs[:, 0], merged.pairs[:, 1], merged.weights
+    below, above = np.bincount(hi, minlength=n), np.bincount(lo, minlength=n)  # per row: entries left, right of i
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(below + above, out=indptr[1:])
+    indices, data = np.empty(indptr[-1], dtype=index), np.empty(indptr[-1], dtype=np.float64)
+    right = indptr[:-1] + below - (np.cumsum(above) - above)  # pair k of row i (k-th overall) goes to right[i] + k
+    left = indptr[:-1].copy()  # the next free place among each row's entries left of its diagonal
+    for start in range(0, len(merged), CSR_BLOCK):
+        span = slice(start, start + CSR_BLOCK)
+        a, b = lo[span], hi[span]
+        at = right[a] + np.arange(start, start + len(a))
+        indices[at], data[at] = b, w[span]
+        order = np.argsort(b, kind="stable")  # the block's pairs by row b, each row's in the order of a
+        rows = b[order]
+        first = np.searchsorted(rows, rows)  # where each row's run starts within the block
+        at = left[rows] + np.arange(len(rows)) - first
+        indices[at], data[at] = a[order], w[span][order]
+        left += np.bincount(b, minlength=n)
+    return sp.csr_matrix((data, indices, indptr.astype(index)), shape=(n, n))
