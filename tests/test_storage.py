@@ -123,7 +123,7 @@ def test_a_warehouse_with_codes_as_lists_gets_the_same_codes_as_blobs_once_on_op
 
     def read(con) -> tuple:
         ids, q, s = read_stored_vectors(con, "default", "entity", batch=30_000)
-        loaded = _stored_vectors(con, "default", "entity", sorted(names), {n: i for i, n in enumerate(sorted(names))})
+        loaded = _stored_vectors(con, "default", "entity", sorted(names))
         floats = con.execute(f"SELECT {float_vector_sql(con)} FROM embeddings WHERE item_id = ?", [names[0]]).fetchall()
         return ids, q, s, loaded.q, loaded.scale, np.array(floats[0][0], dtype=np.float32), _graph_dim(con, {"ns": "default"})
 
