@@ -28,7 +28,8 @@ import duckdb
 from lazyhippo.stores.warehouse import BLOCK_SIZE
 
 # per table: its key column beside chunk_id, and its list column
-SHAPES = {"extracted_facts": ("fact_idx INTEGER", "names VARCHAR[]"), "facts": ("fact_id VARCHAR", "entity_ids VARCHAR[]")}
+SHAPES = {"extracted_facts": ("fact_idx INTEGER", "names VARCHAR[]"),
+          "facts": ("fact_id VARCHAR", "entity_ids VARCHAR[]")}
 CAP = {"threads": 2, "memory_limit": "512MB"}
 
 
