@@ -234,8 +234,11 @@ def test_facts_and_vectors_read_by_batches_are_the_index_read_at_once(tmp_path, 
     monkeypatch.setattr(loader, "_VECTOR_BATCH_ROWS", 5)
     batched = built()
     assert len(whole.facts.ids) > 3 * 5 and whole.facts.entities.nnz > len(whole.facts.ids)
-    for a, b in ((whole.facts.ids, batched.facts.ids), (whole.facts.texts, batched.facts.texts)):
-        assert a.data.tobytes() == b.data.tobytes() and a.offsets.tobytes() == b.offsets.tobytes()
+    assert whole.facts.ids.data.tobytes() == batched.facts.ids.data.tobytes()
+    assert whole.facts.ids.offsets.tobytes() == batched.facts.ids.offsets.tobytes()
+    assert list(whole.facts.texts) == list(batched.facts.texts)
+    for part in ("row", "start", "length"):
+        assert getattr(whole.facts.texts, part).tobytes() == getattr(batched.facts.texts, part).tobytes()
     for a, b in ((whole.facts.chunk, batched.facts.chunk), (whole.facts.vecs.q, batched.facts.vecs.q),
                  (whole.entities.vecs.q, batched.entities.vecs.q), (whole.chunks.vecs.q, batched.chunks.vecs.q),
                  (whole.entities.vecs.scale, batched.entities.vecs.scale)):
@@ -245,6 +248,20 @@ def test_facts_and_vectors_read_by_batches_are_the_index_read_at_once(tmp_path, 
     a, b = whole.facts.lexical.bm25, batched.facts.lexical.bm25
     assert a.counts.tobytes() == b.counts.tobytes() and a.lengths.tobytes() == b.lengths.tobytes()
     assert a.scores["indices"].tobytes() == b.scores["indices"].tobytes()
+
+
+def test_spans_read_each_text_from_its_passage_or_whole_when_it_is_not_there():
+    from lazyhippo.query.packing import Spans, Texts
+
+    passages = Texts.of_bytes([s.encode() for s in ("Zoë Ä. Straße über Köln. 東京は大きい。", "Plain text. Again.")])
+    rows = np.array([0, 0, 1, 0, 1, 0])
+    texts = ["Straße über Köln.", "東京は大きい。", "Again.", "not in its passage", None, "Zoë Ä."]
+    parts = [Spans.of(passages, rows[:3], texts[:3]), Spans.of(passages, rows[3:], texts[3:])]
+    spans = Spans.joined(parts)
+    assert list(spans) == [*texts[:4], "", texts[5]] and spans[-1] == "Zoë Ä." and spans[1:3] == texts[1:3]
+    # character offsets of the `str`, not bytes of its UTF-8; the one text not found held whole, alone
+    assert spans.start.tolist()[:2] == [7, 25] and spans.length.tolist()[3] == -1 and list(spans.whole) == [texts[3]]
+    assert list(Spans.joined([parts[1], parts[0]])) == [*texts[3:4], "", texts[5], *texts[:3]]
 
 
 def test_id_maps_are_the_packed_ids_found_by_binary_search():

@@ -43,7 +43,7 @@ def test_a_new_process_reads_the_cached_index_and_a_new_snapshot_replaces_it(tmp
     for part in ("chunks", "entities", "facts", "communities"):  # vectors read back from the snapshot
         a, b = getattr(cached, part).vecs, getattr(built, part).vecs
         assert np.array_equal(a.q, b.q) and np.array_equal(a.scale, b.scale), part
-    assert cached.chunks.texts == built.chunks.texts and cached.facts.texts == built.facts.texts
+    assert cached.chunks.texts == built.chunks.texts and list(cached.facts.texts) == list(built.facts.texts)
     assert (cached.graph.transition32 != built.graph.transition32).nnz == 0
     assert (cached.graph.columns32 != built.graph.columns32).nnz == 0
     assert np.array_equal(cached.graph.transition32.data, built.graph.transition32.data)
@@ -168,7 +168,8 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
     (cache,) = _cache_files(settings)
     slim = _unpickled(cache)
     assert slim.chunks.vecs is None and slim.entities.vecs is None and slim.facts.vecs is None
-    assert slim.chunks.texts is None and slim.facts.texts is None
+    # the facts' texts as spans of the passages' texts, which the snapshot gives
+    assert slim.chunks.texts is None and slim.facts.texts.within is None and not len(slim.facts.texts.whole)
     assert slim.graph.transition32 is None and slim.graph.columns32 is None
     # no matrix twice: the facts by entity are the transpose of the entities by fact, the passages' community
     # coverage a product of the mentions; and the graph's node ids and positions are the parts' own
@@ -193,8 +194,9 @@ def test_the_cache_file_leaves_out_what_the_snapshot_stores_and_the_transition(t
 
     snapshot = snapshot_path(settings)
     stat = snapshot.stat()
-    with duckdb.connect(str(snapshot)) as con:  # the snapshot loses a fact the cache names
-        con.execute("DELETE FROM facts WHERE fact_id = ?", [built.facts.ids[0]])
+    # the snapshot loses a passage the cache names (whose text gives the passage's and its facts' texts)
+    with duckdb.connect(str(snapshot)) as con:
+        con.execute("DELETE FROM chunks WHERE chunk_id = ?", [built.chunks.ids[int(built.facts.chunk[0])]])
     os.utime(snapshot, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     clear_cache()
     assert not load_index(settings).stats.get("cached")

@@ -42,7 +42,7 @@ from lazyhippo.graph.names import norm_keys
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
 from lazyhippo.graph.ppr import parallel_matvec
 from lazyhippo.query.nearest import Clusters, CosineBound, Int8Rows
-from lazyhippo.query.packing import Ascending, DocRows, KeyRows, Rows, Texts, unpacked
+from lazyhippo.query.packing import Ascending, DocRows, KeyRows, Rows, Spans, Texts, unpacked
 from lazyhippo.query.text import norm_key, tokens
 from lazyhippo.settings import Settings
 
@@ -100,7 +100,7 @@ class Facts:
 
     ids: "Texts"                      # a query reads none: packed, not a million Python strings
     chunk: np.ndarray
-    texts: "Texts"
+    texts: "Spans"                    # each a sentence of its passage's text
     entities: sp.csr_matrix           # (n_facts, n_entities) 0/1
     by_entity: sp.csr_matrix          # (n_entities, n_facts): the transpose, for "facts naming e"
     vecs: Int8Rows
@@ -408,13 +408,13 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: Texts, dim: int) -> Facts:
     reader = con.sql("SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id",
                      params=ns).to_arrow_reader(_BATCH_ROWS)
     chunk_keys, entity_keys = _strings(chunks.ids), _strings(entity_ids)
-    fact_ids, fact_texts, chunk, rows, cols, n = [], [], [], [], [], 0
+    fact_ids, spans, chunk, rows, cols, n = [], [], [], [], [], 0
     for batch in reader:
         at = _found(batch.column("chunk_id"), chunk_keys)
         batch = batch.filter(pa.array(at >= 0))
         chunk.append(at[at >= 0])
         fact_ids.append(batch.column("fact_id"))
-        fact_texts.append(batch.column("text"))
+        spans.append(Spans.of(chunks.texts, chunk[-1], batch.column("text").to_pylist()))
         named = batch.column("entity_ids")
         entity = _found(pc.list_flatten(named), entity_keys)
         fact = pc.list_parent_indices(named).to_numpy().astype(np.int64) + n
@@ -423,8 +423,8 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: Texts, dim: int) -> Facts:
         n += batch.num_rows
     del reader, chunk_keys, entity_keys
     release_cache(con)  # the sort's and scan's blocks (~100 MB at 10,000 documents), before the vectors' read
-    ids, texts = Texts.of_arrow(fact_ids), Texts.of_arrow(fact_texts)
-    del fact_ids, fact_texts
+    ids, texts = Texts.of_arrow(fact_ids), Spans.joined(spans)
+    del fact_ids, spans
     chunk, rows, cols = (np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in (chunk, rows, cols))
     entities = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(ids), len(entity_ids)))
     del rows, cols
@@ -789,10 +789,10 @@ _PARTS = ("chunks", "entities", "mentions", "facts", "communities", "graph", "le
 
 def _slim(name: str, part):
     """What the disk cache holds of one part of the index: the part without what the snapshot beside it already
-    stores compactly (the int8 vectors, the passage and fact texts) or what is quick to derive (the walk's
-    transition and the degrees, from the adjacency; the nearest-row bounds' projections, from the vectors and the
-    axes; the graph's node ids and maps, from the parts' ids and maps; the entities' document frequencies, from
-    the mentions), with the adjacency as one triangle and integer-valued matrices in small integer types: at
+    stores compactly (the int8 vectors, the passage texts; of the facts' texts, parts of those, their spans only) or
+    what is quick to derive (the walk's transition and the degrees, from the adjacency; the nearest-row bounds'
+    projections, from the vectors and the axes; the graph's node ids and maps, from the parts' ids and maps; the
+    entities' document frequencies, from the mentions), with the adjacency as one triangle and integer-valued matrices in small integer types: at
     10,000 documents 212 MB of cache held 78 MB of such vectors and texts and 21 MB of transition values; at
     100,000, 1,566 MB held 49 MB of facts by entity (a transpose) and 110 MB of passages' community coverage (a
     product of the mentions)."""
@@ -803,8 +803,8 @@ def _slim(name: str, part):
     if name == "mentions":
         return replace(part, counts=_IntegerCSR.of(part.counts))
     if name == "facts":
-        return replace(part, vecs=None, texts=None, by_entity=None, near=_axes_only(part.near),
-                       entities=_IntegerCSR.of(part.entities))
+        return replace(part, vecs=None, texts=replace(part.texts, within=None), by_entity=None,
+                       near=_axes_only(part.near), entities=_IntegerCSR.of(part.entities))
     if name == "communities":
         return replace(part, vecs=None, coverage=None)
     if name == "graph":
@@ -963,12 +963,13 @@ def _filled(con, idx: GraphIndex) -> GraphIndex:
     t32, columns32, degree = _transitions(_matrix(idx.graph.adjacency))
     counts, fact_entities = _csr(idx.mentions.counts), _csr(idx.facts.entities)
     df, idf = _entity_df(counts)
+    chunk_texts = _texts(con, "chunks", "chunk_id", ns, idx.chunks.ids)
     return replace(
-        idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=_texts(con, "chunks", "chunk_id", ns, idx.chunks.ids)),
+        idx, chunks=replace(idx.chunks, vecs=chunk_vecs, texts=chunk_texts),
         entities=replace(idx.entities, vecs=vecs["entity"], df=df, idf=idf,
                          near=_with_rows(idx.entities.near, vecs["entity"])),
         mentions=replace(idx.mentions, counts=counts),
-        facts=replace(idx.facts, vecs=vecs["fact"], texts=_texts(con, "facts", "fact_id", ns, idx.facts.ids),
+        facts=replace(idx.facts, vecs=vecs["fact"], texts=replace(idx.facts.texts, within=chunk_texts),
                       entities=fact_entities, by_entity=fact_entities.T.tocsr(),
                       near=_with_rows(idx.facts.near, vecs["fact"])),
         communities=replace(idx.communities, vecs=vecs["community"],
