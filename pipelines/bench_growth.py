@@ -142,7 +142,8 @@ def _parts(home: Path) -> dict[str, int]:
     return parts
 
 
-def _questions(datasets: Path, n: int) -> list[dict]:
+def growth_questions(datasets: Path, n: int) -> list[dict]:
+    """The first `n` questions of the shared sets, asked of a growth home to time its local route."""
     qs = [q for p in sorted(datasets.glob("*/questions_dev.json")) for q in json.loads(p.read_text())[:n]]
     return qs[:n] or [{"question": "What does the documentation say about configuration?"}]
 
@@ -214,7 +215,7 @@ def run_growth_bench(datasets: Path, sizes: list[int], workdir: Path, progress: 
             spans = step_spans(instance, timed["run_ids"])
         settings = Settings(home=home, namespace="bench")
         progress(f"{n} documents: local route latency")
-        latency = run_latency_bench(settings, _questions(datasets, queries), ["local"], repeat=1)["local"]
+        latency = run_latency_bench(settings, growth_questions(datasets, queries), ["local"], repeat=1)["local"]
         clear_cache()  # the next size's peak must not hold this size's query index
         give_back_memory()  # nor start from the heap this size freed
         disk = _parts(home)
