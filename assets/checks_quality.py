@@ -59,13 +59,10 @@ def _due(lazyhippo: LazyhippoResource, name: str, params: str) -> bool:
 def _queries() -> Iterator[None]:
     """Where a check runs its queries: the query index they build is of the run's own graph, which nothing reads
     after the check, so it is dropped when they are done instead of staying beside the run's later steps
-    (exports, the snapshot): about 600 MB at 10,000 documents. A second check of the run builds it again. The
-    build starts from what the steps before it freed given back: the checks since the last stage leave their
-    reads' memory in the allocator, and the build, the run's peak, came on top of it."""
+    (exports, the snapshot): about 600 MB at 10,000 documents. A second check of the run builds it again."""
     from lazyhippo.query import clear_cache
     from lazyhippo.stages.common import give_back_memory
 
-    give_back_memory()
     try:
         yield
     finally:

@@ -82,21 +82,6 @@ def test_a_query_check_drops_the_query_index_it_built(sample_settings):
         assert not loader._CACHE, check.name
 
 
-def test_a_query_check_builds_its_index_after_the_memory_freed_before_it_is_given_back(sample_settings, monkeypatch):
-    """The build is the run's peak: it starts from what the steps before it left given back, not on top of it."""
-    from lazyhippo.query import loader
-    from lazyhippo.stages import common
-
-    events = []
-    monkeypatch.setattr(common, "give_back_memory", lambda: events.append("give back"))
-    build = loader._build
-    monkeypatch.setattr(loader, "_build", lambda *a: events.append("build") or build(*a))
-    loader.clear_cache()
-    res = LazyhippoResource(home=str(sample_settings.home), source=str(SAMPLE_CORPUS))
-    assert evaluate(context_quality_check, res) is not None
-    assert events == ["give back", "build", "give back"]
-
-
 def test_checks_fail_on_a_corpus_built_to_violate_them(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(SAMPLE_CORPUS, src)
