@@ -1,13 +1,14 @@
 """The query index of a home built (and its disk cache written) or read from that cache, in this process alone:
 its peak resident memory, seconds and the cache file's size.
 
-    python scripts/query_index_peak.py COPY_OF_HOME build|cached [--namespace bench]
+    python scripts/query_index_peak.py COPY_OF_HOME build|cached [--namespace bench] [--phases]
 
 `build` deletes `published/.index-cache/` first, so the index is built and written as the context check's first
 load does; `cached` reads the file a `build` left. Prints JSON: resident MB before (base), the process's peak
 (ru_maxrss), the peak sampled every 0.05 s, resident MB after, seconds, the cache's MB, the load average, and the
 MB each part of the index holds (`part_mb`: arrays by their buffers, each buffer once, and Python objects by
-`sys.getsizeof`; an array mapped from the cache file counts as held).
+`sys.getsizeof`; an array mapped from the cache file counts as held). `--phases` also prints to stderr the resident
+MB before, at the peak of and after each of the loader's parts, as they run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from lazyhippo.query.loader import load_index
+from lazyhippo.query import loader
 from lazyhippo.stores.namespaces import namespace_settings
 
 
@@ -69,11 +70,33 @@ def part_mb(idx) -> dict[str, float]:
             if is_dataclass(getattr(idx, f.name)) or f.name == "lexical"}
 
 
+PHASES = ("_unpickled", "_filled", "_chunks", "_mention_counts", "_entities", "_facts", "_communities", "_graph",
+          "_write_cached")
+
+
+def watch_phases(samples: list[float]) -> None:
+    """Wrap each of the loader's `PHASES` to print its resident MB before, at its peak (from `samples`) and after."""
+    def wrapped(name: str, f):
+        def phase(*args, **kwargs):
+            at, before = len(samples), resident_mb()
+            t0 = time.perf_counter()
+            out = f(*args, **kwargs)
+            peak = max([before, *samples[at:]])
+            print(f"{name:16s} before {before:6.0f}  peak {peak:6.0f}  after {resident_mb():6.0f} MB"
+                  f"  {time.perf_counter() - t0:6.1f} s", file=sys.stderr, flush=True)
+            return out
+        return phase
+
+    for name in PHASES:
+        setattr(loader, name, wrapped(name, getattr(loader, name)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("home", type=Path)
     parser.add_argument("mode", choices=("build", "cached"))
     parser.add_argument("--namespace", default="bench")
+    parser.add_argument("--phases", action="store_true", help="Resident MB around each part of the load (stderr).")
     args = parser.parse_args()
     settings = namespace_settings(args.home, args.namespace)
     cache = args.home / "published" / ".index-cache"
@@ -86,10 +109,12 @@ def main() -> None:
         while not done.wait(0.05):
             samples.append(resident_mb())
 
+    if args.phases:
+        watch_phases(samples)
     base = resident_mb()
     threading.Thread(target=sample, daemon=True).start()
     t0 = time.perf_counter()
-    idx = load_index(settings)
+    idx = loader.load_index(settings)
     seconds = time.perf_counter() - t0
     done.set()
     print(json.dumps({"mode": args.mode, "cached": bool(idx.stats.get("cached")), "base_mb": round(base),

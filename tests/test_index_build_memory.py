@@ -314,3 +314,25 @@ def test_key_rows_are_the_dict_of_groups_found_by_prefix_and_bisection():
     as_dict = {k: np.array([i]) for i, k in enumerate(many)}
     held = sum(a.nbytes for a in (index.keys_.data, index.keys_.offsets, index.hashes, index.flat, index.offsets))
     assert held < (sys.getsizeof(as_dict) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in as_dict.items())) / 4
+
+
+def test_texts_read_in_the_tables_order_land_at_their_keys_rows(monkeypatch):
+    """Passages are sorted without their texts, which are read afterwards in any order, a few rows at a time,
+    straight into one buffer: each text at its key's row, runs of rows in order copied at once, a key the
+    ordering does not hold left out."""
+    import duckdb
+
+    from lazyhippo.query import loader
+    from lazyhippo.query.packing import Texts
+
+    keys = [f"c{i}" for i in range(12)]
+    texts = {k: ("Zürich " * (i % 4) + "東京" * (i % 3) + k) for i, k in enumerate(keys)}
+    stored = [*keys[5:9], *reversed(keys[:5]), "gone", *keys[9:]]  # a run in order, one reversed, an unknown key
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (k VARCHAR, x VARCHAR, o INTEGER)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", [(k, texts.get(k, "never read"), i) for i, k in enumerate(stored)])
+    monkeypatch.setattr(loader, "_TEXT_BATCH_ROWS", 4)
+    packed = Texts.of_bytes([k.encode() for k in keys])
+    placed = loader._placed_texts(con, "SELECT k, x FROM t ORDER BY o", {}, packed,
+                                  [len(texts[k].encode()) for k in keys])
+    assert list(placed) == [texts[k] for k in keys]

@@ -341,6 +341,10 @@ def test_packed_texts_read_in_arrow_over_their_own_buffers():
     arrow = packed.arrow()
     assert arrow.to_pylist() == strings == list(packed)
     assert arrow.buffers()[2].address == packed.data.ctypes.data  # no copy of the bytes
+    # 32-bit and 64-bit offsets, a slice past the first rows and a null (an empty text) read alike
+    for kind in (pa.string(), pa.large_string()):
+        sliced = pa.array(["x", *strings, None, "z"], type=kind).slice(1, 5)
+        assert list(Texts.of_arrow([sliced])) == [*strings, ""]
 
 
 def test_bm25_is_pickled_as_term_counts_and_scores_the_same():

@@ -298,6 +298,7 @@ def _found(names, keys) -> np.ndarray:
 
 _BATCH_ROWS = 65_536  # rows read from DuckDB at once where a whole table's Arrow copy is not needed
 _VECTOR_BATCH_ROWS = 8_192  # vectors read at once: 2 MB of int8 at 256 dimensions
+_TEXT_BATCH_ROWS = 8_192  # texts read at once: ~6 MB of passages
 
 
 def _graph_dim(con, ns: dict) -> int:
@@ -320,21 +321,48 @@ def _index_of(keys) -> KeyRows:
 
 
 def _chunks(con, ns: dict) -> tuple[Chunks, str | None]:
+    """The passages in document order; their texts are not part of the sort but read after it into their rows
+    (`_placed_texts`): sorted with the rest, DuckDB's sort and the Arrow batches held them twice more (at 50,000
+    documents the read peaked at 560 MB over what it keeps, for 102 MB of text)."""
+    from lazyhippo.stores.warehouse import release_cache
+
     ch = _pydict(con, """
-        SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, c.text, c.content_hash, c.n_tokens,
-               coalesce(d.source, c.doc_id) AS source
+        SELECT c.chunk_id, c.doc_id, c.title, c.section, c.page, c.position, coalesce(strlen(c.text), 0) AS size,
+               c.content_hash, c.n_tokens, coalesce(d.source, c.doc_id) AS source
         FROM chunks c LEFT JOIN documents d ON d.namespace = c.namespace AND d.doc_id = c.doc_id
-        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts=("chunk_id", "text", "content_hash"))
+        WHERE c.namespace = $ns ORDER BY c.doc_id, c.position""", ns, texts=("chunk_id", "content_hash"))
     ids = ch["chunk_id"]
+    release_cache(con)  # the sort's blocks, before the texts' read
+    texts = _placed_texts(con, "SELECT chunk_id, text FROM chunks WHERE namespace = $ns", ns, ids, ch["size"])
+    release_cache(con)
     pos = Rows.of(ids)
     vecs, model = _vectors(con, ns["ns"], "chunk", ids)
     positions = np.asarray(ch["position"], dtype=np.int64)
     doc_ids = _shared(ch["doc_id"])  # a document's id, title, section and source once, not once per passage
     return Chunks(ids=ids, pos=pos, doc_ids=doc_ids, titles=_shared([t or "" for t in ch["title"]]),
-                  sections=_shared(ch["section"]), pages=ch["page"], positions=positions, texts=ch["text"],
+                  sections=_shared(ch["section"]), pages=ch["page"], positions=positions, texts=texts,
                   content_hashes=ch["content_hash"], n_tokens=np.asarray(ch["n_tokens"], dtype=np.int64),
                   sources=_shared(ch["source"]), vecs=vecs, title_index=_index_of(ch["title"]),
                   doc_pos=_doc_positions(doc_ids, positions), near=Clusters.of_large(vecs)), model
+
+
+def _placed_texts(con, sql: str, params: dict, keys: Texts, sizes: Sequence[int]) -> Texts:
+    """The texts of a query of (key, text) rows in any order, each put at the row of its key in `keys`, whose
+    texts are `sizes` bytes long: one buffer of their final size filled batch by batch, so the read holds the
+    texts once and a batch. A run of rows that keeps its order in `keys` is copied at once."""
+    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(sizes, dtype=np.int64), out=offsets[1:])
+    data = np.zeros(int(offsets[-1]), dtype=np.uint8)
+    arrow_keys = _strings(keys)
+    for batch in con.sql(sql, params=params).to_arrow_reader(_TEXT_BATCH_ROWS):
+        if not batch.num_rows:
+            continue
+        rows, texts = _found(batch.column(0), arrow_keys), Texts.of_arrow([batch.column(1)])
+        cuts = np.flatnonzero((np.diff(rows) != 1) | (rows[:-1] < 0)) + 1
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)]):
+            if rows[a] >= 0:  # a run's bytes land where its first row begins and must end where its last one ends
+                data[offsets[rows[a]]:offsets[rows[b - 1] + 1]] = texts.data[texts.offsets[a]:texts.offsets[b]]
+    return Texts(data, offsets)
 
 
 def _mention_counts(con, ns: dict, chunk_ids: Texts, entity_ids: Texts) -> sp.csr_matrix:

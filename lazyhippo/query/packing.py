@@ -109,14 +109,21 @@ class Texts(Sequence):
 
     @classmethod
     def of_arrow(cls, columns: Sequence) -> "Texts":
-        """From Arrow string arrays, their bytes copied once (a null is an empty text)."""
+        """From Arrow string arrays, their bytes copied once (a null is an empty text). A `string` array's 32-bit
+        offsets are read as they are: cast to `large_string`, every batch of texts was copied once more before
+        the copy into the buffer (at 50,000 documents the passages' read held their 102 MB three times)."""
         import pyarrow as pa
 
         data, offsets, at = [], [np.zeros(1, dtype=np.int64)], 0
         for column in columns:
-            column = column.fill_null("").cast(pa.large_string())
+            if column.null_count:
+                column = column.fill_null("")
+            if column.type not in (pa.string(), pa.large_string()):
+                column = column.cast(pa.large_string())
+            width = np.int32 if column.type == pa.string() else np.int64
             for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else (column,):
-                bounds = np.frombuffer(chunk.buffers()[1], dtype=np.int64)[chunk.offset:chunk.offset + len(chunk) + 1]
+                bounds = np.frombuffer(chunk.buffers()[1], dtype=width)[chunk.offset:chunk.offset + len(chunk) + 1]
+                bounds = bounds.astype(np.int64)
                 data.append(np.frombuffer(chunk.buffers()[2], dtype=np.uint8)[bounds[0]:bounds[-1]]
                             if len(chunk) else np.zeros(0, dtype=np.uint8))
                 offsets.append(bounds[1:] - bounds[0] + at)
