@@ -5,6 +5,7 @@ key -> row maps over them. Numpy only (pyarrow read lazily), so both can import 
 from __future__ import annotations
 
 import zlib
+from abc import abstractmethod
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -92,8 +93,24 @@ def unpacked(indices: "Ascending | np.ndarray", indptr: np.ndarray) -> np.ndarra
     return indices.array(indptr) if isinstance(indices, Ascending) else indices
 
 
+class _TextSequence(Sequence):
+    """A sequence of `str`s made when read: indexes, negative ones and slices, checked once here for `_at`."""
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._at(j) for j in range(*i.indices(len(self)))]
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._at(i)
+
+    @abstractmethod
+    def _at(self, i: int) -> str:
+        """The `i`th text, `0 <= i < len(self)`."""
+
+
 @dataclass(frozen=True, eq=False)
-class Texts(Sequence):
+class Texts(_TextSequence):
     """Texts as one UTF-8 buffer and their offsets in it, a `str` made when one is read: as a list of strings
     the passages took twice their UTF-8 size and more (one character past Latin-1 makes its whole string two or
     four bytes a character), 600 MB for the 193 MB of 100,000 documents."""
@@ -139,12 +156,7 @@ class Texts(Sequence):
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        i = i + len(self) if i < 0 else i
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+    def _at(self, i: int) -> str:
         return self.data[self.offsets[i]:self.offsets[i + 1]].tobytes().decode()
 
     BLOCK = 1 << 16
@@ -163,7 +175,7 @@ class Texts(Sequence):
 
 
 @dataclass(frozen=True, eq=False)
-class Spans(Sequence):
+class Spans(_TextSequence):
     """Texts that are each a part of another text (a fact's sentence of its passage), as that text's row and the
     part's character start and length there: the facts' own copy of their sentences was 104 of the query index's
     1,055 MB at 50,000 documents. A text not found in its passage is held whole beside (its length -1, its start
@@ -207,12 +219,7 @@ class Spans(Sequence):
     def __len__(self) -> int:
         return len(self.row)
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        i = i + len(self) if i < 0 else i
-        if not 0 <= i < len(self):
-            raise IndexError(i)
+    def _at(self, i: int) -> str:
         start, length = int(self.start[i]), int(self.length[i])
         return self.whole[start] if length < 0 else self.within[int(self.row[i])][start:start + length]
 
