@@ -7,7 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from lazyhippo.graph.passage import EntityEdges, GraphParams, passage_adjacency
-from lazyhippo.query.lexical import _counted
+from lazyhippo.query.lexical import FlatBM25
 
 
 def _peak(fn):
@@ -68,19 +68,24 @@ def test_passage_adjacency_is_built_without_copies_of_its_entries(monkeypatch):
     assert peak < 2 * (a.data.nbytes + a.indices.nbytes + a.indptr.nbytes)
 
 
-def test_bm25_token_pairs_are_counted_in_place():
+def test_bm25_columns_are_counted_by_blocks_of_texts():
+    """Each token's texts and counts, counted a block of texts at a time, are np.unique's of every occurrence's
+    (token, text) key, in the build's types."""
     rng = np.random.default_rng(1)
-    n_docs = 20_000
-    lengths = rng.integers(0, 200, n_docs)
-    flat = rng.integers(0, 5000, int(lengths.sum()))
-    (pairs, tf), peak = _peak(lambda: _counted(flat, lengths, n_docs))
-    ref_pairs, ref_tf = np.unique(flat * n_docs + np.repeat(np.arange(n_docs, dtype=np.int64), lengths),
-                                  return_counts=True)
-    assert np.array_equal(pairs, ref_pairs) and np.array_equal(tf, ref_tf) and tf.dtype == ref_tf.dtype
-    # np.unique of the keys held 5.1 times the (int64) token ids; the sorted keys beside the distinct ones 3.0
-    assert peak < 2.5 * flat.nbytes
-    empty = _counted(np.zeros(0, dtype=np.int64), np.zeros(3, dtype=np.int64), 3)
-    assert [len(x) for x in empty] == [0, 0]
+    n_docs, n_vocab = 20_000, 5000
+    lengths = rng.integers(1, 200, n_docs)
+    flat = rng.integers(0, n_vocab, int(lengths.sum())).astype(np.int32)
+    bm25 = FlatBM25()
+    scores, peak = _peak(lambda: bm25.build_index_from_ids(list(range(n_vocab)), (flat, lengths)))
+    keys, counts = np.unique(flat.astype(np.int64) * n_docs + np.repeat(np.arange(n_docs), lengths),
+                             return_counts=True)
+    assert scores["indices"].tobytes() == (keys % n_docs).astype(np.int32).tobytes()
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(keys // n_docs, minlength=n_vocab))])
+    assert scores["indptr"].tobytes() == indptr.tobytes()
+    assert bm25.counts.tobytes() == counts.astype(np.uint8).tobytes()
+    # the sorted int64 keys of all occurrences, with their distinct keys, places and counts, held 7.2 times the
+    # (int32) token ids; rows of the texts' distinct pairs beside their columns, 3.1
+    assert peak < 4 * flat.nbytes
 
 
 def test_bm25_counts_by_blocks_are_the_whole_matrix_counts(monkeypatch):
