@@ -174,7 +174,8 @@ def _columns(flat: np.ndarray, lengths: np.ndarray, n_vocab: int) -> sp.csc_matr
     apart (texts are whole in a block) into rows of 4 bytes for the token and the texts' count type, then scipy
     turns the rows into columns: one int64 key per occurrence, sorted and counted at once, with its distinct keys
     and their counts and places beside, held 7.2 times the int32 token ids at once, these rows and columns 3.1
-    (BM25 over 50,000 documents' facts, the peak of the query index's facts part: +280 MB over its token ids, now +106)."""
+    (BM25 over 50,000 documents' facts, the peak of the query index's facts part: +280 MB over its token ids,
+    now +106)."""
     n_docs = len(lengths)
     ends = np.cumsum(lengths, dtype=np.int64)
     tokens = np.empty(len(flat), dtype=np.int32)  # distinct pairs are at most the occurrences
