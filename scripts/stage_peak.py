@@ -6,7 +6,8 @@ STAGE is an asset of `lazyhippo.index.STAGE_NAMES` (knn_edges, entities, communi
 stage runs as a first run would: `knn_edges` and `entities` without their recorded inputs (a whole search, a
 whole build), `exports` to an empty object store (`COPY_OF_HOME/objects_peak`, every table written). Prints
 JSON: resident MB once the warehouse is open (base), the process's peak (ru_maxrss), the peak sampled every
-0.1 s, wall and CPU seconds, the load average, and the sampled resident MB over time (60 points).
+0.1 s, wall and CPU seconds, resident MB held once the stage is done and its garbage given back (`held_mb`: what
+a run's process carries into its next step), the load average, and the sampled resident MB over time (60 points).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import uuid
 from pathlib import Path
 
 from lazyhippo.index import run_stage
+from lazyhippo.stages.common import give_back_memory
 from lazyhippo.stores.graphs import EmbeddedGraphStore
 from lazyhippo.stores.namespaces import namespace_settings
 from lazyhippo.stores.objects import LocalObjectStore
@@ -61,10 +63,12 @@ def main() -> None:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         done.set()
         sampler.join()
+    give_back_memory()
     print(json.dumps({"stage": args.stage, "base_mb": round(base),
                       "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6),
                       "sampled_peak_mb": max((s[1] for s in samples), default=round(base)),
-                      "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load": os.getloadavg(),
+                      "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "held_mb": round(resident_mb()),
+                      "load": os.getloadavg(),
                       "timeline": samples[::max(1, len(samples) // 60)]}))
 
 

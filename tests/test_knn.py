@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -255,3 +257,27 @@ def test_an_update_above_the_exact_size_finds_the_brute_force_edges(monkeypatch,
     assert [r[::3] + r[1:2] for r in found] == [r[::3] + r[1:2] for r in reference] and found
     assert np.allclose([r[2] for r in found], [r[2] for r in reference], rtol=0, atol=1e-12)
     assert [t for s, t, _, _ in found if s == 261][:3] == [249, 250, 251]
+
+
+def _anonymous_mb() -> int:
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no Anonymous line in smaps_rollup")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="reads Linux's /proc")
+def test_exact_search_keeps_no_block_of_products_once_done():
+    """The search's session is cached for the process (a run's later steps, its query index build): the products
+    of a block (KNN_BLOCK_PAIRS of them) must not stay allocated after the search."""
+    import ctypes
+    import gc
+
+    small = StoredVectors(*int8_rows(clustered(50)))
+    list(algorithms.knn_batches(small, 5, 0.5))  # the session and its libraries loaded
+    vectors = StoredVectors(*int8_rows(clustered(6000, dim=64)))
+    before = _anonymous_mb()
+    assert sum(len(b.sources) for b in algorithms.knn_batches(vectors, 5, 0.5)) > 0
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    assert _anonymous_mb() - before < 25

@@ -126,6 +126,9 @@ def pairs_above(integer: bool, threads: int):
     model.ir_version = 8
     options = ort.SessionOptions()
     options.log_severity_level, options.intra_op_num_threads = 3, threads
+    # without onnxruntime's arena: kept by this cached session, it held a block's products (~70 MB) through every
+    # step after the KNN search, the context check's index build included; freed tensors go back to malloc instead
+    options.enable_cpu_mem_arena = False
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
