@@ -768,7 +768,8 @@ def bench_answerable(dataset: str = typer.Option("all", help="2wiki | hotpotqa |
     """How often offline answers say "not answerable" rightly: each set's questions asked of its own index
     (missed: answerable ones marked not answerable) and of every other set's index (caught: marked not
     answerable), at the current threshold, and the range of thresholds at which the tune halves meet every target
-    (missed at most 5% on the sets' mean and 10% on any set, caught at least 90%)."""
+    (missed at most 5% on the sets' mean and 10% on any set, caught at least 90%); of each set's own questions with a
+    short gold answer, the share of answers that hold it, and the answers' mean length."""
     import polars as pl
 
     from lazyhippo.evaluate.answerable import ANSWER_SETS, answer_set_files, calibrate, mean_rates, rates, run_answerable_bench

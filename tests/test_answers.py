@@ -172,6 +172,18 @@ def test_a_question_word_is_held_in_any_of_its_inflections(embedder):
     assert found.support == 1.0 and found.answerable
 
 
+def test_a_question_agent_noun_is_held_by_its_verb(embedder):
+    """"The founder of X" is answered by "founded X": that sentence, not another passage's "the founder's
+    daughter", completes the answer."""
+    passages = [Passage(1, "Tomas Reyes", None, "Tomas Reyes studied under Ada Fenwick and in 1959 succeeded her as "
+                                                "director of the Marlow Observatory."),
+                Passage(2, "Corran Shipping", None, "In the 1920s the company was led by Margaret Corran, the "
+                                                    "founder's daughter."),
+                Passage(3, "Ada Fenwick", None, "In 1931 Ada Fenwick founded the Marlow Observatory on Mount Keel.")]
+    found = extract(SUCCESSOR_Q, passages, embedder)
+    assert found.cited == [1, 3]
+
+
 def test_a_heading_path_run_into_a_sentence_is_not_part_of_the_answer(embedder):
     passage = Passage(1, "git-rebase(1)", "OPTIONS > --onto <newbase>",
                       "OPTIONS --onto <newbase> Starting point at which to create the new commits.")
@@ -265,3 +277,18 @@ def test_the_answerable_bench_counts_misses_and_catches_and_calibrates_on_the_tu
         rows.append({"set": "b", "half": "tune", "question": q, "in_corpus": False, "support": 0.1})
     assert calibrate(rows, max_missed=1.0) == (0.4, 0.5)
     assert calibrate(rows, max_missed=1.0, max_missed_set=1.0) == (0.4, 0.9)
+
+
+def test_the_answerable_bench_counts_answers_that_hold_the_gold_answer():
+    from lazyhippo.evaluate.answerable import holds_answer, rates
+
+    assert holds_answer("Timothy James McVeigh (April 23, 1968 - 2001) was ... [6]", ["Timothy James McVeigh"])
+    assert holds_answer("the Belleville Three [2]", ["Bellville", "belleville"])  # an alias, any case
+    assert not holds_answer("the Bellevilles [2]", ["Belleville"])  # whole words only
+    assert not holds_answer("as [1] shows", ["1"])  # a citation number is not the answer
+    rows = [{"set": "a", "half": "tune", "in_corpus": True, "support": 0.9, "answer": "x" * 10, "holds_answer": True},
+            {"set": "a", "half": "tune", "in_corpus": True, "support": 0.9, "answer": "x" * 20, "holds_answer": False},
+            {"set": "a", "half": "tune", "in_corpus": True, "support": 0.9, "answer": "x" * 30, "holds_answer": None},
+            {"set": "a", "half": "tune", "in_corpus": False, "support": 0.1, "answer": "x", "holds_answer": None}]
+    [row] = rates(rows, 0.5)
+    assert (row["holds_answer"], row["answer_chars"]) == (0.5, 20)  # of the two that carry an answer; all three own

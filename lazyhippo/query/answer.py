@@ -400,7 +400,9 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
         w = _weights(kw, idf)
         w = w / max(w.sum(), 1e-9)
         kw_stems = stems(kw)
-        held = np.array([[t in c.words for t in kw_stems] for c in pool], dtype=bool).reshape(len(pool), len(kw))
+        kw_forms = [_forms(t) for t in kw_stems]
+        held = np.array([[not f.isdisjoint(c.words) for f in kw_forms] for c in pool],
+                        dtype=bool).reshape(len(pool), len(kw))
         score = sims[:, p] + held @ w + 0.2 / (1 + np.array([c.rank for c in pool]))
         have = np.zeros(len(kw), dtype=bool)
         used = 0
@@ -424,6 +426,12 @@ def extract(question: str, context: list[ContextChunk | Passage], embedder, idf=
     # no sentence bears on the question: no support; no keywords: it asks about the whole collection
     support = 0.0 if not chosen else _support(keywords, idf, pool, names(question)) if keywords else 1.0
     return Extract([(t, pool[i].n) for i, t in chosen.items()], support, len(parts))
+
+
+def _forms(stem: str) -> frozenset[str]:
+    """A question word's stem and, for an agent noun, its verb's ("founder" -> "found", "director" -> "direct",
+    "producer" -> "produc"): a passage answers "the founder of X" with "founded X", which stemming alone misses."""
+    return frozenset((stem, stem[:-2])) if len(stem) >= 6 and stem.endswith(("er", "or")) else frozenset((stem,))
 
 
 _CODE_SPAN = re.compile(r"`[^`]*`")
