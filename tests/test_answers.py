@@ -189,6 +189,11 @@ def test_a_heading_path_run_into_a_sentence_is_not_part_of_the_answer(embedder):
                       "OPTIONS --onto <newbase> Starting point at which to create the new commits.")
     found = extract("Where does git rebase --onto start the new commits?", [passage], embedder)
     assert found.text == "Starting point at which to create the new commits. [1]"
+    numbered = Passage(1, "SQLite Autoincrement", "1. Summary > 3. The AUTOINCREMENT Keyword",
+                       "3. The AUTOINCREMENT Keyword\nIf a column has the type INTEGER PRIMARY KEY AUTOINCREMENT then a "
+                       "slightly different ROWID selection algorithm is used.")
+    found = extract("What does AUTOINCREMENT change about ROWID selection?", [numbered], embedder)
+    assert found.text.startswith("If a column has the type INTEGER PRIMARY KEY AUTOINCREMENT")
 
 
 def test_a_command_synopsis_is_not_part_of_the_answer(embedder):

@@ -246,6 +246,16 @@ def test_html(tmp_path):
     _no_markup(doc, chunks)
 
 
+def test_an_html_page_without_one_top_heading_takes_its_title_element(tmp_path):
+    """Generated manuals number their top-level sections ("1. Overview", "2. Syntax"): the first of them is not
+    the page's name."""
+    doc, _ = _read(tmp_path, "lang_upsert.html", "<html><head><title>UPSERT</title></head><body>"
+                   "<h1>1. Overview</h1><p>UPSERT is a clause added to INSERT.</p>"
+                   "<h1>2. Syntax</h1><p>ON CONFLICT DO UPDATE SET x = 1.</p></body></html>")
+    assert doc.title == "UPSERT"
+    assert list(_section_texts(doc)) == ["1. Overview", "2. Syntax"]
+
+
 def test_untitled_documents_take_a_pretty_file_name(tmp_path):
     doc, _ = _read(tmp_path, "index.rst.txt", "Just a paragraph with :func:`os.path.join` in it.\n\n.. note:: Read it.\n")
     assert doc.title == "Index" and doc.kind == "rst"

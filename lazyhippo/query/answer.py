@@ -353,11 +353,19 @@ def _candidates(context: list[ContextChunk | Passage], max_chunks: int) -> list[
     return pool
 
 
+_NUMBERED = re.compile(r"^\d+(?:\.\d+)+\.?\s+|^\d+\.\s+")  # a manual's section number: "3. ", "4.6. ", "5.0 "
+
+
 def _without_heading(sentence: str, section: str | None) -> str:
     """A sentence without the heading that the chunker ran into it: the section, or its heading path as the
-    text reads it ("OPTIONS > --onto <newbase>" as "OPTIONS --onto <newbase> Starting point ...")."""
-    for head in dict.fromkeys((section, section.replace(" > ", " "))) if section else ():
-        if sentence.startswith(head + " "):
+    text reads it ("OPTIONS > --onto <newbase>" as "OPTIONS --onto <newbase> Starting point ..."), or its last
+    heading without the number the sentence split off ("3. The AUTOINCREMENT Keyword" as "The AUTOINCREMENT
+    Keyword If a column ...")."""
+    if not section:
+        return sentence
+    last = section.rsplit(" > ", 1)[-1]
+    for head in dict.fromkeys((section, section.replace(" > ", " "), _NUMBERED.sub("", last))):
+        if head and sentence.startswith(head + " "):
             return sentence[len(head) + 1:]
     return sentence
 

@@ -1,6 +1,7 @@
 """HTML read with the standard library's parser: h1-h6 are the headings, block elements end a line, <pre>
-keeps its lines, table cells join with " | "; scripts, styles, navigation and forms are not text. <title> is the
-title only when the page has no heading."""
+keeps its lines, table cells join with " | "; scripts, styles, navigation and forms are not text. The page's one
+top heading is its title ("Sync & Share" rather than "Sync & Share - Site"); a page without one, whose headings are
+its sections ("1. Overview", "2. Syntax"), takes its <title>."""
 
 from __future__ import annotations
 
@@ -103,7 +104,9 @@ def _read(text: str) -> _Reader:
 
 def events(text: str) -> Iterator[Event]:
     reader = _read(text)
-    if reader.page_title and not any(isinstance(e, Heading) for e in reader.out):
+    heads = [e for e in reader.out if isinstance(e, Heading)]
+    top = min((h.level for h in heads), default=0)
+    if reader.page_title and not (heads[:1] and heads[0].level == top and sum(h.level == top for h in heads) == 1):
         yield Heading(0, reader.page_title)
     yield from reader.out
 
