@@ -256,6 +256,18 @@ def test_an_html_page_without_one_top_heading_takes_its_title_element(tmp_path):
     assert list(_section_texts(doc)) == ["1. Overview", "2. Syntax"]
 
 
+def test_an_html_page_is_read_without_its_site_menus_and_table_of_contents(tmp_path):
+    page = ("<html><head><title>WAL</title></head><body><div class='menu mainmenu'><ul><li>Home<li>Download</ul></div>"
+            "<div class=fancy_toc>Table Of Contents 1. Overview 2. How WAL Works</div>"
+            "<div role=navigation><a href=a.html>previous</a></div><h1>Write-Ahead Logging</h1>"
+            "<div class=note><p>A checkpoint moves pages back into the database.</p></div></body></html>")
+    doc, _ = _read(tmp_path, "wal.html", page)
+    assert doc.title == "Write-Ahead Logging" and "checkpoint moves pages" in doc.text
+    assert not any(w in doc.text for w in ("Home", "Download", "Table Of Contents", "previous"))
+    unclosed, _ = _read(tmp_path, "all.html", "<html><body><div class=menu><h1>Guide</h1><p>Set the port.</p>")
+    assert unclosed.title == "Guide" and "Set the port." in unclosed.text  # never closed: read whole
+
+
 def test_untitled_documents_take_a_pretty_file_name(tmp_path):
     doc, _ = _read(tmp_path, "index.rst.txt", "Just a paragraph with :func:`os.path.join` in it.\n\n.. note:: Read it.\n")
     assert doc.title == "Index" and doc.kind == "rst"

@@ -17,6 +17,19 @@ _BLOCK = {"p", "div", "li", "dt", "dd", "tr", "blockquote", "section", "article"
           "ul", "ol", "dl", "table", "thead", "tbody", "figure", "figcaption", "caption", "details", "summary",
           "form", "fieldset", "address", "hr", "body", "html"}
 _HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
+# A site's chrome around the page's text: what ARIA roles or class and id words name as navigation, menus, tables
+# of contents and breadcrumbs. Only elements that always close are skipped, so an unclosed one cannot hide the page.
+_CHROME_ROLES = {"navigation", "banner", "search", "contentinfo"}
+_CHROME_WORDS = {"nav", "navbar", "navigation", "menu", "mainmenu", "submenu", "toc", "breadcrumb", "breadcrumbs"}
+_CLOSED = {"div", "ul", "ol", "section", "aside", "header", "footer", "table"}
+
+
+def _chrome(tag: str, attrs) -> bool:
+    if tag not in _CLOSED:
+        return False
+    a = dict(attrs)
+    words = set(re.split(r"[^a-z0-9]+", f"{a.get('class') or ''} {a.get('id') or ''}".lower()))
+    return (a.get("role") or "").lower() in _CHROME_ROLES or not words.isdisjoint(_CHROME_WORDS)
 
 
 class _Reader(HTMLParser):
@@ -29,6 +42,8 @@ class _Reader(HTMLParser):
         self.pre = 0        # depth inside <pre>
         self.title: list[str] | None = None
         self.page_title = ""
+        self.chrome: list = []  # the skipped chrome element's tag and how deep inside it its own tag is open
+        self.keep_chrome = False
 
     def _line(self) -> str:
         text = "".join(self.buf)
@@ -46,6 +61,11 @@ class _Reader(HTMLParser):
         if tag == "title":
             self.title = []
         if tag in _SKIP and tag not in _VOID:
+            self.skip += 1
+        if self.chrome and tag == self.chrome[0]:
+            self.chrome[1] += 1
+        elif not self.skip and not self.keep_chrome and _chrome(tag, attrs):
+            self.chrome = [tag, 1]
             self.skip += 1
         if self.skip:
             return
@@ -67,6 +87,11 @@ class _Reader(HTMLParser):
             self.page_title, self.title = re.sub(r"\s+", " ", "".join(self.title)).strip(), None
         if tag in _SKIP:
             self.skip = max(self.skip - 1, 0)
+            return
+        if self.chrome and tag == self.chrome[0]:
+            self.chrome[1] -= 1
+            if not self.chrome[1]:
+                self.chrome, self.skip = [], max(self.skip - 1, 0)
             return
         if self.skip:
             return
@@ -95,10 +120,16 @@ class _Reader(HTMLParser):
 
 
 def _read(text: str) -> _Reader:
-    reader = _Reader()
-    reader.feed(text)
-    reader.close()
-    reader._end_block()
+    """The page read without its chrome; read again with it when that left no text (a page that is all
+    navigation, or markup that never closed the element)."""
+    for keep in (False, True):
+        reader = _Reader()
+        reader.keep_chrome = keep
+        reader.feed(text)
+        reader.close()
+        reader._end_block()
+        if any(isinstance(e, str) for e in reader.out):
+            break
     return reader
 
 
