@@ -297,3 +297,15 @@ def test_the_answerable_bench_counts_answers_that_hold_the_gold_answer():
             {"set": "a", "half": "tune", "in_corpus": False, "support": 0.1, "answer": "x", "holds_answer": None}]
     [row] = rates(rows, 0.5)
     assert (row["holds_answer"], row["answer_chars"]) == (0.5, 20)  # of the two that carry an answer; all three own
+
+
+def test_lines_of_code_a_reader_kept_are_read_apart_from_the_prose_as_written():
+    """A Markdown or HTML page's code block reaches the passage as plain lines: joined to the sentence before it and
+    stripped of its quotes (as AsciiDoc emphasis), an answer would quote code that does not run."""
+    text = ("See filehandle.createReadStream() for the options.\nimport { open } from 'node:fs/promises';\n"
+            "for await (const line of file.readLines()) {\nconsole.log(line);\n}\nA wrapped line of prose (the default);\n"
+            "ends here.")
+    assert prose_sentences(text) == [
+        "See filehandle.createReadStream() for the options.",
+        "import { open } from 'node:fs/promises'; for await (const line of file.readLines()) { console.log(line); }",
+        "A wrapped line of prose (the default); ends here."]

@@ -125,6 +125,10 @@ def strip_markup(text: str) -> str:
 _RUN_TITLE = re.compile(r"(?:(?<=[.!?:])|^)[ \t]*[^.!?:\n]{1,60}?[ \t]+([=\-~^+*])\1{3,}(?=[ \t]|$)", re.M)
 _RUN = re.compile(r"(?:(?<=\S)[ \t]+([=\-~^+*_.])\1{3,}(?=[ \t]|$))|(?:^([=\-~^+*_.])\2{3,}[ \t]+(?=\S))", re.M)
 _COMMAND = re.compile(r"^\$ ")  # a shell command line, not prose
+# A line of C-family code that a reader kept without its block's fences: it ends a statement or a block, and holds a
+# call, a brace or an assignment ("const file = await open(path);", "for (const x of y) {"), or closes a block
+# ("})();"). A wrapped line of prose ending in ";" has no call: "... (the default);".
+_CODE_LINE = re.compile(r"^(?=.*(?:\w\(|[{}=])).*[;{}]$|^[})\]]")
 
 
 def _split_runs(text: str) -> str:
@@ -134,9 +138,11 @@ def _split_runs(text: str) -> str:
 def paragraphs(text: str) -> list[str]:
     """The prose paragraphs of a passage with its markup removed and wrapped lines joined: headings (also
     underlined ones), code and literal blocks and markup-only lines are dropped; a list item or a definition
-    (`term::` lines, then their text: "-q, --quiet: text") starts a paragraph of its own."""
+    (`term::` lines, then their text: "-q, --quiet: text") starts a paragraph of its own, and so do lines of code
+    a reader kept without their fences (`_CODE_LINE`), as they are written: markup rules would eat their quotes."""
     out: list[str] = []
     current: list[str] = []
+    code: list[str] = []      # lines of code in a row
     terms: list[str] = []     # definition terms waiting for their text
     fence, previous, literal = None, "", False
 
@@ -148,6 +154,13 @@ def paragraphs(text: str) -> list[str]:
     for raw in _split_runs(text).splitlines():
         line, above = raw.strip(), previous
         previous = line
+        if fence is None and line and not raw.startswith((" ", "\t")) and _CODE_LINE.match(line):  # indented: literal
+            close()
+            code.append(line)
+            continue
+        if code:
+            out.append(" ".join(code))
+            code.clear()
         if fence is not None:
             if line.startswith(fence) and set(line) <= set(fence[0]):
                 fence = None
@@ -186,6 +199,7 @@ def paragraphs(text: str) -> list[str]:
         if line:
             current.append(line)
     close()
+    out.append(" ".join(code))
     return [p for p in (re.sub(r"\s+", " ", p).strip() for p in out) if p]
 
 
