@@ -223,8 +223,8 @@ def test_bm25_holds_counts_not_scores():
 
 
 def test_facts_and_vectors_read_by_batches_are_the_index_read_at_once(tmp_path, monkeypatch):
-    """The facts' table and the vectors go from DuckDB a batch at a time (here a few rows, so facts, their entity
-    lists and vectors span many batches) into the very arrays one batch gives."""
+    """The facts' table, the vectors and the graph's edge tables go from DuckDB a batch at a time (here a few rows,
+    so facts, their entity lists, vectors and edges span many batches) into the very arrays one batch gives."""
     from pathlib import Path
 
     from lazyhippo.index import run_index
@@ -242,7 +242,13 @@ def test_facts_and_vectors_read_by_batches_are_the_index_read_at_once(tmp_path, 
     whole = built()
     monkeypatch.setattr(loader, "_BATCH_ROWS", 3)
     monkeypatch.setattr(loader, "_VECTOR_BATCH_ROWS", 5)
+    monkeypatch.setattr(loader, "_EDGE_BATCH_ROWS", 7)
     batched = built()
+    assert whole.graph.edges > 4 * 7 * 2
+    for a, b in ((whole.graph.adjacency_matrix(), batched.graph.adjacency_matrix()),
+                 (whole.graph.columns32, batched.graph.columns32)):
+        for part in ("indptr", "indices", "data"):
+            assert getattr(a, part).tobytes() == getattr(b, part).tobytes()
     assert len(whole.facts.ids) > 3 * 5 and whole.facts.entities.nnz > len(whole.facts.ids)
     assert whole.facts.ids.data.tobytes() == batched.facts.ids.data.tobytes()
     assert whole.facts.ids.offsets.tobytes() == batched.facts.ids.offsets.tobytes()
