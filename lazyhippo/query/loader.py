@@ -567,14 +567,14 @@ def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> sp.csc_matrix
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
     n_e, n_p = len(entities.ids), len(chunks.ids)
     entity_pos = entities.pos
-    synonyms = _entity_edges(con, ns, "knn_edges", "score")  # the smaller first: its read's peak is not over the other's
+    synonyms = _entity_edges(con, ns, "knn_edges", "score")  # the smaller first: only it is held over the other's read
     relations = _entity_edges(con, ns, "relations", "weight")
     mc = mentions.counts.tocoo()
     adjacency = passage_adjacency(params, n_e, n_p, entities.types, relations, synonyms, mc,
                                   mentions.title_entity[mc.row] == mc.col)
-    del relations, synonyms, mc  # the edges' columns (16 bytes a relation) before the triangle's and the transitions' copies
+    del relations, synonyms, mc  # the edges' columns (16 bytes a relation) before the triangle's arrays
     adjacency.sort_indices()
-    triangle = _Triangle.of(adjacency)  # before the transitions: its transpose's copy is then the peak alone
+    triangle = _Triangle.of(adjacency)  # before the transitions: its blocks' scratch is not beside their values
     t32, columns32, degree = _transitions(adjacency)
     del adjacency
     return Graph(adjacency=triangle, dangling=degree <= 0,
