@@ -589,7 +589,7 @@ def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
     ids: DuckDB's ORDER BY held 120 MB more at 50,000 documents (6.6M relations) and took longer; edges to no
     entity are left out. Joined a slice of the table's rows at a time into the arrays, the blocks DuckDB cached
     for a slice released before the next: the whole join's result beside its numpy copy and the table's cached
-    blocks took 430 MB at once at 50,000 documents, by 2M rows 320."""
+    blocks took 430 MB at once at 50,000 documents, by 1M rows 290."""
     from lazyhippo.stores.warehouse import release_cache
 
     lo, hi, n = con.execute(f"SELECT min(rowid), max(rowid), count(*) FROM {table} WHERE namespace = $ns",
@@ -613,7 +613,7 @@ def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
     return EntityEdges(*(column[:done] for column in out.values()))
 
 
-_EDGE_BATCH_ROWS = 1 << 21  # rows of an edge table joined at once
+_EDGE_BATCH_ROWS = 1 << 20  # rows of an edge table joined at once
 
 
 def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix | None, sp.csc_matrix, np.ndarray]:
@@ -925,7 +925,7 @@ class _Triangle:
         n = a.shape[0]
         if a.shape[0] != a.shape[1] or not a.has_sorted_indices:
             return a
-        blocks = _row_blocks(a.indptr, min(_TRIANGLE_BLOCK, max(a.nnz // 16, 1 << 12)))
+        blocks = _row_blocks(a.indptr, min(_TRIANGLE_BLOCK, max(a.nnz // 8, 1 << 12)))
         differs = _mirrors(a, blocks)
         if differs is None:
             return a
@@ -1025,7 +1025,7 @@ def _mirrors(a: sp.csr_matrix, blocks: list[tuple[int, int, int, int]]) -> np.nd
     return differs
 
 
-_TRIANGLE_BLOCK = 1 << 21  # entries of a block of rows made at once (a sixteenth of them at most: a block's
+_TRIANGLE_BLOCK = 1 << 21  # entries of a block of rows made at once (an eighth of them at most: a block's
                            # scratch is ~40 bytes an entry, the masks of every entry 4)
 
 
