@@ -63,27 +63,34 @@ def passage_adjacency(params: GraphParams, n_entities: int, n_chunks: int, entit
         keep &= ~skip[r.source.clip(0)] & ~skip[r.target.clip(0)]
     missing = np.isnan(r.weight)
     keep &= np.where(missing, 1.0, r.weight) >= params.relation_min_weight
-    weight = np.where(missing | (r.weight == 0), 1.0, r.weight)  # no weight counts as one co-occurrence
-    rel = (r.source[keep], r.target[keep], params.relation_weight * np.minimum(weight[keep], params.relation_cap))
-    del keep, missing, weight
+    del missing
+
+    def relation_weight(w: np.ndarray) -> np.ndarray:
+        w = np.where(np.isnan(w) | (w == 0), 1.0, w)  # no weight counts as one co-occurrence
+        np.minimum(w, params.relation_cap, out=w)
+        w *= params.relation_weight
+        return w
+
+    rel = (r.source, r.target, r.weight, relation_weight, keep)
     keep = (sy.source >= 0) & (sy.target >= 0) & (sy.source != sy.target) & (sy.weight >= params.synonym_min_score)
-    syn = (sy.source[keep], sy.target[keep], params.synonym_weight * sy.weight[keep])
+    syn = (sy.source, sy.target, sy.weight, lambda w: params.synonym_weight * w, keep)
     mw = params.mention_weight * np.log1p(mentions.data) + params.title_mention_weight * is_title
-    adjacency = _both_ways(n_entities + n_chunks, rel, syn, (mentions.row + n_entities, mentions.col, mw))
-    del rel, syn, mw
+    adjacency = _both_ways(n_entities + n_chunks, rel, syn, (mentions.row + n_entities, mentions.col, mw, None, None))
+    del rel, syn, mw, keep
     adjacency.sum_duplicates()  # in place
     return adjacency
 
 
-def _both_ways(n: int, *edges: tuple[np.ndarray, np.ndarray, np.ndarray]) -> sp.csr_matrix:
-    """Each group of (i, j, w) edges as i -> j then j -> i, the groups one after another, placed straight into a
-    CSR matrix with duplicates unsummed: each row's entries in the order met, as scipy's COO -> CSR places them,
-    so summing them gives its bits. Placed a block at a time: the edges as COO rows, columns and values beside
-    the CSR arrays held 28 bytes an entry at once (the build's peak, 18M entries at 50,000 documents), this 12."""
+def _both_ways(n: int, *edges: tuple) -> sp.csr_matrix:
+    """Each group of (i, j, w, weigh, keep) edges, those `keep` keeps (None: all) with their weights `weigh(w)`
+    (None: w), as i -> j then j -> i, the groups one after another, placed straight into a CSR matrix with
+    duplicates unsummed: each row's entries in the order met, as scipy's COO -> CSR places them, so summing them
+    gives its bits. Placed, masked and weighed a block at a time: the edges as COO rows, columns and values beside
+    the CSR arrays held 28 bytes an entry at once (18M entries at 50,000 documents), this 12; the kept edges'
+    copies and weights beside the edges, 16 bytes a relation more (6.6M relations at 50,000 documents)."""
     counts = np.zeros(n, dtype=np.int64)
-    for i, j, _ in edges:
-        counts += np.bincount(i, minlength=n)
-        counts += np.bincount(j, minlength=n)
+    for a, _, _ in _blocks(edges, weighed=False):
+        counts += np.bincount(a, minlength=n)
     nnz = int(counts.sum())
     index = np.int32 if max(nnz, n) <= np.iinfo(np.int32).max else np.int64
     indptr = np.zeros(n + 1, dtype=index)
@@ -91,11 +98,21 @@ def _both_ways(n: int, *edges: tuple[np.ndarray, np.ndarray, np.ndarray]) -> sp.
     del counts
     indices, data = np.empty(nnz, dtype=index), np.empty(nnz, dtype=np.float64)
     cursor = indptr[:-1].astype(np.int64)  # where each row's next entry goes
-    for i, j, w in edges:
+    for a, b, w in _blocks(edges):
+        _place(n, a, b, w, cursor, indices, data)
+    return sp.csr_matrix((data, indices, indptr), shape=(n, n))
+
+
+def _blocks(edges, weighed: bool = True):
+    """The (row, column, value) blocks of at most `_PLACE_BLOCK` edges that `_both_ways` places, in its order
+    (values None unless `weighed`)."""
+    for i, j, w, weigh, keep in edges:
         for a, b in ((i, j), (j, i)):
             for at in range(0, len(w), _PLACE_BLOCK):
-                _place(n, a[at:at + _PLACE_BLOCK], b[at:at + _PLACE_BLOCK], w[at:at + _PLACE_BLOCK], cursor, indices, data)
-    return sp.csr_matrix((data, indices, indptr), shape=(n, n))
+                s = slice(at, at + _PLACE_BLOCK)
+                k = slice(None) if keep is None else keep[s]
+                v = None if not weighed else w[s][k] if weigh is None else weigh(w[s][k])
+                yield a[s][k], b[s][k], v
 
 
 def _place(n: int, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, cursor: np.ndarray,

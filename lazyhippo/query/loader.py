@@ -565,17 +565,16 @@ def _coverage(counts: sp.csr_matrix, members: list[np.ndarray]) -> sp.csc_matrix
 
 
 def _graph(con, ns: dict, params: GraphParams, chunks: Chunks, entities: Entities, mentions: Mentions) -> Graph:
-    from lazyhippo.stores.warehouse import release_cache
-
     n_e, n_p = len(entities.ids), len(chunks.ids)
     entity_pos = entities.pos
-    edges = [_entity_edges(con, ns, table, weight) for table, weight in (("relations", "weight"), ("knn_edges", "score"))]
-    release_cache(con)
+    synonyms = _entity_edges(con, ns, "knn_edges", "score")  # the smaller first: only it is held over the other's read
+    relations = _entity_edges(con, ns, "relations", "weight")
     mc = mentions.counts.tocoo()
-    adjacency = passage_adjacency(params, n_e, n_p, entities.types, *edges, mc, mentions.title_entity[mc.row] == mc.col)
-    del edges, mc  # the edges' columns (16 bytes a relation) before the triangle's and the transitions' copies
+    adjacency = passage_adjacency(params, n_e, n_p, entities.types, relations, synonyms, mc,
+                                  mentions.title_entity[mc.row] == mc.col)
+    del relations, synonyms, mc  # the edges' columns (16 bytes a relation) before the triangle's arrays
     adjacency.sort_indices()
-    triangle = _Triangle.of(adjacency)  # before the transitions: its transpose's copy is then the peak alone
+    triangle = _Triangle.of(adjacency)  # before the transitions: its blocks' scratch is not beside their values
     t32, columns32, degree = _transitions(adjacency)
     del adjacency
     return Graph(adjacency=triangle, dangling=degree <= 0,
@@ -588,17 +587,33 @@ def _entity_edges(con, ns: dict, table: str, weight: str) -> EntityEdges:
     DuckDB: 13.7M relations read as two columns of ids took 3 GB of Arrow strings to look up. In the table's own
     order, as `passage_adjacency` sums duplicates in the order it meets them, put so by a numpy sort of the row
     ids: DuckDB's ORDER BY held 120 MB more at 50,000 documents (6.6M relations) and took longer; edges to no
-    entity are left out."""
-    rows = con.execute(f"""
-        WITH e AS (SELECT entity_id, row_number() OVER (ORDER BY entity_id) - 1 AS pos
-                   FROM entities WHERE namespace = $ns)
-        SELECT r.rowid AS at, s.pos::INTEGER AS source, t.pos::INTEGER AS target,
-               coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
-        FROM {table} r JOIN e s ON s.entity_id = r.source_id JOIN e t ON t.entity_id = r.target_id
-        WHERE r.namespace = $ns""", ns).fetchnumpy()
-    order = np.argsort(np.asarray(rows.pop("at")), kind="stable")
-    return EntityEdges(*(np.asarray(rows.pop(c), dtype=d)[order] for c, d in
-                         (("source", np.int32), ("target", np.int32), ("weight", np.float64))))
+    entity are left out. Joined a slice of the table's rows at a time into the arrays, the blocks DuckDB cached
+    for a slice released before the next: the whole join's result beside its numpy copy and the table's cached
+    blocks took 430 MB at once at 50,000 documents, by 1M rows 290."""
+    from lazyhippo.stores.warehouse import release_cache
+
+    lo, hi, n = con.execute(f"SELECT min(rowid), max(rowid), count(*) FROM {table} WHERE namespace = $ns",
+                            ns).fetchall()[0]
+    out = {"source": np.empty(n, dtype=np.int32), "target": np.empty(n, dtype=np.int32), "weight": np.empty(n)}
+    done = 0
+    for first in range(lo or 0, (hi or -1) + 1, _EDGE_BATCH_ROWS):
+        rows = con.execute(f"""
+            WITH e AS (SELECT entity_id, row_number() OVER (ORDER BY entity_id) - 1 AS pos
+                       FROM entities WHERE namespace = $ns)
+            SELECT r.rowid AS at, s.pos::INTEGER AS source, t.pos::INTEGER AS target,
+                   coalesce({weight}::DOUBLE, 'NaN'::DOUBLE) AS weight
+            FROM {table} r JOIN e s ON s.entity_id = r.source_id JOIN e t ON t.entity_id = r.target_id
+            WHERE r.namespace = $ns AND r.rowid BETWEEN $first AND $last""",
+                           {**ns, "first": first, "last": first + _EDGE_BATCH_ROWS - 1}).fetchnumpy()
+        order = np.argsort(np.asarray(rows.pop("at")), kind="stable")
+        for c, column in out.items():
+            column[done:done + len(order)] = np.asarray(rows.pop(c))[order]
+        done += len(order)
+        release_cache(con)
+    return EntityEdges(*(column[:done] for column in out.values()))
+
+
+_EDGE_BATCH_ROWS = 1 << 20  # rows of an edge table joined at once
 
 
 def _transitions(adjacency: sp.csr_matrix) -> tuple[sp.csr_matrix | None, sp.csc_matrix, np.ndarray]:
@@ -631,9 +646,7 @@ def _scaled32(a: sp.csr_matrix, inv: np.ndarray) -> np.ndarray:
     """Each entry of `a` times its row's `inv`, in float32, by blocks of rows: the float64 products of all the
     entries beside their float32 copy were 12 bytes an entry at once."""
     out = np.empty(a.nnz, dtype=np.float32)
-    cuts = np.unique(np.searchsorted(a.indptr, np.arange(0, a.nnz, _SCALE_BLOCK), side="right") - 1)
-    for r0, r1 in zip(cuts, [*cuts[1:], a.shape[0]]):
-        s, e = a.indptr[r0], a.indptr[r1]
+    for r0, r1, s, e in _row_blocks(a.indptr, _SCALE_BLOCK):
         block = np.repeat(inv[r0:r1], np.diff(a.indptr[r0:r1 + 1]))
         block *= a.data[s:e]
         out[s:e] = block
@@ -904,34 +917,42 @@ class _Triangle:
 
     @classmethod
     def of(cls, a: sp.csr_matrix) -> "_Triangle | sp.csr_matrix":
-        """The triangle of `a`, or `a` itself when it is not structurally symmetric. `a` by columns is its
-        transpose by rows: with `a`'s structure when `a` is structurally symmetric, and then each entry's value
-        there is its mirror's, the one `matrix` gives an entry below the diagonal. Checked so, not by building
-        the whole matrix again from the triangle (with its transposed copy, 30 bytes an entry at once)."""
+        """The triangle of `a`, or `a` itself when it is not structurally symmetric (checked with `_mirrors`, not
+        by building the whole matrix again from the triangle, with its transposed copy 30 bytes an entry at
+        once). Made a block of rows at a time, so no array of every entry is held but a mask: the rows of all
+        the entries, the mask of those above and the triangle's values before their coding were 14 bytes an
+        entry beside `a` at once."""
         n = a.shape[0]
         if a.shape[0] != a.shape[1] or not a.has_sorted_indices:
             return a
-        mirrored = a.tocsc()
-        if not (np.array_equal(mirrored.indptr, a.indptr) and np.array_equal(mirrored.indices, a.indices)):
+        blocks = _row_blocks(a.indptr, min(_TRIANGLE_BLOCK, max(a.nnz // 8, 1 << 12)))
+        differs = _mirrors(a, blocks)
+        if differs is None:
             return a
-        bits = f"u{a.data.dtype.itemsize}"  # compared bit for bit
-        differs = a.data.view(bits) != mirrored.data.view(bits)
-        del mirrored  # before the rows and the triangle's mask: the three beside it were the graph build's peak
-        rows = np.repeat(np.arange(n, dtype=a.indices.dtype), np.diff(a.indptr))
-        upper = a.indices >= rows
-        differs &= ~upper
+        upper = np.empty(a.nnz, dtype=bool)
+        per_row = np.zeros(n, dtype=a.indptr.dtype)
+        for r0, r1, s, e in blocks:
+            rows = np.repeat(np.arange(r0, r1, dtype=a.indices.dtype), np.diff(a.indptr[r0:r1 + 1]))
+            np.greater_equal(a.indices[s:e], rows, out=upper[s:e])
+            per_row[r0:r1] = np.bincount(rows[upper[s:e]] - r0, minlength=r1 - r0)
+        differs[upper] = False
         fixed_at = np.flatnonzero(differs)
         del differs
-        offsets = a.indices[upper]
-        offsets -= rows[upper]
         indptr = np.zeros(n + 1, dtype=a.indptr.dtype)
-        np.cumsum(np.bincount(rows[upper], minlength=n), out=indptr[1:])
-        del rows
-        data = a.data[upper]
-        del upper
-        values, codes = _coded(data)
-        if codes.nbytes + values.nbytes >= data.nbytes:
-            values, codes = data, None
+        np.cumsum(per_row, out=indptr[1:])
+        del per_row
+        offsets = np.empty(indptr[-1], dtype=a.indices.dtype)
+        values = np.unique(np.concatenate([np.unique(a.data[s:e][upper[s:e]]) for _, _, s, e in blocks]
+                                          or [a.data[:0]]))
+        codes = np.empty(indptr[-1], dtype=np.min_scalar_type(max(len(values) - 1, 0)))
+        for r0, r1, s, e in blocks:
+            u = upper[s:e]
+            rows = np.repeat(np.arange(r0, r1, dtype=a.indices.dtype), np.diff(a.indptr[r0:r1 + 1]))
+            t0, t1 = indptr[r0], indptr[r1]
+            np.subtract(a.indices[s:e][u], rows[u], out=offsets[t0:t1])
+            codes[t0:t1] = np.searchsorted(values, a.data[s:e][u])
+        if codes.nbytes + values.nbytes >= a.data.itemsize * len(codes):
+            values, codes = a.data[upper], None
         return cls(a.shape, indptr, Ascending.of(offsets, indptr), values, codes, fixed_at, a.data[fixed_at])
 
     def matrix(self) -> sp.csr_matrix:
@@ -967,17 +988,45 @@ def _matrix(adjacency: "_Triangle | sp.csr_matrix") -> sp.csr_matrix:
     return adjacency.matrix() if isinstance(adjacency, _Triangle) else adjacency
 
 
-def _coded(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of `data` and each entry's index among them in the smallest unsigned type, `np.unique`'s
-    with `return_inverse`, by blocks: its sort permutation and inverse were two int64 arrays of every entry."""
-    values = np.unique(data)
-    codes = np.empty(len(data), dtype=np.min_scalar_type(max(len(values) - 1, 0)))
-    for a in range(0, len(data), _CODE_BLOCK):
-        codes[a:a + _CODE_BLOCK] = np.searchsorted(values, data[a:a + _CODE_BLOCK])
-    return values, codes
+def _row_blocks(indptr: np.ndarray, size: int) -> list[tuple[int, int, int, int]]:
+    """(first row, end row, first entry, end entry) of consecutive blocks of rows of about `size` entries each
+    (a longer row alone)."""
+    cuts = np.unique(np.searchsorted(indptr, np.arange(0, indptr[-1], size), side="right") - 1).tolist()
+    ends = [*cuts[1:], len(indptr) - 1]
+    return [(r0, r1, int(indptr[r0]), int(indptr[r1])) for r0, r1 in zip(cuts, ends)]
 
 
-_CODE_BLOCK = 1 << 22
+def _mirrors(a: sp.csr_matrix, blocks: list[tuple[int, int, int, int]]) -> np.ndarray | None:
+    """Where each entry of `a` (sorted indices) differs bit for bit from its mirror image, or None when `a` is not
+    structurally symmetric. `a` by columns is its transpose by rows: made here for a block of columns at a time
+    (their entries, rows ascending, placed by column as scipy's stable COO -> CSR does), it has the block's rows'
+    structure when `a` is structurally symmetric, and its values are then their mirrors'. The whole column form
+    beside the mask took 13 bytes an entry at once."""
+    from scipy.sparse._sparsetools import coo_tocsr
+
+    n, index = a.shape[0], a.indices.dtype
+    bits = f"u{a.data.dtype.itemsize}"
+    differs = np.empty(a.nnz, dtype=bool)
+    inside, below = np.empty(a.nnz, dtype=bool), np.empty(a.nnz, dtype=bool)
+    for r0, r1, s, e in blocks:
+        np.greater_equal(a.indices, r0, out=inside)
+        np.less(a.indices, r1, out=below)
+        inside &= below
+        at = np.flatnonzero(inside)  # the entries of columns r0..r1-1, by row
+        if len(at) != e - s:
+            return None
+        rows = (np.searchsorted(a.indptr, at, side="right") - 1).astype(index)
+        bp, bj, bx = np.empty(r1 - r0 + 1, dtype=index), np.empty(len(at), dtype=index), np.empty(len(at), a.dtype)
+        coo_tocsr(r1 - r0, n, len(at), a.indices[at] - index.type(r0), rows, a.data[at], bp, bj, bx)
+        del at, rows
+        if not (np.array_equal(bp, a.indptr[r0:r1 + 1] - a.indptr[r0]) and np.array_equal(bj, a.indices[s:e])):
+            return None
+        np.not_equal(bx.view(bits), a.data[s:e].view(bits), out=differs[s:e])
+    return differs
+
+
+_TRIANGLE_BLOCK = 1 << 21  # entries of a block of rows made at once (an eighth of them at most: a block's
+                           # scratch is ~40 bytes an entry, the masks of every entry 4)
 
 
 def _filled(con, idx: GraphIndex) -> GraphIndex:
