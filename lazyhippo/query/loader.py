@@ -783,8 +783,8 @@ def _disk_cache(db_path: Path, namespace: str, params: GraphParams) -> Path:
 def _read_cached(path: Path, con) -> GraphIndex | None:
     """The cached index, or None when absent or unreadable (a cache written with another version of a library,
     a truncated file, rows the snapshot `con` no longer holds): it is then built again. Its arrays are
-    copy-on-write maps of the file, so only the pages a query touches are read; what the cache leaves out
-    (`_slim`) is read from the snapshot or derived again. The file is as trusted as the snapshot beside it: both
+    decompressed, or (those compression saves little of) copy-on-write maps of the file, of which only the pages a
+    query touches are read; what the cache leaves out (`_slim`) is read from the snapshot or derived again. The file is as trusted as the snapshot beside it: both
     are written only by the home's owner."""
     t0 = time.perf_counter()
     try:
@@ -800,16 +800,23 @@ def _read_cached(path: Path, con) -> GraphIndex | None:
 
 
 def _unpickled(path: Path):
-    """The `_slim` index a cache file holds, its arrays mapped from the file."""
+    """The `_slim` index a cache file holds: its compressed arrays decompressed, the others mapped from the file.
+    A file of another layout (no `_MAGIC`) raises ValueError."""
+    import pyarrow as pa  # imported by the load's vector read (`_vectors`) anyway
+
     with open(path, "rb") as f:
         data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
-        at, n_pickle, n_buffers = _HEADER.unpack_from(data)
-        spans = np.frombuffer(data, dtype=np.uint64, count=2 * n_buffers, offset=at + n_pickle).reshape(-1, 2)
-        f.seek(at)
-        buffers = (data[int(o):int(o) + int(n)] for o, n in spans)
-        # an unpickler each: each pickle numbers its objects from 0, which a cleared unpickler memo does not do again
-        head = pickle.Unpickler(f, buffers=buffers).load()
-        return replace(head, **{name: pickle.Unpickler(f, buffers=buffers).load() for name in _PARTS})
+    magic, at, n_stream, n_buffers = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise ValueError(f"{path} is not an index cache of this layout")
+    spans = np.frombuffer(data, dtype=np.uint64, count=3 * n_buffers, offset=at + n_stream).reshape(-1, 3)
+    codec = pa.Codec(_CODEC)
+    buffers = (data[o:o + n] if not packed else codec.decompress(data[o:o + packed], decompressed_size=n)
+               for o, n, packed in spans.tolist())
+    stream = pa.CompressedInputStream(pa.BufferReader(pa.py_buffer(data[at:at + n_stream])), _CODEC)
+    # an unpickler each: each pickle numbers its objects from 0, which a cleared unpickler memo does not do again
+    head = pickle.Unpickler(stream, buffers=buffers).load()
+    return replace(head, **{name: pickle.Unpickler(stream, buffers=buffers).load() for name in _PARTS})
 
 
 _PARTS = ("chunks", "entities", "mentions", "facts", "communities", "graph", "lexical")  # pickled one at a time
@@ -1053,18 +1060,28 @@ def _texts(con, table: str, key: str, ns: str, ids: Sequence[str]) -> Texts:
     return Texts.of_bytes(out)
 
 
-_HEADER = struct.Struct("<QQQ")  # the pickles' offset and length, the number of out-of-band buffers
+_MAGIC = b"lhidx\x00\x00\x02"  # the layout: a file without it (an older one) is read as absent and built again
+_HEADER = struct.Struct("<8sQQQ")  # the magic, the pickles' offset and compressed length, the number of arrays
 _ALIGN = 64
+_CODEC = "zstd"
+_LEVEL = 3
+_BLOCK = 1 << 22  # compressed by blocks of 4 MB, one zstd frame each: a block's copy at a time beside the index
+_PACKED_AT_MOST = 0.9  # an array whose compression saves less stays mapped: read only where a query touches it
 
 
 def _write_cached(path: Path, idx: GraphIndex) -> None:
     """Write atomically, and drop the namespace's caches of other snapshot versions; a home that cannot be written
-    (a read-only replica) goes without. The file: the header, the arrays out of band (each aligned for mapping)
-    written as pickle meets them, the pickles of the index's head and of each `_slim` part, and each array's
-    (offset, length). A part's slim form is made and written before the next one's: the whole slim index and its
-    pickle stream in memory beside the index took 0.9 GB at 100,000 documents."""
+    (a read-only replica) goes without. The file: the header, the arrays out of band written as pickle meets them,
+    the zstd-compressed pickles of the index's head and of each `_slim` part, and each array's (offset, length,
+    compressed length or 0). Arrays are compressed (a load and the first queries read nearly all of them whole:
+    at 50,000 documents 263 of 273 MB) unless that saves little (hashes, float ranks, packed offsets), which are
+    written aligned and mapped. A part's slim form is made and written before the next one's: the whole slim
+    index and its pickle stream in memory beside the index took 0.9 GB at 100,000 documents."""
+    import pyarrow as pa
+
+    codec = pa.Codec(_CODEC, compression_level=_LEVEL)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    spans: list[tuple[int, int]] = []
+    spans: list[tuple[int, int, int]] = []
     try:
         path.parent.mkdir(exist_ok=True)
         with open(tmp, "wb") as f, tempfile.TemporaryFile(dir=path.parent) as stream:
@@ -1072,9 +1089,15 @@ def _write_cached(path: Path, idx: GraphIndex) -> None:
 
             def out_of_band(buffer: pickle.PickleBuffer) -> bool:
                 raw = buffer.raw()
-                f.write(b"\0" * (-f.tell() % _ALIGN))
-                spans.append((f.tell(), raw.nbytes))
-                f.write(raw)
+                blocks = [codec.compress(raw[a:a + _BLOCK], asbytes=True) for a in range(0, raw.nbytes, _BLOCK)] \
+                    if raw.nbytes else []
+                packed = sum(map(len, blocks))
+                if packed > _PACKED_AT_MOST * raw.nbytes:
+                    blocks, packed = [raw], 0
+                    f.write(b"\0" * (-f.tell() % _ALIGN))
+                spans.append((f.tell(), raw.nbytes, packed))
+                for block in blocks:
+                    f.write(block)
                 return False
 
             pickler = pickle.Pickler(stream, protocol=5, buffer_callback=out_of_band)
@@ -1083,12 +1106,14 @@ def _write_cached(path: Path, idx: GraphIndex) -> None:
                 pickler.clear_memo()  # no part refers to another's objects: its slim copies go once it is written
                 pickler.dump(_slim(name, getattr(idx, name)))
             del pickler
-            at, n_pickle = f.tell(), stream.tell()
+            at = f.tell()
             stream.seek(0)
-            shutil.copyfileobj(stream, f)
-            f.write(np.asarray(spans, dtype=np.uint64).reshape(-1, 2).tobytes())
+            while block := stream.read(_BLOCK):
+                f.write(codec.compress(block, asbytes=True))
+            n_stream = f.tell() - at
+            f.write(np.asarray(spans, dtype=np.uint64).reshape(-1, 3).tobytes())
             f.seek(0)
-            f.write(_HEADER.pack(at, n_pickle, len(spans)))
+            f.write(_HEADER.pack(_MAGIC, at, n_stream, len(spans)))
         os.replace(tmp, path)
         version = path.name.rsplit("-", 2)[1]
         for old in path.parent.glob(f"{idx.namespace}-*-*.pickle"):
