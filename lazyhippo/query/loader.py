@@ -784,8 +784,8 @@ def _read_cached(path: Path, con) -> GraphIndex | None:
     """The cached index, or None when absent or unreadable (a cache written with another version of a library,
     a truncated file, rows the snapshot `con` no longer holds): it is then built again. Its arrays are
     decompressed, or (those compression saves little of) copy-on-write maps of the file, of which only the pages a
-    query touches are read; what the cache leaves out (`_slim`) is read from the snapshot or derived again. The file is as trusted as the snapshot beside it: both
-    are written only by the home's owner."""
+    query touches are read; what the cache leaves out (`_slim`) is read from the snapshot or derived again. The
+    file is as trusted as the snapshot beside it: both are written only by the home's owner."""
     t0 = time.perf_counter()
     try:
         idx = _unpickled(path)
