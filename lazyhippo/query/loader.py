@@ -810,8 +810,9 @@ def _unpickled(path: Path):
     if magic != _MAGIC:
         raise ValueError(f"{path} is not an index cache of this layout")
     spans = np.frombuffer(data, dtype=np.uint64, count=3 * n_buffers, offset=at + n_stream).reshape(-1, 3)
-    codec = pa.Codec(_CODEC)
-    buffers = (data[o:o + n] if not packed else codec.decompress(data[o:o + packed], decompressed_size=n)
+    codec, pool = pa.Codec(_CODEC), pa.system_memory_pool()  # malloc's: mimalloc kept what a load had freed
+    buffers = (data[o:o + n] if not packed else codec.decompress(data[o:o + packed], decompressed_size=n,
+                                                                 memory_pool=pool)
                for o, n, packed in spans.tolist())
     stream = pa.CompressedInputStream(pa.BufferReader(pa.py_buffer(data[at:at + n_stream])), _CODEC)
     # an unpickler each: each pickle numbers its objects from 0, which a cleared unpickler memo does not do again
@@ -1065,7 +1066,7 @@ _HEADER = struct.Struct("<8sQQQ")  # the magic, the pickles' offset and compress
 _ALIGN = 64
 _CODEC = "zstd"
 _LEVEL = 3
-_BLOCK = 1 << 22  # compressed by blocks of 4 MB, one zstd frame each: a block's copy at a time beside the index
+_BLOCK = 1 << 22  # compressed by blocks of 4 MB, one zstd frame each: the compressor works on a block, not an array
 _PACKED_AT_MOST = 0.9  # an array whose compression saves less stays mapped: read only where a query touches it
 
 
@@ -1079,7 +1080,7 @@ def _write_cached(path: Path, idx: GraphIndex) -> None:
     index and its pickle stream in memory beside the index took 0.9 GB at 100,000 documents."""
     import pyarrow as pa
 
-    codec = pa.Codec(_CODEC, compression_level=_LEVEL)
+    codec, pool = pa.Codec(_CODEC, compression_level=_LEVEL), pa.system_memory_pool()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     spans: list[tuple[int, int, int]] = []
     try:
@@ -1089,8 +1090,8 @@ def _write_cached(path: Path, idx: GraphIndex) -> None:
 
             def out_of_band(buffer: pickle.PickleBuffer) -> bool:
                 raw = buffer.raw()
-                blocks = [codec.compress(raw[a:a + _BLOCK], asbytes=True) for a in range(0, raw.nbytes, _BLOCK)] \
-                    if raw.nbytes else []
+                blocks = [codec.compress(raw[a:a + _BLOCK], asbytes=True, memory_pool=pool)
+                          for a in range(0, raw.nbytes, _BLOCK)]
                 packed = sum(map(len, blocks))
                 if packed > _PACKED_AT_MOST * raw.nbytes:
                     blocks, packed = [raw], 0
@@ -1109,7 +1110,7 @@ def _write_cached(path: Path, idx: GraphIndex) -> None:
             at = f.tell()
             stream.seek(0)
             while block := stream.read(_BLOCK):
-                f.write(codec.compress(block, asbytes=True))
+                f.write(codec.compress(block, asbytes=True, memory_pool=pool))
             n_stream = f.tell() - at
             f.write(np.asarray(spans, dtype=np.uint64).reshape(-1, 3).tobytes())
             f.seek(0)
