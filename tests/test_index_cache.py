@@ -81,6 +81,55 @@ def test_an_unreadable_cache_is_built_again(tmp_path):
     assert load_index(settings).stats["cached"]  # written again whole
 
 
+def test_a_cache_of_the_older_layout_is_built_again(tmp_path):
+    """A file of the layout before compression (header of offsets, arrays raw, the pickles as they are), which
+    the older reader read whole, is read as absent and written again in the current layout."""
+    import struct
+
+    from lazyhippo.query.loader import _MAGIC, _PARTS, _unpickled
+
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
+    run_index(settings)
+    clear_cache()
+    load_index(settings)
+    (cache,) = _cache_files(settings)
+    slim = _unpickled(cache)
+    pickles = b"".join(pickle.dumps(part, protocol=5)  # arrays in band: no out-of-band buffer to list
+                       for part in (replace(slim, **dict.fromkeys(_PARTS)), *(getattr(slim, n) for n in _PARTS)))
+    cache.write_bytes(struct.pack("<QQQ", 24, len(pickles), 0) + pickles)
+    clear_cache()
+    assert not load_index(settings).stats.get("cached")
+    assert cache.read_bytes()[:len(_MAGIC)] == _MAGIC
+    clear_cache()
+    assert load_index(settings).stats["cached"]
+
+
+def test_the_cache_compresses_the_arrays_compression_shrinks_and_maps_the_others(tmp_path):
+    """Each array is stored zstd-compressed when that saves a tenth of it or more, else raw at an aligned offset
+    (mapped at load); the pickles are compressed too; a cached load's arrays are writable like built ones."""
+    import pyarrow as pa
+
+    from lazyhippo.query.loader import _ALIGN, _HEADER, _PACKED_AT_MOST
+
+    settings, built, cached = _built_and_cached(tmp_path)
+    (cache,) = _cache_files(settings)
+    data = cache.read_bytes()
+    _, at, n_stream, n_buffers = _HEADER.unpack_from(data)
+    spans = np.frombuffer(data, dtype=np.uint64, count=3 * n_buffers, offset=at + n_stream).reshape(-1, 3)
+    codec = pa.Codec("zstd", compression_level=3)
+    assert 0 < (spans[:, 2] > 0).sum() < n_buffers
+    for o, n, packed in spans.tolist():
+        if packed:
+            assert packed <= _PACKED_AT_MOST * n
+            assert codec.decompress(data[o:o + packed], decompressed_size=n, asbytes=True) != data[o:o + n]
+        elif n:
+            assert o % _ALIGN == 0 and len(codec.compress(data[o:o + n], asbytes=True)) > _PACKED_AT_MOST * n
+    stream = pa.CompressedInputStream(pa.BufferReader(data[at:at + n_stream]), "zstd").read()
+    assert len(stream) > n_stream
+    assert len(data) < len(stream) + spans[:, 1].sum()
+    assert cached.graph.adjacency.indptr.flags.writeable and cached.mentions.counts.indices.flags.writeable
+
+
 def test_other_graph_parameters_on_a_loaded_index_rebuild_the_graph_only(tmp_path):
     settings = Settings(home=tmp_path / "home", source=str(SAMPLE))
     run_index(settings)

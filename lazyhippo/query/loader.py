@@ -21,7 +21,6 @@ import mmap
 import os
 import pickle
 import re
-import shutil
 import struct
 import tempfile
 import threading
@@ -796,9 +795,9 @@ def _disk_cache(db_path: Path, namespace: str, params: GraphParams) -> Path:
 def _read_cached(path: Path, con) -> GraphIndex | None:
     """The cached index, or None when absent or unreadable (a cache written with another version of a library,
     a truncated file, rows the snapshot `con` no longer holds): it is then built again. Its arrays are
-    copy-on-write maps of the file, so only the pages a query touches are read; what the cache leaves out
-    (`_slim`) is read from the snapshot or derived again. The file is as trusted as the snapshot beside it: both
-    are written only by the home's owner."""
+    decompressed, or (those compression saves little of) copy-on-write maps of the file, of which only the pages a
+    query touches are read; what the cache leaves out (`_slim`) is read from the snapshot or derived again. The
+    file is as trusted as the snapshot beside it: both are written only by the home's owner."""
     t0 = time.perf_counter()
     try:
         idx = _unpickled(path)
@@ -813,16 +812,27 @@ def _read_cached(path: Path, con) -> GraphIndex | None:
 
 
 def _unpickled(path: Path):
-    """The `_slim` index a cache file holds, its arrays mapped from the file."""
+    """The `_slim` index a cache file holds: its compressed arrays decompressed, the others mapped from the file.
+    What is compressed is read by `pread`, not through the map: a mapped page read stays in the process's resident
+    memory as long as the map (+116 MB after a load at 50,000 documents, the compressed arrays beside their copies).
+    A file of another layout (no `_MAGIC`) raises ValueError."""
+    import pyarrow as pa  # imported by the load's vector read (`_vectors`) anyway
+
     with open(path, "rb") as f:
-        data = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
-        at, n_pickle, n_buffers = _HEADER.unpack_from(data)
-        spans = np.frombuffer(data, dtype=np.uint64, count=2 * n_buffers, offset=at + n_pickle).reshape(-1, 2)
-        f.seek(at)
-        buffers = (data[int(o):int(o) + int(n)] for o, n in spans)
+        fd = f.fileno()
+        magic, at, n_stream, n_buffers = _HEADER.unpack(os.pread(fd, _HEADER.size, 0))
+        if magic != _MAGIC:
+            raise ValueError(f"{path} is not an index cache of this layout")
+        spans = np.frombuffer(os.pread(fd, 24 * n_buffers, at + n_stream), dtype=np.uint64).reshape(-1, 3)
+        data = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_COPY))
+        codec, pool = pa.Codec(_CODEC), pa.system_memory_pool()  # malloc's: mimalloc kept what a load had freed
+        buffers = (data[o:o + n] if not packed else
+                   codec.decompress(os.pread(fd, packed, o), decompressed_size=n, memory_pool=pool)
+                   for o, n, packed in spans.tolist())
+        stream = pa.CompressedInputStream(pa.BufferReader(os.pread(fd, n_stream, at)), _CODEC)
         # an unpickler each: each pickle numbers its objects from 0, which a cleared unpickler memo does not do again
-        head = pickle.Unpickler(f, buffers=buffers).load()
-        return replace(head, **{name: pickle.Unpickler(f, buffers=buffers).load() for name in _PARTS})
+        head = pickle.Unpickler(stream, buffers=buffers).load()
+        return replace(head, **{name: pickle.Unpickler(stream, buffers=buffers).load() for name in _PARTS})
 
 
 _PARTS = ("chunks", "entities", "mentions", "facts", "communities", "graph", "lexical")  # pickled one at a time
@@ -1102,18 +1112,28 @@ def _texts(con, table: str, key: str, ns: str, ids: Sequence[str]) -> Texts:
     return Texts.of_bytes(out)
 
 
-_HEADER = struct.Struct("<QQQ")  # the pickles' offset and length, the number of out-of-band buffers
+_MAGIC = b"lhidx\x00\x00\x02"  # the layout: a file without it (an older one) is read as absent and built again
+_HEADER = struct.Struct("<8sQQQ")  # the magic, the pickles' offset and compressed length, the number of arrays
 _ALIGN = 64
+_CODEC = "zstd"
+_LEVEL = 3
+_BLOCK = 1 << 22  # compressed by blocks of 4 MB, one zstd frame each: the compressor works on a block, not an array
+_PACKED_AT_MOST = 0.9  # an array whose compression saves less stays mapped: read only where a query touches it
 
 
 def _write_cached(path: Path, idx: GraphIndex) -> None:
     """Write atomically, and drop the namespace's caches of other snapshot versions; a home that cannot be written
-    (a read-only replica) goes without. The file: the header, the arrays out of band (each aligned for mapping)
-    written as pickle meets them, the pickles of the index's head and of each `_slim` part, and each array's
-    (offset, length). A part's slim form is made and written before the next one's: the whole slim index and its
-    pickle stream in memory beside the index took 0.9 GB at 100,000 documents."""
+    (a read-only replica) goes without. The file: the header, the arrays out of band written as pickle meets them,
+    the zstd-compressed pickles of the index's head and of each `_slim` part, and each array's (offset, length,
+    compressed length or 0). Arrays are compressed (a load and the first queries read nearly all of them whole:
+    at 50,000 documents 263 of 273 MB) unless that saves little (hashes, float ranks, packed offsets), which are
+    written aligned and mapped. A part's slim form is made and written before the next one's: the whole slim
+    index and its pickle stream in memory beside the index took 0.9 GB at 100,000 documents."""
+    import pyarrow as pa
+
+    codec, pool = pa.Codec(_CODEC, compression_level=_LEVEL), pa.system_memory_pool()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    spans: list[tuple[int, int]] = []
+    spans: list[tuple[int, int, int]] = []
     try:
         path.parent.mkdir(exist_ok=True)
         with open(tmp, "wb") as f, tempfile.TemporaryFile(dir=path.parent) as stream:
@@ -1121,9 +1141,15 @@ def _write_cached(path: Path, idx: GraphIndex) -> None:
 
             def out_of_band(buffer: pickle.PickleBuffer) -> bool:
                 raw = buffer.raw()
-                f.write(b"\0" * (-f.tell() % _ALIGN))
-                spans.append((f.tell(), raw.nbytes))
-                f.write(raw)
+                blocks = [codec.compress(raw[a:a + _BLOCK], asbytes=True, memory_pool=pool)
+                          for a in range(0, raw.nbytes, _BLOCK)]
+                packed = sum(map(len, blocks))
+                if packed > _PACKED_AT_MOST * raw.nbytes:
+                    blocks, packed = [raw], 0
+                    f.write(b"\0" * (-f.tell() % _ALIGN))
+                spans.append((f.tell(), raw.nbytes, packed))
+                for block in blocks:
+                    f.write(block)
                 return False
 
             pickler = pickle.Pickler(stream, protocol=5, buffer_callback=out_of_band)
@@ -1132,12 +1158,14 @@ def _write_cached(path: Path, idx: GraphIndex) -> None:
                 pickler.clear_memo()  # no part refers to another's objects: its slim copies go once it is written
                 pickler.dump(_slim(name, getattr(idx, name)))
             del pickler
-            at, n_pickle = f.tell(), stream.tell()
+            at = f.tell()
             stream.seek(0)
-            shutil.copyfileobj(stream, f)
-            f.write(np.asarray(spans, dtype=np.uint64).reshape(-1, 2).tobytes())
+            while block := stream.read(_BLOCK):
+                f.write(codec.compress(block, asbytes=True, memory_pool=pool))
+            n_stream = f.tell() - at
+            f.write(np.asarray(spans, dtype=np.uint64).reshape(-1, 3).tobytes())
             f.seek(0)
-            f.write(_HEADER.pack(at, n_pickle, len(spans)))
+            f.write(_HEADER.pack(_MAGIC, at, n_stream, len(spans)))
         os.replace(tmp, path)
         version = path.name.rsplit("-", 2)[1]
         for old in path.parent.glob(f"{idx.namespace}-*-*.pickle"):
