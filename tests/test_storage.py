@@ -598,6 +598,39 @@ OLD_FACTS = {
 KEYS = {"extracted_facts": "chunk_id || '#' || fact_idx", "facts": "fact_id"}
 
 
+def _facts_as_text(con, table: str) -> None:
+    """Rewrite the fact table `table` with every text stored, in the layout `OLD_FACTS` gives it."""
+    con.execute(f"""CREATE TABLE lh_text AS SELECT x.* EXCLUDE (span_start, span_length)
+                    REPLACE (coalesce(x.text, substr(c.text, x.span_start + 1, x.span_length)) AS text)
+                    FROM {table} x LEFT JOIN chunks c USING (namespace, chunk_id) ORDER BY x.rowid""")
+    con.execute(f"DROP TABLE {table}")
+    con.execute(f"CREATE TABLE {table} ({OLD_FACTS[table]})")
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM lh_text")
+    con.execute("DROP TABLE lh_text")
+
+
+def test_the_query_index_takes_the_facts_spans_and_reads_a_snapshot_written_before_them_alike(tmp_path):
+    """The query index's facts are the snapshot's spans, no text held whole; a snapshot published before spans
+    (every text stored, never rewritten) gives the same texts, each held whole."""
+    from lazyhippo.graph.passage import GraphParams
+    from lazyhippo.query.loader import build_index
+
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    path = snapshot_path(settings)
+
+    def facts():
+        with connect(settings, read_only=True) as con:
+            return build_index(con, settings.namespace, str(path), GraphParams()).facts
+
+    spans = facts()
+    with duckdb.connect(str(path)) as con:
+        _facts_as_text(con, "facts")
+    texts = facts()
+    assert len(spans.texts) > 10 and len(spans.texts.whole) == 0 and (spans.texts.length >= 0).all()
+    assert len(texts.texts.whole) == len(texts.texts) and list(texts.texts) == list(spans.texts)
+
+
 def test_a_warehouse_that_stored_facts_texts_stores_their_places_once_on_open_and_reads_them_back_equal(
         tmp_path, caplog):
     """Every fact's text (a sentence of its chunk) was stored beside its chunk's text: opened, the two tables hold
@@ -616,14 +649,8 @@ def test_a_warehouse_that_stored_facts_texts_stores_their_places_once_on_open_an
         hashes = _chunk_hashes(con, settings.namespace)
     con = duckdb.connect(str(settings.db_path))
     texts = {}
-    for t, columns in OLD_FACTS.items():
-        con.execute(f"""CREATE TABLE lh_text AS SELECT x.* EXCLUDE (span_start, span_length)
-                        REPLACE (coalesce(x.text, substr(c.text, x.span_start + 1, x.span_length)) AS text)
-                        FROM {t} x LEFT JOIN chunks c USING (namespace, chunk_id) ORDER BY x.rowid""")
-        con.execute(f"DROP TABLE {t}")
-        con.execute(f"CREATE TABLE {t} ({columns})")
-        con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM lh_text")
-        con.execute("DROP TABLE lh_text")
+    for t in OLD_FACTS:
+        _facts_as_text(con, t)
         # the first row's text is nowhere in its chunk
         con.execute(f"UPDATE {t} SET text = 'elsewhere: ' || text WHERE rowid = 0")
         texts[t] = dict(con.execute(f"SELECT {KEYS[t]}, text FROM {t}").fetchall())
