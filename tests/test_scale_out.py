@@ -409,8 +409,9 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
     sources = {"c1": f"𝔘 two. {odd * 40} one", "c2": "", "c3": "NO SUCH SENTENCE"}
     settings = Settings(home=tmp_path / "h")
     with connect(settings) as con:
-        con.executemany("INSERT INTO chunks (namespace, chunk_id, doc_id, title, position, text, content_hash, n_tokens) "
-                        "VALUES ('default', ?, 'd', 't', ?, ?, 'h', 1)", [[c, i, t] for i, (c, t) in enumerate(sources.items())])
+        con.executemany("INSERT INTO chunks (namespace, chunk_id, doc_id, title, position, text, content_hash, "
+                        "n_tokens) VALUES ('default', ?, 'd', 't', ?, ?, 'h', 1)",
+                        [[c, i, t] for i, (c, t) in enumerate(sources.items())])
         figures = _figures(_insert_extractions(con, "default", {c: encode(ex) for c, ex in results.items()},
                                                {"c4": "ValueError: bad"}, sources))
         got = {t: con.execute(f"SELECT * EXCLUDE (namespace) FROM {t} ORDER BY rowid").fetchall()

@@ -81,7 +81,8 @@ def batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, batch_ro
     # a relation streams; a DB-API result (con.execute) would first copy every row into DuckDB's memory
     if include_vectors and table in VECTORS:
         kind, key = VECTORS[table]
-        sql = (f"SELECT t.* EXCLUDE (namespace), {float_vector_sql(con, 'e.')} AS vector FROM {_rows(table, con)} t LEFT JOIN embeddings e ON "
+        sql = (f"SELECT t.* EXCLUDE (namespace), {float_vector_sql(con, 'e.')} AS vector "
+               f"FROM {_rows(table, con)} t LEFT JOIN embeddings e ON "
                f"e.namespace = t.namespace AND e.kind = ? AND e.item_id = t.{key} WHERE t.namespace = ?")
         params = [kind, namespace]
     else:
@@ -244,7 +245,8 @@ def _cuts(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> tuple[s
     """The leading column of the export order of `table` and the values that cut it into slices of about
     EXPORT_SLICE_BYTES (quantiles of a sample; none when the table is one slice)."""
     rows = con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchall()[0][0]
-    sample = con.sql(f"SELECT * FROM {_rows(table, con)} WHERE namespace = ? USING SAMPLE reservoir({SLICE_SAMPLE_ROWS} ROWS) "
+    sample = con.sql(f"SELECT * FROM {_rows(table, con)} WHERE namespace = ? "
+                     f"USING SAMPLE reservoir({SLICE_SAMPLE_ROWS} ROWS) "
                      "REPEATABLE (1)", params=[namespace]).to_arrow_table()
     # the namespace is one value here: ORDER BY ALL is led by the first other column
     lead = (EXPORT_ORDER[table].split(",")[0] if table in EXPORT_ORDER

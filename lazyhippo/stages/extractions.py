@@ -366,7 +366,8 @@ EXTRACTION_SCHEMAS = {
                                       ("type", pa.string()), ("fact_idx", pa.int32()), ("source_pos", pa.int32()),
                                       ("target_pos", pa.int32())]),
     "extracted_facts": pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("span_start", pa.int32()),
-                                  ("span_length", pa.int32()), ("text", pa.string()), ("names", pa.list_(pa.string()))]),
+                                  ("span_length", pa.int32()), ("text", pa.string()),
+                                  ("names", pa.list_(pa.string()))]),
     "extraction_failures": pa.schema([("chunk_id", pa.string()), ("reason", pa.string())]),
 }
 

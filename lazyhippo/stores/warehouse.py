@@ -303,8 +303,8 @@ def _migrate_spans(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             for bucket in range(buckets):
                 con.execute(f"""
                     INSERT INTO {table} ({", ".join(cols)}, span_start, span_length, text)
-                    SELECT {", ".join(cols)}, CASE WHEN found > 0 THEN found - 1 END, CASE WHEN found > 0 THEN length(text) END,
-                           CASE WHEN found > 0 THEN NULL ELSE text END
+                    SELECT {", ".join(cols)}, CASE WHEN found > 0 THEN found - 1 END,
+                           CASE WHEN found > 0 THEN length(text) END, CASE WHEN found > 0 THEN NULL ELSE text END
                     FROM (SELECT x.*, strpos(c.text, x.text) AS found
                           FROM (SELECT *, rowid AS lh_row FROM lh_old_{table} WHERE hash(chunk_id) % $n = $b) x
                           LEFT JOIN (SELECT namespace, chunk_id, text FROM chunks WHERE hash(chunk_id) % $n = $b) c
