@@ -1,6 +1,7 @@
--- Facts: sentences that mention entities, linked to the (kept) normalized entity ids they name.
+-- Facts: sentences that mention entities, linked to the (kept) normalized entity ids they name; a text as its
+-- place in the chunk's text, as extracted_facts holds it (schema.sql).
 WITH named AS (
-    SELECT chunk_id, fact_idx, text, unnest(names) AS name
+    SELECT chunk_id, fact_idx, unnest(names) AS name
     FROM lh_facts WHERE namespace = $namespace
 ),
 linked AS (
@@ -15,6 +16,8 @@ SELECT
     $namespace AS namespace,
     'f_' || substr(sha256(f.chunk_id || '#' || f.fact_idx), 1, 16) AS fact_id,
     f.chunk_id,
+    f.span_start,
+    f.span_length,
     f.text,
     coalesce(l.entity_ids, []::VARCHAR[]) AS entity_ids
 FROM lh_facts f LEFT JOIN linked l USING (chunk_id, fact_idx)

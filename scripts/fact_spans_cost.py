@@ -8,7 +8,9 @@ of those read back equal from the place found (DuckDB's strpos, length and subst
 each table copied alone into a new file (the warehouse's block size, DuckDB capped as a run's connection is), with
 its texts and with spans (one join with `chunks`; a text not found stays whole): wall and CPU seconds, peak RSS,
 file size; then the query index loader's read of the facts (fact_id order, by batches) from each copy, a text read
-back through the same join. Each measurement runs in its own process, so its peak is its own.
+back through the same join. Each measurement runs in its own process, so its peak is its own. It reads a
+warehouse whose facts hold their texts, as written before the warehouse stored spans (a copy of one: this version
+rewrites it as spans when it opens it for writing).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from lazyhippo.models.embedders import get_embedder
 from lazyhippo.settings import Settings
-from lazyhippo.stores.warehouse import BLOCK_SIZE, code_blobs, int8_rows, stored_rows
+from lazyhippo.stores.warehouse import BLOCK_SIZE, code_blobs, fact_texts, int8_rows, stored_rows
 
 LLOYD = np.array([0.1284, 0.3881, 0.6568, 0.9424, 1.2562, 1.6180, 2.0690, 2.7326])  # levels, unit Gaussian
 LLOYD_EDGES = np.array([0.0, 0.2582, 0.5224, 0.7996, 1.0993, 1.4371, 1.8435, 2.4008])
@@ -103,7 +103,8 @@ def main() -> None:
     con = duckdb.connect(str(args.warehouse), read_only=True)
     names = [r[0] for r in con.execute("SELECT name FROM entities WHERE namespace = ? ORDER BY entity_id",
                                        [args.namespace]).fetchall()]
-    facts = [r[0] for r in con.execute("SELECT text FROM facts WHERE namespace = ? ORDER BY fact_id LIMIT 20000",
+    facts = [r[0] for r in con.execute(f"SELECT text FROM {fact_texts('facts', con)} WHERE namespace = ? "
+                                       "ORDER BY fact_id LIMIT 20000",
                                        [args.namespace]).fetchall()]
     con.close()
     embedder, rng, settings = get_embedder(args.embedder), np.random.default_rng(0), Settings()

@@ -272,11 +272,16 @@ def test_spans_read_each_text_from_its_passage_or_whole_when_it_is_not_there():
     passages = Texts.of_bytes([s.encode() for s in ("Zoë Ä. Straße über Köln. 東京は大きい。", "Plain text. Again.")])
     rows = np.array([0, 0, 1, 0, 1, 0])
     texts = ["Straße über Köln.", "東京は大きい。", "Again.", "not in its passage", None, "Zoë Ä."]
-    parts = [Spans.of(passages, rows[:3], texts[:3]), Spans.of(passages, rows[3:], texts[3:])]
+    start = np.array([passages[r].find(t) if t else -1 for r, t in zip(rows.tolist(), texts)])
+    length = np.array([len(t or "") for t in texts])
+    given = [None if s >= 0 else t for s, t in zip(start.tolist(), texts)]  # a placed text is not stored
+    parts = [Spans.placed(passages, rows[:3], start[:3], length[:3], given[:3]),
+             Spans.placed(passages, rows[3:], start[3:], length[3:], given[3:])]
     spans = Spans.joined(parts)
     assert list(spans) == [*texts[:4], "", texts[5]] and spans[-1] == "Zoë Ä." and spans[1:3] == texts[1:3]
-    # character offsets of the `str`, not bytes of its UTF-8; the one text not found held whole, alone
-    assert spans.start.tolist()[:2] == [7, 25] and spans.length.tolist()[3] == -1 and list(spans.whole) == [texts[3]]
+    # character offsets of the `str`, not bytes of its UTF-8; the texts not placed held whole, alone
+    assert spans.start.tolist()[:2] == [7, 25] and spans.length.tolist()[3:5] == [-1, -1]
+    assert list(spans.whole) == [texts[3], ""]
     assert list(Spans.joined([parts[1], parts[0]])) == [*texts[3:4], "", texts[5], *texts[:3]]
 
 

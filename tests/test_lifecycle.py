@@ -14,7 +14,7 @@ from lazyhippo.settings import SAMPLE_CORPUS, Settings
 from lazyhippo.stages.lifecycle import UnknownDocumentError, delete_documents
 from lazyhippo.stores.graphs import EmbeddedGraphStore
 from lazyhippo.stores.objects import LocalObjectStore
-from lazyhippo.stores.warehouse import connect
+from lazyhippo.stores.warehouse import connect, fact_texts
 from tests.services_fixtures import namespaces, neo4j_store  # noqa: F401 - fixtures
 
 # what "the same graph" means: every graph-wide table, all columns but the namespace
@@ -22,7 +22,7 @@ GRAPH_SQL = {
     "entities": "SELECT entity_id, name, norm_name, type, description, mention_count, degree FROM entities",
     "relations": "SELECT relation_id, source_id, target_id, description, weight, n_chunks FROM relations",
     "mentions": "SELECT chunk_id, entity_id, count FROM mentions",
-    "facts": "SELECT fact_id, chunk_id, text, entity_ids FROM facts",
+    "facts": f"SELECT fact_id, chunk_id, text, entity_ids FROM {fact_texts('facts')}",
     "knn_edges": "SELECT source_id, target_id, round(score, 5), rank FROM knn_edges",
     "entity_scores": "SELECT entity_id, community_id, round(pagerank, 6) FROM entity_scores",
     "community_summaries": "SELECT community_id, title, summary, hub_entities FROM community_summaries",

@@ -385,10 +385,11 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
     beyond the basic plane, quotes and escapes, floats that JSON round-trips, a relation with and without a type,
     empty lists, a failed chunk. A description that is the start of one of its chunk's facts (the first such fact)
     is stored as the fact's index, any other as text; a name among that fact's names as its place there, any other
-    as text; all read back as the extraction gave them."""
+    as text; all read back as the extraction gave them. A fact's text is stored as its place in its chunk's text
+    (in characters), one not found there whole, and both read back as given."""
     from lazyhippo.models.extractors import Extraction, encode
     from lazyhippo.stages.extractions import _figures, _insert_extractions
-    from lazyhippo.stores.warehouse import described
+    from lazyhippo.stores.warehouse import described, fact_texts
 
     odd = 'Zoë "quoted" \\ back\tslash 𝔘 😀 — ✓'
     results = {
@@ -405,12 +406,18 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
         "c3": Extraction(entities=[{"name": "C", "type": "ORG", "description": "one"}],
                          facts=[{"text": "t", "names": ["C"]}]),
     }
+    sources = {"c1": f"𝔘 two. {odd * 40} one", "c2": "", "c3": "NO SUCH SENTENCE"}
     settings = Settings(home=tmp_path / "h")
     with connect(settings) as con:
+        con.executemany("INSERT INTO chunks (namespace, chunk_id, doc_id, title, position, text, content_hash, "
+                        "n_tokens) VALUES ('default', ?, 'd', 't', ?, ?, 'h', 1)",
+                        [[c, i, t] for i, (c, t) in enumerate(sources.items())])
         figures = _figures(_insert_extractions(con, "default", {c: encode(ex) for c, ex in results.items()},
-                                               {"c4": "ValueError: bad"}))
+                                               {"c4": "ValueError: bad"}, sources))
         got = {t: con.execute(f"SELECT * EXCLUDE (namespace) FROM {t} ORDER BY rowid").fetchall()
                for t in ("extracted_entities", "extracted_relations", "extracted_facts", "extraction_failures")}
+        facts = con.execute(f"SELECT * EXCLUDE (namespace) FROM {fact_texts('extracted_facts')} "
+                            "ORDER BY chunk_id, fact_idx").fetchall()
         read = {t: sorted(con.execute(f"SELECT * EXCLUDE (namespace) FROM ({described(t)})", {"ns": "default"})
                           .fetchall(), key=repr) for t in ("extracted_entities", "extracted_relations")}
     assert got["extracted_entities"] == [("c1", None, "PERSON", None, 3, 1), ("c1", "B", None, "", None, None),
@@ -423,7 +430,9 @@ def test_extracted_rows_are_the_extractions_values_in_their_order(tmp_path):
     assert read["extracted_relations"] == sorted([(c, r["source"], r["target"], r["weight"], r.get("type"),
                                                    r["description"]) for c, ex in results.items()
                                                   for r in ex.relations], key=repr)
-    assert got["extracted_facts"] == [(c, i, f["text"], f["names"])
-                                      for c, ex in results.items() for i, f in enumerate(ex.facts)]
+    assert got["extracted_facts"] == [("c1", 0, 7 + 40 * len(odd) + 1, 3, None, [odd, "B"]),
+                                      ("c1", 1, 2, 3, None, []), ("c1", 2, 2, 3, None, ["D"]),
+                                      ("c1", 3, 7, 40 * len(odd), None, [odd]), ("c3", 0, None, None, "t", ["C"])]
+    assert facts == [(c, i, f["text"], f["names"]) for c, ex in results.items() for i, f in enumerate(ex.facts)]
     assert got["extraction_failures"] == [("c4", "ValueError: bad")]
     assert figures == {"raw_entities": 4, "raw_relations": 3, "facts": 5}

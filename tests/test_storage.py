@@ -17,8 +17,8 @@ from lazyhippo.settings import SAMPLE_CORPUS, Settings
 from lazyhippo.sql import SQL_DIR
 from lazyhippo.stages.chunks import Chunk
 from lazyhippo.stores.cache import COLUMNS, PLAIN, pack_extraction, unpack_extraction
-from lazyhippo.stores.warehouse import (STAGING, TABLES, connect, counts, quantize, read_vectors, run_sql_model,
-                                        snapshot_path, vector_matrix)
+from lazyhippo.stores.warehouse import (STAGING, TABLES, connect, counts, fact_texts, quantize, read_vectors,
+                                        run_sql_model, snapshot_path, vector_matrix)
 
 
 def _tables(path) -> set[str]:
@@ -460,10 +460,11 @@ def test_staging_stores_each_sentence_once_and_descriptions_refer_to_the_facts(s
         n_rel, text_rel = con.execute("SELECT count(*), count(description) FROM extracted_relations").fetchone()
         n_ent, text_ent = con.execute("SELECT count(*), count(description) FROM extracted_entities").fetchone()
         chunks = con.execute("SELECT count(*) FROM chunks").fetchone()[0]
-        repeated = con.execute("""
+        repeated = con.execute(f"""
             SELECT count(*) FROM (SELECT chunk_id, description FROM extracted_entities
                                   UNION ALL SELECT chunk_id, description FROM extracted_relations) x
-            JOIN extracted_facts f USING (chunk_id) WHERE left(f.text, 300) = x.description""").fetchone()[0]
+            JOIN {fact_texts("extracted_facts")} f USING (chunk_id)
+            WHERE left(f.text, 300) = x.description""").fetchone()[0]
     assert n_rel > 100 and text_rel == 0  # each offline relation is read from a sentence
     assert n_ent > 50 and text_ent <= chunks  # a title's: its chunk's first sentence, when that names nothing
     assert repeated == 0
@@ -499,7 +500,7 @@ def _as_text(con, table: str, descriptions: bool) -> None:
     text = [f"coalesce(x.{c}, f.names[x.{p}]) AS {c}" for c, p in placed.items()]
     text += ["coalesce(left(f.text, 300), x.description) AS description"] if descriptions else []
     con.execute(f"""CREATE TABLE lh_text AS SELECT x.* EXCLUDE ({", ".join(drop)}) REPLACE ({", ".join(text)})
-        FROM {table} x LEFT JOIN extracted_facts f
+        FROM {table} x LEFT JOIN {fact_texts("extracted_facts")} f
         ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx ORDER BY x.rowid""")
     con.execute(f"DROP TABLE {table}")
     con.execute(f"CREATE TABLE {table} ({(OLD_STAGING if descriptions else OLD_NAMES)[table]})")
@@ -582,6 +583,95 @@ def test_a_warehouse_that_stored_descriptions_as_text_refers_to_facts_once_on_op
     with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
         n = con.execute("SELECT count(*) FROM extracted_relations").fetchone()[0]
     assert n == len(staged["extracted_relations"])
+    assert "rewriting" not in caplog.text  # once
+
+
+# the fact tables as warehouses stored them before spans: every text
+OLD_FACTS = {
+    "extracted_facts": "namespace VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, fact_idx INTEGER NOT NULL, "
+                       "text VARCHAR NOT NULL, names VARCHAR[] NOT NULL",
+    "facts": "namespace VARCHAR NOT NULL, fact_id VARCHAR NOT NULL, chunk_id VARCHAR NOT NULL, text VARCHAR NOT NULL, "
+             "entity_ids VARCHAR[] NOT NULL",
+}
+
+
+KEYS = {"extracted_facts": "chunk_id || '#' || fact_idx", "facts": "fact_id"}
+
+
+def _facts_as_text(con, table: str) -> None:
+    """Rewrite the fact table `table` with every text stored, in the layout `OLD_FACTS` gives it."""
+    con.execute(f"""CREATE TABLE lh_text AS SELECT x.* EXCLUDE (span_start, span_length)
+                    REPLACE (coalesce(x.text, substr(c.text, x.span_start + 1, x.span_length)) AS text)
+                    FROM {table} x LEFT JOIN chunks c USING (namespace, chunk_id) ORDER BY x.rowid""")
+    con.execute(f"DROP TABLE {table}")
+    con.execute(f"CREATE TABLE {table} ({OLD_FACTS[table]})")
+    con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM lh_text")
+    con.execute("DROP TABLE lh_text")
+
+
+def test_the_query_index_takes_the_facts_spans_and_reads_a_snapshot_written_before_them_alike(tmp_path):
+    """The query index's facts are the snapshot's spans, no text held whole; a snapshot published before spans
+    (every text stored, never rewritten) gives the same texts, each held whole."""
+    from lazyhippo.graph.passage import GraphParams
+    from lazyhippo.query.loader import build_index
+
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    path = snapshot_path(settings)
+
+    def facts():
+        with connect(settings, read_only=True) as con:
+            return build_index(con, settings.namespace, str(path), GraphParams()).facts
+
+    spans = facts()
+    with duckdb.connect(str(path)) as con:
+        _facts_as_text(con, "facts")
+    texts = facts()
+    assert len(spans.texts) > 10 and len(spans.texts.whole) == 0 and (spans.texts.length >= 0).all()
+    assert len(texts.texts.whole) == len(texts.texts) and list(texts.texts) == list(spans.texts)
+
+
+def test_a_warehouse_that_stored_facts_texts_stores_their_places_once_on_open_and_reads_them_back_equal(
+        tmp_path, caplog):
+    """Every fact's text (a sentence of its chunk) was stored beside its chunk's text: opened, the two tables hold
+    the rows the staging load and the facts model store (each text its place in the chunk's text, in the same
+    order), a text not found in its chunk kept whole; every text reads back as it was, and the entities stage's
+    fingerprints of the chunks do not change (nothing is rebuilt)."""
+    from lazyhippo.stages.entities import _chunk_hashes
+
+    settings = Settings(home=tmp_path / "home", source=str(SAMPLE_CORPUS))
+    run_index(settings)
+    con = duckdb.connect(str(settings.db_path))
+    stored = {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in OLD_FACTS}
+    assert all(len(rows) > 10 and all(r[3] is not None and r[5] is None for r in rows) for rows in stored.values())
+    con.close()
+    with connect(settings) as con:
+        hashes = _chunk_hashes(con, settings.namespace)
+    con = duckdb.connect(str(settings.db_path))
+    texts = {}
+    for t in OLD_FACTS:
+        _facts_as_text(con, t)
+        # the first row's text is nowhere in its chunk
+        con.execute(f"UPDATE {t} SET text = 'elsewhere: ' || text WHERE rowid = 0")
+        texts[t] = dict(con.execute(f"SELECT {KEYS[t]}, text FROM {t}").fetchall())
+        first = con.execute(f"SELECT text FROM {t} WHERE rowid = 0").fetchall()[0][0]
+        assert texts[t][stored[t][0][1] + "#0" if t == "extracted_facts" else stored[t][0][1]] == first
+    con.close()
+    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings) as con:
+        rows = {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in OLD_FACTS}
+        read = {t: dict(con.execute(f"SELECT {KEYS[t]}, text FROM {fact_texts(t, con)}").fetchall()) for t in OLD_FACTS}
+        moved = _chunk_hashes(con, settings.namespace)
+    for t in OLD_FACTS:
+        assert rows[t][1:] == stored[t][1:]
+        assert rows[t][0][:3] == stored[t][0][:3] and rows[t][0][3:5] == (None, None)
+        assert rows[t][0][5].startswith("elsewhere: ")
+    assert read == texts
+    assert "facts' texts" in caplog.text
+    assert {c: h for c, h in moved.items() if c != stored["extracted_facts"][0][1]} == \
+        {c: h for c, h in hashes.items() if c != stored["extracted_facts"][0][1]}
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lazyhippo.stores.warehouse"), connect(settings):
+        pass
     assert "rewriting" not in caplog.text  # once
 
 

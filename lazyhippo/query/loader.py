@@ -430,10 +430,14 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: Texts, dim: int) -> Facts:
     import pyarrow.compute as pc
 
     from lazyhippo.query.lexical import Lexical
-    from lazyhippo.stores.warehouse import release_cache
+    from lazyhippo.stores.warehouse import SPANS, release_cache, stored_columns
 
-    reader = con.sql("SELECT fact_id, chunk_id, text, entity_ids FROM facts WHERE namespace = $ns ORDER BY fact_id",
-                     params=ns).to_arrow_reader(_BATCH_ROWS)
+    # each text as the warehouse places it in its chunk's text (a snapshot written before spans: every one whole)
+    spanned = set(SPANS) <= set(stored_columns(con, "facts"))
+    placed = ("coalesce(span_start, -1) AS span_start, coalesce(span_length, 0) AS span_length" if spanned
+              else "-1 AS span_start, 0 AS span_length")
+    reader = con.sql(f"SELECT fact_id, chunk_id, {placed}, text, entity_ids FROM facts WHERE namespace = $ns "
+                     "ORDER BY fact_id", params=ns).to_arrow_reader(_BATCH_ROWS)
     chunk_keys, entity_keys = _strings(chunks.ids), _strings(entity_ids)
     fact_ids, spans, chunk, rows, cols, n = [], [], [], [], [], 0
     for batch in reader:
@@ -441,7 +445,9 @@ def _facts(con, ns: dict, chunks: Chunks, entity_ids: Texts, dim: int) -> Facts:
         batch = batch.filter(pa.array(at >= 0))
         chunk.append(at[at >= 0])
         fact_ids.append(batch.column("fact_id"))
-        spans.append(Spans.of(chunks.texts, chunk[-1], batch.column("text").to_pylist()))
+        spans.append(Spans.placed(chunks.texts, chunk[-1], *(batch.column(c).to_numpy(zero_copy_only=False)
+                                                             for c in ("span_start", "span_length")),
+                                  batch.column("text").to_pylist()))
         named = batch.column("entity_ids")
         entity = _found(pc.list_flatten(named), entity_keys)
         fact = pc.list_parent_indices(named).to_numpy().astype(np.int64) + n

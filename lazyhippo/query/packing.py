@@ -188,21 +188,14 @@ class Spans(_TextSequence):
     whole: Texts
 
     @classmethod
-    def of(cls, within: Sequence[str], rows: np.ndarray, texts: Sequence[str | None]) -> "Spans":
-        """Each text found (`str.find`) in its row of `within` (a null is an empty text)."""
-        start = np.empty(len(texts), dtype=np.int32)
-        length = np.empty(len(texts), dtype=np.int32)
-        whole, last, outer = [], -1, ""
-        for i, (row, text) in enumerate(zip(rows.tolist(), texts)):
-            text = text or ""
-            if row != last:  # a row's text made once for its consecutive parts
-                last, outer = row, within[row]
-            at = outer.find(text)
-            if at < 0:
-                start[i], length[i] = len(whole), -1
-                whole.append(text.encode())
-            else:
-                start[i], length[i] = at, len(text)
+    def placed(cls, within: Sequence[str], rows: np.ndarray, start: np.ndarray, length: np.ndarray,
+               texts: Sequence[str | None]) -> "Spans":
+        """Spans placed already (the warehouse's, schema.sql): a negative start is a text not in its row, held
+        whole from `texts` (a null is an empty text); the other texts are not read."""
+        start, length = np.array(start, dtype=np.int32), np.array(length, dtype=np.int32)
+        held = np.flatnonzero(start < 0)
+        whole = [(texts[i] or "").encode() for i in held.tolist()]
+        start[held], length[held] = np.arange(len(held), dtype=np.int32), -1
         return cls(within, np.asarray(rows, dtype=np.int32), start, length, Texts.of_bytes(whole))
 
     @classmethod

@@ -13,7 +13,7 @@ from lazyhippo.models.embedders import embedding_model_name, get_embedder
 from lazyhippo.settings import Settings
 from lazyhippo.stages.incremental import fingerprint
 from lazyhippo.stages.results import EmbeddingsResult
-from lazyhippo.stores.warehouse import count, insert_rows, quantize, transaction
+from lazyhippo.stores.warehouse import count, fact_texts, insert_rows, quantize, transaction
 
 
 EMBED_BATCH = 4096  # texts per embed call: the tokenizer's output and the vectors of one batch at a time
@@ -79,7 +79,7 @@ def build_embeddings(settings: Settings, con: duckdb.DuckDBPyConnection) -> Embe
     embedder = get_embedder(settings.embedder, settings.embedding_model)
     kinds = (("chunk", "SELECT chunk_id, title || E'\\n' || text FROM chunks WHERE namespace = ?", embedder.passages),
              ("entity", "SELECT entity_id, name FROM entities WHERE namespace = ?", embedder),
-             ("fact", "SELECT fact_id, text FROM facts WHERE namespace = ?", embedder))
+             ("fact", f"SELECT fact_id, text FROM {fact_texts('facts')} WHERE namespace = ?", embedder))
     done = sum(_embed_missing(con, settings, kind, _rows(con, sql, ns), by) for kind, sql, by in kinds)
     return EmbeddingsResult(model=embedding_model_name(settings.embedder, settings.embedding_model),
                             chunks=count(con, "chunks", ns), entities=count(con, "entities", ns),

@@ -31,6 +31,7 @@ from lazyhippo.stores.warehouse import (
     drop_temp,
     entity_inputs,
     extraction_inputs,
+    fact_texts,
     name_keys,
     named,
     refresh_degree,
@@ -69,14 +70,16 @@ def _params(settings: Settings, llm) -> str:
 
 def _chunk_hashes(con: duckdb.DuckDBPyConnection, ns: str) -> dict[str, str]:
     """Chunk id -> row count and order-independent hash of its extracted rows (entities, relations, facts; a
-    description or name that refers to a fact is covered by the fact's text and names)."""
+    description or name that refers to a fact is covered by the fact's text and names; a fact's text read back
+    from its span, so a home whose facts were rewritten as spans keeps its hashes)."""
     return dict(con.execute(f"""
         SELECT chunk_id, count(*) || ':' || sum(h) FROM (
             SELECT chunk_id, hash(name, type, description, fact_idx)::HUGEINT AS h
                       FROM ({named("extracted_entities")})
             UNION ALL SELECT chunk_id, hash(source, target, description, fact_idx, weight, type)::HUGEINT
                       FROM ({named("extracted_relations")})
-            UNION ALL SELECT chunk_id, hash(fact_idx, text, names)::HUGEINT FROM extracted_facts WHERE namespace = $ns)
+            UNION ALL SELECT chunk_id, hash(fact_idx, text, names)::HUGEINT
+                      FROM {fact_texts("extracted_facts")} WHERE namespace = $ns)
         GROUP BY chunk_id""", {"ns": ns}).fetchall())
 
 

@@ -21,7 +21,7 @@ from lazyhippo.settings import Settings
 from lazyhippo.sources.files import sha
 from lazyhippo.stages.results import ExportsResult
 from lazyhippo.stores.objects import ObjectStore
-from lazyhippo.stores.warehouse import float_vector_sql
+from lazyhippo.stores.warehouse import fact_texts, float_vector_sql
 
 FORMATS = ("csv", "xlsx", "md", "parquet")
 # zstd level 3 instead of Arrow's 1: most of level 9's saving (relations at 10,000 documents 137 / 105 / 97 MB at
@@ -68,6 +68,11 @@ VECTORS = {"chunks": ("chunk", "chunk_id"), "entities": ("entity", "entity_id"),
            "community_summaries": ("community", "community_id")}
 
 
+def _rows(table: str, con: duckdb.DuckDBPyConnection | None = None) -> str:
+    """What a reader reads of `table`: the facts with their texts read back from their spans (schema.sql)."""
+    return fact_texts(table, con) if table == "facts" else table
+
+
 def batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, batch_rows: int,
             include_vectors: bool = False) -> Iterator[pa.RecordBatch]:
     """The namespace's rows of `table` (without the namespace column), batch by batch, in stored order (a sort
@@ -76,11 +81,12 @@ def batches(con: duckdb.DuckDBPyConnection, table: str, namespace: str, batch_ro
     # a relation streams; a DB-API result (con.execute) would first copy every row into DuckDB's memory
     if include_vectors and table in VECTORS:
         kind, key = VECTORS[table]
-        sql = (f"SELECT t.* EXCLUDE (namespace), {float_vector_sql(con, 'e.')} AS vector FROM {table} t LEFT JOIN embeddings e ON "
+        sql = (f"SELECT t.* EXCLUDE (namespace), {float_vector_sql(con, 'e.')} AS vector "
+               f"FROM {_rows(table, con)} t LEFT JOIN embeddings e ON "
                f"e.namespace = t.namespace AND e.kind = ? AND e.item_id = t.{key} WHERE t.namespace = ?")
         params = [kind, namespace]
     else:
-        sql, params = f"SELECT * EXCLUDE (namespace) FROM {table} WHERE namespace = ?", [namespace]
+        sql, params = f"SELECT * EXCLUDE (namespace) FROM {_rows(table, con)} WHERE namespace = ?", [namespace]
     yield from con.sql(sql, params=params).to_arrow_reader(batch_rows)
 
 
@@ -223,7 +229,7 @@ def _fingerprint(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> 
 def export_query(table: str) -> str:
     """The namespace's rows of `table` as its Parquet object holds them: without the derived columns, in a total
     order (equal rows give an equal object) led by EXPORT_ORDER."""
-    return f"{_export_select(table)} FROM {table} WHERE namespace = ? ORDER BY {_export_order(table)}"
+    return f"{_export_select(table)} FROM {_rows(table)} WHERE namespace = ? ORDER BY {_export_order(table)}"
 
 
 def _export_select(table: str) -> str:
@@ -239,11 +245,13 @@ def _cuts(con: duckdb.DuckDBPyConnection, table: str, namespace: str) -> tuple[s
     """The leading column of the export order of `table` and the values that cut it into slices of about
     EXPORT_SLICE_BYTES (quantiles of a sample; none when the table is one slice)."""
     rows = con.execute(f"SELECT count(*) FROM {table} WHERE namespace = ?", [namespace]).fetchall()[0][0]
-    sample = con.sql(f"SELECT * FROM {table} WHERE namespace = ? USING SAMPLE reservoir({SLICE_SAMPLE_ROWS} ROWS) "
+    sample = con.sql(f"SELECT * FROM {_rows(table, con)} WHERE namespace = ? "
+                     f"USING SAMPLE reservoir({SLICE_SAMPLE_ROWS} ROWS) "
                      "REPEATABLE (1)", params=[namespace]).to_arrow_table()
     # the namespace is one value here: ORDER BY ALL is led by the first other column
     lead = (EXPORT_ORDER[table].split(",")[0] if table in EXPORT_ORDER
-            else next(c for c in con.sql(f"{_export_select(table)} FROM {table}").columns if c != "namespace"))
+            else next(c for c in con.sql(f"{_export_select(table)} FROM {_rows(table, con)}").columns
+                      if c != "namespace"))
     parts = -(-rows * sample.nbytes // max(sample.num_rows, 1) // EXPORT_SLICE_BYTES)
     if parts <= 1:
         return lead, []
@@ -273,12 +281,13 @@ def _slices(con: duckdb.DuckDBPyConnection, table: str, namespace: str, spill: P
 
     lead, cuts = _cuts(con, table, namespace)
     if not cuts:
-        yield con.sql(f"SELECT * FROM {table} WHERE namespace = ?", params=[namespace]).to_arrow_table()
+        yield con.sql(f"SELECT * FROM {_rows(table, con)} WHERE namespace = ?", params=[namespace]).to_arrow_table()
         return
     tree, params = _slice_of(lead, cuts, 0, len(cuts))
     nulls = len(cuts) + 1  # the order sorts nulls last
     reader = con.sql(f"SELECT *, CASE WHEN {lead} IS NULL THEN {nulls} ELSE {tree} END AS slice_ "
-                     f"FROM {table} WHERE namespace = ?", params=[*params, namespace]).to_arrow_reader(READ_ROWS)
+                     f"FROM {_rows(table, con)} WHERE namespace = ?", params=[*params, namespace]
+                     ).to_arrow_reader(READ_ROWS)
     schema = reader.schema.remove(reader.schema.get_field_index("slice_"))
     spill.mkdir(parents=True, exist_ok=True)
     writers = {}
@@ -329,7 +338,7 @@ def _sorted_parquet(con: duckdb.DuckDBPyConnection, table: str, namespace: str, 
     freed unless asked (mimalloc: about 100 MB after the relations at 10,000 documents)."""
     import pyarrow.parquet as pq
 
-    schema = con.sql(f"{_export_select(table)} FROM {table} LIMIT 0").to_arrow_table().schema
+    schema = con.sql(f"{_export_select(table)} FROM {_rows(table, con)} LIMIT 0").to_arrow_table().schema
     rows, group = 0, []
     with pq.ParquetWriter(path, schema, **PARQUET_ZSTD) as writer:
         def flush() -> None:

@@ -43,7 +43,8 @@ from lazyhippo.stores.warehouse import DESCRIPTION_HEAD, replace_rows, transacti
 
 RETRY = "retry:"
 STORED_PARTS = "stored_parts"  # batch object metadata: its documents that held a part when it was planned
-PART_SCHEMA = {"chunk_id": pl.String, "extraction": pl.String, "failure": pl.String}
+# a chunk's extraction (or failure) with the chunk's text: the load places each fact's text in it (schema.sql)
+PART_SCHEMA = {"chunk_id": pl.String, "extraction": pl.String, "failure": pl.String, "source": pl.String}
 # a bundle: the parts of one object's documents as one table, so collecting decodes and inserts them in bulk
 BUNDLE_SCHEMA = {"doc_id": pl.String, "signature": pl.String, **PART_SCHEMA}
 IO_THREADS = 8  # object-store calls at a time: each waits on the disk or the network, not on a core
@@ -266,7 +267,8 @@ def _finish_object(settings: Settings, objects: ObjectStore, begun: _Begun) -> t
     for doc_id in {c.doc_id: None for c in todo}:
         rows = {"chunk_id": [c.chunk_id for c in by_doc[doc_id]],
                 "extraction": [run.results.get(c.chunk_id) for c in by_doc[doc_id]],
-                "failure": [run.failures.get(c.chunk_id) for c in by_doc[doc_id]]}
+                "failure": [run.failures.get(c.chunk_id) for c in by_doc[doc_id]],
+                "source": [c.text for c in by_doc[doc_id]]}
         sig = signature(by_doc[doc_id], extractor)
         failed = any(rows["failure"])  # held as such, but planned again next run: failures are retried
         sig = RETRY + sig if failed else sig
@@ -363,7 +365,8 @@ EXTRACTION_SCHEMAS = {
                                       ("description", pa.string()), ("weight", pa.float64()),
                                       ("type", pa.string()), ("fact_idx", pa.int32()), ("source_pos", pa.int32()),
                                       ("target_pos", pa.int32())]),
-    "extracted_facts": pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("text", pa.string()),
+    "extracted_facts": pa.schema([("chunk_id", pa.string()), ("fact_idx", pa.int32()), ("span_start", pa.int32()),
+                                  ("span_length", pa.int32()), ("text", pa.string()),
                                   ("names", pa.list_(pa.string()))]),
     "extraction_failures": pa.schema([("chunk_id", pa.string()), ("reason", pa.string())]),
 }
@@ -385,18 +388,21 @@ _FROM_JSON = {
                             f"CASE WHEN {_SOURCE} IS NULL THEN e.source END, "
                             f"CASE WHEN {_TARGET} IS NULL THEN e.target END, "
                             f"CASE WHEN j IS NULL THEN e.description END, e.weight, e.type, j, {_SOURCE}, {_TARGET}"),
-    "extracted_facts": ("facts", '[{"text": "VARCHAR", "names": ["VARCHAR"]}]', "i, e.text, e.names"),
+    "extracted_facts": ("facts", '[{"text": "VARCHAR", "names": ["VARCHAR"]}]',
+                        "i, CASE WHEN found > 0 THEN found - 1 END, CASE WHEN found > 0 THEN length(e.text) END, "
+                        "CASE WHEN found > 0 THEN NULL ELSE e.text END, e.names"),
 }
 # the starts of a chunk's facts, as warehouse.described reads a reference back
 _HEADS = f"list_transform(p.facts, lambda f: left(f.text, {DESCRIPTION_HEAD}))"
 
 
 def _insert_parts(con: duckdb.DuckDBPyConnection, ns: str, rows: pl.DataFrame) -> Counter:
-    """Append the extracted_* and extraction_failures rows of bundle rows (chunk_id, extraction JSON, failure):
-    DuckDB parses the JSON and unnests its lists, in the order of the rows and of each list; no Python object per
-    entity or relation (building them took most of the collecting step). A description that starts one of the
-    chunk's facts is stored as that fact's index, a name in that fact's names as its place (schema.sql)."""
-    table = rows.select("chunk_id", "extraction", "failure").with_row_index("row").to_arrow()
+    """Append the extracted_* and extraction_failures rows of bundle rows (chunk_id, extraction JSON, failure,
+    the chunk's text): DuckDB parses the JSON and unnests its lists, in the order of the rows and of each list; no
+    Python object per entity or relation (building them took most of the collecting step). A description that
+    starts one of the chunk's facts is stored as that fact's index, a name in that fact's names as its place, a
+    fact's text as its place in the chunk's text (schema.sql): the rows carry that text, so nothing is looked up."""
+    table = rows.select(*PART_SCHEMA).with_row_index("row").to_arrow()
     written: Counter = Counter()
 
     def insert(name: str, sql: str) -> None:
@@ -414,13 +420,16 @@ def _insert_parts(con: duckdb.DuckDBPyConnection, ns: str, rows: pl.DataFrame) -
                                               if refers else "") + "}"
         match = ("CASE WHEN e.description IS NOT NULL THEN list_position(heads, e.description) - 1 END"
                  if refers else "NULL")
+        place = "NULL" if refers else "strpos(source, e.text)"  # 1-based, in characters; 0: not in the chunk
         insert(name, f"INSERT INTO {name} (namespace, {target}) SELECT ?, chunk_id, {columns} FROM ("
-                     f"SELECT row, chunk_id, i, e, j, {'names_of[j + 1]' if refers else 'NULL'} AS names FROM ("
-                     f"SELECT row, chunk_id, i, e, ({match})::INTEGER AS j, names_of FROM ("
-                     "SELECT row, chunk_id, unnest(range(len(x)))::INTEGER AS i, unnest(x) AS e, heads, names_of FROM ("
-                     f"SELECT row, chunk_id, p.{key} AS x, {_HEADS if refers else 'NULL'} AS heads, "
+                     f"SELECT row, chunk_id, i, e, j, {'names_of[j + 1]' if refers else 'NULL'} AS names, "
+                     f"{place} AS found FROM ("
+                     f"SELECT row, chunk_id, source, i, e, ({match})::INTEGER AS j, names_of FROM ("
+                     "SELECT row, chunk_id, source, unnest(range(len(x)))::INTEGER AS i, unnest(x) AS e, heads, "
+                     "names_of FROM ("
+                     f"SELECT row, chunk_id, source, p.{key} AS x, {_HEADS if refers else 'NULL'} AS heads, "
                      f"{'list_transform(p.facts, lambda f: f.names)' if refers else 'NULL'} AS names_of FROM ("
-                     f"SELECT row, chunk_id, from_json(extraction, '{shape}') AS p "
+                     f"SELECT row, chunk_id, source, from_json(extraction, '{shape}') AS p "
                      "FROM _incoming WHERE extraction IS NOT NULL))))) ORDER BY row, i")
     insert("extraction_failures", "INSERT INTO extraction_failures (namespace, chunk_id, reason) "
                                   "SELECT ?, chunk_id, failure FROM _incoming WHERE extraction IS NULL ORDER BY row")
@@ -435,12 +444,12 @@ def _clear_extractions(con: duckdb.DuckDBPyConnection, ns: str, scope: list[str]
 
 
 def _insert_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, str],
-                        failures: dict[str, str]) -> Counter:
+                        failures: dict[str, str], sources: dict[str, str]) -> Counter:
     """Append the extracted_* rows of `results` (chunk_id -> the extraction's JSON) and `failures`, STORE_BATCH
-    chunks at a time."""
+    chunks at a time; `sources`: chunk_id -> the chunk's text."""
     written: Counter = Counter()
-    items = [(cid, text, None) for cid, text in results.items()]
-    items += [(cid, None, reason) for cid, reason in failures.items()]
+    items = [(cid, text, None, sources.get(cid)) for cid, text in results.items()]
+    items += [(cid, None, reason, None) for cid, reason in failures.items()]
     for i in range(0, len(items), STORE_BATCH):
         written.update(_insert_parts(con, ns, pl.DataFrame(items[i:i + STORE_BATCH], PART_SCHEMA, orient="row")))
     return written
@@ -459,12 +468,12 @@ def _figures(written: Counter) -> dict:
 
 
 def store_extractions(con: duckdb.DuckDBPyConnection, ns: str, results: dict[str, str],
-                      failures: dict[str, str]) -> dict:
-    """Write the namespace's extracted_* rows from `results` (chunk_id -> the extraction's JSON), in one
-    transaction."""
+                      failures: dict[str, str], sources: dict[str, str]) -> dict:
+    """Write the namespace's extracted_* rows from `results` (chunk_id -> the extraction's JSON; `sources`, chunk_id
+    -> the chunk's text), in one transaction."""
     with transaction(con):
         _clear_extractions(con, ns, None)
-        written = _insert_extractions(con, ns, results, failures)
+        written = _insert_extractions(con, ns, results, failures, sources)
         _drop_orphan_extractions(con, ns)
     return _figures(written)
 
@@ -487,7 +496,7 @@ def run_extractions(settings: Settings, con: duckdb.DuckDBPyConnection, extracto
         cache.close()
         release_workers()
         usage = record_usage(con, ns, run_id, llm, before)
-    written = store_extractions(con, ns, run.results, run.failures)
+    written = store_extractions(con, ns, run.results, run.failures, {c.chunk_id: c.text for c in chunks})
     return ExtractionsResult(chunks=len(chunks), cached=run.cached, computed=run.computed, failed=len(run.failures),
                              failures=run.failures, extractor=f"{extractor.name}:{extractor.model}",
                              **written, prompt_tokens=sum(u["prompt_tokens"] for u in usage),

@@ -111,6 +111,7 @@ def _open_writer(settings: Settings) -> duckdb.DuckDBPyConnection:
     con.execute((SQL_DIR / "schema.sql").read_text())
     _migrate_fingerprints(con)
     _migrate_vectors(con)
+    _migrate_spans(con, settings.db_path)  # first: the facts' tables of this version's storage, as the others read
     _migrate_storage(con, settings.db_path)
     _migrate_places(con, settings.db_path, _migrate_descriptions(con, settings.db_path))
     return _with_functions(con)
@@ -253,7 +254,7 @@ def described(table: str) -> str:
     cols = ", ".join(_named(table))
     return f"""SELECT {cols}, CASE WHEN x.fact_idx IS NULL THEN x.description
                                  ELSE left(f.text, {DESCRIPTION_HEAD}) END AS description
-               FROM {table} x LEFT JOIN extracted_facts f
+               FROM {table} x LEFT JOIN {fact_texts("extracted_facts")} f
                ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
                WHERE x.namespace = $ns"""
 
@@ -265,6 +266,52 @@ def named(table: str, namespace: str = "$ns") -> str:
                FROM {table} x LEFT JOIN extracted_facts f
                ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx
                WHERE x.namespace = {namespace}"""
+
+
+SPANS = ("span_start", "span_length")
+
+
+def fact_texts(table: str, con: duckdb.DuckDBPyConnection | None = None) -> str:
+    """A subquery of the rows of `table` (extracted_facts or facts) with each fact's `text` in its place among the
+    columns, a span read back from its chunk's text (schema.sql), the spans left out. Given `con`, on the form
+    `table` has there: a published snapshot written before spans holds every text (it is never rewritten)."""
+    if con is not None and not set(SPANS) <= set(stored_columns(con, table)):
+        return f"(SELECT * FROM {table})"
+    cols = ", ".join("coalesce(f.text, substr(c.text, f.span_start + 1, f.span_length)) AS text" if c == "text"
+                     else f"f.{c}" for c in _schema_columns(table) if c not in SPANS)
+    return (f"(SELECT {cols} FROM {table} f "
+            "LEFT JOIN chunks c ON c.namespace = f.namespace AND c.chunk_id = f.chunk_id AND f.text IS NULL)")
+
+
+def _migrate_spans(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Fact tables written before spans (every text stored): rewritten once, each text found in its chunk's text
+    stored as its place there, the way the staging load stores it, a bucket of MIGRATION_CHUNKS chunks per
+    statement. The file keeps its size until DuckDB reuses the freed blocks."""
+    stale = [t for t in ("extracted_facts", "facts") if not set(SPANS) <= set(stored_columns(con, t))]
+    if not stale:
+        return
+    log.warning("%s: rewriting %s to store facts' texts as places in their chunks' texts: once", path,
+                ", ".join(stale))
+    con.execute("SET enable_progress_bar = false")
+    n = con.execute("SELECT count(*) FROM chunks").fetchall()[0][0]
+    buckets = max(1, -(-n // MIGRATION_CHUNKS))
+    with transaction(con):
+        for table in stale:
+            con.execute(f"ALTER TABLE {table} RENAME TO lh_old_{table}")
+            con.execute(_schema_tables()[table])
+            cols = [c for c in stored_columns(con, table) if c not in (*SPANS, "text")]
+            for bucket in range(buckets):
+                con.execute(f"""
+                    INSERT INTO {table} ({", ".join(cols)}, span_start, span_length, text)
+                    SELECT {", ".join(cols)}, CASE WHEN found > 0 THEN found - 1 END,
+                           CASE WHEN found > 0 THEN length(text) END, CASE WHEN found > 0 THEN NULL ELSE text END
+                    FROM (SELECT x.*, strpos(c.text, x.text) AS found
+                          FROM (SELECT *, rowid AS lh_row FROM lh_old_{table} WHERE hash(chunk_id) % $n = $b) x
+                          LEFT JOIN (SELECT namespace, chunk_id, text FROM chunks WHERE hash(chunk_id) % $n = $b) c
+                          ON c.namespace = x.namespace AND c.chunk_id = x.chunk_id)
+                    ORDER BY lh_row""", {"n": buckets, "b": bucket})
+            con.execute(f"DROP TABLE lh_old_{table}")
+    con.execute("CHECKPOINT")
 
 
 @lru_cache(maxsize=None)
@@ -305,7 +352,7 @@ def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> list[st
                     FROM (SELECT *, rowid AS lh_row FROM lh_old_{table} WHERE hash(chunk_id) % $n = $b) x
                     LEFT JOIN (SELECT namespace, chunk_id, left(text, {DESCRIPTION_HEAD}) AS head,
                                       min(fact_idx) AS fact_idx
-                               FROM extracted_facts WHERE hash(chunk_id) % $n = $b
+                               FROM {fact_texts("extracted_facts", con)} WHERE hash(chunk_id) % $n = $b
                                GROUP BY namespace, chunk_id, head) f
                     ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.head = x.description
                     ORDER BY x.lh_row""", {"n": buckets, "b": bucket})
@@ -544,12 +591,12 @@ def chunk_relations(con: duckdb.DuckDBPyConnection, namespace: str, per_chunk: i
 
 def extraction_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
     """The temporary view `lh_facts` the SQL models read: every fact of the namespace (a scoped update replaces it
-    by a table of the facts in its scope); and `lh_sentences`, every fact of the namespace, which the descriptions
-    of extracted entities and relations refer to (in any scope)."""
+    by a table of the facts in its scope), their texts as stored (spans); and `lh_sentences`, every fact of the
+    namespace with its text, which the descriptions of extracted entities and relations refer to (in any scope)."""
     literal = "'" + namespace.replace("'", "''") + "'"  # a view takes no parameters
-    for name in ("lh_facts", "lh_sentences"):
+    for name, rows in (("lh_facts", "extracted_facts"), ("lh_sentences", fact_texts("extracted_facts"))):
         drop_temp(con, name)
-        con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM extracted_facts WHERE namespace = {literal}")
+        con.execute(f"CREATE TEMP VIEW {name} AS SELECT * FROM {rows} WHERE namespace = {literal}")
 
 
 def entity_inputs(con: duckdb.DuckDBPyConnection, namespace: str) -> None:
