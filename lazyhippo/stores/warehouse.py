@@ -290,26 +290,37 @@ def _migrate_spans(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     stale = [t for t in ("extracted_facts", "facts") if not set(SPANS) <= set(stored_columns(con, t))]
     if not stale:
         return
-    log.warning("%s: rewriting %s to store facts' texts as places in their chunks' texts: once", path,
-                ", ".join(stale))
-    con.execute("SET enable_progress_bar = false")
     n = con.execute("SELECT count(*) FROM chunks").fetchall()[0][0]
-    buckets = max(1, -(-n // MIGRATION_CHUNKS))
+
+    def statement(table: str) -> str:
+        cols = [c for c in stored_columns(con, table) if c not in (*SPANS, "text")]
+        return f"""
+            INSERT INTO {table} ({", ".join(cols)}, span_start, span_length, text)
+            SELECT {", ".join(cols)}, CASE WHEN found > 0 THEN found - 1 END,
+                   CASE WHEN found > 0 THEN length(text) END, CASE WHEN found > 0 THEN NULL ELSE text END
+            FROM (SELECT x.*, strpos(c.text, x.text) AS found
+                  FROM (SELECT *, rowid AS lh_row FROM lh_old_{table} WHERE hash(chunk_id) % $n = $b) x
+                  LEFT JOIN (SELECT namespace, chunk_id, text FROM chunks WHERE hash(chunk_id) % $n = $b) c
+                  ON c.namespace = x.namespace AND c.chunk_id = x.chunk_id)
+            ORDER BY lh_row"""
+
+    _rewrite(con, path, stale, "store facts' texts as places in their chunks' texts", n, statement)
+
+
+def _rewrite(con: duckdb.DuckDBPyConnection, path: Path, stale: list[str], what: str, n_chunks: int, statement) -> None:
+    """The migrations' common course: each table of `stale` renamed aside (`lh_old_<table>`), created again as the
+    schema declares it and filled by `statement(table)`, a bucket of MIGRATION_CHUNKS of `n_chunks` chunks at a time
+    (its `$n` and `$b`), all in one transaction; then the old tables dropped."""
+    log.warning("%s: rewriting %s to %s: once", path, ", ".join(stale), what)
+    con.execute("SET enable_progress_bar = false")
+    buckets = max(1, -(-n_chunks // MIGRATION_CHUNKS))
     with transaction(con):
         for table in stale:
             con.execute(f"ALTER TABLE {table} RENAME TO lh_old_{table}")
             con.execute(_schema_tables()[table])
-            cols = [c for c in stored_columns(con, table) if c not in (*SPANS, "text")]
+            sql = statement(table)
             for bucket in range(buckets):
-                con.execute(f"""
-                    INSERT INTO {table} ({", ".join(cols)}, span_start, span_length, text)
-                    SELECT {", ".join(cols)}, CASE WHEN found > 0 THEN found - 1 END,
-                           CASE WHEN found > 0 THEN length(text) END, CASE WHEN found > 0 THEN NULL ELSE text END
-                    FROM (SELECT x.*, strpos(c.text, x.text) AS found
-                          FROM (SELECT *, rowid AS lh_row FROM lh_old_{table} WHERE hash(chunk_id) % $n = $b) x
-                          LEFT JOIN (SELECT namespace, chunk_id, text FROM chunks WHERE hash(chunk_id) % $n = $b) c
-                          ON c.namespace = x.namespace AND c.chunk_id = x.chunk_id)
-                    ORDER BY lh_row""", {"n": buckets, "b": bucket})
+                con.execute(sql, {"n": buckets, "b": bucket})
             con.execute(f"DROP TABLE lh_old_{table}")
     con.execute("CHECKPOINT")
 
@@ -333,31 +344,24 @@ def _migrate_descriptions(con: duckdb.DuckDBPyConnection, path: Path) -> list[st
     stale = [t for t in DESCRIBED if t not in have]
     if not stale:
         return stale
-    log.warning("%s: rewriting %s to store descriptions as references to their sentences: once", path,
-                ", ".join(stale))
-    con.execute("SET enable_progress_bar = false")
     n = con.execute("SELECT count(DISTINCT chunk_id) FROM extracted_facts").fetchall()[0][0]
-    buckets = max(1, -(-n // MIGRATION_CHUNKS))
-    with transaction(con):
-        for table in stale:
-            con.execute(f"ALTER TABLE {table} RENAME TO lh_old_{table}")
-            con.execute(_schema_tables()[table])
-            old = set(stored_columns(con, f"lh_old_{table}"))
-            cols = [c for c in stored_columns(con, table) if c in old and c != "description"]
-            for bucket in range(buckets):
-                con.execute(f"""
-                    INSERT INTO {table} ({", ".join(cols)}, description, fact_idx)
-                    SELECT {", ".join(f"x.{c}" for c in cols)}, CASE WHEN f.fact_idx IS NULL THEN x.description END,
-                           f.fact_idx
-                    FROM (SELECT *, rowid AS lh_row FROM lh_old_{table} WHERE hash(chunk_id) % $n = $b) x
-                    LEFT JOIN (SELECT namespace, chunk_id, left(text, {DESCRIPTION_HEAD}) AS head,
-                                      min(fact_idx) AS fact_idx
-                               FROM {fact_texts("extracted_facts", con)} WHERE hash(chunk_id) % $n = $b
-                               GROUP BY namespace, chunk_id, head) f
-                    ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.head = x.description
-                    ORDER BY x.lh_row""", {"n": buckets, "b": bucket})
-            con.execute(f"DROP TABLE lh_old_{table}")
-    con.execute("CHECKPOINT")
+
+    def statement(table: str) -> str:
+        old = set(stored_columns(con, f"lh_old_{table}"))
+        cols = [c for c in stored_columns(con, table) if c in old and c != "description"]
+        return f"""
+            INSERT INTO {table} ({", ".join(cols)}, description, fact_idx)
+            SELECT {", ".join(f"x.{c}" for c in cols)}, CASE WHEN f.fact_idx IS NULL THEN x.description END,
+                   f.fact_idx
+            FROM (SELECT *, rowid AS lh_row FROM lh_old_{table} WHERE hash(chunk_id) % $n = $b) x
+            LEFT JOIN (SELECT namespace, chunk_id, left(text, {DESCRIPTION_HEAD}) AS head,
+                              min(fact_idx) AS fact_idx
+                       FROM {fact_texts("extracted_facts", con)} WHERE hash(chunk_id) % $n = $b
+                       GROUP BY namespace, chunk_id, head) f
+            ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.head = x.description
+            ORDER BY x.lh_row"""
+
+    _rewrite(con, path, stale, "store descriptions as references to their sentences", n, statement)
     return stale
 
 
@@ -373,32 +377,26 @@ def _migrate_places(con: duckdb.DuckDBPyConnection, path: Path, again: list[str]
     stale = [t for t in PLACED if t not in have or t in again]
     if not stale:
         return
-    log.warning("%s: rewriting %s to store names as places in their sentences: once", path, ", ".join(stale))
-    con.execute("SET enable_progress_bar = false")
     n = con.execute("SELECT count(DISTINCT chunk_id) FROM extracted_facts").fetchall()[0][0]
-    buckets = max(1, -(-n // MIGRATION_CHUNKS))
-    with transaction(con):
-        for table in stale:
-            placed = PLACED[table]
-            con.execute(f"ALTER TABLE {table} RENAME TO lh_old_{table}")
-            con.execute(_schema_tables()[table])
-            cols = [c for c in stored_columns(con, table) if c not in (*placed, *placed.values())]
-            held = [c for c in stored_columns(con, f"lh_old_{table}") if c in placed.values()]  # all NULL
-            old = f"* EXCLUDE ({', '.join(held)})" if held else "*"
-            for bucket in range(buckets):
-                con.execute(f"""
-                    INSERT INTO {table} ({", ".join([*cols, *placed, *placed.values()])})
-                    SELECT {", ".join(cols)},
-                           {", ".join(f"CASE WHEN {p} IS NULL THEN {c} END" for c, p in placed.items())},
-                           {", ".join(placed.values())}
-                    FROM (SELECT x.*, {", ".join(f"list_position(f.names, x.{c}) AS {p}" for c, p in placed.items())}
-                          FROM (SELECT {old}, rowid AS lh_row FROM lh_old_{table}
-                                WHERE hash(chunk_id) % $n = $b) x
-                          LEFT JOIN (SELECT * FROM extracted_facts WHERE hash(chunk_id) % $n = $b) f
-                          ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx)
-                    ORDER BY lh_row""", {"n": buckets, "b": bucket})
-            con.execute(f"DROP TABLE lh_old_{table}")
-    con.execute("CHECKPOINT")
+
+    def statement(table: str) -> str:
+        placed = PLACED[table]
+        cols = [c for c in stored_columns(con, table) if c not in (*placed, *placed.values())]
+        held = [c for c in stored_columns(con, f"lh_old_{table}") if c in placed.values()]  # all NULL
+        old = f"* EXCLUDE ({', '.join(held)})" if held else "*"
+        return f"""
+            INSERT INTO {table} ({", ".join([*cols, *placed, *placed.values()])})
+            SELECT {", ".join(cols)},
+                   {", ".join(f"CASE WHEN {p} IS NULL THEN {c} END" for c, p in placed.items())},
+                   {", ".join(placed.values())}
+            FROM (SELECT x.*, {", ".join(f"list_position(f.names, x.{c}) AS {p}" for c, p in placed.items())}
+                  FROM (SELECT {old}, rowid AS lh_row FROM lh_old_{table}
+                        WHERE hash(chunk_id) % $n = $b) x
+                  LEFT JOIN (SELECT * FROM extracted_facts WHERE hash(chunk_id) % $n = $b) f
+                  ON f.namespace = x.namespace AND f.chunk_id = x.chunk_id AND f.fact_idx = x.fact_idx)
+            ORDER BY lh_row"""
+
+    _rewrite(con, path, stale, "store names as places in their sentences", n, statement)
 
 
 def _owns(settings: Settings) -> bool:
