@@ -309,3 +309,10 @@ def test_lines_of_code_a_reader_kept_are_read_apart_from_the_prose_as_written():
         "See filehandle.createReadStream() for the options.",
         "import { open } from 'node:fs/promises'; for await (const line of file.readLines()) { console.log(line); }",
         "A wrapped line of prose (the default); ends here."]
+
+    python = ("To make an option required, pass required=True to the decorator.\n@click.command()\n"
+              "@click.option('--n', required=True)\ndef dots(n):\nclick.echo('.' * n)\nFor example:\nrun it.")
+    assert prose_sentences(python) == [
+        "To make an option required, pass required=True to the decorator.",
+        "@click.command() @click.option('--n', required=True) def dots(n): click.echo('.' * n)",
+        "For example: run it."]

@@ -125,10 +125,17 @@ def strip_markup(text: str) -> str:
 _RUN_TITLE = re.compile(r"(?:(?<=[.!?:])|^)[ \t]*[^.!?:\n]{1,60}?[ \t]+([=\-~^+*])\1{3,}(?=[ \t]|$)", re.M)
 _RUN = re.compile(r"(?:(?<=\S)[ \t]+([=\-~^+*_.])\1{3,}(?=[ \t]|$))|(?:^([=\-~^+*_.])\2{3,}[ \t]+(?=\S))", re.M)
 _COMMAND = re.compile(r"^\$ ")  # a shell command line, not prose
-# A line of C-family code that a reader kept without its block's fences: it ends a statement or a block, and holds a
+# A line of code that a reader kept without its block's fences. C-family: it ends a statement or a block and holds a
 # call, a brace or an assignment ("const file = await open(path);", "for (const x of y) {"), or closes a block
-# ("})();"). A wrapped line of prose ending in ";" has no call: "... (the default);".
-_CODE_LINE = re.compile(r"^(?=.*(?:\w\(|[{}=])).*[;{}]$|^[})\]]")
+# ("})();"); a wrapped line of prose ending in ";" has no call: "... (the default);". Python: a decorator, a
+# definition, an import, a return, assert or raise, a lower-case compound statement's head ("for x in y:"), an
+# assignment ("runner = CliRunner()"; also a config file's "url = ..."), a call alone on its line ("click.echo(x)"),
+# a doctest prompt.
+_CODE_LINE = re.compile(r"^(?=.*(?:\w\(|[{}=])).*[;{}]$|^[})\]]"
+                        r"|^(?:@[\w.]+|def \w+\(|class \w+[(:]|(?:from [\w.]+ )?import [\w.]+"
+                        r"|(?:return|assert|raise)\b|>>> )"
+                        r"|^(?:if|elif|else|for|while|with|try|except|finally)\b.*:$"
+                        r"|^[\w.]+(?:\[[^\]]*\])? = \S|^[\w.]+\(.*\)$")
 
 
 def _split_runs(text: str) -> str:
